@@ -1,0 +1,177 @@
+"""Input checks shared by the milestone functions.
+
+Every check raises ``TypeError`` (wrong kind of object) or ``ValueError`` (right kind,
+illegal value) with a message that names the argument and says what was expected. The
+checks never copy or modify their input, so purity is preserved.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "check_generator",
+    "check_float_array",
+    "check_labels",
+    "check_params",
+    "check_mlp_params",
+    "check_same_structure",
+    "check_positive_int",
+    "check_nonneg_int",
+    "check_real",
+    "check_probability",
+]
+
+
+def check_generator(rng, name: str = "rng") -> np.random.Generator:
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            f"{name} must be a numpy.random.Generator (e.g. np.random.default_rng(0)), "
+            f"got {type(rng).__name__}"
+        )
+    return rng
+
+
+def check_positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def check_nonneg_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def check_real(value, name: str, *, low=None, high=None, low_open=False, high_open=False) -> float:
+    """A finite real scalar in an optional interval; returned as a Python float.
+
+    Returning a Python float keeps NumPy's weak-scalar rule in force, so a float32 array
+    times the result stays float32.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if low is not None and (value < low or (low_open and value == low)):
+        bound = f"> {low}" if low_open else f">= {low}"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    if high is not None and (value > high or (high_open and value == high)):
+        bound = f"< {high}" if high_open else f"<= {high}"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    return value
+
+
+def check_probability(value, name: str) -> float:
+    """A value in [0, 1)."""
+    return check_real(value, name, low=0.0, high=1.0, high_open=True)
+
+
+def check_float_array(x, name: str, *, ndim: int | None = None, finite: bool = True) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TypeError(f"{name} must have a floating dtype (float32 or float64), got {x.dtype}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
+    if finite and not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} must contain only finite values (no NaN or Inf)")
+    return x
+
+
+def check_labels(y, name: str, *, n: int | None = None, num_classes: int | None = None) -> np.ndarray:
+    if not isinstance(y, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of integer labels, got {type(y).__name__}")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise TypeError(f"{name} must have an integer dtype, got {y.dtype}")
+    if y.ndim != 1:
+        raise ValueError(f"{name} must be 1-D of shape (n,), got shape {y.shape}")
+    if n is not None and y.shape[0] != n:
+        raise ValueError(f"{name} must have {n} entries to match the inputs, got {y.shape[0]}")
+    if y.size and y.min() < 0:
+        raise ValueError(f"{name} must be non-negative class indices, got min {int(y.min())}")
+    if num_classes is not None and y.size and y.max() >= num_classes:
+        raise ValueError(
+            f"{name} must be in [0, {num_classes}), got max {int(y.max())}"
+        )
+    return y
+
+
+def check_params(params, name: str = "params", *, finite: bool = True) -> Mapping:
+    """A non-empty dict of str -> floating ndarray, all of one dtype."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"{name} must be a dict of str -> numpy.ndarray, got {type(params).__name__}")
+    if len(params) == 0:
+        raise ValueError(f"{name} must not be empty")
+    dtypes = set()
+    for key, value in params.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{name} keys must be str, got {type(key).__name__} {key!r}")
+        check_float_array(value, f"{name}[{key!r}]", finite=finite)
+        dtypes.add(value.dtype)
+    if len(dtypes) > 1:
+        raise TypeError(f"{name} arrays must share one dtype, got {sorted(map(str, dtypes))}")
+    return params
+
+
+def check_mlp_params(params, name: str = "params") -> int:
+    """Check the MLP layout ``W1, b1, ..., WL, bL``; return the number of layers L."""
+    check_params(params, name)
+    if len(params) % 2 != 0:
+        raise ValueError(f"{name} must hold pairs W1, b1, ..., WL, bL, got keys {list(params)}")
+    num_layers = len(params) // 2
+    expected = [k for layer in range(1, num_layers + 1) for k in (f"W{layer}", f"b{layer}")]
+    if list(params) != expected:
+        raise ValueError(f"{name} must have keys {expected} in that order, got {list(params)}")
+    for layer in range(1, num_layers + 1):
+        weight, bias = params[f"W{layer}"], params[f"b{layer}"]
+        if weight.ndim != 2:
+            raise ValueError(f"{name}['W{layer}'] must be 2-D (fan_in, fan_out), got shape {weight.shape}")
+        if bias.shape != (weight.shape[1],):
+            raise ValueError(
+                f"{name}['b{layer}'] must have shape ({weight.shape[1]},) to match W{layer}, got {bias.shape}"
+            )
+        if layer > 1:
+            previous = params[f"W{layer - 1}"]
+            if weight.shape[0] != previous.shape[1]:
+                raise ValueError(
+                    f"{name}['W{layer}'] must have {previous.shape[1]} rows to follow W{layer - 1}, "
+                    f"got shape {weight.shape}"
+                )
+    return num_layers
+
+
+def check_same_structure(reference, other, ref_name: str, other_name: str) -> None:
+    """``other`` has exactly the keys, shapes and dtype of ``reference``."""
+    if list(other) != list(reference):
+        raise ValueError(
+            f"{other_name} must have the same keys as {ref_name} {list(reference)}, got {list(other)}"
+        )
+    for key in reference:
+        if other[key].shape != reference[key].shape:
+            raise ValueError(
+                f"{other_name}[{key!r}] must have shape {reference[key].shape} like {ref_name}, "
+                f"got {other[key].shape}"
+            )
+        if other[key].dtype != reference[key].dtype:
+            raise TypeError(
+                f"{other_name}[{key!r}] must have dtype {reference[key].dtype} like {ref_name}, "
+                f"got {other[key].dtype}"
+            )
+
+
+def check_sequence(items, name: str) -> Sequence:
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence):
+        raise TypeError(f"{name} must be a list or tuple, got {type(items).__name__}")
+    if len(items) == 0:
+        raise ValueError(f"{name} must not be empty")
+    return items

@@ -1,0 +1,194 @@
+"""Frozen, validated configuration records.
+
+``AdamWConfig`` holds the inner optimizer's hyper-parameters (the ``config`` argument of
+milestones 19-20). ``DiLoCoConfig`` holds a whole experiment: workers, inner steps,
+rounds, batch size, model width, outer optimizer and data split. Both are immutable and
+validate themselves at construction, so a bad value fails at once with a message that
+names the field, never half-way through a run.
+
+Defaults follow the DiLoCo paper (Douillard et al., 2023) where they transfer: K = 8
+workers, H = 500 inner steps in the paper (50 here, the small-scale setting), outer
+Nesterov momentum with lr 0.7 and momentum 0.9.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from diloco._validation import check_positive_int, check_probability, check_real
+
+__all__ = ["AdamWConfig", "DiLoCoConfig"]
+
+_DTYPES = ("float32", "float64")
+
+
+def _field_error(cls_name: str, exc: Exception) -> Exception:
+    return type(exc)(f"{cls_name}.{exc}")
+
+
+@dataclass(frozen=True)
+class AdamWConfig:
+    """Hyper-parameters of the inner AdamW optimizer (``torch.optim.AdamW`` semantics).
+
+    Attributes
+    ----------
+    lr : float > 0
+        Inner learning rate.
+    beta1, beta2 : float in [0, 1)
+        Decay rates of the first and second moment estimates.
+    eps : float > 0
+        Added to ``sqrt(v_hat)`` in the denominator.
+    weight_decay : float >= 0
+        Decoupled weight decay coefficient; the step multiplies the parameters by
+        ``1 - lr * weight_decay`` before the Adam update.
+    """
+
+    lr: float = 3e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+    def __post_init__(self) -> None:
+        try:
+            lr = check_real(self.lr, "lr", low=0.0, low_open=True)
+            beta1 = check_probability(self.beta1, "beta1")
+            beta2 = check_probability(self.beta2, "beta2")
+            eps = check_real(self.eps, "eps", low=0.0, low_open=True)
+            weight_decay = check_real(self.weight_decay, "weight_decay", low=0.0)
+        except (TypeError, ValueError) as exc:
+            raise _field_error("AdamWConfig", exc) from None
+        if lr * weight_decay >= 1.0:
+            raise ValueError(
+                f"AdamWConfig.weight_decay: lr * weight_decay must be < 1 so the decay factor stays "
+                f"positive, got {lr} * {weight_decay}"
+            )
+        for name, value in (("lr", lr), ("beta1", beta1), ("beta2", beta2), ("eps", eps),
+                            ("weight_decay", weight_decay)):
+            object.__setattr__(self, name, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class DiLoCoConfig:
+    """One DiLoCo (or synchronous-baseline) experiment.
+
+    Attributes
+    ----------
+    num_workers : int >= 1
+        K, the number of simulated workers (data shards).
+    inner_steps : int >= 1
+        H, the AdamW steps each worker takes between two synchronisations.
+    rounds : int >= 1
+        Outer rounds (synchronisations). Total steps per worker = ``rounds * inner_steps``.
+    batch_size : int >= 1
+        Examples per worker per inner step.
+    hidden_sizes : tuple of int
+        Widths of the hidden layers; the input and output widths come from the data.
+        ``()`` gives a linear (softmax-regression) model.
+    outer_lr : float > 0
+        Outer learning rate (0.7 in the paper). ``outer_lr=1, outer_momentum=0`` is FedAvg.
+    outer_momentum : float in [0, 1)
+        Outer momentum mu (0.9 in the paper).
+    nesterov : bool
+        Nesterov momentum (the paper) or plain heavy-ball momentum.
+    iid : bool
+        IID shards (random split) or label-skewed non-IID shards.
+    alpha : float > 0
+        Dirichlet concentration for non-IID shards; ignored when ``iid``.
+    seed : int >= 0
+        Seeds sharding, initialisation and batch sampling.
+    dtype : "float64" or "float32"
+        Floating dtype of the parameters (and of the arithmetic).
+    inner : AdamWConfig
+        The inner optimizer.
+    """
+
+    num_workers: int = 8
+    inner_steps: int = 50
+    rounds: int = 10
+    batch_size: int = 32
+    hidden_sizes: tuple[int, ...] = (64,)
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+    iid: bool = True
+    alpha: float = 0.5
+    seed: int = 0
+    dtype: str = "float64"
+    inner: AdamWConfig = field(default_factory=AdamWConfig)
+
+    def __post_init__(self) -> None:
+        try:
+            check_positive_int(self.num_workers, "num_workers")
+            check_positive_int(self.inner_steps, "inner_steps")
+            check_positive_int(self.rounds, "rounds")
+            check_positive_int(self.batch_size, "batch_size")
+            if isinstance(self.hidden_sizes, (str, bytes)) or not hasattr(self.hidden_sizes, "__iter__"):
+                raise TypeError(f"hidden_sizes must be a tuple of positive ints, got {self.hidden_sizes!r}")
+            hidden = tuple(self.hidden_sizes)
+            for i, width in enumerate(hidden):
+                check_positive_int(width, f"hidden_sizes[{i}]")
+            outer_lr = check_real(self.outer_lr, "outer_lr", low=0.0, low_open=True)
+            outer_momentum = check_probability(self.outer_momentum, "outer_momentum")
+            if not isinstance(self.nesterov, bool):
+                raise TypeError(f"nesterov must be a bool, got {self.nesterov!r}")
+            if not isinstance(self.iid, bool):
+                raise TypeError(f"iid must be a bool, got {self.iid!r}")
+            alpha = check_real(self.alpha, "alpha", low=0.0, low_open=True)
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+                raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
+            if self.dtype not in _DTYPES:
+                raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+            if not isinstance(self.inner, AdamWConfig):
+                raise TypeError(f"inner must be an AdamWConfig, got {type(self.inner).__name__}")
+        except (TypeError, ValueError) as exc:
+            raise _field_error("DiLoCoConfig", exc) from None
+        object.__setattr__(self, "hidden_sizes", tuple(int(w) for w in hidden))
+        object.__setattr__(self, "outer_lr", outer_lr)
+        object.__setattr__(self, "outer_momentum", outer_momentum)
+        object.__setattr__(self, "alpha", alpha)
+
+    @property
+    def total_steps(self) -> int:
+        """Inner steps per worker over the whole run, ``rounds * inner_steps``."""
+        return self.rounds * self.inner_steps
+
+    def replace(self, **changes: Any) -> "DiLoCoConfig":
+        """A copy with some fields changed (validated again). ``inner`` may be a dict."""
+        if isinstance(changes.get("inner"), dict):
+            changes["inner"] = dataclasses.replace(self.inner, **changes["inner"])
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; ``DiLoCoConfig.from_dict`` inverts it."""
+        out = dataclasses.asdict(self)
+        out["hidden_sizes"] = list(self.hidden_sizes)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DiLoCoConfig":
+        """Build from a dict such as a parsed ``config.json``; unknown keys raise ``ValueError``."""
+        if not isinstance(data, dict):
+            raise TypeError(f"config must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"DiLoCoConfig: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        data = dict(data)
+        if "inner" in data:
+            inner = data["inner"]
+            if not isinstance(inner, dict):
+                raise TypeError(f"DiLoCoConfig.inner must be an object, got {type(inner).__name__}")
+            inner_known = {f.name for f in dataclasses.fields(AdamWConfig)}
+            bad = sorted(set(inner) - inner_known)
+            if bad:
+                raise ValueError(f"AdamWConfig: unknown field(s) {bad}; known fields are {sorted(inner_known)}")
+            data["inner"] = AdamWConfig(**inner)
+        if "hidden_sizes" in data and isinstance(data["hidden_sizes"], list):
+            data["hidden_sizes"] = tuple(data["hidden_sizes"])
+        return cls(**data)

@@ -1,0 +1,288 @@
+"""Part 6 - the DiLoCo round, the training loop, and the synchronous baseline.
+
+Milestones 25-27. All K workers are simulated in one process, one after another.
+
+Random streams: at the start of every round the run's generator spawns one child per
+worker (``rng.spawn(K)``); worker k draws all its mini-batches of that round from child
+k. The baseline does the same, so for a given seed both algorithms see exactly the same
+mini-batches and differ only in how they combine the workers' work.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from diloco._validation import check_float_array, check_generator, check_labels, check_mlp_params, check_sequence
+from diloco.adamw import AdamWState, adamw_step, init_adamw_state
+from diloco.config import DiLoCoConfig
+from diloco.evaluation import classification_accuracy, communication_savings, evaluate_loss
+from diloco.model import Params, cross_entropy_loss, init_model_params, model_backward, model_forward
+from diloco.outer import (
+    OuterState,
+    compute_outer_gradient,
+    init_outer_optimizer,
+    nesterov_param_update,
+    update_outer_momentum,
+)
+from diloco.params import average_params
+from diloco.sharding import iid_shard_dataset, inner_train_worker, noniid_shard_dataset, sample_worker_batch
+
+__all__ = ["RoundResult", "TrainResult", "run_diloco_round", "train_diloco", "train_synchronous_baseline"]
+
+RoundCallback = Callable[[dict], None]
+
+
+class RoundResult(NamedTuple):
+    """What one DiLoCo round returns (milestone 25)."""
+
+    global_params: Params
+    outer_state: OuterState
+    worker_states: list
+    record: dict
+
+
+class TrainResult(NamedTuple):
+    """What ``train_diloco`` and ``train_synchronous_baseline`` return.
+
+    Attributes
+    ----------
+    params : dict of str -> ndarray
+        The final global parameters.
+    history : list of dict
+        One record per round (per ``inner_steps`` steps for the baseline), with keys
+        ``round, step, inner_loss, worker_losses, all_reduces, bytes_sent,
+        cumulative_bytes, eval_loss, eval_accuracy`` (and ``pseudo_grad_norm`` for
+        DiLoCo). ``eval_*`` are None without held-out data.
+    """
+
+    params: Params
+    history: list
+
+
+def _check_loop_config(config) -> DiLoCoConfig:
+    if not isinstance(config, DiLoCoConfig):
+        raise TypeError(f"config must be a DiLoCoConfig, got {type(config).__name__}")
+    return config
+
+
+def _num_values(params: Params) -> int:
+    return int(sum(value.size for value in params.values()))
+
+
+def run_diloco_round(global_params: Params, outer_state: OuterState, worker_states, shards, config: DiLoCoConfig,
+                     rng) -> RoundResult:
+    """Milestone 25: one DiLoCo round (one synchronisation).
+
+    1. Spawn one random stream per worker: ``worker_rngs = rng.spawn(K)``.
+    2. Every worker k starts from ``global_params`` and runs ``inner_train_worker`` for
+       ``config.inner_steps`` steps on its shard with its own carried AdamW state.
+    3. ``delta = compute_outer_gradient(global_params, worker_params)`` (old minus new).
+    4. ``m = update_outer_momentum(outer_state, delta, mu)`` then
+       ``theta = nesterov_param_update(theta, delta, m, outer_lr, mu, nesterov=...)``.
+
+    Parameters
+    ----------
+    global_params : dict of str -> ndarray (MLP)
+    outer_state : OuterState
+    worker_states : list of K AdamWState
+        Each worker's optimizer state from its previous round.
+    shards : list of K (x_k, y_k)
+    config : DiLoCoConfig
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    RoundResult(global_params, outer_state, worker_states, record)
+        ``record`` holds ``inner_loss`` (mean over workers and steps),
+        ``worker_losses`` (list of K means), ``pseudo_grad_norm`` (global L2 norm of
+        delta), ``all_reduces`` (1) and ``bytes_sent`` (per worker, ring all-reduce at
+        the params' precision).
+
+    Raises
+    ------
+    TypeError, ValueError
+        Wrong config type, ``worker_states`` or ``shards`` not of length K, bad rng.
+    """
+    config = _check_loop_config(config)
+    check_mlp_params(global_params, "global_params")
+    check_generator(rng)
+    num_workers = config.num_workers
+    for name, items in (("worker_states", worker_states), ("shards", shards)):
+        check_sequence(items, name)
+        if len(items) != num_workers:
+            raise ValueError(f"{name} must have one entry per worker ({num_workers}), got {len(items)}")
+    # BEGIN SOLUTION
+    worker_rngs = rng.spawn(num_workers)
+    worker_params, new_states, worker_losses = [], [], []
+    for (x_k, y_k), state_k, rng_k in zip(shards, worker_states, worker_rngs):
+        params_k, state_k, losses_k = inner_train_worker(
+            global_params, state_k, x_k, y_k, config.inner_steps, config.batch_size, config.inner, rng_k
+        )
+        worker_params.append(params_k)
+        new_states.append(state_k)
+        worker_losses.append(float(losses_k.mean()))
+    pseudo_grad = compute_outer_gradient(global_params, worker_params)
+    outer_state = update_outer_momentum(outer_state, pseudo_grad, config.outer_momentum)
+    new_global = nesterov_param_update(
+        global_params, pseudo_grad, outer_state, config.outer_lr, config.outer_momentum, nesterov=config.nesterov
+    )
+    itemsize = next(iter(global_params.values())).dtype.itemsize
+    comm = communication_savings(
+        _num_values(global_params), num_workers, config.inner_steps, 1, bytes_per_value=itemsize
+    )
+    record = {
+        "inner_loss": float(np.mean(worker_losses)),
+        "worker_losses": worker_losses,
+        "pseudo_grad_norm": float(np.sqrt(sum(np.sum(d * d) for d in pseudo_grad.values()))),
+        "all_reduces": comm.diloco_all_reduces,
+        "bytes_sent": comm.diloco_bytes_per_worker,
+    }
+    return RoundResult(new_global, outer_state, new_states, record)
+    # END SOLUTION
+
+
+def _setup(x, y, config, x_eval, y_eval, rng):
+    """Shared start of both trainers: validate, shard, initialise (same rng order)."""
+    config = _check_loop_config(config)
+    check_float_array(x, "x", ndim=2)
+    check_labels(y, "y", n=x.shape[0])
+    if y.size == 0:
+        raise ValueError("x must hold at least one example")
+    if (x_eval is None) != (y_eval is None):
+        raise ValueError("x_eval and y_eval must be given together")
+    num_classes = int(y.max()) + 1
+    if x_eval is not None:
+        check_float_array(x_eval, "x_eval", ndim=2)
+        if x_eval.shape[1] != x.shape[1]:
+            raise ValueError(f"x_eval must have {x.shape[1]} columns like x, got shape {x_eval.shape}")
+        check_labels(y_eval, "y_eval", n=x_eval.shape[0])
+        if y_eval.size:
+            num_classes = max(num_classes, int(y_eval.max()) + 1)
+    rng = np.random.default_rng(config.seed) if rng is None else check_generator(rng)
+    if config.iid:
+        shards = iid_shard_dataset(x, y, config.num_workers, rng)
+    else:
+        shards = noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
+    layer_sizes = (x.shape[1], *config.hidden_sizes, num_classes)
+    params = init_model_params(layer_sizes, rng, dtype=np.dtype(config.dtype))
+    return config, rng, shards, params
+
+
+def _finish_record(record: dict, round_index: int, config, params, x_eval, y_eval, history: list) -> dict:
+    record["round"] = round_index
+    record["step"] = round_index * config.inner_steps
+    previous = history[-1]["cumulative_bytes"] if history else 0.0
+    record["cumulative_bytes"] = previous + record["bytes_sent"]
+    if x_eval is None:
+        record["eval_loss"] = record["eval_accuracy"] = None
+    else:
+        record["eval_loss"] = evaluate_loss(params, x_eval, y_eval)
+        record["eval_accuracy"] = classification_accuracy(params, x_eval, y_eval)
+    history.append(record)
+    return record
+
+
+def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=None, y_eval=None, rng=None,
+                 on_round: RoundCallback | None = None) -> TrainResult:
+    """Milestone 26: train with DiLoCo for ``config.rounds`` rounds.
+
+    With ``rng = default_rng(config.seed)`` unless given: shard the data (IID, or
+    non-IID with ``config.alpha``), He-initialise the MLP ``(d_in, *hidden_sizes, C)``
+    (``C = max label + 1``), give every worker a fresh AdamW state and the outer
+    optimizer a zero momentum, then run ``run_diloco_round`` ``rounds`` times,
+    evaluating the global model on ``(x_eval, y_eval)`` after each round.
+
+    Parameters
+    ----------
+    x : ndarray of shape (n, d_in), floating
+    y : ndarray of shape (n,), integer labels
+    config : DiLoCoConfig
+    x_eval, y_eval : held-out data, keyword-only, optional (both or neither)
+    rng : numpy.random.Generator, keyword-only, optional
+    on_round : callable(record) -> None, keyword-only, optional
+        Called after every round with its finished record (for progress bars and
+        writing history files as the run goes).
+
+    Returns
+    -------
+    TrainResult(params, history)
+        The same seed gives bit-identical params and history.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad data, config or rng.
+    """
+    config, rng, shards, params = _setup(x, y, config, x_eval, y_eval, rng)
+    # BEGIN SOLUTION
+    worker_states = [init_adamw_state(params) for _ in range(config.num_workers)]
+    outer_state = init_outer_optimizer(params)
+    history: list[dict] = []
+    for round_index in range(1, config.rounds + 1):
+        params, outer_state, worker_states, record = run_diloco_round(
+            params, outer_state, worker_states, shards, config, rng
+        )
+        _finish_record(record, round_index, config, params, x_eval, y_eval, history)
+        if on_round is not None:
+            on_round(record)
+    return TrainResult(params, history)
+    # END SOLUTION
+
+
+def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=None, y_eval=None,
+                               rng=None, on_round: RoundCallback | None = None) -> TrainResult:
+    """Milestone 27: the synchronous data-parallel baseline at equal compute.
+
+    Same shards, same initial model and the same mini-batches as ``train_diloco`` for
+    the same seed. Every step each of the K workers computes a gradient on its own
+    batch; the gradients are averaged (one all-reduce per step) and one AdamW step is
+    taken on the single shared model. ``rounds * inner_steps`` steps in all; a history
+    record every ``inner_steps`` steps, aligned with DiLoCo's rounds.
+
+    Parameters
+    ----------
+    Same as ``train_diloco``; the outer-optimizer fields of ``config`` are unused.
+
+    Returns
+    -------
+    TrainResult(params, history)
+        ``history[r]["all_reduces"] == inner_steps``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad data, config or rng.
+    """
+    config, rng, shards, params = _setup(x, y, config, x_eval, y_eval, rng)
+    # BEGIN SOLUTION
+    state: AdamWState = init_adamw_state(params)
+    itemsize = next(iter(params.values())).dtype.itemsize
+    comm = communication_savings(
+        _num_values(params), config.num_workers, config.inner_steps, 1, bytes_per_value=itemsize
+    )
+    history: list[dict] = []
+    for round_index in range(1, config.rounds + 1):
+        worker_rngs = rng.spawn(config.num_workers)  # the same streams DiLoCo's workers get
+        losses = np.empty((config.num_workers, config.inner_steps))
+        for step in range(config.inner_steps):
+            grads = []
+            for worker, ((x_k, y_k), rng_k) in enumerate(zip(shards, worker_rngs)):
+                x_batch, y_batch = sample_worker_batch(x_k, y_k, config.batch_size, rng_k)
+                logits, cache = model_forward(params, x_batch)
+                losses[worker, step] = cross_entropy_loss(logits, y_batch)
+                grads.append(model_backward(params, cache, y_batch))
+            params, state = adamw_step(params, state, average_params(grads), config.inner)
+        worker_losses = losses.mean(axis=1).tolist()
+        record = {
+            "inner_loss": float(np.mean(worker_losses)),
+            "worker_losses": worker_losses,
+            "all_reduces": comm.sync_all_reduces,
+            "bytes_sent": comm.sync_bytes_per_worker,
+        }
+        _finish_record(record, round_index, config, params, x_eval, y_eval, history)
+        if on_round is not None:
+            on_round(record)
+    return TrainResult(params, history)
+    # END SOLUTION

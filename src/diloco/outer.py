@@ -1,0 +1,198 @@
+"""Part 5 - the outer optimizer: SGD with Nesterov momentum on pseudo-gradients.
+
+Milestones 21-24. Once per round the K workers' models are turned into one
+pseudo-gradient, ``delta = theta_global - mean_k theta_k`` (old minus new, so it points
+uphill like a gradient), and the global model takes one step of PyTorch's
+``SGD(lr, momentum=mu, nesterov=True)`` along it::
+
+    m     = mu m + delta                     # milestone 22 (no dampening)
+    theta = theta - lr (delta + mu m)        # milestone 23, m already updated
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from diloco._validation import (
+    check_params,
+    check_probability,
+    check_real,
+    check_same_structure,
+    check_sequence,
+)
+from diloco.model import Params
+from diloco.params import average_params, subtract_params
+
+__all__ = [
+    "OuterState",
+    "init_outer_optimizer",
+    "update_outer_momentum",
+    "nesterov_param_update",
+    "compute_outer_gradient",
+]
+
+
+class OuterState(NamedTuple):
+    """Immutable state of the outer optimizer.
+
+    Attributes
+    ----------
+    momentum : dict of str -> ndarray
+        The momentum buffer ``m``, shaped and typed like the global params.
+    """
+
+    momentum: Params
+
+
+def _check_outer_state(outer_state, reference, reference_name: str) -> OuterState:
+    if not isinstance(outer_state, OuterState):
+        raise TypeError(f"outer_state must be an OuterState, got {type(outer_state).__name__}")
+    check_params(outer_state.momentum, "outer_state.momentum")
+    check_same_structure(reference, outer_state.momentum, reference_name, "outer_state.momentum")
+    return outer_state
+
+
+def init_outer_optimizer(params: Params) -> OuterState:
+    """Milestone 21: the outer optimizer state before the first round.
+
+    ``m = 0`` with the keys, shapes and dtype of ``params``.
+
+    Parameters
+    ----------
+    params : dict of str -> ndarray
+
+    Returns
+    -------
+    OuterState
+        Fresh zero arrays.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``params`` is not a non-empty dict of floating arrays.
+    """
+    check_params(params)
+    # BEGIN SOLUTION
+    return OuterState(momentum={key: np.zeros_like(value) for key, value in params.items()})
+    # END SOLUTION
+
+
+def update_outer_momentum(outer_state: OuterState, outer_grad: Params, momentum: float) -> OuterState:
+    """Milestone 22: fold a pseudo-gradient into the momentum buffer, ``m' = mu m + delta``.
+
+    No dampening (PyTorch's default ``dampening=0``).
+
+    Parameters
+    ----------
+    outer_state : OuterState
+    outer_grad : dict of str -> ndarray
+        The pseudo-gradient delta, shaped like ``outer_state.momentum``.
+    momentum : float in [0, 1)
+        mu.
+
+    Returns
+    -------
+    OuterState
+        A new state; ``outer_state`` is unchanged.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Mismatched structures, non-finite values, ``momentum`` outside [0, 1).
+    """
+    check_params(outer_grad, "outer_grad")
+    _check_outer_state(outer_state, outer_grad, "outer_grad")
+    momentum = check_probability(momentum, "momentum")
+    # BEGIN SOLUTION
+    return OuterState(
+        momentum={key: momentum * outer_state.momentum[key] + outer_grad[key] for key in outer_grad}
+    )
+    # END SOLUTION
+
+
+def nesterov_param_update(params: Params, outer_grad: Params, outer_state: OuterState, lr: float,
+                          momentum: float, *, nesterov: bool = True) -> Params:
+    """Milestone 23: the outer step of PyTorch's SGD with Nesterov momentum.
+
+    ``theta' = theta - lr (delta + mu m)`` where ``m`` is the buffer *already updated*
+    by ``update_outer_momentum`` for this delta. With ``nesterov=False`` it is the
+    heavy-ball step ``theta' = theta - lr m``. With ``mu = 0`` both are plain SGD,
+    ``theta - lr delta``; with ``lr = 1`` as well, the new params are the workers'
+    average (FedAvg).
+
+    Parameters
+    ----------
+    params : dict of str -> ndarray
+        Global parameters before the step.
+    outer_grad : dict of str -> ndarray
+        The pseudo-gradient delta.
+    outer_state : OuterState
+        The updated momentum buffer ``m``.
+    lr : float > 0
+        Outer learning rate.
+    momentum : float in [0, 1)
+        mu.
+    nesterov : bool, keyword-only
+        Nesterov (default, as in the paper) or heavy-ball momentum.
+
+    Returns
+    -------
+    dict of str -> ndarray
+        New global parameters.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Mismatched structures, ``lr <= 0``, ``momentum`` outside [0, 1).
+    """
+    check_params(params)
+    check_params(outer_grad, "outer_grad")
+    check_same_structure(params, outer_grad, "params", "outer_grad")
+    _check_outer_state(outer_state, params, "params")
+    lr = check_real(lr, "lr", low=0.0, low_open=True)
+    momentum = check_probability(momentum, "momentum")
+    if not isinstance(nesterov, bool):
+        raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
+    # BEGIN SOLUTION
+    buffer = outer_state.momentum
+    if nesterov:
+        return {key: params[key] - lr * (outer_grad[key] + momentum * buffer[key]) for key in params}
+    return {key: params[key] - lr * buffer[key] for key in params}
+    # END SOLUTION
+
+
+def compute_outer_gradient(global_params: Params, worker_params_list, weights=None) -> Params:
+    """Milestone 24: the pseudo-gradient, old minus new.
+
+    ``delta = sum_k w_k (theta_global - theta_k) = theta_global - sum_k w_k theta_k``
+    with weights normalised to sum 1 (uniform ``1/K`` when None). It points from the
+    workers' average back to where the round started, like a gradient, so the outer
+    optimizer *subtracts* it.
+
+    Parameters
+    ----------
+    global_params : dict of str -> ndarray
+        The parameters every worker started the round from.
+    worker_params_list : non-empty list of K dicts shaped like ``global_params``
+    weights : sequence of K non-negative reals, or None
+
+    Returns
+    -------
+    dict of str -> ndarray
+        delta, shaped like ``global_params``.
+
+    Raises
+    ------
+    ValueError
+        Empty list, mismatched structures, bad weights.
+    """
+    check_params(global_params, "global_params")
+    check_sequence(worker_params_list, "worker_params_list")
+    for k, worker in enumerate(worker_params_list):
+        check_params(worker, f"worker_params_list[{k}]")
+        check_same_structure(global_params, worker, "global_params", f"worker_params_list[{k}]")
+    # BEGIN SOLUTION
+    return subtract_params(global_params, average_params(worker_params_list, weights))
+    # END SOLUTION

@@ -1,0 +1,43 @@
+"""Suite-wide rules.
+
+* Every test carries exactly one milestone marker ``m01`` .. ``m30`` (so ``pytest -m m07``
+  runs milestone 7 alone and the grader can attribute every result). A test without
+  one, or with two, is a collection error.
+* Hypothesis runs a fixed, CI-sized number of examples, derandomised so a failure
+  reproduces.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, str(Path(__file__).parent))  # `import strategies`, `import helpers`
+
+settings.register_profile(
+    "ci", max_examples=40, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "thorough", max_examples=500, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile("ci")
+
+_MILESTONE = re.compile(r"^m(0[1-9]|[12][0-9]|30)$")
+
+
+def pytest_collection_modifyitems(config, items):
+    bad = []
+    for item in items:
+        marks = {m.name for m in item.iter_markers() if _MILESTONE.match(m.name)}
+        if len(marks) != 1:
+            bad.append(f"{item.nodeid}: milestone markers {sorted(marks) or 'none'}")
+    if bad:
+        raise pytest.UsageError(
+            "every test needs exactly one milestone marker (m01..m30):\n  " + "\n  ".join(bad)
+        )
