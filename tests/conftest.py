@@ -1,8 +1,11 @@
 """Suite-wide rules.
 
-* Every test carries exactly one milestone marker ``m01`` .. ``m30`` (so ``pytest -m m07``
-  runs milestone 7 alone and the grader can attribute every result). A test without
-  one, or with two, is a collection error.
+* Every milestone test carries exactly one milestone marker ``m01`` .. ``m30`` (so
+  ``pytest -m m07`` runs milestone 7 alone and the grader can attribute every result).
+  A test without one, or with two, is a collection error.
+* Tests of the supporting tools (grader, workspace, CLI, notebooks, docs) live in
+  ``tests/tooling/``. They are marked ``tooling`` automatically, carry no milestone
+  marker, are never graded, and are not copied into a learner workspace.
 * Hypothesis runs a fixed, CI-sized number of examples, derandomised so a failure
   reproduces.
 """
@@ -33,8 +36,14 @@ _MILESTONE = re.compile(r"^m(0[1-9]|[12][0-9]|30)$")
 
 def pytest_collection_modifyitems(config, items):
     bad = []
+    tooling_dir = Path(__file__).parent / "tooling"
     for item in items:
         marks = {m.name for m in item.iter_markers() if _MILESTONE.match(m.name)}
+        if tooling_dir in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.tooling)
+            if marks:
+                bad.append(f"{item.nodeid}: tooling tests carry no milestone marker, got {sorted(marks)}")
+            continue
         if len(marks) != 1:
             bad.append(f"{item.nodeid}: milestone markers {sorted(marks) or 'none'}")
     if bad:

@@ -45,7 +45,7 @@ class AdamWConfig:
         ``1 - lr * weight_decay`` before the Adam update.
     """
 
-    lr: float = 3e-3
+    lr: float = 1e-3
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
@@ -112,7 +112,7 @@ class DiLoCoConfig:
     inner_steps: int = 50
     rounds: int = 10
     batch_size: int = 32
-    hidden_sizes: tuple[int, ...] = (64,)
+    hidden_sizes: tuple[int, ...] = (128,)
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     nesterov: bool = True
