@@ -81,3 +81,18 @@ def generators():
 betas = st.floats(0.0, 0.999, allow_nan=False)
 learning_rates = st.floats(1e-5, 1.0, allow_nan=False)
 momenta = st.floats(0.0, 0.99, allow_nan=False)
+
+
+# --- Part 6-7 strategies ---
+
+
+@st.composite
+def mlp_and_batch(draw, dtype=None, min_n=1, max_n=12, magnitude=2.0):
+    """``(params, x (n, d_in), y (n,))``: a random MLP and a batch it can score, labels in [0, C)."""
+    sizes = draw(layer_sizes())
+    dtype = draw(DTYPES) if dtype is None else dtype
+    params = draw(mlp_params(sizes=sizes, dtype=dtype, magnitude=magnitude))
+    n = draw(st.integers(min_n, max_n))
+    x = draw(arrays(dtype, (n, sizes[0]), 5.0))
+    y = draw(hnp.arrays(np.int64, (n,), elements=st.integers(0, sizes[-1] - 1)))
+    return params, x, y

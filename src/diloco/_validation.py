@@ -79,11 +79,13 @@ def check_probability(value, name: str) -> float:
 def check_float_array(x, name: str, *, ndim: int | None = None, finite: bool = True) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
-    if not np.issubdtype(x.dtype, np.floating):
+    if x.dtype.kind != "f":
         raise TypeError(f"{name} must have a floating dtype (float32 or float64), got {x.dtype}")
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
-    if finite and not np.all(np.isfinite(x)):
+    # Fast path: a finite sum proves every entry finite; only a NaN/Inf (or an overflowing
+    # sum of finite values) pays for the element-wise check.
+    if finite and not np.isfinite(x.sum()) and not np.isfinite(x).all():
         raise ValueError(f"{name} must contain only finite values (no NaN or Inf)")
     return x
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco._validation import check_float_array, check_labels, check_positive_int
+from diloco._validation import check_float_array, check_labels, check_mlp_params, check_positive_int
 from diloco.model import Params, cross_entropy_loss, model_forward
 
 __all__ = ["CommunicationReport", "evaluate_loss", "classification_accuracy", "communication_savings"]
@@ -68,7 +68,8 @@ def evaluate_loss(params: Params, x: np.ndarray, y: np.ndarray) -> float:
     check_float_array(x, "x", ndim=2)
     if x.shape[0] == 0:
         raise ValueError("x must hold at least one example to evaluate on")
-    check_labels(y, "y", n=x.shape[0])
+    num_layers = check_mlp_params(params)
+    check_labels(y, "y", n=x.shape[0], num_classes=params[f"b{num_layers}"].shape[0])
     # BEGIN SOLUTION
     logits, _ = model_forward(params, x)
     return cross_entropy_loss(logits, y)
@@ -94,12 +95,13 @@ def classification_accuracy(params: Params, x: np.ndarray, y: np.ndarray) -> flo
     Raises
     ------
     ValueError
-        Empty input or mismatched shapes.
+        Empty input, mismatched shapes, labels outside [0, C).
     """
     check_float_array(x, "x", ndim=2)
     if x.shape[0] == 0:
         raise ValueError("x must hold at least one example: accuracy of zero rows is undefined")
-    check_labels(y, "y", n=x.shape[0])
+    num_layers = check_mlp_params(params)
+    check_labels(y, "y", n=x.shape[0], num_classes=params[f"b{num_layers}"].shape[0])
     # BEGIN SOLUTION
     logits, _ = model_forward(params, x)
     return float(np.mean(np.argmax(logits, axis=1) == y))

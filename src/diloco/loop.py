@@ -243,7 +243,8 @@ def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfi
 
     Parameters
     ----------
-    Same as ``train_diloco``; the outer-optimizer fields of ``config`` are unused.
+    x, y, config, x_eval, y_eval, rng, on_round
+        As for ``train_diloco``; the outer-optimizer fields of ``config`` are unused.
 
     Returns
     -------

@@ -71,7 +71,7 @@ MILESTONES: tuple[Milestone, ...] = (
     Milestone(22, "update_outer_momentum", "outer", (), "m = mu m + delta"),
     Milestone(23, "nesterov_param_update", "outer", (), "theta - lr (delta + mu m)"),
     Milestone(24, "compute_outer_gradient", "outer", (14, 15), "pseudo-gradient, old minus new"),
-    Milestone(25, "run_diloco_round", "loop", (1, 7, 12, 13, 14, 15, 20, 21, 22, 23, 24, 30),
+    Milestone(25, "run_diloco_round", "loop", (1, 7, 14, 15, 20, 21, 22, 23, 24, 30),
               "K workers, one pseudo-gradient, one outer step"),
     Milestone(26, "train_diloco", "loop", (1, 7, 16, 17, 21, 25, 28, 29), "rounds of DiLoCo with evaluation"),
     Milestone(27, "train_synchronous_baseline", "loop", (1, 6, 7, 15, 16, 17, 18, 19, 28, 29, 30),

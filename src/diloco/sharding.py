@@ -206,8 +206,16 @@ def local_train_step(params: Params, adam_state: AdamWState, x_batch: np.ndarray
         From the functions it composes, or a ``config`` that is not an AdamWConfig.
     """
     _check_config(config)
-    check_mlp_params(params)
+    num_layers = check_mlp_params(params)
     _check_state(adam_state, params)
+    # Checked here so the message names this function's arguments, not model_forward's.
+    check_float_array(x_batch, "x_batch", ndim=2)
+    if x_batch.shape[0] == 0 or x_batch.shape[1] != params["W1"].shape[0]:
+        raise ValueError(
+            f"x_batch must have shape (b >= 1, {params['W1'].shape[0]}) to match params['W1'], "
+            f"got {x_batch.shape}"
+        )
+    check_labels(y_batch, "y_batch", n=x_batch.shape[0], num_classes=params[f"W{num_layers}"].shape[1])
     # BEGIN SOLUTION
     logits, cache = model_forward(params, x_batch)
     loss = cross_entropy_loss(logits, y_batch)

@@ -1,0 +1,570 @@
+"""Part 6 - the DiLoCo round, the training loop and the synchronous baseline: milestones 25-27.
+
+Expected values are hand-worked (``tests/fixtures/m25.json`` .. ``m27.json``) or come
+from reference loops written in this file out of the earlier milestones, following the
+random-stream order that ``loop.py`` documents:
+
+* ``_setup``: ``rng = default_rng(config.seed)``; shard with ``rng`` (IID or non-IID);
+  then ``init_model_params((d_in, *hidden_sizes, C), rng)``.
+* every round (DiLoCo and baseline alike): ``worker_rngs = rng.spawn(K)``; worker k
+  draws all its mini-batches of the round from ``worker_rngs[k]``.
+
+Because the reference DiLoCo loop (through ``inner_train_worker``) and the reference
+baseline loop both draw worker k's batches from that same child stream, the two
+algorithms provably see the same mini-batches once both match their references.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diloco.adamw import AdamWState, adamw_step, init_adamw_state
+from diloco.config import AdamWConfig, DiLoCoConfig
+from diloco.data import load_digits_split
+from diloco.evaluation import classification_accuracy, evaluate_loss
+from diloco.loop import run_diloco_round, train_diloco, train_synchronous_baseline
+from diloco.model import init_model_params, model_backward, model_forward
+from diloco.outer import OuterState, init_outer_optimizer
+from diloco.params import average_params
+from diloco.sharding import (
+    iid_shard_dataset,
+    inner_train_worker,
+    local_train_step,
+    noniid_shard_dataset,
+    sample_worker_batch,
+)
+from helpers import (
+    assert_close,
+    assert_no_shared_memory,
+    assert_params_close,
+    assert_unchanged,
+    load_fixture,
+    snapshot,
+)
+
+# --------------------------------------------------------------------------- helpers
+
+
+def tiny_data(seed, num_examples=24, num_features=3, num_classes=3, dtype=np.float64):
+    """Separable-ish Gaussian blobs built with plain NumPy; every class present."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(num_examples) % num_classes
+    centres = rng.normal(0.0, 2.0, (num_classes, num_features))
+    x = centres[y] + rng.normal(0.0, 1.0, (num_examples, num_features))
+    return x.astype(dtype), y.astype(np.int64)
+
+
+def tiny_config(**changes):
+    """A small, fast experiment; ``changes`` override any field (``inner`` as a dict)."""
+    inner = AdamWConfig(**{"lr": 0.05, "weight_decay": 0.1, **changes.pop("inner", {})})
+    base = dict(num_workers=2, inner_steps=2, rounds=2, batch_size=4, hidden_sizes=(4,), outer_lr=0.7,
+                outer_momentum=0.9, seed=0)
+    base.update(changes)
+    return DiLoCoConfig(inner=inner, **base)
+
+
+def as_params(tree, dtype=np.float64):
+    return {key: np.array(value, dtype=dtype) for key, value in tree.items()}
+
+
+def layer_sizes_for(x, y, config):
+    return (x.shape[1], *config.hidden_sizes, int(y.max()) + 1)
+
+
+def round_inputs(seed, num_workers, dtype=np.float64, warm=False, hidden_sizes=(4,)):
+    """Global params, outer state, worker states and shards for one round, built in the test.
+
+    ``warm`` gives every worker a non-fresh AdamW state (step 3, random moments) and the
+    outer optimizer a non-zero momentum, as in a later round.
+    """
+    rng = np.random.default_rng(seed)
+    x, y = tiny_data(seed, num_examples=5 * num_workers, dtype=dtype)
+    shards = [(x[k::num_workers], y[k::num_workers]) for k in range(num_workers)]
+    params = init_model_params((x.shape[1], *hidden_sizes, 3), rng, dtype=dtype)
+    if warm:
+        states = [
+            AdamWState(
+                step=3,
+                m={key: rng.normal(0.0, 0.1, value.shape).astype(dtype) for key, value in params.items()},
+                v={key: rng.uniform(0.0, 0.05, value.shape).astype(dtype) for key, value in params.items()},
+            )
+            for _ in range(num_workers)
+        ]
+        outer = OuterState({key: rng.normal(0.0, 0.1, value.shape).astype(dtype) for key, value in params.items()})
+    else:
+        states = [init_adamw_state(params) for _ in range(num_workers)]
+        outer = init_outer_optimizer(params)
+    return params, outer, states, shards
+
+
+def independent_workers(params, states, shards, config, rng):
+    """Each worker's round computed on its own, with the streams the round documents."""
+    worker_rngs = rng.spawn(config.num_workers)
+    return [
+        inner_train_worker(params, state, x_k, y_k, config.inner_steps, config.batch_size, config.inner, rng_k)
+        for (x_k, y_k), state, rng_k in zip(shards, states, worker_rngs)
+    ]
+
+
+def numpy_mean(dicts):
+    return {key: np.mean([d[key] for d in dicts], axis=0) for key in dicts[0]}
+
+
+def plain_adamw_training(x, y, config):
+    """Single-worker plain AdamW training, in DiLoCo's random-stream order."""
+    rng = np.random.default_rng(config.seed)
+    ((x_k, y_k),) = iid_shard_dataset(x, y, 1, rng)
+    params = init_model_params(layer_sizes_for(x, y, config), rng, dtype=np.dtype(config.dtype))
+    state = init_adamw_state(params)
+    losses = []
+    for _ in range(config.rounds):
+        child = rng.spawn(1)[0]
+        for _ in range(config.inner_steps):
+            x_batch, y_batch = sample_worker_batch(x_k, y_k, config.batch_size, child)
+            params, state, loss = local_train_step(params, state, x_batch, y_batch, config.inner)
+            losses.append(loss)
+    return params, state, losses
+
+
+def reference_baseline(x, y, config):
+    """Data-parallel AdamW: K gradients averaged, one step; returns params and per-record worker losses."""
+    rng = np.random.default_rng(config.seed)
+    shards = iid_shard_dataset(x, y, config.num_workers, rng)
+    params = init_model_params(layer_sizes_for(x, y, config), rng, dtype=np.dtype(config.dtype))
+    state = init_adamw_state(params)
+    record_losses = []
+    for _ in range(config.rounds):
+        worker_rngs = rng.spawn(config.num_workers)
+        losses = np.zeros((config.num_workers, config.inner_steps))
+        for step in range(config.inner_steps):
+            grads = []
+            for k, ((x_k, y_k), rng_k) in enumerate(zip(shards, worker_rngs)):
+                x_batch, y_batch = sample_worker_batch(x_k, y_k, config.batch_size, rng_k)
+                logits, cache = model_forward(params, x_batch)
+                shifted = logits - logits.max(axis=1, keepdims=True)
+                log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+                losses[k, step] = -log_probs[np.arange(len(y_batch)), y_batch].mean()
+                grads.append(model_backward(params, cache, y_batch))
+            params, state = adamw_step(params, state, average_params(grads), config.inner)
+        record_losses.append(losses.mean(axis=1))
+    return params, record_losses
+
+
+def assert_history_equal(got, expected, what="history"):
+    assert len(got) == len(expected), f"{what}: {len(got)} records vs {len(expected)}"
+    for i, (a, b) in enumerate(zip(got, expected)):
+        assert a == b, f"{what}[{i}] differs:\n  {a}\n  {b}"
+
+
+def num_values(params):
+    return sum(value.size for value in params.values())
+
+
+# --------------------------------------------------------------------------- m25 run_diloco_round
+
+
+@pytest.mark.m25
+def test_run_diloco_round_matches_hand_worked_fixture():
+    fixture = load_fixture("m25")
+    inputs, expected = fixture["inputs"], fixture["expected"]
+    config = DiLoCoConfig.from_dict(inputs["config"])
+    states = [AdamWState(s["step"], as_params(s["m"]), as_params(s["v"])) for s in inputs["worker_states"]]
+    shards = [(np.array(x, dtype=np.float64), np.array(y, dtype=np.int64)) for x, y in inputs["shards"]]
+    outer = OuterState(as_params(inputs["outer_momentum_before"]))
+    result = run_diloco_round(as_params(inputs["global_params"]), outer, states, shards, config,
+                              np.random.default_rng(inputs["seed"]))
+    assert_params_close(result.global_params, as_params(expected["global_params"]), rtol=1e-12, atol=1e-15,
+                        what="new global params")
+    assert_params_close(result.outer_state.momentum, as_params(expected["outer_momentum"]), rtol=1e-9, atol=1e-15,
+                        what="outer momentum")
+    for k, (got, want) in enumerate(zip(result.worker_states, expected["worker_states"])):
+        assert got.step == want["step"], f"worker {k}: step {got.step}, expected {want['step']}"
+        assert_params_close(got.m, as_params(want["m"]), rtol=1e-12, atol=1e-15, what=f"worker {k} m")
+        assert_params_close(got.v, as_params(want["v"]), rtol=1e-12, atol=1e-15, what=f"worker {k} v")
+    record = result.record
+    for key in ("inner_loss", "pseudo_grad_norm", "bytes_sent"):
+        assert_close(record[key], expected["record"][key], rtol=1e-12, what=f"record[{key!r}]")
+    assert_close(record["worker_losses"], expected["record"]["worker_losses"], rtol=1e-12, what="worker_losses")
+    assert record["all_reduces"] == expected["record"]["all_reduces"]
+
+
+@pytest.mark.m25
+@settings(max_examples=15)
+@given(seed=st.integers(0, 2**16), num_workers=st.integers(1, 3), inner_steps=st.integers(1, 3),
+       warm=st.booleans(), dtype=st.sampled_from([np.float64, np.float32]))
+def test_fedavg_round_returns_the_average_of_independently_trained_workers(seed, num_workers, inner_steps, warm,
+                                                                           dtype):
+    """outer_lr = 1, outer_momentum = 0: theta - (theta - mean_k theta_k) = mean_k theta_k."""
+    params, outer, states, shards = round_inputs(seed, num_workers, dtype=dtype, warm=warm)
+    config = tiny_config(num_workers=num_workers, inner_steps=inner_steps, outer_lr=1.0, outer_momentum=0.0,
+                         dtype=np.dtype(dtype).name)
+    result = run_diloco_round(params, outer, states, shards, config, np.random.default_rng(seed + 1))
+    workers = independent_workers(params, states, shards, config, np.random.default_rng(seed + 1))
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-6)
+    assert_params_close(result.global_params, numpy_mean([w[0] for w in workers]), what="FedAvg global params", **tol)
+    for key, value in result.global_params.items():
+        assert value.dtype == dtype, f"global_params[{key!r}] is {value.dtype}, expected {np.dtype(dtype)}"
+    for k, (got, (_, want, losses)) in enumerate(zip(result.worker_states, workers)):
+        # each worker keeps its own state: neither reset nor averaged
+        assert got.step == want.step == states[k].step + inner_steps
+        assert_params_close(got.m, want.m, what=f"worker {k} AdamW m", **tol)
+        assert_params_close(got.v, want.v, what=f"worker {k} AdamW v", **tol)
+        assert_close(result.record["worker_losses"][k], losses.mean(), rtol=1e-6, what=f"worker {k} mean loss")
+
+
+@pytest.mark.m25
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("warm", [False, True])
+def test_round_takes_one_outer_momentum_step_on_old_minus_new(nesterov, warm):
+    params, outer, states, shards = round_inputs(7, 3, warm=warm)
+    config = tiny_config(num_workers=3, inner_steps=3, outer_lr=0.7, outer_momentum=0.9, nesterov=nesterov)
+    result = run_diloco_round(params, outer, states, shards, config, np.random.default_rng(99))
+    workers = independent_workers(params, states, shards, config, np.random.default_rng(99))
+    mean_worker = numpy_mean([w[0] for w in workers])
+    delta = {key: params[key] - mean_worker[key] for key in params}  # old minus new
+    momentum = {key: 0.9 * outer.momentum[key] + delta[key] for key in params}
+    if nesterov:
+        expected = {key: params[key] - 0.7 * (delta[key] + 0.9 * momentum[key]) for key in params}
+    else:
+        expected = {key: params[key] - 0.7 * momentum[key] for key in params}
+    assert_params_close(result.outer_state.momentum, momentum, rtol=1e-10, atol=1e-13, what="outer momentum")
+    assert_params_close(result.global_params, expected, rtol=1e-10, atol=1e-13, what="new global params")
+    norm = np.sqrt(sum(np.sum(d * d) for d in delta.values()))
+    assert_close(result.record["pseudo_grad_norm"], norm, rtol=1e-10, what="pseudo_grad_norm")
+
+
+@pytest.mark.m25
+def test_carried_worker_states_change_the_round():
+    """A round must use the states it is given (not fresh ones) and return step + H."""
+    params, outer, fresh, shards = round_inputs(3, 2)
+    _, _, warm, _ = round_inputs(3, 2, warm=True)
+    config = tiny_config(inner_steps=2)
+    from_fresh = run_diloco_round(params, outer, fresh, shards, config, np.random.default_rng(5))
+    from_warm = run_diloco_round(params, outer, warm, shards, config, np.random.default_rng(5))
+    assert [s.step for s in from_fresh.worker_states] == [2, 2]
+    assert [s.step for s in from_warm.worker_states] == [5, 5], "step must continue from the carried state"
+    assert not np.allclose(from_fresh.global_params["W1"], from_warm.global_params["W1"]), (
+        "the workers' carried AdamW states were ignored (reset each round?)"
+    )
+    again = run_diloco_round(from_fresh.global_params, from_fresh.outer_state, from_fresh.worker_states, shards,
+                             config, np.random.default_rng(6))
+    assert [s.step for s in again.worker_states] == [4, 4]
+
+
+@pytest.mark.m25
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_round_record_counts_one_all_reduce_at_the_params_precision(dtype):
+    params, outer, states, shards = round_inputs(11, 3, dtype=dtype)
+    config = tiny_config(num_workers=3, inner_steps=3)
+    record = run_diloco_round(params, outer, states, shards, config, np.random.default_rng(0)).record
+    assert {"inner_loss", "worker_losses", "pseudo_grad_norm", "all_reduces", "bytes_sent"} <= set(record)
+    assert record["all_reduces"] == 1
+    itemsize = np.dtype(dtype).itemsize
+    assert_close(record["bytes_sent"], 2 * (3 - 1) / 3 * num_values(params) * itemsize, rtol=1e-12,
+                 what="bytes_sent")
+    assert len(record["worker_losses"]) == 3
+    assert_close(record["inner_loss"], np.mean(record["worker_losses"]), rtol=1e-12, what="inner_loss")
+
+
+@pytest.mark.m25
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_run_diloco_round_is_pure(dtype):
+    params, outer, states, shards = round_inputs(2, 2, dtype=dtype, warm=True)
+    inputs = (params, outer, states, shards)
+    before = snapshot(inputs)
+    result = run_diloco_round(params, outer, states, shards, tiny_config(dtype=np.dtype(dtype).name),
+                              np.random.default_rng(0))
+    assert_unchanged(before, inputs, what="global_params, outer_state, worker_states and shards")
+    assert_no_shared_memory((result.global_params, result.outer_state, result.worker_states), inputs,
+                            what="run_diloco_round result")
+    for tree in (result.global_params, result.outer_state.momentum, result.worker_states[0].m):
+        assert all(value.dtype == dtype for value in tree.values()), "dtype must follow the params"
+
+
+@pytest.mark.m25
+def test_run_diloco_round_is_deterministic_given_the_generator():
+    params, outer, states, shards = round_inputs(4, 2)
+    config = tiny_config()
+    first = run_diloco_round(params, outer, states, shards, config, np.random.default_rng(8))
+    second = run_diloco_round(params, outer, states, shards, config, np.random.default_rng(8))
+    for key in params:
+        assert np.array_equal(first.global_params[key], second.global_params[key])
+    assert first.record == second.record
+
+
+@pytest.mark.m25
+def test_run_diloco_round_rejects_bad_input():
+    params, outer, states, shards = round_inputs(1, 2)
+    config = tiny_config()
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="shards"):
+        run_diloco_round(params, outer, states, shards[:1], config, rng)
+    with pytest.raises(ValueError, match="worker_states"):
+        run_diloco_round(params, outer, states + states, shards, config, rng)
+    with pytest.raises(TypeError, match="rng"):
+        run_diloco_round(params, outer, states, shards, config, 0)
+    with pytest.raises(TypeError, match="config"):
+        run_diloco_round(params, outer, states, shards, config.inner, rng)
+    with pytest.raises(ValueError, match="global_params"):
+        run_diloco_round({"W1": params["W1"]}, outer, states, shards, config, rng)
+
+
+# --------------------------------------------------------------------------- m26 train_diloco
+
+
+def _fixture_case(marker):
+    fixture = load_fixture(marker)
+    inputs = fixture["inputs"]
+    x, y = np.array(inputs["x"], dtype=np.float64), np.array(inputs["y"], dtype=np.int64)
+    return fixture, x, y, DiLoCoConfig.from_dict(inputs["config"]), as_params(inputs["initial_params"])
+
+
+def _check_fixture_history(history, expected):
+    for key, values in expected.items():
+        got = [record[key] for record in history]
+        assert_close(got, values, rtol=1e-12, what=f"history {key!r}")
+    assert all(record["eval_loss"] is None and record["eval_accuracy"] is None for record in history)
+
+
+@pytest.mark.m26
+def test_train_diloco_matches_hand_worked_fixture():
+    fixture, x, y, config, initial = _fixture_case("m26")
+    result = train_diloco(x, y, config)
+    moved = {key: result.params[key] - initial[key] for key in initial}
+    assert_params_close(moved, as_params(fixture["expected"]["displacement"]), rtol=0.0, atol=1e-9,
+                        what="final params - initial params")
+    _check_fixture_history(result.history, fixture["expected"]["history"])
+
+
+@pytest.mark.m26
+@settings(max_examples=12)
+@given(seed=st.integers(0, 2**16), inner_steps=st.integers(1, 3), rounds=st.integers(2, 3),
+       batch_size=st.integers(1, 30), hidden=st.sampled_from([(), (3,), (4, 3)]))
+def test_one_worker_fedavg_is_plain_adamw_training(seed, inner_steps, rounds, batch_size, hidden):
+    """K = 1, outer_lr = 1, mu = 0: DiLoCo is AdamW on the whole data, state carried across rounds."""
+    x, y = tiny_data(seed)
+    config = tiny_config(num_workers=1, inner_steps=inner_steps, rounds=rounds, batch_size=batch_size,
+                         hidden_sizes=hidden, outer_lr=1.0, outer_momentum=0.0, seed=seed)
+    expected, _, _ = plain_adamw_training(x, y, config)
+    assert_params_close(train_diloco(x, y, config).params, expected, rtol=1e-10, atol=1e-12,
+                        what="DiLoCo with one worker vs plain AdamW")
+
+
+@pytest.mark.m26
+@pytest.mark.parametrize("iid", [True, False])
+def test_train_diloco_is_setup_then_rounds_of_run_diloco_round(iid):
+    """Documented order: shard, init, fresh worker/outer states, then carry everything round to round."""
+    x, y = tiny_data(5, num_examples=30)
+    config = tiny_config(num_workers=3, inner_steps=2, rounds=3, iid=iid, alpha=0.3, seed=5)
+    rng = np.random.default_rng(5)
+    if iid:
+        shards = iid_shard_dataset(x, y, 3, rng)
+    else:
+        shards = noniid_shard_dataset(x, y, 3, rng, alpha=0.3)
+    params = init_model_params(layer_sizes_for(x, y, config), rng)
+    states = [init_adamw_state(params) for _ in range(3)]
+    outer = init_outer_optimizer(params)
+    records = []
+    for _ in range(3):
+        params, outer, states, record = run_diloco_round(params, outer, states, shards, config, rng)
+        records.append(record)
+    result = train_diloco(x, y, config)
+    assert_params_close(result.params, params, rtol=0.0, atol=0.0, what="train_diloco vs its rounds")
+    for got, want in zip(result.history, records):
+        for key in ("inner_loss", "worker_losses", "pseudo_grad_norm", "bytes_sent", "all_reduces"):
+            assert got[key] == want[key], f"history {key!r}: {got[key]} vs {want[key]}"
+
+
+@pytest.mark.m26
+def test_train_diloco_history_and_evaluation():
+    x, y = tiny_data(8, num_examples=30)
+    x_eval, y_eval = tiny_data(9, num_examples=12, num_classes=4)  # label 3 only in the held-out part
+    config = tiny_config(num_workers=3, inner_steps=4, rounds=3)
+    seen = []
+    result = train_diloco(x, y, config, x_eval=x_eval, y_eval=y_eval, on_round=seen.append)
+    history = result.history
+    assert [r["round"] for r in history] == [1, 2, 3]
+    assert [r["step"] for r in history] == [4, 8, 12]
+    assert seen == history, "on_round must be called once per round with the finished record"
+    per_round = 2 * (3 - 1) / 3 * num_values(result.params) * 8
+    assert_close([r["bytes_sent"] for r in history], [per_round] * 3, rtol=1e-12, what="bytes_sent")
+    assert_close([r["cumulative_bytes"] for r in history], [per_round, 2 * per_round, 3 * per_round], rtol=1e-12,
+                 what="cumulative_bytes")
+    assert result.params["b2"].shape == (4,), "C = max label over train and held-out data + 1"
+    for record in history:
+        assert np.isfinite(record["eval_loss"]) and 0.0 <= record["eval_accuracy"] <= 1.0
+    assert history[-1]["eval_loss"] == evaluate_loss(result.params, x_eval, y_eval)
+    assert history[-1]["eval_accuracy"] == classification_accuracy(result.params, x_eval, y_eval)
+    assert history[0]["eval_loss"] != history[-1]["eval_loss"], "evaluate after every round, not once"
+
+
+@pytest.mark.m26
+def test_train_diloco_same_seed_is_bit_identical_and_a_new_seed_differs():
+    x, y = tiny_data(3)
+    config = tiny_config(rounds=3)
+    first, second = train_diloco(x, y, config), train_diloco(x, y, config)
+    for key in first.params:
+        assert np.array_equal(first.params[key], second.params[key]), f"params[{key!r}] differ for the same seed"
+    assert_history_equal(first.history, second.history)
+    given_rng = train_diloco(x, y, config, rng=np.random.default_rng(config.seed))
+    assert all(np.array_equal(given_rng.params[k], first.params[k]) for k in first.params), (
+        "rng=None must mean default_rng(config.seed)"
+    )
+    other = train_diloco(x, y, config.replace(seed=1))
+    assert not np.array_equal(other.params["W1"], first.params["W1"]), "a different seed must give a different run"
+
+
+@pytest.mark.m26
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_train_diloco_is_pure_and_keeps_the_dtype(dtype):
+    x, y = tiny_data(4, dtype=np.dtype(dtype))
+    x_eval, y_eval = tiny_data(5, num_examples=6, dtype=np.dtype(dtype))
+    before = snapshot((x, y, x_eval, y_eval))
+    result = train_diloco(x, y, tiny_config(dtype=dtype), x_eval=x_eval, y_eval=y_eval)
+    assert_unchanged(before, (x, y, x_eval, y_eval), what="x, y, x_eval and y_eval")
+    assert_no_shared_memory(result.params, (x, y, x_eval, y_eval), what="train_diloco params")
+    for key, value in result.params.items():
+        assert value.dtype == np.dtype(dtype), f"params[{key!r}] is {value.dtype}, expected {dtype}"
+        assert np.all(np.isfinite(value))
+
+
+@pytest.mark.m26
+def test_train_diloco_rejects_bad_input():
+    x, y = tiny_data(0)
+    config = tiny_config()
+    with pytest.raises(ValueError, match="x_eval"):
+        train_diloco(x, y, config, x_eval=x)
+    with pytest.raises(ValueError, match="x_eval"):
+        train_diloco(x, y, config, x_eval=x[:, :2], y_eval=y)
+    with pytest.raises(ValueError, match="y"):
+        train_diloco(x, y[:-1], config)
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="x"):
+        train_diloco(bad, y, config)
+    with pytest.raises(TypeError, match="config"):
+        train_diloco(x, y, config.inner)
+    with pytest.raises(TypeError, match="rng"):
+        train_diloco(x, y, config, rng=0)
+
+
+@pytest.mark.m26
+@pytest.mark.slow
+def test_train_diloco_reaches_95_percent_on_held_out_digits():
+    data = load_digits_split(0)
+    result = train_diloco(data.x_train, data.y_train, DiLoCoConfig(), x_eval=data.x_test, y_eval=data.y_test)
+    accuracy = result.history[-1]["eval_accuracy"]
+    assert accuracy >= 0.95, f"DiLoCo (K=8, H=50, 10 rounds) reached only {accuracy:.3f} held-out accuracy"
+
+
+# --------------------------------------------------------------------------- m27 train_synchronous_baseline
+
+
+@pytest.mark.m27
+def test_train_synchronous_baseline_matches_hand_worked_fixture():
+    fixture, x, y, config, initial = _fixture_case("m27")
+    result = train_synchronous_baseline(x, y, config)
+    moved = {key: result.params[key] - initial[key] for key in initial}
+    assert_params_close(moved, as_params(fixture["expected"]["displacement"]), rtol=0.0, atol=1e-9,
+                        what="final params - initial params")
+    _check_fixture_history(result.history, fixture["expected"]["history"])
+
+
+@pytest.mark.m27
+@settings(max_examples=12)
+@given(seed=st.integers(0, 2**16), num_workers=st.integers(1, 3), inner_steps=st.integers(1, 3),
+       rounds=st.integers(1, 2), batch_size=st.integers(1, 9))
+def test_baseline_averages_the_workers_gradients_into_one_adamw_step(seed, num_workers, inner_steps, rounds,
+                                                                     batch_size):
+    """Same shards, init and per-worker streams as DiLoCo; one AdamW step on the mean gradient."""
+    x, y = tiny_data(seed)
+    config = tiny_config(num_workers=num_workers, inner_steps=inner_steps, rounds=rounds, batch_size=batch_size,
+                         seed=seed)
+    expected, record_losses = reference_baseline(x, y, config)
+    result = train_synchronous_baseline(x, y, config)
+    assert_params_close(result.params, expected, rtol=1e-10, atol=1e-12, what="baseline params")
+    for r, (record, losses) in enumerate(zip(result.history, record_losses)):
+        assert_close(record["worker_losses"], losses, rtol=1e-10, what=f"record {r} worker_losses")
+        assert_close(record["inner_loss"], losses.mean(), rtol=1e-10, what=f"record {r} inner_loss")
+
+
+@pytest.mark.m27
+@pytest.mark.parametrize("rounds, inner_steps", [(3, 1), (2, 3)])
+def test_baseline_with_one_worker_is_plain_adamw_training(rounds, inner_steps):
+    x, y = tiny_data(2)
+    config = tiny_config(num_workers=1, inner_steps=inner_steps, rounds=rounds, batch_size=5, seed=2)
+    expected, _, _ = plain_adamw_training(x, y, config)
+    assert_params_close(train_synchronous_baseline(x, y, config).params, expected, rtol=1e-10, atol=1e-12,
+                        what="baseline with one worker vs plain AdamW")
+
+
+@pytest.mark.m27
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_baseline_history_is_aligned_with_diloco_rounds(dtype):
+    x, y = tiny_data(6, num_examples=30)
+    config = tiny_config(num_workers=3, inner_steps=4, rounds=3, dtype=dtype)
+    seen = []
+    result = train_synchronous_baseline(x, y, config, on_round=seen.append)
+    history = result.history
+    assert [r["round"] for r in history] == [1, 2, 3]
+    assert [r["step"] for r in history] == [4, 8, 12], "a record every inner_steps steps, as DiLoCo's rounds"
+    assert [r["all_reduces"] for r in history] == [4, 4, 4], "one all-reduce per step"
+    per_step = 2 * (3 - 1) / 3 * num_values(result.params) * np.dtype(dtype).itemsize
+    assert_close([r["bytes_sent"] for r in history], [4 * per_step] * 3, rtol=1e-12, what="bytes_sent")
+    assert_close([r["cumulative_bytes"] for r in history], [4 * per_step, 8 * per_step, 12 * per_step],
+                 rtol=1e-12, what="cumulative_bytes")
+    assert seen == history
+    assert all(r["eval_loss"] is None for r in history)
+    assert all(value.dtype == np.dtype(dtype) for value in result.params.values())
+
+
+@pytest.mark.m27
+def test_baseline_ignores_the_outer_optimizer_and_is_deterministic():
+    x, y = tiny_data(1)
+    config = tiny_config()
+    first = train_synchronous_baseline(x, y, config)
+    second = train_synchronous_baseline(x, y, config.replace(outer_lr=0.1, outer_momentum=0.0, nesterov=False))
+    for key in first.params:
+        assert np.array_equal(first.params[key], second.params[key]), "the baseline has no outer optimizer"
+    assert_history_equal(first.history, second.history)
+    other = train_synchronous_baseline(x, y, config.replace(seed=3))
+    assert not np.array_equal(other.params["W1"], first.params["W1"]), "a different seed must give a different run"
+
+
+@pytest.mark.m27
+def test_baseline_is_pure_and_evaluates_each_record():
+    x, y = tiny_data(4)
+    x_eval, y_eval = tiny_data(5, num_examples=6)
+    before = snapshot((x, y, x_eval, y_eval))
+    result = train_synchronous_baseline(x, y, tiny_config(rounds=3), x_eval=x_eval, y_eval=y_eval)
+    assert_unchanged(before, (x, y, x_eval, y_eval), what="x, y, x_eval and y_eval")
+    assert_no_shared_memory(result.params, (x, y, x_eval, y_eval), what="baseline params")
+    assert result.history[-1]["eval_loss"] == evaluate_loss(result.params, x_eval, y_eval)
+    assert result.history[-1]["eval_accuracy"] == classification_accuracy(result.params, x_eval, y_eval)
+
+
+@pytest.mark.m27
+def test_train_synchronous_baseline_rejects_bad_input():
+    x, y = tiny_data(0)
+    config = tiny_config()
+    with pytest.raises(ValueError, match="y_eval"):
+        train_synchronous_baseline(x, y, config, y_eval=y)
+    with pytest.raises(ValueError, match="y"):
+        train_synchronous_baseline(x, y[:-2], config)
+    with pytest.raises(TypeError, match="config"):
+        train_synchronous_baseline(x, y, {"num_workers": 2})
+    with pytest.raises(ValueError, match="num_workers"):
+        train_synchronous_baseline(x[:1], y[:1], config)
+
+
+@pytest.mark.m27
+@pytest.mark.slow
+def test_baseline_reaches_95_percent_on_held_out_digits():
+    data = load_digits_split(0)
+    result = train_synchronous_baseline(data.x_train, data.y_train, DiLoCoConfig(), x_eval=data.x_test,
+                                        y_eval=data.y_test)
+    accuracy = result.history[-1]["eval_accuracy"]
+    assert accuracy >= 0.95, f"the synchronous baseline reached only {accuracy:.3f} held-out accuracy"
