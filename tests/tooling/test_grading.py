@@ -1,0 +1,225 @@
+"""The grader, end to end on generated workspaces, plus its JSON / JUnit output and errors.
+
+Each scenario grades a real workspace (pytest subprocesses, in waves), so the scenarios
+are kept small: only milestones 1-6 are ever filled in, and the slow training-loop tests
+never unlock here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from diloco import grading
+from diloco.cli import main
+from diloco.grading import FAILED, LOCKED, NOT_STARTED, PASSED, grade
+from diloco.milestones import MILESTONES, all_dependencies
+from diloco.workspace import create_workspace, stub_source
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((REPO / "docs" / "results.schema.json").read_text())
+
+
+def fill_in(ws: Path, keep) -> None:
+    """Copy the reference bodies of milestones ``keep`` into workspace ``ws``."""
+    for module in sorted({m.module for m in MILESTONES}):
+        source = (REPO / "src" / "diloco" / f"{module}.py").read_text()
+        (ws / "src" / "diloco" / f"{module}.py").write_text(stub_source(source, module, keep=keep))
+
+
+def tree_digest(root: Path) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """A fresh workspace graded through the CLI, with --json and --junit."""
+    out = tmp_path_factory.mktemp("fresh")
+    ws = create_workspace(out / "ws")
+    before = tree_digest(ws)
+    code = main(["grade", "--impl", str(ws), "--json", str(out / "results.json"),
+                 "--junit", str(out / "results.xml"), "--quiet"])
+    return {"ws": ws, "code": code, "before": before, "after": tree_digest(ws),
+            "json": json.loads((out / "results.json").read_text()),
+            "xml": ET.parse(out / "results.xml").getroot()}
+
+
+@pytest.fixture(scope="module", params=[2, 6])
+def first_k(request, tmp_path_factory):
+    ws = create_workspace(tmp_path_factory.mktemp(f"k{request.param}") / "ws")
+    fill_in(ws, range(1, request.param + 1))
+    return request.param, grade(ws)
+
+
+@pytest.fixture(scope="module")
+def naive_softmax(tmp_path_factory):
+    """Milestones 1-5 done, with two classic mistakes: softmax without the max shift (it
+    overflows for huge logits) and a cross-entropy that sums instead of averaging."""
+    ws = create_workspace(tmp_path_factory.mktemp("mistake") / "ws")
+    fill_in(ws, range(1, 6))
+    model = ws / "src" / "diloco" / "model.py"
+    text = model.read_text()
+    shifted = "    shifted = logits - logits.max(axis=-1, keepdims=True)\n    exp = np.exp(shifted)\n"
+    assert shifted in text
+    text = text.replace(shifted, "    exp = np.exp(logits)\n")
+    mean = "return float(np.mean(log_sum_exp - correct))"
+    assert mean in text
+    model.write_text(text.replace(mean, "return float(np.sum(log_sum_exp - correct))"))
+    return grade(ws)
+
+
+def test_fresh_workspace_grades_zero(fresh):
+    assert fresh["code"] == 0
+    statuses = {t["extra_data"]["state"] for t in fresh["json"]["tests"]}
+    assert statuses <= {NOT_STARTED, LOCKED}
+    assert fresh["json"]["score"] == 0
+    assert fresh["json"]["output"] == "0/30 passed - next: 01 init_model_params (docs/milestones/01-init-model-params.md)"
+    by_number = {t["extra_data"]["milestone"]: t["extra_data"] for t in fresh["json"]["tests"]}
+    for m in MILESTONES:  # exactly the milestones with prerequisites are locked
+        assert by_number[m.number]["state"] == (LOCKED if m.depends_on else NOT_STARTED)
+
+
+def test_grading_does_not_touch_the_submission(fresh):
+    assert fresh["after"] == fresh["before"]
+
+
+def test_first_k_milestones_pass(first_k):
+    k, report = first_k
+    assert {r.milestone.number for r in report.results if r.status == PASSED} == set(range(1, k + 1))
+    assert report.score == k
+    for r in report.results:
+        if r.status != PASSED:
+            assert r.status in (NOT_STARTED, LOCKED), (r.milestone.label, r.status, r.summary, r.detail)
+    assert report.progress_line().startswith(f"{k}/30 passed - next: {k + 1:02d} ")
+    assert Path(report.imported_from).is_relative_to(report.impl / "src" / "diloco")
+    table = grading.format_table(report)
+    assert table.splitlines()[-1] == report.progress_line()
+    assert sum(" passed" in line for line in table.splitlines()[4:-2]) == k
+
+
+def test_a_realistic_mistake_fails_and_locks_its_dependents(naive_softmax):
+    report = naive_softmax
+    softmax = report.result(4)
+    assert softmax.status == FAILED
+    text = "\n".join(softmax.detail)
+    assert "overflow encountered in exp" in text, text
+    assert "raised at diloco/model.py:" in text and "exp = np.exp(logits)" in text, text
+    assert "test: tests/test_model.py::test_softmax" in text
+    assert softmax.rerun == "pytest -m m04"
+    loss = report.result(5)
+    assert loss.status == FAILED
+    text = "\n".join(loss.detail)
+    assert "expected" in text and "got" in text, text
+    assert {r.milestone.number for r in report.results if r.passed} == {1, 2, 3}
+    dependents = {m.number for m in MILESTONES if {4, 5} & set(all_dependencies(m.number))}
+    assert dependents >= {6, 19, 20, 25, 26, 27, 28}
+    for number in dependents:
+        assert report.result(number).status == LOCKED
+    assert "needs 04 softmax" in report.result(6).summary
+    table = grading.format_table(report)
+    assert "FAILED" in table and "rerun: pytest -m m04" in table and "rerun: pytest -m m05" in table
+    assert "Traceback" not in table
+    assert report.progress_line() == "3/30 passed - next: 04 softmax (docs/milestones/04-softmax.md)"
+
+
+def _validate(value, schema, where="$"):
+    """The subset of JSON Schema that docs/results.schema.json uses, checked by hand."""
+    kind = schema.get("type")
+    types = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float)}
+    if kind:
+        assert isinstance(value, types[kind]) and not isinstance(value, bool), f"{where}: not {kind}"
+    if "enum" in schema:
+        assert value in schema["enum"], f"{where}: {value!r} not in {schema['enum']}"
+    if "minimum" in schema:
+        assert value >= schema["minimum"], where
+    if "maximum" in schema:
+        assert value <= schema["maximum"], where
+    if "pattern" in schema:
+        import re
+        assert re.search(schema["pattern"], value), f"{where}: {value!r} !~ {schema['pattern']}"
+    if kind == "object":
+        for key in schema.get("required", []):
+            assert key in value, f"{where}: missing {key}"
+        if schema.get("additionalProperties") is False:
+            assert set(value) <= set(schema["properties"]), f"{where}: extra {set(value) - set(schema['properties'])}"
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                _validate(value[key], sub, f"{where}.{key}")
+    if kind == "array":
+        assert schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", 10**9), where
+        for i, item in enumerate(value):
+            _validate(item, schema["items"], f"{where}[{i}]")
+
+
+def test_json_validates_against_the_documented_schema_and_adds_up(fresh, first_k):
+    for results in (fresh["json"], grading.to_gradescope(first_k[1])):
+        _validate(results, SCHEMA)
+        assert results["score"] == sum(t["score"] for t in results["tests"])
+        assert results["max_score"] == sum(t["max_score"] for t in results["tests"]) == 30
+        assert [t["number"] for t in results["tests"]] == [f"{n:02d}" for n in range(1, 31)]
+        assert all((t["status"] == "passed") == (t["score"] == t["max_score"]) for t in results["tests"])
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(fresh["json"], SCHEMA)
+
+
+def test_junit_xml(fresh):
+    root = fresh["xml"]
+    cases = root.findall("./testsuite/testcase")
+    assert len(cases) == 30
+    locked = sum(1 for m in MILESTONES if m.depends_on)
+    assert int(root.get("skipped")) == locked == len(root.findall(".//skipped"))
+    assert int(root.get("failures")) == 30 - locked
+    assert cases[6].get("name") == "m07 init_adamw_state"
+
+
+def test_missing_or_broken_package_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["grade", "--impl", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert "no diloco package" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+    ws = create_workspace(tmp_path / "ws")
+    model = ws / "src" / "diloco" / "model.py"
+    model.write_text(model.read_text() + "\ndef broken(:\n")
+    out = tmp_path / "results.json"
+    assert main(["grade", "--impl", str(ws), "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "does not import" in err and "SyntaxError" in err and "Traceback" not in err
+    assert json.loads(out.read_text())["score"] == 0
+    # The workspace's own grader, run as a file, reports the same without importing the package.
+    proc = subprocess.run([sys.executable, "src/diloco/grading.py", "--impl", "."], cwd=ws,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "SyntaxError" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_milestone_without_tests_is_an_error(tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text("")
+    (tests / "test_relu.py").write_text(
+        "import numpy as np, pytest\nfrom diloco import relu\n\n"
+        "@pytest.mark.m02\ndef test_relu():\n    assert relu(np.array([-1.0, 2.0])).tolist() == [0.0, 2.0]\n")
+    report = grade(REPO, tests)
+    assert report.result(2).status == PASSED
+    assert report.result(1).status == grading.ERROR
+    assert "no tests collected for m01" in report.result(1).summary
+    assert report.result(3).status == grading.ERROR  # unlocked by 02, but has no tests here
+    assert report.score == 1
+
+
+def test_a_call_into_another_stub_is_named():
+    records = [
+        {"kind": "collected", "items": [["t::a", "m20"]]},
+        {"kind": "test", "nodeid": "t::a", "marker": "m20", "when": "call", "outcome": "failed", "name": "test_a",
+         "doc": "", "exc_type": "NotImplementedError", "message": "milestone 18 sample_worker_batch: ...",
+         "stubs": ["milestone 18 sample_worker_batch: ..."], "all_stub": True},
+    ]
+    result = grading._classify(MILESTONES[19], records, "", REPO / "tests")
+    assert result.status == FAILED and "18 sample_worker_batch" in result.detail[0]
