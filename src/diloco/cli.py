@@ -18,8 +18,18 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit status 2), like ``CliError``.
+
+    Sub-parsers inherit the class, so this holds for every sub-command's flags too.
+    """
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="diloco",
         description="DiLoCo in pure NumPy: train, compare, study, and learn it in 30 milestones.",
     )

@@ -145,3 +145,161 @@ def make_synthetic(num_examples: int, num_features: int, num_classes: int, rng, 
     y = rng.permutation(np.arange(num_examples) % num_classes)
     x = centres[y] + rng.standard_normal((num_examples, num_features))
     return x.astype(dtype), y.astype(np.int64)
+
+
+# --- Data for the command line: user archives and MNIST-1D -------------------------------
+
+__all__ += ["NPZ_ARRAYS", "MNIST1D_PROVENANCE", "load_npz_dataset", "default_cache_dir", "load_mnist1d"]
+
+NPZ_ARRAYS = ("x", "y", "x_test", "y_test")
+
+MNIST1D_PROVENANCE = (
+    "MNIST-1D (S. Greydanus, 2020, arXiv:2011.14439), generated locally by the mnist1d "
+    "package's make_dataset (Apache-2.0) from its built-in templates; nothing is downloaded."
+)
+
+
+def _npz_features(archive, key: str, source: str, dtype) -> np.ndarray:
+    x = archive[key]
+    if x.dtype.kind not in "fiu":
+        raise TypeError(f"{source}: array '{key}' must hold real numbers (float or int), got dtype {x.dtype}")
+    if x.ndim < 2:
+        raise ValueError(f"{source}: array '{key}' must be 2-D (n, d), got shape {x.shape}")
+    x = x.reshape(x.shape[0], -1).astype(dtype)  # images (n, h, w) become rows (n, h*w)
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"{source}: array '{key}' must hold at least one example and one feature, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{source}: array '{key}' must contain only finite values (no NaN or Inf)")
+    return x
+
+
+def _npz_labels(archive, key: str, source: str, n: int, x_key: str) -> np.ndarray:
+    y = archive[key]
+    if y.dtype.kind not in "iu":
+        raise TypeError(f"{source}: array '{key}' must hold integer class labels, got dtype {y.dtype} "
+                        f"(convert with y.astype(int))")
+    if y.ndim != 1:
+        raise ValueError(f"{source}: array '{key}' must be 1-D (n,), got shape {y.shape}")
+    if y.shape[0] != n:
+        raise ValueError(f"{source}: arrays '{x_key}' and '{key}' must have the same length, got {n} and {y.shape[0]}")
+    if y.min() < 0:
+        raise ValueError(f"{source}: array '{key}' must hold non-negative class labels, got min {int(y.min())}")
+    return y.astype(np.int64)
+
+
+def load_npz_dataset(path, *, test_fraction: float = 0.2, seed: int = 0, standardize: bool = True,
+                     dtype=np.float64) -> Dataset:
+    """A dataset from an ``.npz`` archive, validated.
+
+    The archive holds ``x`` (n, d) real numbers and ``y`` (n,) integer labels in
+    ``[0, C)``, and optionally a held-out part ``x_test``, ``y_test`` (both or neither).
+    Arrays of more than two dimensions (images) are flattened to rows. Without a
+    held-out part, ``stratified_split(x, y, test_fraction, default_rng(seed))`` makes
+    one. With ``standardize``, features are standardised on the training part only.
+
+    Raises
+    ------
+    FileNotFoundError
+        No file at ``path``.
+    ValueError, TypeError
+        Not an ``.npz`` archive, a missing or unknown array, mismatched lengths or
+        widths, NaN/Inf, a non-numeric ``x`` or non-integer ``y``, negative labels.
+    """
+    import os
+    import zipfile
+
+    source = os.fspath(path)
+    if not os.path.isfile(source):
+        raise FileNotFoundError(f"no such file: {source}")
+    try:
+        archive = np.load(source, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{source}: not a readable .npz archive ({exc})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{source}: expected an .npz archive of named arrays (np.savez), got a single array")
+    with archive:
+        names = set(archive.files)
+        missing = [key for key in ("x", "y") if key not in names]
+        if missing:
+            raise ValueError(f"{source}: missing array(s) {missing}; an .npz needs 'x' (n, d) and 'y' (n,), "
+                             f"optionally 'x_test' and 'y_test'")
+        unknown = sorted(names - set(NPZ_ARRAYS))
+        if unknown:
+            raise ValueError(f"{source}: unknown array(s) {unknown}; allowed are {list(NPZ_ARRAYS)}")
+        if ("x_test" in names) != ("y_test" in names):
+            raise ValueError(f"{source}: 'x_test' and 'y_test' must be given together")
+        try:
+            x = _npz_features(archive, "x", source, dtype)
+            y = _npz_labels(archive, "y", source, x.shape[0], "x")
+            if "x_test" in names:
+                x_test = _npz_features(archive, "x_test", source, dtype)
+                y_test = _npz_labels(archive, "y_test", source, x_test.shape[0], "x_test")
+                if x_test.shape[1] != x.shape[1]:
+                    raise ValueError(f"{source}: 'x_test' must have {x.shape[1]} features like 'x', "
+                                     f"got shape {x_test.shape}")
+                split = Dataset(x, y, x_test, y_test)
+            else:
+                split = stratified_split(x, y, test_fraction, np.random.default_rng(seed))
+        except (OSError, zipfile.BadZipFile) as exc:  # a truncated member
+            raise ValueError(f"{source}: not a readable .npz archive ({exc})") from None
+    if not standardize:
+        return split
+    scaler = Standardizer.fit(split.x_train)
+    return Dataset(scaler.transform(split.x_train), split.y_train, scaler.transform(split.x_test), split.y_test)
+
+
+def default_cache_dir():
+    """``$DILOCO_CACHE_DIR``, else ``$XDG_CACHE_HOME/diloco``, else ``~/.cache/diloco``."""
+    import os
+    from pathlib import Path
+
+    if os.environ.get("DILOCO_CACHE_DIR"):
+        return Path(os.environ["DILOCO_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "diloco"
+
+
+def load_mnist1d(*, cache_dir=None, num_samples: int = 5000, seed: int = 42, dtype=np.float64) -> Dataset:
+    """MNIST-1D: 10 classes of 1-D signals of length 40, generated locally and cached.
+
+    The first call runs the ``mnist1d`` package's own generator (``make_dataset`` with
+    its default arguments: templates from code, random padding, scaling, translation,
+    noise and shear; 80/20 train/test split) and saves the result as
+    ``mnist1d-n{num_samples}-seed{seed}.npz`` in ``cache_dir`` (default
+    ``default_cache_dir()``); later calls read that file. Nothing is downloaded. The
+    generator seeds NumPy's global random state; it is restored afterwards.
+
+    Raises
+    ------
+    ImportError
+        The ``mnist1d`` extra is not installed and the cache holds no copy.
+    """
+    import os
+    import random
+    from pathlib import Path
+
+    num_samples = check_positive_int(num_samples, "num_samples")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = cache / f"mnist1d-n{num_samples}-seed{seed}.npz"
+    if not path.is_file():
+        try:
+            from mnist1d.data import get_dataset_args, make_dataset
+        except ImportError:
+            raise ImportError("MNIST-1D needs the 'mnist1d' extra: pip install 'diloco[mnist1d]'") from None
+        args = get_dataset_args()
+        args.num_samples, args.seed = num_samples, seed
+        numpy_state, python_state = np.random.get_state(), random.getstate()
+        try:
+            generated = make_dataset(args)
+        finally:
+            np.random.set_state(numpy_state)
+            random.setstate(python_state)
+        cache.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+        np.savez_compressed(partial, x=generated["x"].astype(np.float64), y=generated["y"].astype(np.int64),
+                            x_test=generated["x_test"].astype(np.float64),
+                            y_test=generated["y_test"].astype(np.int64))
+        os.replace(partial, path)  # never leave a half-written cache file
+    return load_npz_dataset(path, standardize=False, dtype=dtype)

@@ -1,0 +1,298 @@
+"""The DiLoCo paper's ablations at small scale: definitions, runs and statistics.
+
+Four studies, each a list of variants (a label, an algorithm and the config fields it
+changes) run over several seeds:
+
+* ``inner-steps``: H in {1, 5, 20, 50, 200} at a fixed total of steps per worker
+  (``rounds = total_steps / H``, 400 steps by default), against the synchronous baseline.
+* ``outer-optimizer``: outer Nesterov (lr 0.7, momentum 0.9), SGD lr 1 (= FedAvg) and
+  plain heavy-ball momentum (lr 0.7, momentum 0.9), on IID and on non-IID shards.
+* ``noniid``: IID shards against Dirichlet label skew for several alpha, DiLoCo and the
+  baseline.
+* ``workers``: K in {1, 2, 4, 8, 16} at fixed per-worker compute (same rounds, H and
+  batch size per worker), so more workers means more total compute.
+
+Unless the user's flags say otherwise, every study uses K = 8 workers and the
+``DiLoCoConfig`` defaults; the last three take 8 rounds of H = 25 (200 steps per worker),
+small enough for two CPU cores.
+
+``summarise`` reduces the per-seed results to a mean and a 95% Student-t interval,
+``markdown_table`` prints them. NumPy only: progress bars and plots live in the CLI.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from diloco.config import DiLoCoConfig
+from diloco.loop import train_diloco, train_synchronous_baseline
+
+__all__ = [
+    "Variant", "Study", "STUDIES", "TRAINERS", "t_quantile_975", "mean_interval", "run_study", "summarise",
+    "mean_curves", "markdown_table",
+]
+
+TRAINERS = {"diloco": train_diloco, "sync": train_synchronous_baseline}
+
+
+class Variant(NamedTuple):
+    """One arm of a study: ``changes`` are applied to the study's base config."""
+
+    label: str
+    algo: str  # "diloco" or "sync"
+    changes: dict
+
+
+class Study(NamedTuple):
+    """A named ablation.
+
+    ``base`` holds config fields the study sets before the user's flags apply;
+    ``variants(config, values)`` lists the arms for the chosen values (``values`` are
+    strings from ``--values`` or ``default_values``).
+    """
+
+    name: str
+    title: str
+    claim: str
+    xlabel: str
+    base: dict
+    default_values: tuple
+    variants: Callable[[DiLoCoConfig, tuple], list]
+
+
+def _ints(values, name: str) -> list[int]:
+    try:
+        out = [int(v) for v in values]
+    except ValueError:
+        raise ValueError(f"{name} values must be integers, got {list(values)}") from None
+    if any(v <= 0 for v in out):
+        raise ValueError(f"{name} values must be positive, got {out}")
+    return out
+
+
+def _inner_steps_variants(config: DiLoCoConfig, values) -> list[Variant]:
+    total = config.total_steps
+    variants = []
+    for h in _ints(values, "inner steps H"):
+        if total % h:
+            raise ValueError(f"total steps per worker ({total}) must be a multiple of every H, not of {h}; "
+                             f"set --total-steps")
+        variants.append(Variant(f"H={h}", "diloco", {"inner_steps": h, "rounds": total // h}))
+    # The baseline does not depend on H; its records come every H_ref steps.
+    reference = 50 if total % 50 == 0 else variants[-1].changes["inner_steps"]
+    variants.append(Variant("sync", "sync", {"inner_steps": reference, "rounds": total // reference}))
+    return variants
+
+
+_OUTER = {
+    "nesterov": ("Nesterov lr0.7 m0.9", {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}),
+    "fedavg": ("FedAvg (SGD lr1)", {"outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}),
+    "momentum": ("momentum lr0.7 m0.9", {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": False}),
+}
+
+
+def _outer_variants(config: DiLoCoConfig, values) -> list[Variant]:
+    unknown = sorted(set(values) - set(_OUTER))
+    if unknown:
+        raise ValueError(f"outer optimizers must be among {sorted(_OUTER)}, got {unknown}")
+    variants = []
+    for setting, sharding in (("IID", {"iid": True}), (f"non-IID a={config.alpha:g}", {"iid": False})):
+        for key in values:
+            label, changes = _OUTER[key]
+            variants.append(Variant(f"{setting} / {label}", "diloco", {**changes, **sharding}))
+        variants.append(Variant(f"{setting} / sync", "sync", dict(sharding)))
+    return variants
+
+
+def _noniid_variants(config: DiLoCoConfig, values) -> list[Variant]:
+    try:
+        alphas = [float(v) for v in values]
+    except ValueError:
+        raise ValueError(f"alpha values must be numbers, got {list(values)}") from None
+    if any(not (a > 0 and math.isfinite(a)) for a in alphas):
+        raise ValueError(f"alpha values must be positive, got {alphas}")
+    settings = [("IID", {"iid": True})] + [(f"alpha={a:g}", {"iid": False, "alpha": a}) for a in alphas]
+    return [Variant(label, algo, dict(changes)) for label, changes in settings for algo in ("diloco", "sync")]
+
+
+def _workers_variants(config: DiLoCoConfig, values) -> list[Variant]:
+    return [Variant(f"K={k}", "diloco", {"num_workers": k}) for k in _ints(values, "workers K")]
+
+
+# Small enough for 2 CPU cores: 8 rounds of H = 25 (200 steps per worker), K = 8 unless varied.
+_SMALL = {"rounds": 8, "inner_steps": 25}
+
+STUDIES = {
+    "inner-steps": Study(
+        "inner-steps", "Inner steps H at fixed total compute",
+        "quality degrades slowly as H grows, while communication falls as 1/H",
+        "inner steps H (rounds = total steps / H)",
+        {"rounds": 8, "inner_steps": 50}, ("1", "5", "20", "50", "200"), _inner_steps_variants),
+    "outer-optimizer": Study(
+        "outer-optimizer", "Outer optimizer, IID and non-IID",
+        "outer Nesterov momentum beats FedAvg (outer SGD lr 1), especially on non-IID shards",
+        "outer optimizer", {"alpha": 0.1, **_SMALL}, ("nesterov", "fedavg", "momentum"), _outer_variants),
+    "noniid": Study(
+        "noniid", "IID against label-skewed (Dirichlet alpha) shards",
+        "DiLoCo is robust to non-IID shards",
+        "data split", dict(_SMALL), ("0.1", "0.5", "1", "10"), _noniid_variants),
+    "workers": Study(
+        "workers", "Number of workers K at fixed per-worker compute",
+        "more workers help at fixed per-worker compute",
+        "workers K", dict(_SMALL), ("1", "2", "4", "8", "16"), _workers_variants),
+}
+
+# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t_quantile_975(df: int) -> float:
+    """``t_{0.975, df}``: tabulated up to 30, then the Cornish-Fisher expansion
+    ``z + (z^3 + z) / (4 df)`` (within 1e-3 of the exact value)."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df)
+
+
+def mean_interval(values) -> dict:
+    """Mean and 95% t-interval ``mean +- t_{0.975, n-1} s / sqrt(n)`` of per-seed values.
+
+    With a single value the interval collapses to the mean (``half_width`` 0, ``n`` 1).
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        raise ValueError("values must not be empty")
+    mean = float(values.mean())
+    half = 0.0
+    if values.size > 1:
+        half = t_quantile_975(values.size - 1) * float(values.std(ddof=1)) / math.sqrt(values.size)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "half_width": half, "n": int(values.size)}
+
+
+def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *, history=None,
+              on_run_start=None, on_run_end=None) -> list[dict]:
+    """Run every variant of ``study`` for every seed; return one result per run.
+
+    Parameters
+    ----------
+    study : Study
+    config : DiLoCoConfig
+        The base config (study ``base`` and the user's choices already applied).
+    dataset : diloco.data.Dataset
+    seeds : iterable of int
+    values : tuple of str, optional
+        The values to sweep; ``study.default_values`` if None.
+    history : diloco.runs.HistoryWriter, optional
+        Receives every round, tagged with ``variant`` and ``seed``.
+    on_run_start, on_run_end : callable, optional
+        ``on_run_start(variant, seed)`` and ``on_run_end(result)`` (progress bars,
+        writing results as they come).
+
+    Returns
+    -------
+    list of dict
+        ``variant, algo, seed, rounds, inner_steps, num_workers, eval_loss,
+        eval_accuracy, inner_loss, all_reduces, bytes_sent, seconds`` per run.
+    """
+    variants = study.variants(config, tuple(study.default_values if values is None else values))
+    results = []
+    for variant in variants:
+        for seed in seeds:
+            run_config = config.replace(**variant.changes, seed=int(seed))
+            if on_run_start is not None:
+                on_run_start(variant, seed)
+            on_round = None if history is None else history.callback(variant.algo, variant=variant.label,
+                                                                      seed=int(seed))
+            start = time.perf_counter()
+            result = TRAINERS[variant.algo](dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
+                                            y_eval=dataset.y_test, on_round=on_round)
+            last = result.history[-1]
+            outcome = {
+                "variant": variant.label, "algo": variant.algo, "seed": int(seed),
+                "rounds": run_config.rounds, "inner_steps": run_config.inner_steps,
+                "num_workers": run_config.num_workers, "eval_loss": last["eval_loss"],
+                "eval_accuracy": last["eval_accuracy"], "inner_loss": last["inner_loss"],
+                "all_reduces": int(sum(r["all_reduces"] for r in result.history)),
+                "bytes_sent": last["cumulative_bytes"], "seconds": time.perf_counter() - start,
+            }
+            results.append(outcome)
+            if on_run_end is not None:
+                on_run_end(outcome)
+    return results
+
+
+def summarise(results: list[dict]) -> list[dict]:
+    """One row per (variant, algo), in first-seen order: statistics over seeds."""
+    groups: dict = {}
+    for outcome in results:
+        groups.setdefault((outcome["variant"], outcome["algo"]), []).append(outcome)
+    rows = []
+    for (variant, algo), runs in groups.items():
+        rows.append({
+            "variant": variant, "algo": algo, "seeds": [r["seed"] for r in runs],
+            "eval_loss": mean_interval([r["eval_loss"] for r in runs]),
+            "eval_accuracy": mean_interval([r["eval_accuracy"] for r in runs]),
+            "per_seed_loss": [r["eval_loss"] for r in runs],
+            "per_seed_accuracy": [r["eval_accuracy"] for r in runs],
+            "all_reduces": runs[0]["all_reduces"], "bytes_sent": runs[0]["bytes_sent"],
+            "seconds": float(np.mean([r["seconds"] for r in runs])),
+        })
+    return rows
+
+
+def mean_curves(records: list[dict]) -> dict:
+    """Average history records over seeds: ``{label: [record, ...]}`` per (variant, algo).
+
+    Records are matched by round; each mean record holds ``round``, ``step``,
+    ``cumulative_bytes``, ``eval_loss`` and ``eval_accuracy``.
+    """
+    grouped: dict = {}
+    for record in records:
+        variant, algo = record["variant"], record["algo"]
+        label = variant if algo == "diloco" or algo in variant else f"{variant} / {algo}"
+        grouped.setdefault(label, {}).setdefault(record["round"], []).append(record)
+    curves = {}
+    for label, by_round in grouped.items():
+        curves[label] = [
+            {"round": rnd, "step": group[0]["step"], "cumulative_bytes": group[0]["cumulative_bytes"],
+             "eval_loss": float(np.mean([r["eval_loss"] for r in group])),
+             "eval_accuracy": float(np.mean([r["eval_accuracy"] for r in group]))}
+            for rnd, group in sorted(by_round.items())
+        ]
+    return curves
+
+
+def _format_bytes(value: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def markdown_table(rows: list[dict], *, digits: int = 4) -> str:
+    """A Markdown table: held-out accuracy and loss (mean [95% CI]), per-seed accuracy,
+    all-reduces and bytes per worker."""
+    lines = [
+        "| variant | algorithm | held-out accuracy, mean [95% CI] | held-out loss, mean [95% CI] "
+        "| accuracy per seed | all-reduces | bytes/worker |",
+        "|---|---|---|---|---|---:|---:|",
+    ]
+    for row in rows:
+        acc, loss = row["eval_accuracy"], row["eval_loss"]
+        per_seed = ", ".join(f"{v:.{digits}f}" for v in row["per_seed_accuracy"])
+        lines.append(
+            f"| {row['variant']} | {row['algo']} "
+            f"| {acc['mean']:.{digits}f} [{acc['low']:.{digits}f}, {acc['high']:.{digits}f}] "
+            f"| {loss['mean']:.{digits}f} [{loss['low']:.{digits}f}, {loss['high']:.{digits}f}] "
+            f"| {per_seed} | {row['all_reduces']} | {_format_bytes(row['bytes_sent'])} |"
+        )
+    return "\n".join(lines) + "\n"
