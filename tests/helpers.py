@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from hypothesis import settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -14,6 +15,21 @@ def load_fixture(marker: str) -> dict:
     """The hand-worked fixture ``tests/fixtures/<marker>.json`` (e.g. ``"m07"``)."""
     with open(FIXTURES / f"{marker}.json") as handle:
         return json.load(handle)
+
+
+# The costliest properties (several dicts or training runs per example) run half the
+# profile's count, at least 20 (so the `thorough` profile still gets 250).
+HALF_EXAMPLES = settings(max_examples=max(20, settings.default.max_examples // 2))
+
+
+def as_params(tree, dtype=np.float64):
+    """Fixture lists -> a dict of new arrays."""
+    return {key: np.array(value, dtype=dtype) for key, value in tree.items()}
+
+
+def tolerance(dtype):
+    """(rtol, atol) for results that went through a few roundings in ``dtype``."""
+    return (1e-5, 1e-5) if np.dtype(dtype) == np.float32 else (1e-12, 1e-12)
 
 
 def assert_close(got, expected, *, rtol=1e-12, atol=0.0, what="value"):

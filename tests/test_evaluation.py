@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from diloco.evaluation import CommunicationReport, classification_accuracy, communication_savings, evaluate_loss
 from diloco.model import cross_entropy_loss, model_forward
-from helpers import assert_close, assert_unchanged, load_fixture, snapshot
+from helpers import as_params, assert_close, assert_unchanged, load_fixture, snapshot
 from strategies import mlp_and_batch, seeds
 
 
@@ -38,9 +38,6 @@ def reference_loss(params, x, y):
     """Mean cross-entropy in float64, from the (already graded) milestones 03 and 05."""
     return cross_entropy_loss(reference_logits(params, x), y)
 
-
-def fixture_params(tree):
-    return {key: np.array(value, dtype=np.float64) for key, value in tree.items()}
 
 
 def small_model(dtype=np.float64):
@@ -69,7 +66,7 @@ def ring_bytes(num_params, num_workers, bytes_per_value):
 def test_evaluate_loss_matches_hand_worked_fixture():
     fixture = load_fixture("m28")
     inputs = fixture["inputs"]
-    got = evaluate_loss(fixture_params(inputs["params"]), np.array(inputs["x"]), np.array(inputs["y"]))
+    got = evaluate_loss(as_params(inputs["params"]), np.array(inputs["x"]), np.array(inputs["y"]))
     assert isinstance(got, float), f"evaluate_loss must return a Python float, got {type(got).__name__}"
     assert_close(got, fixture["expected"]["loss"], rtol=1e-12, what="held-out loss")
 
@@ -158,7 +155,7 @@ def test_evaluate_loss_rejects_bad_input(x, y, error, name):
 def test_classification_accuracy_matches_hand_worked_fixture():
     fixture = load_fixture("m29")
     inputs = fixture["inputs"]
-    got = classification_accuracy(fixture_params(inputs["params"]), np.array(inputs["x"]), np.array(inputs["y"]))
+    got = classification_accuracy(as_params(inputs["params"]), np.array(inputs["x"]), np.array(inputs["y"]))
     assert isinstance(got, float), f"classification_accuracy must return a Python float, got {type(got).__name__}"
     assert_close(got, fixture["expected"]["accuracy"], rtol=0.0, what="accuracy")
 

@@ -37,6 +37,7 @@ from diloco.sharding import (
     sample_worker_batch,
 )
 from helpers import (
+    as_params,
     assert_close,
     assert_no_shared_memory,
     assert_params_close,
@@ -65,9 +66,6 @@ def tiny_config(**changes):
     base.update(changes)
     return DiLoCoConfig(inner=inner, **base)
 
-
-def as_params(tree, dtype=np.float64):
-    return {key: np.array(value, dtype=dtype) for key, value in tree.items()}
 
 
 def layer_sizes_for(x, y, config):

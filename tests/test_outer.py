@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 
 from diloco.outer import (
     OuterState,
@@ -24,26 +24,20 @@ from diloco.outer import (
     update_outer_momentum,
 )
 from helpers import (
+    HALF_EXAMPLES,
+    as_params,
     assert_close,
     assert_no_shared_memory,
     assert_params_close,
     assert_unchanged,
     load_fixture,
     snapshot,
+    tolerance,
 )
 from strategies import learning_rates, momenta, param_dict_family, param_dicts
 
 
-# The costliest properties (several dicts or training runs per example) run half the profile's count.
-HALF_EXAMPLES = settings(max_examples=max(20, settings.default.max_examples // 2))
 
-
-def as_params(tree, dtype=np.float64):
-    return {key: np.asarray(value, dtype=dtype) for key, value in tree.items()}
-
-
-def tolerance(dtype):
-    return (1e-5, 1e-5) if np.dtype(dtype) == np.float32 else (1e-12, 1e-12)
 
 
 def assert_close_in_dtype(got, expected, what):

@@ -8,33 +8,25 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from diloco.params import average_params, clone_params, scale_params, subtract_params
 from helpers import (
+    HALF_EXAMPLES,
+    as_params,
     assert_close,
     assert_no_shared_memory,
     assert_params_close,
     assert_unchanged,
     load_fixture,
     snapshot,
+    tolerance,
 )
 from strategies import param_dict_family, param_dicts
 
 
-# The costliest properties (several dicts or training runs per example) run half the profile's count.
-HALF_EXAMPLES = settings(max_examples=max(20, settings.default.max_examples // 2))
 
-
-def as_params(tree, dtype=np.float64):
-    """Fixture lists -> a dict of arrays."""
-    return {key: np.asarray(value, dtype=dtype) for key, value in tree.items()}
-
-
-def tolerance(dtype):
-    """(rtol, atol) for results that went through a few roundings in ``dtype``."""
-    return (1e-5, 1e-5) if np.dtype(dtype) == np.float32 else (1e-12, 1e-12)
 
 
 def assert_same_layout(got, reference, what="result"):

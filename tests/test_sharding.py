@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from diloco.adamw import AdamWState
@@ -23,6 +23,8 @@ from diloco.sharding import (
     sample_worker_batch,
 )
 from helpers import (
+    HALF_EXAMPLES,
+    as_params,
     assert_close,
     assert_no_shared_memory,
     assert_params_close,
@@ -35,9 +37,6 @@ from strategies import labelled_data, layer_sizes, mlp_params, seeds
 
 # --------------------------------------------------------------------------- helpers
 
-
-# The costliest properties (several dicts or training runs per example) run half the profile's count.
-HALF_EXAMPLES = settings(max_examples=max(20, settings.default.max_examples // 2))
 
 
 def with_ids(data):
@@ -389,9 +388,6 @@ def oracle_adamw(params, step, m, v, grads, cfg):
         new_params[k] = params[k] - decay - cfg.lr * m_hat / (np.sqrt(v_hat) + cfg.eps)
     return new_params, step, new_m, new_v
 
-
-def as_params(tree, dtype=np.float64):
-    return {key: np.asarray(value, dtype=dtype) for key, value in tree.items()}
 
 
 def as_state(tree, dtype=np.float64):
