@@ -40,11 +40,13 @@ def assert_close(got, expected, *, rtol=1e-12, atol=0.0, what="value"):
         raise AssertionError(f"{what}: expected shape {exp_arr.shape}, got shape {got_arr.shape}")
     if not np.allclose(got_arr, exp_arr, rtol=rtol, atol=atol, equal_nan=False):
         diff = np.abs(got_arr.astype(np.float64) - exp_arr.astype(np.float64))
-        worst = np.unravel_index(np.argmax(diff), diff.shape) if diff.shape else ()
+        diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN is the worst difference of all
+        worst = tuple(int(i) for i in np.unravel_index(np.argmax(diff), diff.shape)) if diff.shape else ()
+        gap = "NaN or Inf" if not np.isfinite(diff.max()) else f"{diff.max():.3g}"
         raise AssertionError(
             f"{what}: expected {np.array2string(exp_arr, precision=10)}\n"
             f"{' ' * len(what)}       got {np.array2string(got_arr, precision=10)}\n"
-            f"largest difference {diff.max():.3g} at index {worst} (rtol={rtol}, atol={atol})"
+            f"largest difference {gap} at index {worst} (rtol={rtol}, atol={atol})"
         )
 
 
