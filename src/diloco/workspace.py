@@ -50,6 +50,9 @@ _TEMPLATE_DIR = PACKAGE_DIR / "_workspace_template"
 _COPIED_DIRS = ("tests", "docs", "notebooks", "scripts")
 _SKIPPED_NAMES = {"__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints", "_suite"}
 _INSTRUCTOR_ONLY = {"instructor-guide.md"}
+# Supporting modules left out of a workspace because they compose the milestones in the
+# order a milestone teaches: diloco.mpi runs the DiLoCo round of milestone 25 over MPI.
+_REFERENCE_ONLY = {"mpi.py"}
 # A solution line shorter than this (``return params``, ``)``) is not distinctive text.
 MIN_SOLUTION_LINE = 12
 
@@ -243,7 +246,7 @@ def solution_lines(package_dir: Path | str = PACKAGE_DIR, public: Iterable[Path 
     inside = {line.strip() for region in regions.values() for line in region.body}
     outside: set[str] = set()
     for path, lines in _text_lines(package_dir):
-        if path.suffix != ".py":
+        if path.suffix != ".py" or path.name in _REFERENCE_ONLY:
             continue
         masked = set()
         for region in regions.values():
@@ -305,6 +308,8 @@ def suite_root() -> Path:
 
 def _ignore(directory: str, names: list[str]) -> set[str]:
     skipped = {n for n in names if n in _SKIPPED_NAMES or n.endswith(".pyc")}
+    if Path(directory) == PACKAGE_DIR:
+        skipped |= _REFERENCE_ONLY & set(names)
     if Path(directory).name == "docs":
         skipped |= _INSTRUCTOR_ONLY & set(names)
     if Path(directory).name == "tests":

@@ -88,6 +88,8 @@ def test_workspace_layout(fresh):
     for test_file in (REPO / "tests").glob("test_*.py"):
         assert (fresh / "tests" / test_file.name).is_file()
     assert not (fresh / "tests" / "tooling").exists()
+    # diloco.mpi composes milestones 20-24 into the round of milestone 25: reference only.
+    assert (REPO / "src/diloco/mpi.py").is_file() and not (fresh / "src/diloco/mpi.py").exists()
     assert not list(fresh.rglob("__pycache__"))
     makefile = (fresh / "Makefile").read_text()
     assert re.search(r"^test:", makefile, re.M) and re.search(r"^grade:", makefile, re.M)

@@ -1,0 +1,64 @@
+"""The MPI backend: K real processes give the single-process simulation's result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
+
+from diloco import DiLoCoConfig, train_diloco  # noqa: E402
+from diloco.data import load_digits_split  # noqa: E402
+
+
+def mpiexec() -> str:
+    beside = Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if found is None:
+        pytest.fail("mpi4py is installed but no mpiexec was found (the mpich wheel provides one)")
+    return found
+
+
+def run_mpi(processes: int, *flags: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [mpiexec(), "-n", str(processes), sys.executable, "-m", "diloco.mpi", *flags],
+        cwd=cwd, capture_output=True, text=True, timeout=300,
+    )
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+def test_mpi_processes_match_the_simulation(processes, tmp_path):
+    flags = ("--rounds", "3", "-H", "5", "--hidden-sizes", "16", "--seed", "4")
+    done = run_mpi(processes, *flags, "--json", "run.json", "--save-params", "params.npz", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"DiLoCo on {processes} MPI processes" in done.stdout
+
+    data = load_digits_split(0)
+    config = DiLoCoConfig(num_workers=processes, rounds=3, inner_steps=5, hidden_sizes=(16,), seed=4)
+    expected = train_diloco(data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test)
+    with np.load(tmp_path / "params.npz") as saved:
+        assert list(saved.keys()) == list(expected.params)
+        for key, value in expected.params.items():
+            # The all-reduce may sum the K models in another order than average_params does.
+            np.testing.assert_allclose(saved[key], value, rtol=1e-12, atol=1e-13, err_msg=key)
+    history = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert [r["round"] for r in history] == [1, 2, 3]
+    for got, want in zip(history, expected.history):
+        assert got["all_reduces"] == want["all_reduces"] == 1
+        assert got["bytes_sent"] == want["bytes_sent"]
+        np.testing.assert_allclose(got["worker_losses"], want["worker_losses"], rtol=1e-12)
+        np.testing.assert_allclose(got["eval_loss"], want["eval_loss"], rtol=1e-10)
+        assert got["eval_accuracy"] == pytest.approx(want["eval_accuracy"], abs=1e-12)
+
+
+def test_mpi_rejects_a_worker_count_that_does_not_match_the_processes(tmp_path):
+    done = run_mpi(2, "-K", "3", "--rounds", "1", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "-K 3 does not match the 2 MPI processes" in done.stderr
+    assert "Traceback" not in done.stderr
