@@ -677,3 +677,10 @@ def test_inner_train_worker_rejects_bad_input():
         inner_train_worker(params, state, x, y, 2, 4, AdamWConfig(), 0)
     with pytest.raises(TypeError, match="config"):
         inner_train_worker(params, state, x, y, 2, 4, None, np.random.default_rng(0))
+    # The shard is checked even when no step will touch it (H = 0).
+    with pytest.raises(ValueError, match="y_shard"):
+        inner_train_worker(params, state, x, y[:-1], 0, 4, AdamWConfig(), np.random.default_rng(0))
+    with pytest.raises(ValueError, match="x_shard"):
+        inner_train_worker(params, state, x[:0], y[:0], 0, 4, AdamWConfig(), np.random.default_rng(0))
+    with pytest.raises(TypeError, match="adam_state"):
+        inner_train_worker(params, None, x, y, 2, 4, AdamWConfig(), np.random.default_rng(0))

@@ -54,15 +54,15 @@ class AdamWState(NamedTuple):
     v: Params
 
 
-def _check_state(state, params=None, params_name: str = "params") -> AdamWState:
+def _check_state(state, params=None, params_name: str = "params", name: str = "state") -> AdamWState:
     if not isinstance(state, AdamWState):
-        raise TypeError(f"state must be an AdamWState, got {type(state).__name__}")
-    check_nonneg_int(state.step, "state.step")
-    check_params(state.m, "state.m")
-    check_params(state.v, "state.v")
-    check_same_structure(state.m, state.v, "state.m", "state.v")
+        raise TypeError(f"{name} must be an AdamWState, got {type(state).__name__}")
+    check_nonneg_int(state.step, f"{name}.step")
+    check_params(state.m, f"{name}.m")
+    check_params(state.v, f"{name}.v")
+    check_same_structure(state.m, state.v, f"{name}.m", f"{name}.v")
     if params is not None:
-        check_same_structure(params, state.m, params_name, "state.m")
+        check_same_structure(params, state.m, params_name, f"{name}.m")
     return state
 
 

@@ -207,7 +207,7 @@ def local_train_step(params: Params, adam_state: AdamWState, x_batch: np.ndarray
     """
     _check_config(config)
     num_layers = check_mlp_params(params)
-    _check_state(adam_state, params)
+    _check_state(adam_state, params, name="adam_state")
     # Checked here so the message names this function's arguments, not model_forward's.
     check_float_array(x_batch, "x_batch", ndim=2)
     if x_batch.shape[0] == 0 or x_batch.shape[1] != params["W1"].shape[0]:
@@ -262,10 +262,14 @@ def inner_train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarr
     """
     num_inner_steps = check_nonneg_int(num_inner_steps, "num_inner_steps")
     batch_size = check_positive_int(batch_size, "batch_size")
+    check_float_array(x_shard, "x_shard", ndim=2)
+    check_labels(y_shard, "y_shard", n=x_shard.shape[0])
+    if x_shard.shape[0] == 0:
+        raise ValueError("x_shard must hold at least one example")
     check_generator(rng)
     _check_config(config)
     check_mlp_params(params)
-    _check_state(adam_state, params)
+    _check_state(adam_state, params, name="adam_state")
     # BEGIN SOLUTION
     worker_params = {key: value.copy() for key, value in params.items()}
     losses = np.empty(num_inner_steps, dtype=np.float64)
