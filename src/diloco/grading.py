@@ -36,6 +36,7 @@ if __name__ == "__main__" and not __package__:  # run as a file: never import th
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -155,111 +156,6 @@ def default_tests_dir() -> Path:
 
 # --------------------------------------------------------------------------- subprocess
 
-# Loaded into the pytest subprocess with ``-p``; it lives outside ``diloco`` because
-# ``diloco`` there is the graded package. One JSON record per line.
-_PLUGIN = '''
-import json, os, re
-import pytest
-
-_OUT = os.environ["DILOCO_GRADE_RECORDS"]
-_MARK = re.compile(r"^m(0[1-9]|[12][0-9]|30)$")
-
-
-def _write(record):
-    with open(_OUT, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\\n")
-
-
-def pytest_configure(config):
-    for number in range(1, 31):
-        config.addinivalue_line("markers", "m%02d: milestone %02d" % (number, number))
-    config.addinivalue_line("markers", "tooling: tests of the supporting tools")
-    config.addinivalue_line("markers", "slow: takes more than a few seconds")
-    try:  # keep the suite's profile, but report a failing example without shrinking it (much faster)
-        from hypothesis import Phase, settings
-        settings.register_profile("diloco-grade", parent=settings.default,
-                                  phases=(Phase.explicit, Phase.reuse, Phase.generate))
-        settings.load_profile("diloco-grade")
-    except ImportError:
-        pass
-
-
-def pytest_sessionstart(session):
-    try:
-        import diloco
-        _write({"kind": "import", "file": diloco.__file__})
-    except BaseException as exc:  # reported, the run goes on to show collection errors
-        _write({"kind": "import", "error": "%s: %s" % (type(exc).__name__, exc)})
-
-
-def _marker(item):
-    names = sorted({m.name for m in item.iter_markers() if _MARK.match(m.name)})
-    return names[0] if len(names) == 1 else None
-
-
-def pytest_collection_finish(session):
-    _write({"kind": "collected", "items": [[i.nodeid, _marker(i)] for i in session.items]})
-
-
-def pytest_collectreport(report):
-    if report.failed:
-        _write({"kind": "collect_error", "nodeid": report.nodeid, "message": str(report.longrepr)[-3000:]})
-
-
-def pytest_runtest_logstart(nodeid, location):
-    _write({"kind": "start", "nodeid": nodeid})
-
-
-def _exceptions(exc):
-    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        return [e for sub in exc.exceptions for e in _exceptions(sub)]
-    return [exc]
-
-
-def _where(exc):
-    """``diloco/model.py:190: exp = np.exp(logits)``: the last line of diloco code that ran."""
-    import traceback
-    try:
-        import diloco
-        package = os.path.dirname(os.path.abspath(diloco.__file__))
-    except BaseException:
-        return ""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if os.path.abspath(frame.filename).startswith(package + os.sep):
-            name = "diloco/" + os.path.relpath(frame.filename, package)
-            return "%s:%s: %s" % (name, frame.lineno, (frame.line or "").strip())
-    return ""
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    if report.when != "call" and report.passed:
-        return
-    record = {"kind": "test", "nodeid": item.nodeid, "marker": _marker(item), "when": report.when,
-              "outcome": report.outcome, "duration": report.duration,
-              "name": getattr(item, "originalname", item.name),
-              "doc": (getattr(getattr(item, "function", None), "__doc__", None) or "").strip()}
-    if call.excinfo is not None and report.failed:
-        excs = _exceptions(call.excinfo.value)
-        first = excs[0]
-        record["exc_type"] = type(first).__name__
-        record["message"] = str(first)[:4000]
-        record["notes"] = [str(n)[:500] for n in getattr(first, "__notes__", [])][:5]
-        record["stubs"] = [str(e) for e in excs if type(e) is NotImplementedError]
-        record["all_stub"] = all(type(e) is NotImplementedError for e in excs)
-        record["where"] = _where(first)
-        if type(first).__name__ == "AssertionError" and not str(first).strip():
-            record["message"] = str(report.longrepr).strip().splitlines()[-1][:500]
-    _write(record)
-'''
-
-try:  # Python >= 3.11 has BaseExceptionGroup built in
-    BaseExceptionGroup  # noqa: B018
-except NameError:  # pragma: no cover - Python 3.10
-    _PLUGIN = "class BaseExceptionGroup(BaseException):\n    exceptions = ()\n" + _PLUGIN
-
 _PROBE = """
 import json, sys, traceback
 try:
@@ -284,7 +180,8 @@ class _Workdir(NamedTuple):
 
 
 def _make_workdir(tmp: Path, package_root: Path) -> _Workdir:
-    (tmp / "_diloco_grade_plugin.py").write_text(_PLUGIN, encoding="utf-8")
+    # The plugin runs where ``diloco`` is the graded package, so it is copied, not imported.
+    shutil.copyfile(Path(__file__).with_name("_grade_plugin.py"), tmp / "_diloco_grade_plugin.py")
     (tmp / "pytest.ini").write_text(_PYTEST_INI, encoding="utf-8")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(package_root), str(tmp)] + (
