@@ -1,8 +1,10 @@
 """Part 6 - the DiLoCo round, the training loop and the synchronous baseline: milestones 25-27.
 
-Expected values are hand-worked (``tests/fixtures/m25.json`` .. ``m27.json``) or come
-from reference loops written in this file out of the earlier milestones, following the
-random-stream order that ``loop.py`` documents:
+Expected values are hand-worked (``tests/fixtures/m25.json`` .. ``m27.json``), come
+from reference loops written in this file out of the earlier milestones, or (for the
+baseline with K > 1) from stored runs of an independent loop,
+``tests/fixtures/m27_reference.npz``, built by ``tests/tooling/make_m27_snapshot.py``. All
+follow the random-stream order that ``loop.py`` documents:
 
 * ``_setup``: ``rng = default_rng(config.seed)``; shard with ``rng`` (IID or non-IID);
   then ``init_model_params((d_in, *hidden_sizes, C), rng)``.
@@ -16,19 +18,20 @@ algorithms provably see the same mini-batches once both match their references.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diloco.adamw import AdamWState, adamw_step, init_adamw_state
+from diloco.adamw import AdamWState, init_adamw_state
 from diloco.config import AdamWConfig, DiLoCoConfig
 from diloco.data import load_digits_split
 from diloco.evaluation import classification_accuracy, evaluate_loss
 from diloco.loop import run_diloco_round, train_diloco, train_synchronous_baseline
-from diloco.model import init_model_params, model_backward, model_forward
+from diloco.model import init_model_params
 from diloco.outer import OuterState, init_outer_optimizer
-from diloco.params import average_params
 from diloco.sharding import (
     iid_shard_dataset,
     inner_train_worker,
@@ -37,6 +40,7 @@ from diloco.sharding import (
     sample_worker_batch,
 )
 from helpers import (
+    FIXTURES,
     as_params,
     assert_close,
     assert_no_shared_memory,
@@ -125,30 +129,6 @@ def plain_adamw_training(x, y, config):
             params, state, loss = local_train_step(params, state, x_batch, y_batch, config.inner)
             losses.append(loss)
     return params, state, losses
-
-
-def reference_baseline(x, y, config):
-    """Data-parallel AdamW: K gradients averaged, one step; returns params and per-record worker losses."""
-    rng = np.random.default_rng(config.seed)
-    shards = iid_shard_dataset(x, y, config.num_workers, rng)
-    params = init_model_params(layer_sizes_for(x, y, config), rng, dtype=np.dtype(config.dtype))
-    state = init_adamw_state(params)
-    record_losses = []
-    for _ in range(config.rounds):
-        worker_rngs = rng.spawn(config.num_workers)
-        losses = np.zeros((config.num_workers, config.inner_steps))
-        for step in range(config.inner_steps):
-            grads = []
-            for k, ((x_k, y_k), rng_k) in enumerate(zip(shards, worker_rngs)):
-                x_batch, y_batch = sample_worker_batch(x_k, y_k, config.batch_size, rng_k)
-                logits, cache = model_forward(params, x_batch)
-                shifted = logits - logits.max(axis=1, keepdims=True)
-                log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-                losses[k, step] = -log_probs[np.arange(len(y_batch)), y_batch].mean()
-                grads.append(model_backward(params, cache, y_batch))
-            params, state = adamw_step(params, state, average_params(grads), config.inner)
-        record_losses.append(losses.mean(axis=1))
-    return params, record_losses
 
 
 def assert_history_equal(got, expected, what="history"):
@@ -471,18 +451,28 @@ def test_train_synchronous_baseline_matches_hand_worked_fixture():
     _check_fixture_history(result.history, fixture["expected"]["history"])
 
 
+def m27_reference_cases():
+    """The stored runs of an independent data-parallel loop (tests/fixtures/README.md)."""
+    with np.load(FIXTURES / "m27_reference.npz") as stored:
+        cases = json.loads(str(stored["cases"]))
+        return [
+            pytest.param(tuple(case), {key.split("/", 1)[1]: stored[key] for key in stored.files
+                                       if key.startswith(f"case{i}/")},
+                         id="seed{}-K{}-H{}-rounds{}-batch{}".format(*case))
+            for i, case in enumerate(cases)
+        ]
+
+
 @pytest.mark.m27
-@settings(max_examples=12)
-@given(seed=st.integers(0, 2**16), num_workers=st.integers(1, 3), inner_steps=st.integers(1, 3),
-       rounds=st.integers(1, 2), batch_size=st.integers(1, 9))
-def test_baseline_averages_the_workers_gradients_into_one_adamw_step(seed, num_workers, inner_steps, rounds,
-                                                                     batch_size):
+@pytest.mark.parametrize("case, expected", m27_reference_cases())
+def test_baseline_averages_the_workers_gradients_into_one_adamw_step(case, expected):
     """Same shards, init and per-worker streams as DiLoCo; one AdamW step on the mean gradient."""
+    seed, num_workers, inner_steps, rounds, batch_size = case
     x, y = tiny_data(seed)
     config = tiny_config(num_workers=num_workers, inner_steps=inner_steps, rounds=rounds, batch_size=batch_size,
                          seed=seed)
-    expected, record_losses = reference_baseline(x, y, config)
     result = train_synchronous_baseline(x, y, config)
+    record_losses = expected.pop("worker_losses")
     assert_params_close(result.params, expected, rtol=1e-10, atol=1e-12, what="baseline params")
     for r, (record, losses) in enumerate(zip(result.history, record_losses)):
         assert_close(record["worker_losses"], losses, rtol=1e-10, what=f"record {r} worker_losses")
