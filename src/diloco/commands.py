@@ -32,8 +32,9 @@ from diloco.data import (
     load_npz_dataset,
 )
 from diloco.evaluation import communication_savings
+from diloco.loop import _num_values
 from diloco.runs import HistoryWriter, create_run_dir, environment_record, write_json
-from diloco.studies import STUDIES, TRAINERS, markdown_table, mean_curves, run_study, summarise
+from diloco.studies import STUDIES, TRAINERS, format_bytes, markdown_table, mean_curves, run_study, summarise
 
 __all__ = ["add_parsers", "build_config", "load_dataset", "format_bytes"]
 
@@ -206,14 +207,6 @@ def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
 
 # --- shared machinery ---------------------------------------------------------------------
 
-def format_bytes(value: float) -> str:
-    """``1.35 MB`` style, decimal units."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= size:
-            return f"{value / size:.3g} {unit}"
-    return f"{value:.0f} B"
-
-
 def _progress_factory(quiet: bool):
     """A function making progress bars, or making nothing when quiet or not on a terminal."""
     if quiet or not sys.stderr.isatty():
@@ -328,7 +321,7 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
     except KeyboardInterrupt:
         _interrupted(run_dir, command, history, algos)
         raise
-    num_params = int(sum(v.size for v in next(iter(results.values())).params.values()))
+    num_params = _num_values(next(iter(results.values())).params)
     savings = _savings(config, num_params)
     summary = {
         "command": command, "status": "completed", "data": data_info,

@@ -33,7 +33,7 @@ from diloco.loop import train_diloco, train_synchronous_baseline
 
 __all__ = [
     "Variant", "Study", "STUDIES", "TRAINERS", "t_quantile_975", "mean_interval", "run_study", "summarise",
-    "mean_curves", "markdown_table",
+    "mean_curves", "markdown_table", "format_bytes",
 ]
 
 TRAINERS = {"diloco": train_diloco, "sync": train_synchronous_baseline}
@@ -271,7 +271,8 @@ def mean_curves(records: list[dict]) -> dict:
     return curves
 
 
-def _format_bytes(value: float) -> str:
+def format_bytes(value: float) -> str:
+    """``1.35 MB`` style, decimal units."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if value >= size:
             return f"{value / size:.3g} {unit}"
@@ -293,6 +294,6 @@ def markdown_table(rows: list[dict], *, digits: int = 4) -> str:
             f"| {row['variant']} | {row['algo']} "
             f"| {acc['mean']:.{digits}f} [{acc['low']:.{digits}f}, {acc['high']:.{digits}f}] "
             f"| {loss['mean']:.{digits}f} [{loss['low']:.{digits}f}, {loss['high']:.{digits}f}] "
-            f"| {per_seed} | {row['all_reduces']} | {_format_bytes(row['bytes_sent'])} |"
+            f"| {per_seed} | {row['all_reduces']} | {format_bytes(row['bytes_sent'])} |"
         )
     return "\n".join(lines) + "\n"
