@@ -4,7 +4,7 @@
     python scripts/make_notebooks.py --execute  # write them with their outputs (needs the notebooks extra)
 
 The notebooks use only the library's public API (``diloco``, ``diloco.data``,
-``diloco.studies``, ``diloco.plots``); nothing here copies library code. The test
+``diloco.tools.studies``, ``diloco.tools.plots``); nothing here copies library code. The test
 suite (tests/tooling/test_notebooks.py) executes them and checks they match these
 sources.
 """
@@ -42,7 +42,7 @@ from IPython.display import Markdown, display
 import diloco
 from diloco import DiLoCoConfig, communication_savings, train_diloco, train_synchronous_baseline
 from diloco.data import load_digits_split
-from diloco.plots import plot_curves
+from diloco.tools.plots import plot_curves
 
 data = load_digits_split(seed=0)
 print(f"digits: {data.x_train.shape[0]} training and {data.x_test.shape[0]} held-out images "
@@ -113,7 +113,7 @@ Douillard et al. (2023) report, for language models with 150M-400M parameters:
    non-IID data (notebook 03);
 4. more workers help at a fixed amount of compute per worker.
 
-Here we test them on the 8x8 digits with a one-hidden-layer MLP, using `diloco.studies`, the code
+Here we test them on the 8x8 digits with a one-hidden-layer MLP, using `diloco.tools.studies`, the code
 behind `diloco study NAME`. The runs are tiny (2 seeds) so the notebook finishes in well under a
 minute; `docs/results.md` has the same studies with 5 seeds at a larger scale."""),
     ("code", """%matplotlib inline
@@ -122,8 +122,8 @@ from IPython.display import Markdown, display
 
 from diloco import DiLoCoConfig
 from diloco.data import load_digits_split
-from diloco.plots import plot_curves, plot_study
-from diloco.studies import STUDIES, markdown_table, mean_curves, run_study, summarise
+from diloco.tools.plots import plot_curves, plot_study
+from diloco.tools.studies import STUDIES, markdown_table, mean_curves, run_study, summarise
 
 data = load_digits_split(seed=0)
 seeds = [0, 1]

@@ -42,12 +42,12 @@ def _stub_markers() -> set[str]:
     import importlib
     import inspect
 
-    from diloco.milestones import MILESTONES, all_dependencies
+    from diloco.milestones import MILESTONES, all_dependencies, stub_message
 
     stubs = set()
     for milestone in MILESTONES:
         function = getattr(importlib.import_module(f"diloco.{milestone.module}"), milestone.name)
-        if f'NotImplementedError("milestone {milestone.number:02d}' in inspect.getsource(function):
+        if stub_message(milestone) in inspect.getsource(function):
             stubs.add(milestone.number)
     return {m.marker for m in MILESTONES if stubs & {m.number, *all_dependencies(m.number)}}
 

@@ -1,3 +1,3 @@
-from diloco.cli import main
+from diloco.tools.cli import main
 
 raise SystemExit(main())

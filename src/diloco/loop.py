@@ -10,7 +10,7 @@ mini-batches and differ only in how they combine the workers' work.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, TypedDict
 
 import numpy as np
 
@@ -29,13 +29,74 @@ from diloco.outer import (
 from diloco.params import average_params
 from diloco.sharding import iid_shard_dataset, inner_train_worker, noniid_shard_dataset, sample_worker_batch
 
-__all__ = ["RoundResult", "TrainResult", "run_diloco_round", "train_diloco", "train_synchronous_baseline"]
+__all__ = [
+    "RoundRecord", "RoundResult", "TrainResult", "run_diloco_round", "train_diloco", "train_synchronous_baseline",
+    "num_values", "global_norm", "round_record", "prepare_training", "finish_record",
+]
 
-RoundCallback = Callable[[dict], None]
+
+class RoundRecord(TypedDict, total=False):
+    """One entry of a run's history: one DiLoCo round, or ``inner_steps`` baseline steps.
+
+    The single schema of the per-round record, used by the loop, the MPI backend, the run
+    folder's ``history.jsonl`` and the docs. ``round_record`` fills the training fields,
+    ``finish_record`` the position and evaluation fields.
+
+    Attributes
+    ----------
+    round : int
+        1-based round index.
+    step : int
+        Inner steps per worker so far, ``round * inner_steps``.
+    inner_loss : float
+        Mean training loss over the workers and the round's steps.
+    worker_losses : list of float
+        Each worker's mean training loss in the round (K entries).
+    pseudo_grad_norm : float
+        DiLoCo only: global L2 norm of the averaged pseudo-gradient.
+    all_reduces : int
+        All-reduces in the round: 1 for DiLoCo, ``inner_steps`` for the baseline.
+    bytes_sent : float
+        Bytes each worker sent in the round (ring all-reduce, params' precision).
+    cumulative_bytes : float
+        ``bytes_sent`` summed over the rounds so far.
+    eval_loss, eval_accuracy : float or None
+        Held-out metrics of the global model after the round; None without held-out data.
+    allreduce_seconds : float
+        MPI only: wall time this rank spent in the round's all-reduce.
+    """
+
+    round: int
+    step: int
+    inner_loss: float
+    worker_losses: list
+    pseudo_grad_norm: float
+    all_reduces: int
+    bytes_sent: float
+    cumulative_bytes: float
+    eval_loss: float | None
+    eval_accuracy: float | None
+    allreduce_seconds: float
+
+
+RoundCallback = Callable[[RoundRecord], None]
 
 
 class RoundResult(NamedTuple):
-    """What one DiLoCo round returns (milestone 25)."""
+    """What one DiLoCo round returns (milestone 25).
+
+    Attributes
+    ----------
+    global_params : dict of str -> ndarray
+        The global model after the outer step.
+    outer_state : OuterState
+        The outer momentum after the round.
+    worker_states : list of K AdamWState
+        Each worker's AdamW state at the end of its H inner steps, carried to the next round.
+    record : RoundRecord
+        The round's training fields (``round_record``): ``inner_loss``, ``worker_losses``,
+        ``pseudo_grad_norm``, ``all_reduces``, ``bytes_sent``.
+    """
 
     global_params: Params
     outer_state: OuterState
@@ -50,11 +111,9 @@ class TrainResult(NamedTuple):
     ----------
     params : dict of str -> ndarray
         The final global parameters.
-    history : list of dict
-        One record per round (per ``inner_steps`` steps for the baseline), with keys
-        ``round, step, inner_loss, worker_losses, all_reduces, bytes_sent,
-        cumulative_bytes, eval_loss, eval_accuracy`` (and ``pseudo_grad_norm`` for
-        DiLoCo). ``eval_*`` are None without held-out data.
+    history : list of RoundRecord
+        One record per round (per ``inner_steps`` steps for the baseline); see
+        ``RoundRecord`` for the fields.
     """
 
     params: Params
@@ -67,8 +126,38 @@ def _check_loop_config(config) -> DiLoCoConfig:
     return config
 
 
-def _num_values(params: Params) -> int:
+def num_values(params: Params) -> int:
+    """Number of scalars in a parameter dict (what one all-reduce sends per worker)."""
     return int(sum(value.size for value in params.values()))
+
+
+def global_norm(params: Params) -> float:
+    """The L2 norm of all the arrays of ``params`` taken together, as a Python float."""
+    return float(np.sqrt(sum(np.sum(value * value) for value in params.values())))
+
+
+def round_record(worker_losses, params: Params, config: DiLoCoConfig, *, pseudo_grad: Params | None = None
+                 ) -> RoundRecord:
+    """The training fields of one round's record (see ``RoundRecord``).
+
+    With ``pseudo_grad`` (DiLoCo) the round made one all-reduce of the params and the
+    record carries ``pseudo_grad_norm``; without it (the baseline) it made
+    ``config.inner_steps``. Bytes come from ``communication_savings`` (milestone 30) at
+    the params' precision.
+    """
+    worker_losses = [float(value) for value in worker_losses]
+    itemsize = next(iter(params.values())).dtype.itemsize
+    comm = communication_savings(num_values(params), config.num_workers, config.inner_steps, 1,
+                                 bytes_per_value=itemsize)
+    record: RoundRecord = {"inner_loss": float(np.mean(worker_losses)), "worker_losses": worker_losses}
+    if pseudo_grad is not None:
+        record["pseudo_grad_norm"] = global_norm(pseudo_grad)
+        record["all_reduces"] = comm.diloco_all_reduces
+        record["bytes_sent"] = comm.diloco_bytes_per_worker
+    else:
+        record["all_reduces"] = comm.sync_all_reduces
+        record["bytes_sent"] = comm.sync_bytes_per_worker
+    return record
 
 
 def run_diloco_round(global_params: Params, outer_state: OuterState, worker_states, shards, config: DiLoCoConfig,
@@ -128,23 +217,21 @@ def run_diloco_round(global_params: Params, outer_state: OuterState, worker_stat
     new_global = nesterov_param_update(
         global_params, pseudo_grad, outer_state, config.outer_lr, config.outer_momentum, nesterov=config.nesterov
     )
-    itemsize = next(iter(global_params.values())).dtype.itemsize
-    comm = communication_savings(
-        _num_values(global_params), num_workers, config.inner_steps, 1, bytes_per_value=itemsize
-    )
-    record = {
-        "inner_loss": float(np.mean(worker_losses)),
-        "worker_losses": worker_losses,
-        "pseudo_grad_norm": float(np.sqrt(sum(np.sum(d * d) for d in pseudo_grad.values()))),
-        "all_reduces": comm.diloco_all_reduces,
-        "bytes_sent": comm.diloco_bytes_per_worker,
-    }
+    record = round_record(worker_losses, global_params, config, pseudo_grad=pseudo_grad)
     return RoundResult(new_global, outer_state, new_states, record)
     # END SOLUTION
 
 
-def _setup(x, y, config, x_eval, y_eval, rng):
-    """Shared start of both trainers: validate, shard, initialise (same rng order)."""
+def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None):
+    """The shared start of every trainer: validate, shard, initialise, in one rng order.
+
+    Used by ``train_diloco``, ``train_synchronous_baseline`` and the MPI backend, so for
+    one seed they all start from the same shards and the same initial model.
+
+    Returns
+    -------
+    (config, rng, shards, params)
+    """
     config = _check_loop_config(config)
     check_float_array(x, "x", ndim=2)
     check_labels(y, "y", n=x.shape[0])
@@ -170,7 +257,9 @@ def _setup(x, y, config, x_eval, y_eval, rng):
     return config, rng, shards, params
 
 
-def _finish_record(record: dict, round_index: int, config, params, x_eval, y_eval, history: list) -> dict:
+def finish_record(record: RoundRecord, round_index: int, config, params, x_eval, y_eval, history: list
+                  ) -> RoundRecord:
+    """Complete ``record`` with its position, cumulative bytes and held-out metrics; append it to ``history``."""
     record["round"] = round_index
     record["step"] = round_index * config.inner_steps
     previous = history[-1]["cumulative_bytes"] if history else 0.0
@@ -215,7 +304,7 @@ def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=N
     TypeError, ValueError
         Bad data, config or rng.
     """
-    config, rng, shards, params = _setup(x, y, config, x_eval, y_eval, rng)
+    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng)
     # BEGIN SOLUTION
     worker_states = [init_adamw_state(params) for _ in range(config.num_workers)]
     outer_state = init_outer_optimizer(params)
@@ -224,7 +313,7 @@ def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=N
         params, outer_state, worker_states, record = run_diloco_round(
             params, outer_state, worker_states, shards, config, rng
         )
-        _finish_record(record, round_index, config, params, x_eval, y_eval, history)
+        finish_record(record, round_index, config, params, x_eval, y_eval, history)
         if on_round is not None:
             on_round(record)
     return TrainResult(params, history)
@@ -256,13 +345,9 @@ def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfi
     TypeError, ValueError
         Bad data, config or rng.
     """
-    config, rng, shards, params = _setup(x, y, config, x_eval, y_eval, rng)
+    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng)
     # BEGIN SOLUTION
     state: AdamWState = init_adamw_state(params)
-    itemsize = next(iter(params.values())).dtype.itemsize
-    comm = communication_savings(
-        _num_values(params), config.num_workers, config.inner_steps, 1, bytes_per_value=itemsize
-    )
     history: list[dict] = []
     for round_index in range(1, config.rounds + 1):
         worker_rngs = rng.spawn(config.num_workers)  # the same streams DiLoCo's workers get
@@ -275,14 +360,8 @@ def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfi
                 losses[worker, step] = cross_entropy_loss(logits, y_batch)
                 grads.append(model_backward(params, cache, y_batch))
             params, state = adamw_step(params, state, average_params(grads), config.inner)
-        worker_losses = losses.mean(axis=1).tolist()
-        record = {
-            "inner_loss": float(np.mean(worker_losses)),
-            "worker_losses": worker_losses,
-            "all_reduces": comm.sync_all_reduces,
-            "bytes_sent": comm.sync_bytes_per_worker,
-        }
-        _finish_record(record, round_index, config, params, x_eval, y_eval, history)
+        record = round_record(losses.mean(axis=1), params, config)
+        finish_record(record, round_index, config, params, x_eval, y_eval, history)
         if on_round is not None:
             on_round(record)
     return TrainResult(params, history)

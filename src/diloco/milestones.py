@@ -7,9 +7,11 @@ read this table. A milestone *depends on* another when its tests call that funct
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
-__all__ = ["Milestone", "MILESTONES", "PARTS", "by_number", "by_name", "dependencies", "all_dependencies"]
+__all__ = ["Milestone", "MILESTONES", "PARTS", "by_number", "by_name", "dependencies", "all_dependencies",
+           "stub_message", "stub_number", "test_command"]
 
 
 class Milestone(NamedTuple):
@@ -108,3 +110,27 @@ def all_dependencies(number: int) -> tuple[int, ...]:
             seen.add(dep)
             stack.extend(_BY_NUMBER[dep].depends_on)
     return tuple(sorted(seen))
+
+
+# The one definition of a stub's message. The workspace generator writes it, the grader
+# parses it (``stub_number``) and the test suite recognises a stubbed function by it.
+_STUB_MESSAGE = re.compile(r"^milestone (?P<number>\d\d) (?P<name>\w+): not implemented yet\b")
+
+
+def stub_message(milestone: Milestone) -> str:
+    """The message of the ``NotImplementedError`` a workspace stub raises.
+
+    ``"milestone 07 init_adamw_state: not implemented yet (see docs/milestones/07-init-adamw-state.md)"``
+    """
+    return f"milestone {milestone.label}: not implemented yet (see {milestone.lesson})"
+
+
+def stub_number(message: str) -> int | None:
+    """The milestone number of a stub's message, or None when ``message`` is not one."""
+    match = _STUB_MESSAGE.match(str(message))
+    return int(match["number"]) if match else None
+
+
+def test_command(milestone: Milestone) -> str:
+    """The command that runs one milestone's tests in a workspace, as printed to learners."""
+    return f"make test M={milestone.marker}"

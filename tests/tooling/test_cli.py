@@ -1,6 +1,6 @@
 """The ``diloco`` command line: compare / train / study, run folders, data options, errors.
 
-Most tests call ``diloco.cli.main`` in-process with tiny configs; one runs the real
+Most tests call ``diloco.tools.cli.main`` in-process with tiny configs; one runs the real
 ``python -m diloco`` in a subprocess. Every user error must print exactly one line on
 stderr and exit with status 2; a Ctrl-C must keep what was already written.
 """
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diloco import studies
-from diloco.cli import main
+from diloco.tools import studies
+from diloco.tools.cli import main
 from diloco.data import load_npz_dataset
-from diloco.runs import HISTORY_FIELDS, read_jsonl
+from diloco.tools.runs import HISTORY_FIELDS, read_jsonl
 
 TINY = ["--rounds", "2", "-H", "3", "-K", "2", "--hidden-sizes", "8", "--batch-size", "8", "-q"]
 

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from diloco import grading
-from diloco.cli import main
-from diloco.grading import FAILED, LOCKED, NOT_STARTED, PASSED, grade
+from diloco.tools import grade_verdicts, grading
+from diloco.tools.cli import main
+from diloco.tools.grading import FAILED, LOCKED, NOT_STARTED, PASSED, grade
 from diloco.milestones import MILESTONES, all_dependencies
-from diloco.workspace import create_workspace, stub_source
+from diloco.tools.regions import stub_source
+from diloco.tools.workspace import create_workspace
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "docs" / "results.schema.json").read_text())
@@ -112,7 +113,7 @@ def test_a_realistic_mistake_fails_and_locks_its_dependents(naive_softmax):
     assert "overflow encountered in exp" in text, text
     assert "raised at diloco/model.py:" in text and "exp = np.exp(logits)" in text, text
     assert "test: tests/test_model.py::test_softmax" in text
-    assert softmax.rerun == "pytest -m m04"
+    assert softmax.rerun == "make test M=m04"
     loss = report.result(5)
     assert loss.status == FAILED
     text = "\n".join(loss.detail)
@@ -124,7 +125,7 @@ def test_a_realistic_mistake_fails_and_locks_its_dependents(naive_softmax):
         assert report.result(number).status == LOCKED
     assert "needs 04 softmax" in report.result(6).summary
     table = grading.format_table(report)
-    assert "FAILED" in table and "rerun: pytest -m m04" in table and "rerun: pytest -m m05" in table
+    assert "FAILED" in table and "rerun: make test M=m04" in table and "rerun: make test M=m05" in table
     assert "Traceback" not in table
     assert report.progress_line() == "3/30 passed - next: 04 softmax (docs/milestones/04-softmax.md)"
 
@@ -194,7 +195,7 @@ def test_missing_or_broken_package_is_a_clear_error(tmp_path, capsys):
     assert "does not import" in err and "SyntaxError" in err and "Traceback" not in err
     assert json.loads(out.read_text())["score"] == 0
     # The workspace's own grader, run as a file, reports the same without importing the package.
-    proc = subprocess.run([sys.executable, "src/diloco/grading.py", "--impl", "."], cwd=ws,
+    proc = subprocess.run([sys.executable, "src/diloco/tools/grading.py", "--impl", "."], cwd=ws,
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "SyntaxError" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -221,5 +222,5 @@ def test_a_call_into_another_stub_is_named():
          "doc": "", "exc_type": "NotImplementedError", "message": "milestone 18 sample_worker_batch: ...",
          "stubs": ["milestone 18 sample_worker_batch: ..."], "all_stub": True},
     ]
-    result = grading._classify(MILESTONES[19], records, "", REPO / "tests")
+    result = grade_verdicts.classify(MILESTONES[19], records, "", REPO / "tests")
     assert result.status == FAILED and "18 sample_worker_batch" in result.detail[0]

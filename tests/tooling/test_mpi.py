@@ -27,7 +27,7 @@ def mpiexec() -> str:
 
 def run_mpi(processes: int, *flags: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [mpiexec(), "-n", str(processes), sys.executable, "-m", "diloco.mpi", *flags],
+        [mpiexec(), "-n", str(processes), sys.executable, "-m", "diloco.tools.mpi", *flags],
         cwd=cwd, capture_output=True, text=True, timeout=300,
     )
 

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from diloco import workspace
-from diloco.cli import main
+from diloco.tools import regions as regions_mod
+from diloco.tools import workspace
+from diloco.tools.cli import main
 from diloco.milestones import MILESTONES
-from diloco.workspace import RegionError, create_workspace, solution_regions, stub_source
+from diloco.tools.regions import RegionError, solution_regions, stub_source
+from diloco.tools.workspace import create_workspace
 
 REPO = Path(__file__).resolve().parents[2]
 MODULES = sorted({m.module for m in MILESTONES})
@@ -24,7 +26,7 @@ def fresh(tmp_path_factory):
 
 
 def test_every_milestone_has_exactly_one_region():
-    regions = workspace.package_regions()
+    regions = regions_mod.package_regions()
     assert sorted(regions) == list(range(1, 31))
     for m in MILESTONES:
         assert regions[m.number].function == m.name
@@ -75,12 +77,12 @@ def test_stub_keeps_signature_docstring_and_checks_and_raises():
         softmax(np.zeros((2, 3)))
     with pytest.raises(ValueError):  # the validation before the region is kept
         softmax(np.array([[np.nan]]))
-    assert "TODO milestone 04 softmax" in stubbed and "pytest -m m04" in stubbed
+    assert "TODO milestone 04 softmax" in stubbed and "make test M=m04" in stubbed
 
 
 def test_workspace_layout(fresh):
     for path in ("pyproject.toml", "conftest.py", "Makefile", "README.md", ".gitignore",
-                 "src/diloco/__init__.py", "src/diloco/config.py", "src/diloco/cli.py", "src/diloco/data.py",
+                 "src/diloco/__init__.py", "src/diloco/config.py", "src/diloco/tools/cli.py", "src/diloco/data.py",
                  "src/diloco/_datasets/digits.npz", "tests/conftest.py", "tests/helpers.py",
                  "tests/strategies.py"):
         assert (fresh / path).is_file(), path
@@ -88,8 +90,8 @@ def test_workspace_layout(fresh):
     for test_file in (REPO / "tests").glob("test_*.py"):
         assert (fresh / "tests" / test_file.name).is_file()
     assert not (fresh / "tests" / "tooling").exists()
-    # diloco.mpi composes milestones 20-24 into the round of milestone 25: reference only.
-    assert (REPO / "src/diloco/mpi.py").is_file() and not (fresh / "src/diloco/mpi.py").exists()
+    # diloco.tools.mpi composes milestones 20-24 into the round of milestone 25: reference only.
+    assert (REPO / "src/diloco/tools/mpi.py").is_file() and not (fresh / "src/diloco/tools/mpi.py").exists()
     assert not list(fresh.rglob("__pycache__"))
     makefile = (fresh / "Makefile").read_text()
     assert re.search(r"^test:", makefile, re.M) and re.search(r"^grade:", makefile, re.M)
@@ -99,22 +101,22 @@ def test_workspace_layout(fresh):
 
 def test_workspace_has_no_solution_line(fresh):
     # Strict inside the package: no line of any region survives.
-    strict = workspace.solution_lines()
+    strict = regions_mod.solution_lines()
     assert len(strict) > 100
-    assert workspace.find_solution_lines(fresh / "src", strict) == []
+    assert regions_mod.find_solution_lines(fresh / "src", strict) == []
     # Everywhere: nothing beyond the lines the project publishes anyway (tests, scripts, docs).
-    everywhere = workspace.solution_lines(public=workspace.public_dirs())
-    assert workspace.find_solution_lines(fresh, everywhere) == []
+    everywhere = regions_mod.solution_lines(public=regions_mod.public_dirs())
+    assert regions_mod.find_solution_lines(fresh, everywhere) == []
     for path in (fresh / "src").rglob("*.py"):
-        assert not [line for line in path.read_text().splitlines() if workspace._MARKER.match(line)], path
+        assert not [line for line in path.read_text().splitlines() if regions_mod._MARKER.match(line)], path
 
 
 def test_no_test_file_repeats_a_whole_solution_body():
-    regions = workspace.package_regions()
+    regions = regions_mod.package_regions()
     for path in (REPO / "tests").rglob("*.py"):
         text = {line.strip() for line in path.read_text().splitlines()}
         for number, region in regions.items():
-            body = [line.strip() for line in region.body if len(line.strip()) >= workspace.MIN_SOLUTION_LINE]
+            body = [line.strip() for line in region.body if len(line.strip()) >= regions_mod.MIN_SOLUTION_LINE]
             if len(body) >= 2:
                 assert not set(body) <= text, f"{path} repeats the whole solution of milestone {number}"
 

@@ -1,6 +1,6 @@
 """DiLoCo as real processes: one MPI rank per worker (needs the ``mpi`` extra, mpi4py).
 
-    mpiexec -n 8 python -m diloco.mpi --rounds 10          # K = 8 workers, 8 processes
+    mpiexec -n 8 python -m diloco.tools.mpi --rounds 10          # K = 8 workers, 8 processes
 
 The single-process simulation (``diloco.loop``) runs the K workers one after another.
 Here each of the K ranks of an MPI communicator is worker ``k = rank`` and runs the same
@@ -32,11 +32,10 @@ import time
 
 import numpy as np
 
-from diloco.config import DiLoCoConfig
-from diloco.evaluation import communication_savings
-from diloco.loop import TrainResult, _finish_record, _num_values, _setup
-from diloco.model import Params
 from diloco.adamw import init_adamw_state
+from diloco.config import DiLoCoConfig
+from diloco.loop import TrainResult, finish_record, prepare_training, round_record
+from diloco.model import Params
 from diloco.outer import init_outer_optimizer, nesterov_param_update, update_outer_momentum
 from diloco.params import subtract_params
 from diloco.sharding import inner_train_worker
@@ -86,15 +85,11 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
         )
     from mpi4py import MPI
 
-    config, rng, shards, params = _setup(x, y, config, x_eval, y_eval, None)
+    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, None)
     rank = comm.rank
     x_k, y_k = shards[rank]
     state = init_adamw_state(params)
     outer_state = init_outer_optimizer(params)
-    itemsize = next(iter(params.values())).dtype.itemsize
-    comm_bytes = communication_savings(
-        _num_values(params), config.num_workers, config.inner_steps, 1, bytes_per_value=itemsize
-    ).diloco_bytes_per_worker
     history: list[dict] = []
     for round_index in range(1, config.rounds + 1):
         rng_k = rng.spawn(config.num_workers)[rank]
@@ -112,34 +107,27 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
         params = nesterov_param_update(
             params, pseudo_grad, outer_state, config.outer_lr, config.outer_momentum, nesterov=config.nesterov
         )
-        worker_losses = comm.allgather(float(losses.mean()))
-        record = {
-            "inner_loss": float(np.mean(worker_losses)),
-            "worker_losses": worker_losses,
-            "pseudo_grad_norm": float(np.sqrt(sum(np.sum(d * d) for d in pseudo_grad.values()))),
-            "all_reduces": 1,
-            "bytes_sent": comm_bytes,
-            "allreduce_seconds": allreduce_seconds,
-        }
-        _finish_record(record, round_index, config, params, x_eval, y_eval, history)
+        record = round_record(comm.allgather(float(losses.mean())), params, config, pseudo_grad=pseudo_grad)
+        record["allreduce_seconds"] = allreduce_seconds
+        finish_record(record, round_index, config, params, x_eval, y_eval, history)
         if on_round is not None:
             on_round(record)
     return TrainResult(params, history)
 
 
 def main(argv=None) -> int:
-    """``mpiexec -n K python -m diloco.mpi [train flags]``: K defaults to the number of ranks."""
+    """``mpiexec -n K python -m diloco.tools.mpi [train flags]``: K defaults to the number of ranks."""
     try:
         from mpi4py import MPI
     except ImportError:
-        print("diloco.mpi: error: mpi4py is not installed; pip install 'diloco[mpi]'", file=sys.stderr)
+        print("diloco.tools.mpi: error: mpi4py is not installed; pip install 'diloco[mpi]'", file=sys.stderr)
         return 2
-    from diloco.cli import CliError, _Parser
-    from diloco.commands import _add_config_flags, _add_data_flags, build_config, load_dataset
+    from diloco.tools.errors import CliError, Parser
+    from diloco.tools.flags import add_config_flags, add_data_flags, build_config, load_dataset
 
-    parser = _Parser(prog="python -m diloco.mpi", description=__doc__.splitlines()[0])
-    _add_config_flags(parser)
-    _add_data_flags(parser)
+    parser = Parser(prog="python -m diloco.tools.mpi", description=__doc__.splitlines()[0])
+    add_config_flags(parser)
+    add_data_flags(parser)
     parser.add_argument("--json", metavar="FILE", help="rank 0 writes the history and final metrics here")
     parser.add_argument("--save-params", metavar="FILE.npz", help="rank 0 saves the final global params here")
     args = parser.parse_args(argv)
@@ -151,7 +139,7 @@ def main(argv=None) -> int:
             raise CliError(f"-K {config.num_workers} does not match the {comm.size} MPI processes")
     except CliError as exc:
         if comm.rank == 0:
-            print(f"diloco.mpi: error: {exc}", file=sys.stderr)
+            print(f"diloco.tools.mpi: error: {exc}", file=sys.stderr)
         return 2
 
     def report(record):

@@ -8,7 +8,7 @@ A run folder ``runs/<time>-<name>/`` holds
                        (so a Ctrl-C keeps every finished round);
 * ``summary.json``     final numbers per algorithm, ``"status": "completed"`` or
                        ``"interrupted"``;
-* PNG plots            written by ``diloco.plots``.
+* PNG plots            written by ``diloco.tools.plots``.
 
 JSON files are written to a temporary name and renamed into place, so an interruption
 never leaves half a file. NumPy only; nothing here imports matplotlib or tqdm.

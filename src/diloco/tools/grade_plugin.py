@@ -1,6 +1,6 @@
 """pytest plugin of the grader, loaded into each grading subprocess with ``-p``.
 
-``diloco.grading`` copies this file next to the tests' working folder as
+``diloco.tools.grading`` copies this file next to the tests' working folder as
 ``_diloco_grade_plugin.py``; it is never imported by the reference package itself, because
 in the subprocess ``diloco`` is the *graded* package. It writes one JSON record per line to
 the file named by ``$DILOCO_GRADE_RECORDS``: the imported package, the collected tests with

@@ -1,17 +1,15 @@
-"""The learner workspace: the project with every milestone body replaced by a stub.
+"""Solution regions of the reference source, the stubs that replace them, and the leak scan.
 
 One source, two audiences (nbgrader / otter style). In the reference source each
-milestone function keeps its signature, docstring and input validation, and its body
-sits between two marker comments, ``BEGIN SOLUTION`` and ``END SOLUTION`` (each on a
-line of its own, ``#``-prefixed, at the body's indentation). ``create_workspace``
-copies the project and replaces every such region with a stub that names the milestone
-and its lesson and raises ``NotImplementedError("milestone 07 init_adamw_state: ...")``.
+milestone function keeps its signature, docstring and one line of input checks, and its
+body sits between two marker comments, ``BEGIN SOLUTION`` and ``END SOLUTION`` (each on
+a line of its own, ``#``-prefixed, at the body's indentation). ``stub_source`` replaces
+every such region with a stub that raises ``NotImplementedError(stub_message(m))``
+(``diloco.milestones.stub_message``, the one definition of the stub's message).
 
-The generator fails loudly (``RegionError``) when a milestone function has no region,
-a region is unbalanced, nested or outside a milestone function, or any solution line
-would survive into the workspace.
-
-    diloco workspace create DIR          # or: make workspace [WS=DIR]
+``RegionError`` is raised when a milestone function has no region, a region is
+unbalanced, nested or outside a milestone function; ``find_solution_lines`` finds any
+solution line that would survive into a workspace.
 """
 
 from __future__ import annotations
@@ -19,15 +17,14 @@ from __future__ import annotations
 import ast
 import json
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
-from diloco.cli import CliError
-from diloco.milestones import MILESTONES, PARTS, Milestone
+from diloco.milestones import MILESTONES, Milestone, stub_message, test_command
 
 __all__ = [
+    "PACKAGE_DIR",
+    "REFERENCE_ONLY",
     "RegionError",
     "SolutionRegion",
     "solution_regions",
@@ -37,24 +34,20 @@ __all__ = [
     "solution_lines",
     "find_solution_lines",
     "public_dirs",
-    "milestone_list_markdown",
     "suite_root",
-    "create_workspace",
-    "add_parsers",
 ]
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+# The ``diloco`` package (this module lives in ``diloco/tools``).
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _MARKER = re.compile(r"^(?P<indent>[ \t]*)#[ \t]*(?P<kind>BEGIN|END) SOLUTION[ \t]*$")
-_TEMPLATE_DIR = PACKAGE_DIR / "_workspace_template"
 # Copied from the project into a workspace, when present (tests/tooling is left out).
-_COPIED_DIRS = ("tests", "docs", "notebooks", "scripts")
-_SKIPPED_NAMES = {"__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints", "_suite"}
-_INSTRUCTOR_ONLY = {"instructor-guide.md"}
-# Supporting modules left out of a workspace because they compose the milestones in the
-# order a milestone teaches: diloco.mpi runs the DiLoCo round of milestone 25 over MPI.
-_REFERENCE_ONLY = {"mpi.py"}
+COPIED_DIRS = ("tests", "docs", "notebooks", "scripts")
+# Modules of ``diloco/tools`` left out of a workspace because they compose the milestones
+# in the order a milestone teaches: ``mpi`` runs the DiLoCo round of milestone 25 over MPI.
+REFERENCE_ONLY = {"mpi.py"}
 # A solution line shorter than this (``return params``, ``)``) is not distinctive text.
 MIN_SOLUTION_LINE = 12
+
 
 
 class RegionError(ValueError):
@@ -187,10 +180,9 @@ def package_regions(package_dir: Path | str = PACKAGE_DIR) -> dict[int, Solution
 def stub_lines(milestone: Milestone, indent: str) -> list[str]:
     """The body a learner starts from."""
     return [
-        f"{indent}# TODO milestone {milestone.number:02d} {milestone.name}: write the body here "
-        "(signature and checks above stay).",
-        f"{indent}# Lesson: {milestone.lesson}    Test it: pytest -m {milestone.marker}",
-        f'{indent}raise NotImplementedError("milestone {milestone.label}: not implemented yet (see {milestone.lesson})")',
+        f"{indent}# TODO milestone {milestone.label}: write the body here (signature and checks above stay).",
+        f"{indent}# Lesson: {milestone.lesson}    Test it: {test_command(milestone)}",
+        f"{indent}raise NotImplementedError({stub_message(milestone)!r})",
     ]
 
 
@@ -246,7 +238,7 @@ def solution_lines(package_dir: Path | str = PACKAGE_DIR, public: Iterable[Path 
     inside = {line.strip() for region in regions.values() for line in region.body}
     outside: set[str] = set()
     for path, lines in _text_lines(package_dir):
-        if path.suffix != ".py" or path.name in _REFERENCE_ONLY:
+        if path.suffix != ".py" or path.name in REFERENCE_ONLY:
             continue
         masked = set()
         for region in regions.values():
@@ -263,7 +255,7 @@ def solution_lines(package_dir: Path | str = PACKAGE_DIR, public: Iterable[Path 
 def public_dirs(root: Path | str | None = None) -> list[Path]:
     """The folders of the project copied verbatim into a workspace."""
     root = suite_root() if root is None else Path(root)
-    return [root / name for name in _COPIED_DIRS if (root / name).is_dir()]
+    return [root / name for name in COPIED_DIRS if (root / name).is_dir()]
 
 
 def find_solution_lines(root: Path | str, lines: set[str] | None = None) -> list[str]:
@@ -276,19 +268,6 @@ def find_solution_lines(root: Path | str, lines: set[str] | None = None) -> list
             for path, text_lines in _text_lines(Path(root))
             for line_no, line in enumerate(text_lines, start=1) if line.strip() in lines]
 
-
-def milestone_list_markdown() -> str:
-    """The README's milestone list, generated from ``diloco.milestones``."""
-    out, part = [], None
-    for m in MILESTONES:
-        if m.module != part:
-            part = m.module
-            if out:
-                out.append("")
-            out += [f"**{PARTS[m.module]}** (`src/diloco/{m.module}.py`)", ""]
-        needs = ", ".join(f"{d:02d}" for d in m.depends_on) or "-"
-        out.append(f"{m.number}. [`{m.name}`]({m.lesson}): {m.summary} (needs: {needs})")
-    return "\n".join(out) + "\n"
 
 
 def suite_root() -> Path:
@@ -304,107 +283,3 @@ def suite_root() -> Path:
         f"cannot find the diloco test suite next to {PACKAGE_DIR} (no tests/conftest.py in the "
         "repository or in diloco/_suite); run from a checkout of the diloco repository"
     )
-
-
-def _ignore(directory: str, names: list[str]) -> set[str]:
-    skipped = {n for n in names if n in _SKIPPED_NAMES or n.endswith(".pyc")}
-    if Path(directory) == PACKAGE_DIR:
-        skipped |= _REFERENCE_ONLY & set(names)
-    if Path(directory).name == "docs":
-        skipped |= _INSTRUCTOR_ONLY & set(names)
-    if Path(directory).name == "tests":
-        skipped |= {"tooling"} & set(names)  # tests of the tools, never graded
-    return skipped
-
-
-def _write_package(dest: Path) -> None:
-    """Copy the package to ``dest``, every milestone module stubbed."""
-    package_regions(PACKAGE_DIR)  # fails loudly before anything is written
-    shutil.copytree(PACKAGE_DIR, dest, ignore=_ignore)
-    for module in sorted({m.module for m in MILESTONES}):
-        path = PACKAGE_DIR / f"{module}.py"
-        stubbed = stub_source(path.read_text(encoding="utf-8"), module, path=str(path))
-        compile(stubbed, str(path), "exec")  # a stub that does not parse is our bug
-        (dest / f"{module}.py").write_text(stubbed, encoding="utf-8")
-
-
-def _render_template(name: str, **values: str) -> str:
-    text = (_TEMPLATE_DIR / name).read_text(encoding="utf-8")
-    for key, value in values.items():
-        text = text.replace(f"@{key}@", value)
-    return text
-
-
-def create_workspace(dest: Path | str) -> Path:
-    """Write a learner workspace to ``dest`` (which must not exist, or be empty).
-
-    The workspace is built in a temporary directory beside ``dest``, checked (it must
-    import-compile and hold no solution line), then moved into place, so a failure
-    leaves nothing half-written.
-
-    Returns
-    -------
-    Path
-        ``dest``, resolved.
-
-    Raises
-    ------
-    FileExistsError
-        ``dest`` exists and is not an empty directory.
-    RegionError
-        The reference's solution markers are missing or malformed.
-    """
-    dest = Path(dest).expanduser().resolve()
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise FileExistsError(f"{dest} already exists and is not empty; choose a new directory")
-    root = suite_root()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
-    try:
-        build = staging / "workspace"
-        build.mkdir()
-        _write_package(build / "src" / "diloco")
-        for name in _COPIED_DIRS:
-            if (root / name).is_dir():
-                shutil.copytree(root / name, build / name, ignore=_ignore)
-        shutil.copy2(root / "pyproject.toml", build / "pyproject.toml")
-        (build / "README.md").write_text(_render_template("README.md", MILESTONES=milestone_list_markdown()),
-                                         encoding="utf-8")
-        for name in ("Makefile", "conftest.py"):
-            (build / name).write_text(_render_template(name), encoding="utf-8")
-        (build / ".gitignore").write_text(_render_template("gitignore"), encoding="utf-8")
-        leaks = find_solution_lines(build, solution_lines(public=public_dirs(root)))
-        if leaks:
-            raise RegionError("solution text would leak into the workspace:\n  " + "\n  ".join(leaks[:20]))
-        if dest.exists():
-            dest.rmdir()
-        build.rename(dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return dest
-
-
-def _cmd_create(args) -> int:
-    try:
-        dest = create_workspace(args.directory)
-    except (FileExistsError, FileNotFoundError, RegionError) as exc:
-        raise CliError(str(exc).splitlines()[0] if isinstance(exc, FileExistsError) else str(exc)) from exc
-    print(f"created your workspace in {dest}")
-    print("  30 milestone functions are stubs; each raises NotImplementedError until you write it.")
-    print(f"  next: cd {dest} && make grade      (or: diloco grade --impl {dest})")
-    print(f"  start with {MILESTONES[0].label}: {MILESTONES[0].lesson}")
-    return 0
-
-
-def add_parsers(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "workspace", help="create a learner workspace (the project with the 30 milestones as stubs)",
-        description="Create a learner workspace: the whole project with every milestone body replaced "
-                    "by a stub that raises NotImplementedError. See docs/learner-guide.md.",
-    )
-    actions = parser.add_subparsers(dest="action", metavar="ACTION")
-    actions.required = True
-    create = actions.add_parser("create", help="write a new workspace to DIR",
-                                description="Write a new learner workspace to DIR (must not exist, or be empty).")
-    create.add_argument("directory", metavar="DIR", help="where to create the workspace")
-    create.set_defaults(func=_cmd_create)

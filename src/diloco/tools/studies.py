@@ -191,7 +191,7 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
     seeds : iterable of int
     values : tuple of str, optional
         The values to sweep; ``study.default_values`` if None.
-    history : diloco.runs.HistoryWriter, optional
+    history : diloco.tools.runs.HistoryWriter, optional
         Receives every round, tagged with ``variant`` and ``seed``.
     on_run_start, on_run_end : callable, optional
         ``on_run_start(variant, seed)`` and ``on_run_end(result)`` (progress bars,

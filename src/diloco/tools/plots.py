@@ -125,7 +125,7 @@ def plot_study(rows: list, *, title: str = "", xlabel: str = "variant"):
     Parameters
     ----------
     rows : list of dict
-        As ``diloco.studies.summarise`` returns: ``variant``, ``algo``, and
+        As ``diloco.tools.studies.summarise`` returns: ``variant``, ``algo``, and
         ``eval_loss`` / ``eval_accuracy`` dicts with ``mean``, ``low``, ``high``.
     """
     Figure = require_matplotlib()

@@ -19,7 +19,7 @@ graded folder, which is not modified. ``--json`` writes Gradescope's ``results.j
 ``--junit`` JUnit XML; both are described in ``docs/instructor-guide.md``.
 
     diloco grade [--impl DIR] [--tests DIR] [--json FILE] [--junit FILE]
-    python src/diloco/grading.py --impl .   # also works when the package does not import
+    python src/diloco/tools/grading.py --impl .   # also works when the package does not import
 """
 
 from __future__ import annotations
@@ -30,24 +30,35 @@ if __name__ == "__main__" and not __package__:  # run as a file: never import th
     from pathlib import Path as _Path
 
     _package = _types.ModuleType("diloco")
-    _package.__path__ = [str(_Path(__file__).resolve().parent)]
+    _package.__path__ = [str(_Path(__file__).resolve().parent.parent)]
     _sys.modules.setdefault("diloco", _package)
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from diloco.cli import CliError
-from diloco.milestones import MILESTONES, Milestone, by_number
+from diloco.milestones import MILESTONES, by_number
+from diloco.tools.errors import CliError
+from diloco.tools.grade_report import (
+    ERROR,
+    FAILED,
+    LOCKED,
+    NOT_STARTED,
+    PASSED,
+    GradeReport,
+    MilestoneResult,
+    error_report,
+    format_table,
+    to_gradescope,
+    to_junit_xml,
+)
+from diloco.tools.grade_verdicts import classify, locked
 
 __all__ = [
     "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
@@ -56,72 +67,9 @@ __all__ = [
     "to_gradescope", "to_junit_xml", "add_parsers", "main",
 ]
 
-PASSED, NOT_STARTED, FAILED, LOCKED, ERROR = "passed", "not started", "failed", "locked", "error"
-_STUB_MESSAGE = re.compile(r"^milestone (\d\d) ")
-_MARKER = re.compile(r"^m(0[1-9]|[12][0-9]|30)$")
-
 
 class GradingError(Exception):
     """The implementation cannot be graded at all (no package, or it does not import)."""
-
-
-class MilestoneResult(NamedTuple):
-    """The verdict on one milestone.
-
-    ``summary`` is one line for the table; ``detail`` the failing check's message
-    lines; ``blocked_by`` the prerequisites that did not pass (for ``locked``).
-    """
-
-    milestone: Milestone
-    status: str
-    summary: str = ""
-    detail: tuple[str, ...] = ()
-    rerun: str = ""
-    tests_passed: int = 0
-    tests_total: int = 0
-    duration: float = 0.0
-    blocked_by: tuple[int, ...] = ()
-
-    @property
-    def passed(self) -> bool:
-        return self.status == PASSED
-
-
-class GradeReport(NamedTuple):
-    """Everything one grading run found."""
-
-    results: tuple[MilestoneResult, ...]
-    impl: Path
-    imported_from: str
-    tests_dir: Path
-    duration: float
-
-    @property
-    def score(self) -> int:
-        return sum(r.passed for r in self.results)
-
-    @property
-    def max_score(self) -> int:
-        return len(self.results)
-
-    def result(self, number: int) -> MilestoneResult:
-        return next(r for r in self.results if r.milestone.number == number)
-
-    def next_milestone(self) -> Milestone | None:
-        """The lowest-numbered milestone that is unlocked and not passed."""
-        for r in self.results:
-            if r.status in (NOT_STARTED, FAILED, ERROR):
-                return r.milestone
-        return None
-
-    def progress_line(self) -> str:
-        head = f"{self.score}/{self.max_score} passed"
-        nxt = self.next_milestone()
-        if nxt is not None:
-            return f"{head} - next: {nxt.label} ({nxt.lesson})"
-        if self.score == self.max_score:
-            return f"{head} - all milestones done"
-        return f"{head} - every remaining milestone is locked"
 
 
 # --------------------------------------------------------------------------- locating
@@ -146,7 +94,7 @@ def find_package_root(impl: Path | str) -> Path:
 
 def default_tests_dir() -> Path:
     """The milestone tests shipped with this grader (repository ``tests/`` or bundled copy)."""
-    from diloco.workspace import suite_root
+    from diloco.tools.regions import suite_root
 
     try:
         return suite_root() / "tests"
@@ -181,7 +129,7 @@ class _Workdir(NamedTuple):
 
 def _make_workdir(tmp: Path, package_root: Path) -> _Workdir:
     # The plugin runs where ``diloco`` is the graded package, so it is copied, not imported.
-    shutil.copyfile(Path(__file__).with_name("_grade_plugin.py"), tmp / "_diloco_grade_plugin.py")
+    shutil.copyfile(Path(__file__).with_name("grade_plugin.py"), tmp / "_diloco_grade_plugin.py")
     (tmp / "pytest.ini").write_text(_PYTEST_INI, encoding="utf-8")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(package_root), str(tmp)] + (
@@ -239,83 +187,6 @@ def _run_wave(numbers: list[int], tests_dir: Path, workdir: _Workdir, python: st
     return records, crash
 
 
-# --------------------------------------------------------------------------- verdicts
-
-
-def _humanise(record: dict) -> str:
-    """The check in words: the test's docstring, else its name without ``test_``."""
-    if record.get("doc"):
-        return record["doc"].splitlines()[0].rstrip(".")
-    return record.get("name", record.get("nodeid", "?")).removeprefix("test_").replace("_", " ")
-
-
-def _rerun(milestone: Milestone) -> str:
-    return f"pytest -m {milestone.marker}"
-
-
-def _classify(milestone: Milestone, records: list[dict], crash: str, tests_dir: Path) -> MilestoneResult:
-    marker = milestone.marker
-    collected = [nodeid for r in records if r["kind"] == "collected" for nodeid, m in r["items"] if m == marker]
-    collect_errors = [r for r in records if r["kind"] == "collect_error"]
-    outcomes: dict[str, dict] = {}
-    for r in records:
-        if r["kind"] == "test" and r.get("marker") == marker:
-            previous = outcomes.get(r["nodeid"])
-            if previous is None or previous["outcome"] != "failed":
-                outcomes[r["nodeid"]] = r
-    durations = sum(r.get("duration", 0.0) for r in records if r["kind"] == "test" and r.get("marker") == marker)
-    passed = sum(r["outcome"] == "passed" for r in outcomes.values())
-    failures = [outcomes[n] for n in collected if n in outcomes and outcomes[n]["outcome"] == "failed"]
-    common = dict(tests_passed=passed, tests_total=len(collected), duration=durations, rerun=_rerun(milestone))
-
-    if collect_errors and not collected:
-        first = collect_errors[0]
-        lines = first["message"].strip().splitlines()
-        return MilestoneResult(milestone, ERROR, f"a test module does not import: {first['nodeid']}",
-                               tuple(lines[-6:]), **common)
-    if not collected:
-        return MilestoneResult(milestone, ERROR, f"no tests collected for {marker} in {tests_dir}", **common)
-    missing = [n for n in collected if n not in outcomes]
-    if crash and missing:
-        started = [r["nodeid"] for r in records if r["kind"] == "start" and r["nodeid"] in missing]
-        where = f" while running {started[-1]}" if started else ""
-        return MilestoneResult(milestone, ERROR, f"the test run stopped{where}",
-                               tuple(crash.splitlines()[-6:]), **common)
-    if not failures:
-        if passed == 0:
-            return MilestoneResult(milestone, ERROR, "every test was skipped", **common)
-        return MilestoneResult(milestone, PASSED, f"{passed} tests passed", **common)
-    own_stub = [f for f in failures
-                if f.get("all_stub") and all(s.startswith(f"milestone {milestone.number:02d} ") for s in f["stubs"])]
-    if len(own_stub) == len(failures):
-        return MilestoneResult(milestone, NOT_STARTED, f"still the stub ({milestone.lesson})", **common)
-    real = [f for f in failures if f not in own_stub]
-    # The first failure that shows expected beside got, else simply the first failure.
-    first = next((f for f in real if "expected" in f.get("message", "") and "got" in f.get("message", "")), real[0])
-    check = _humanise(first)
-    if first.get("all_stub") and first.get("stubs"):
-        other = _STUB_MESSAGE.match(first["stubs"][0])
-        if other:
-            needed = by_number(int(other.group(1)))
-            detail = (f"it calls {needed.label}, which is still a stub: do that one first",)
-            return MilestoneResult(milestone, FAILED, f"{check}", detail, **common)
-    message = first.get("message", "").strip()
-    where = "" if first["when"] == "call" else f" (in test {first['when']})"
-    lines = [f"{first.get('exc_type', 'Error')}{where}: {line}" if i == 0 else line
-             for i, line in enumerate(message.splitlines()[:8] or [""])]
-    if first.get("where") and first.get("exc_type") != "AssertionError":
-        lines.append(f"raised at {first['where']}")
-    lines += [n for n in first.get("notes", []) if n.startswith("Falsifying")][:1]
-    lines.append(f"test: {first['nodeid']}" + (f"  ({len(failures)} of {len(collected)} tests fail)"
-                                                  if len(failures) > 1 else ""))
-    return MilestoneResult(milestone, FAILED, check, tuple(lines), **common)
-
-
-def _locked(milestone: Milestone, status: dict[int, MilestoneResult]) -> MilestoneResult:
-    blocked = tuple(d for d in milestone.depends_on if not status[d].passed)
-    needs = by_number(blocked[0]).label if len(blocked) == 1 else ", ".join(f"{d:02d}" for d in blocked)
-    return MilestoneResult(milestone, LOCKED, f"needs {needs}", blocked_by=blocked, rerun=_rerun(milestone))
-
 
 def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float = 600.0,
           python: str | None = None, on_wave: Callable[[list[int]], None] | None = None) -> GradeReport:
@@ -350,7 +221,7 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
             for m in MILESTONES:
                 if (m.number not in status and all(d in status for d in m.depends_on)
                         and not all(status[d].passed for d in m.depends_on)):
-                    status[m.number] = _locked(m, status)
+                    status[m.number] = locked(m, status)
                     locked_any = True
             wave = [m.number for m in MILESTONES
                     if m.number not in status and all(d in status and status[d].passed for d in m.depends_on)]
@@ -366,116 +237,12 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
                         imported_from):
                     raise GradingError(f"the tests imported diloco from {record['file']}, not {imported_from}")
             for number in wave:
-                status[number] = _classify(by_number(number), records, crash, tests_dir)
+                status[number] = classify(by_number(number), records, crash, tests_dir)
         for m in MILESTONES:  # only reachable with a cycle in the graph
             status.setdefault(m.number, MilestoneResult(m, LOCKED, "dependency cycle"))
     results = tuple(status[m.number] for m in MILESTONES)
     return GradeReport(results, impl, imported_from, tests_dir, time.perf_counter() - start)
 
-
-# --------------------------------------------------------------------------- output
-
-_WORDS = {PASSED: "passed", NOT_STARTED: "not started", FAILED: "FAILED", LOCKED: "locked", ERROR: "ERROR"}
-
-
-def format_table(report: GradeReport) -> str:
-    """The learner's view: one row per milestone, details under failures, a progress line."""
-    width = max(len(m.name) for m in MILESTONES)
-    out = [f"diloco grade: {report.impl}", f"  (testing {report.imported_from})", "",
-           f" #  {'milestone':<{width}}  {'status':<11}  notes", f" -- {'-' * width}  {'-' * 11}  {'-' * 5}"]
-    for r in report.results:
-        note = r.summary
-        if r.status == PASSED:
-            note = ""
-        elif r.status == NOT_STARTED:
-            note = r.milestone.lesson
-        out.append(f" {r.milestone.number:02d} {r.milestone.name:<{width}}  {_WORDS[r.status]:<11}  {note}".rstrip())
-        if r.status in (FAILED, ERROR):
-            pad = " " * 8
-            for line in r.detail:
-                out.append(pad + line)
-            out.append(f"{pad}rerun: {r.rerun}")
-    out += ["", report.progress_line()]
-    return "\n".join(out)
-
-
-def _output_text(r: MilestoneResult) -> str:
-    if r.status == PASSED:
-        return f"passed ({r.tests_passed}/{r.tests_total} tests)"
-    if r.status == NOT_STARTED:
-        return f"not started: the function still raises NotImplementedError. Lesson: {r.milestone.lesson}"
-    if r.status == LOCKED:
-        return f"locked: {r.summary}; its tests were not run"
-    head = "failed" if r.status == FAILED else "error"
-    return "\n".join([f"{head}: {r.summary}", *r.detail, f"rerun: {r.rerun}"])
-
-
-def to_gradescope(report: GradeReport) -> dict:
-    """Gradescope's ``results.json``: one test entry per milestone, one point each."""
-    tests = []
-    for r in report.results:
-        m = r.milestone
-        tests.append({
-            "name": m.label,
-            "number": f"{m.number:02d}",
-            "score": 1.0 if r.passed else 0.0,
-            "max_score": 1.0,
-            "status": "passed" if r.passed else "failed",
-            "output": _output_text(r),
-            "visibility": "visible",
-            "extra_data": {
-                "milestone": m.number,
-                "state": r.status,
-                "tests_passed": r.tests_passed,
-                "tests_total": r.tests_total,
-                "depends_on": list(m.depends_on),
-                "blocked_by": list(r.blocked_by),
-                "lesson": m.lesson,
-            },
-        })
-    return {
-        "score": float(sum(t["score"] for t in tests)),
-        "max_score": float(sum(t["max_score"] for t in tests)),
-        "execution_time": round(report.duration, 3),
-        "output": report.progress_line(),
-        "visibility": "visible",
-        "stdout_visibility": "hidden",
-        "tests": tests,
-    }
-
-
-def to_junit_xml(report: GradeReport) -> str:
-    """JUnit XML: a testcase per milestone; not started and failed are failures, locked is skipped."""
-    counts = {s: sum(r.status == s for r in report.results) for s in _WORDS}
-    failures, errors, skipped = counts[FAILED] + counts[NOT_STARTED], counts[ERROR], counts[LOCKED]
-    attrs = dict(name="diloco-milestones", tests=str(len(report.results)), failures=str(failures),
-                 errors=str(errors), skipped=str(skipped), time=f"{report.duration:.3f}")
-    suites = ET.Element("testsuites", attrs)
-    suite = ET.SubElement(suites, "testsuite", attrs)
-    for r in report.results:
-        case = ET.SubElement(suite, "testcase", classname="diloco.milestones",
-                             name=f"{r.milestone.marker} {r.milestone.name}", time=f"{r.duration:.3f}")
-        if r.status == FAILED:
-            ET.SubElement(case, "failure", message=r.summary, type="Failed").text = _output_text(r)
-        elif r.status == NOT_STARTED:
-            ET.SubElement(case, "failure", message="not started", type="NotStarted").text = _output_text(r)
-        elif r.status == ERROR:
-            ET.SubElement(case, "error", message=r.summary, type="Error").text = _output_text(r)
-        elif r.status == LOCKED:
-            ET.SubElement(case, "skipped", message=f"locked: {r.summary}")
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
-
-
-def _error_report(impl: Path, message: str) -> dict:
-    """``results.json`` for a submission that cannot be graded: every milestone 0 points."""
-    tests = [{"name": m.label, "number": f"{m.number:02d}", "score": 0.0, "max_score": 1.0, "status": "failed",
-              "output": f"error: {message}", "visibility": "visible",
-              "extra_data": {"milestone": m.number, "state": ERROR, "tests_passed": 0, "tests_total": 0,
-                             "depends_on": list(m.depends_on), "blocked_by": [], "lesson": m.lesson}}
-             for m in MILESTONES]
-    return {"score": 0.0, "max_score": float(len(tests)), "execution_time": 0.0, "output": f"error: {message}",
-            "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
 
 
 # --------------------------------------------------------------------------- command line
@@ -496,7 +263,7 @@ def _cmd_grade(args) -> int:
         report = grade(impl, args.tests, timeout=args.timeout, on_wave=progress)
     except GradingError as exc:
         if args.json:
-            _write(args.json, json.dumps(_error_report(impl, str(exc)), indent=2) + "\n")
+            _write(args.json, json.dumps(error_report(impl, str(exc)), indent=2) + "\n")
         raise CliError(str(exc)) from None
     print(format_table(report))
     if args.json:
@@ -532,7 +299,7 @@ def _add_arguments(parser) -> None:
 
 
 def main(argv=None) -> int:
-    """``python src/diloco/grading.py``: the grade command alone, without importing the graded package."""
+    """``python src/diloco/tools/grading.py``: the grade command alone, without importing the graded package."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="grading.py", description="Grade the 30 diloco milestones.")

@@ -1,0 +1,161 @@
+"""Flags shared by ``train``, ``compare``, ``study`` and ``python -m diloco.tools.mpi``.
+
+Every ``DiLoCoConfig`` field has a flag; ``--config FILE.json`` (a bare config, or a run
+folder's ``config.json``) sets the starting point and flags override it. ``build_config``
+and ``load_dataset`` turn the parsed flags into a config and a dataset, raising
+``CliError`` (one line, exit status 2) for a user error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from diloco.config import DiLoCoConfig
+from diloco.data import (
+    DIGITS_PROVENANCE,
+    MNIST1D_PROVENANCE,
+    Dataset,
+    load_digits_split,
+    load_mnist1d,
+    load_npz_dataset,
+)
+from diloco.tools.errors import CliError
+
+__all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "add_config_flags", "add_data_flags", "add_output_flags",
+           "build_config", "load_dataset"]
+
+# Flags of DiLoCoConfig fields: (flag(s), argparse options). Inner AdamW fields follow.
+CONFIG_FLAGS = {
+    "num_workers": (("-K", "--num-workers", "--workers"), {"type": int, "metavar": "K",
+                                                          "help": "K, the number of workers (8)"}),
+    "inner_steps": (("-H", "--inner-steps"), {"type": int, "metavar": "H",
+                                              "help": "H, inner AdamW steps per round (50)"}),
+    "rounds": (("--rounds",), {"type": int, "help": "outer rounds; steps per worker = rounds * H (10)"}),
+    "batch_size": (("--batch-size",), {"type": int, "help": "examples per worker per step (32)"}),
+    "hidden_sizes": (("--hidden-sizes",), {"metavar": "W1,W2,...",
+                                           "help": "hidden layer widths, comma-separated; '' for none (128)"}),
+    "outer_lr": (("--outer-lr",), {"type": float, "help": "outer learning rate (0.7)"}),
+    "outer_momentum": (("--outer-momentum",), {"type": float, "help": "outer momentum mu (0.9)"}),
+    "nesterov": (("--nesterov",), {"action": argparse.BooleanOptionalAction,
+                                   "help": "Nesterov (default) or plain heavy-ball outer momentum"}),
+    "alpha": (("--alpha",), {"type": float, "help": "Dirichlet concentration of --noniid shards (0.5)"}),
+    "seed": (("--seed",), {"type": int, "help": "seeds sharding, initialisation and batches (0)"}),
+    "dtype": (("--dtype",), {"choices": ("float32", "float64"), "help": "parameter dtype (float64)"}),
+}
+INNER_FLAGS = {
+    "lr": (("--lr", "--inner-lr"), {"type": float, "help": "inner AdamW learning rate (1e-3)"}),
+    "beta1": (("--beta1",), {"type": float, "help": "AdamW beta1 (0.9)"}),
+    "beta2": (("--beta2",), {"type": float, "help": "AdamW beta2 (0.999)"}),
+    "eps": (("--eps",), {"type": float, "help": "AdamW epsilon (1e-8)"}),
+    "weight_decay": (("--weight-decay",), {"type": float, "help": "AdamW decoupled weight decay (0.01)"}),
+}
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("experiment (every DiLoCoConfig field; flags override --config)")
+    group.add_argument("--config", metavar="FILE.json", help="start from this config (a run's config.json works)")
+    for name, (flags, options) in {**CONFIG_FLAGS, **INNER_FLAGS}.items():
+        group.add_argument(*flags, dest=name, default=None, **options)
+    sharding = group.add_mutually_exclusive_group()
+    sharding.add_argument("--iid", dest="iid", action="store_true", default=None, help="IID shards (default)")
+    sharding.add_argument("--noniid", dest="iid", action="store_false",
+                          help="label-skewed shards: per class, Dirichlet(alpha) proportions across workers")
+
+
+def add_data_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument("--data", default="digits", metavar="digits|mnist1d|PATH.npz",
+                       help="built-in digits (default), MNIST-1D (the 'mnist1d' extra; generated locally, cached), "
+                            "or an .npz with arrays x, y and optionally x_test, y_test")
+    group.add_argument("--split-seed", type=int, default=0,
+                       help="seed of the train/test split when the data has no test part (0)")
+    group.add_argument("--test-fraction", type=float, default=0.2,
+                       help="held-out fraction when the data has no test part (0.2)")
+    group.add_argument("--cache-dir", metavar="DIR",
+                       help="where generated MNIST-1D is cached ($DILOCO_CACHE_DIR or ~/.cache/diloco)")
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("output")
+    group.add_argument("--runs-dir", default="runs", metavar="DIR", help="parent of the run folder (runs)")
+    group.add_argument("--name", help="run folder name after the time stamp (default: the command)")
+    group.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    group.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
+
+
+
+# --- configuration and data ----------------------------------------------------------------
+
+def _parse_hidden(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise CliError(f"--hidden-sizes must be comma-separated integers such as 128,64, got {text!r}") from None
+
+
+def _read_config_file(path: str) -> dict:
+    file = Path(path)
+    if not file.is_file():
+        raise CliError(f"config file not found: {path}")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CliError(f"cannot read config file {path}: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        data = data["config"]  # a run folder's config.json
+    if not isinstance(data, dict):
+        raise CliError(f"config file {path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def build_config(args, defaults: dict | None = None) -> DiLoCoConfig:
+    """The config from (in increasing priority) the defaults, ``--config`` and the flags."""
+    try:
+        config = DiLoCoConfig(**(defaults or {}))
+        if getattr(args, "config", None):
+            data = _read_config_file(args.config)
+            merged = {**config.to_dict(), **data}
+            if isinstance(data.get("inner"), dict):
+                merged["inner"] = {**config.inner.to_dict(), **data["inner"]}
+            config = DiLoCoConfig.from_dict(merged)
+        changes = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name, None) is not None}
+        if "hidden_sizes" in changes:
+            changes["hidden_sizes"] = _parse_hidden(changes["hidden_sizes"])
+        if getattr(args, "iid", None) is not None:
+            changes["iid"] = args.iid
+        inner = {name: getattr(args, name) for name in INNER_FLAGS if getattr(args, name, None) is not None}
+        if inner:
+            changes["inner"] = inner
+        return config.replace(**changes) if changes else config
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"invalid config: {exc}") from None
+
+
+def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
+    """The dataset named by ``--data`` (cast to ``dtype``) and a description for config.json."""
+    spec = args.data
+    try:
+        if spec == "digits":
+            data = load_digits_split(seed=args.split_seed, test_fraction=args.test_fraction)
+            info = {"name": "digits", "provenance": DIGITS_PROVENANCE}
+        elif spec == "mnist1d":
+            data = load_mnist1d(cache_dir=args.cache_dir)
+            info = {"name": "mnist1d", "provenance": MNIST1D_PROVENANCE}
+        elif spec.endswith(".npz") or Path(spec).exists():
+            data = load_npz_dataset(spec, test_fraction=args.test_fraction, seed=args.split_seed)
+            info = {"name": Path(spec).stem, "path": str(Path(spec).resolve())}
+        else:
+            raise CliError(f"--data must be digits, mnist1d or a path to an .npz file, got {spec!r}")
+    except FileNotFoundError as exc:
+        raise CliError(f"--data: {exc}") from None
+    except ImportError as exc:
+        raise CliError(str(exc)) from None
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"--data: {exc}") from None
+    data = Dataset(data.x_train.astype(dtype), data.y_train, data.x_test.astype(dtype), data.y_test)
+    info.update(num_train=len(data.y_train), num_test=len(data.y_test), num_features=data.x_train.shape[1],
+                num_classes=data.num_classes, split_seed=args.split_seed)
+    return data, info

@@ -1,0 +1,185 @@
+"""The grader's verdict types and output formats: the table, Gradescope ``results.json``, JUnit XML.
+
+Each milestone ends as one of ``passed``, ``not started``, ``failed``, ``locked`` or
+``error`` (see ``diloco.tools.grading``); ``GradeReport`` holds the 30 verdicts.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import NamedTuple
+
+from diloco.milestones import MILESTONES, Milestone
+
+__all__ = [
+    "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
+    "MilestoneResult", "GradeReport", "format_table", "to_gradescope", "to_junit_xml", "error_report",
+]
+
+PASSED, NOT_STARTED, FAILED, LOCKED, ERROR = "passed", "not started", "failed", "locked", "error"
+
+
+class MilestoneResult(NamedTuple):
+    """The verdict on one milestone.
+
+    ``summary`` is one line for the table; ``detail`` the failing check's message
+    lines; ``blocked_by`` the prerequisites that did not pass (for ``locked``).
+    """
+
+    milestone: Milestone
+    status: str
+    summary: str = ""
+    detail: tuple[str, ...] = ()
+    rerun: str = ""
+    tests_passed: int = 0
+    tests_total: int = 0
+    duration: float = 0.0
+    blocked_by: tuple[int, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+
+class GradeReport(NamedTuple):
+    """Everything one grading run found."""
+
+    results: tuple[MilestoneResult, ...]
+    impl: Path
+    imported_from: str
+    tests_dir: Path
+    duration: float
+
+    @property
+    def score(self) -> int:
+        return sum(r.passed for r in self.results)
+
+    @property
+    def max_score(self) -> int:
+        return len(self.results)
+
+    def result(self, number: int) -> MilestoneResult:
+        return next(r for r in self.results if r.milestone.number == number)
+
+    def next_milestone(self) -> Milestone | None:
+        """The lowest-numbered milestone that is unlocked and not passed."""
+        for r in self.results:
+            if r.status in (NOT_STARTED, FAILED, ERROR):
+                return r.milestone
+        return None
+
+    def progress_line(self) -> str:
+        head = f"{self.score}/{self.max_score} passed"
+        nxt = self.next_milestone()
+        if nxt is not None:
+            return f"{head} - next: {nxt.label} ({nxt.lesson})"
+        if self.score == self.max_score:
+            return f"{head} - all milestones done"
+        return f"{head} - every remaining milestone is locked"
+
+
+
+# --------------------------------------------------------------------------- output
+
+_WORDS = {PASSED: "passed", NOT_STARTED: "not started", FAILED: "FAILED", LOCKED: "locked", ERROR: "ERROR"}
+
+
+def format_table(report: GradeReport) -> str:
+    """The learner's view: one row per milestone, details under failures, a progress line."""
+    width = max(len(m.name) for m in MILESTONES)
+    out = [f"diloco grade: {report.impl}", f"  (testing {report.imported_from})", "",
+           f" #  {'milestone':<{width}}  {'status':<11}  notes", f" -- {'-' * width}  {'-' * 11}  {'-' * 5}"]
+    for r in report.results:
+        note = r.summary
+        if r.status == PASSED:
+            note = ""
+        elif r.status == NOT_STARTED:
+            note = r.milestone.lesson
+        out.append(f" {r.milestone.number:02d} {r.milestone.name:<{width}}  {_WORDS[r.status]:<11}  {note}".rstrip())
+        if r.status in (FAILED, ERROR):
+            pad = " " * 8
+            for line in r.detail:
+                out.append(pad + line)
+            out.append(f"{pad}rerun: {r.rerun}")
+    out += ["", report.progress_line()]
+    return "\n".join(out)
+
+
+def _output_text(r: MilestoneResult) -> str:
+    if r.status == PASSED:
+        return f"passed ({r.tests_passed}/{r.tests_total} tests)"
+    if r.status == NOT_STARTED:
+        return f"not started: the function still raises NotImplementedError. Lesson: {r.milestone.lesson}"
+    if r.status == LOCKED:
+        return f"locked: {r.summary}; its tests were not run"
+    head = "failed" if r.status == FAILED else "error"
+    return "\n".join([f"{head}: {r.summary}", *r.detail, f"rerun: {r.rerun}"])
+
+
+def to_gradescope(report: GradeReport) -> dict:
+    """Gradescope's ``results.json``: one test entry per milestone, one point each."""
+    tests = []
+    for r in report.results:
+        m = r.milestone
+        tests.append({
+            "name": m.label,
+            "number": f"{m.number:02d}",
+            "score": 1.0 if r.passed else 0.0,
+            "max_score": 1.0,
+            "status": "passed" if r.passed else "failed",
+            "output": _output_text(r),
+            "visibility": "visible",
+            "extra_data": {
+                "milestone": m.number,
+                "state": r.status,
+                "tests_passed": r.tests_passed,
+                "tests_total": r.tests_total,
+                "depends_on": list(m.depends_on),
+                "blocked_by": list(r.blocked_by),
+                "lesson": m.lesson,
+            },
+        })
+    return {
+        "score": float(sum(t["score"] for t in tests)),
+        "max_score": float(sum(t["max_score"] for t in tests)),
+        "execution_time": round(report.duration, 3),
+        "output": report.progress_line(),
+        "visibility": "visible",
+        "stdout_visibility": "hidden",
+        "tests": tests,
+    }
+
+
+def to_junit_xml(report: GradeReport) -> str:
+    """JUnit XML: a testcase per milestone; not started and failed are failures, locked is skipped."""
+    counts = {s: sum(r.status == s for r in report.results) for s in _WORDS}
+    failures, errors, skipped = counts[FAILED] + counts[NOT_STARTED], counts[ERROR], counts[LOCKED]
+    attrs = dict(name="diloco-milestones", tests=str(len(report.results)), failures=str(failures),
+                 errors=str(errors), skipped=str(skipped), time=f"{report.duration:.3f}")
+    suites = ET.Element("testsuites", attrs)
+    suite = ET.SubElement(suites, "testsuite", attrs)
+    for r in report.results:
+        case = ET.SubElement(suite, "testcase", classname="diloco.milestones",
+                             name=f"{r.milestone.marker} {r.milestone.name}", time=f"{r.duration:.3f}")
+        if r.status == FAILED:
+            ET.SubElement(case, "failure", message=r.summary, type="Failed").text = _output_text(r)
+        elif r.status == NOT_STARTED:
+            ET.SubElement(case, "failure", message="not started", type="NotStarted").text = _output_text(r)
+        elif r.status == ERROR:
+            ET.SubElement(case, "error", message=r.summary, type="Error").text = _output_text(r)
+        elif r.status == LOCKED:
+            ET.SubElement(case, "skipped", message=f"locked: {r.summary}")
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def error_report(impl: Path, message: str) -> dict:
+    """``results.json`` for a submission that cannot be graded: every milestone 0 points."""
+    tests = [{"name": m.label, "number": f"{m.number:02d}", "score": 0.0, "max_score": 1.0, "status": "failed",
+              "output": f"error: {message}", "visibility": "visible",
+              "extra_data": {"milestone": m.number, "state": ERROR, "tests_passed": 0, "tests_total": 0,
+                             "depends_on": list(m.depends_on), "blocked_by": [], "lesson": m.lesson}}
+             for m in MILESTONES]
+    return {"score": 0.0, "max_score": float(len(tests)), "execution_time": 0.0, "output": f"error: {message}",
+            "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}

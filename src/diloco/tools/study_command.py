@@ -1,0 +1,93 @@
+"""``diloco study NAME``: one of the paper's ablations over several seeds."""
+
+from __future__ import annotations
+
+import json
+
+from diloco.tools.commands import check_plotting, progress_factory, start_run
+from diloco.tools.errors import CliError
+from diloco.tools.flags import build_config, load_dataset
+from diloco.tools.runs import write_json
+from diloco.tools.studies import STUDIES, markdown_table, mean_curves, run_study, summarise
+
+__all__ = ["run_study_command"]
+
+
+def run_study_command(args) -> int:
+    study = STUDIES[args.study]
+    defaults = dict(study.base)
+    config = build_config(args, defaults)
+    if args.total_steps is not None:
+        if study.name != "inner-steps":
+            raise CliError("--total-steps applies only to the inner-steps study")
+        if args.total_steps < 1:
+            raise CliError(f"--total-steps must be a positive int, got {args.total_steps}")
+        config = config.replace(inner_steps=1, rounds=args.total_steps)
+    if args.seeds < 1:
+        raise CliError(f"--seeds must be a positive int, got {args.seeds}")
+    values = tuple(v.strip() for v in args.values.split(",") if v.strip()) if args.values else study.default_values
+    if not values:
+        raise CliError("--values must list at least one value")
+    try:
+        variants = study.variants(config, values)
+    except ValueError as exc:
+        raise CliError(f"--values: {exc}") from None
+    check_plotting(args)
+    make_bar = progress_factory(args.quiet)
+    data, data_info = load_dataset(args, config.dtype)
+    seeds = list(range(config.seed, config.seed + args.seeds))
+    spec = {"study": study.name, "title": study.title, "claim": study.claim, "values": list(values),
+            "seeds": seeds, "variants": [v._asdict() for v in variants]}
+    run_dir, history = start_run(args, "study", f"study-{study.name}", config, data_info, spec)
+    results_path = run_dir / "results.jsonl"
+    results_path.touch()
+    if not args.quiet:
+        print(f"study {study.name}: {len(variants)} variants x {len(seeds)} seeds on {data_info['name']}; "
+              f"claim: {study.claim}")
+    bar = None if make_bar is None else make_bar(total=len(variants) * len(seeds), desc=study.name, unit="run")
+    finished = []
+
+    def on_run_start(variant, seed):
+        if bar is not None:
+            bar.set_postfix_str(f"{variant.label} seed {seed}")
+
+    def on_run_end(outcome):
+        finished.append(outcome)
+        with results_path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(outcome) + "\n")
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        run_study(study, config, data, seeds, values, history=history, on_run_start=on_run_start,
+                  on_run_end=on_run_end)
+    except KeyboardInterrupt:
+        write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": "interrupted",
+                                              "runs_completed": len(finished), "rows": summarise(finished)
+                                              if finished else []})
+        raise
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"study {study.name}: {exc}") from None
+    finally:
+        if bar is not None:
+            bar.close()
+    rows = summarise(finished)
+    write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": "completed",
+                                          "claim": study.claim, "seeds": seeds, "rows": rows})
+    table = markdown_table(rows)
+    base = {k: v for k, v in config.to_dict().items() if k != "inner"}
+    (run_dir / "study.md").write_text(
+        f"# Study {study.name}: {study.title}\n\nClaim tested: {study.claim}.\n\n"
+        f"Data: {data_info['name']} ({data_info['num_train']} train / {data_info['num_test']} held-out). "
+        f"Seeds: {seeds}. Base config: `{json.dumps(base)}`, inner AdamW `{json.dumps(config.inner.to_dict())}`.\n\n"
+        f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n{table}", encoding="utf-8")
+    if not args.no_plots:
+        from diloco.tools.plots import plot_curves, plot_study, save_figure
+
+        save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), run_dir / "study.png")
+        x_axis = "bytes" if study.name == "inner-steps" else "step"
+        save_figure(plot_curves(mean_curves(history.records), x=x_axis,
+                                title=f"{study.title}: mean over {len(seeds)} seeds"), run_dir / "study_curves.png")
+    print(table, end="")
+    print(f"run folder: {run_dir}")
+    return 0
