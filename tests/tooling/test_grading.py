@@ -18,6 +18,7 @@ import pytest
 
 from diloco.tools import grade_verdicts, grading
 from diloco.tools.cli import main
+from diloco.tools.grade_report import failure_lines
 from diloco.tools.grading import FAILED, LOCKED, NOT_STARTED, PASSED, grade
 from diloco.milestones import MILESTONES, all_dependencies
 from diloco.tools.regions import stub_source
@@ -224,3 +225,81 @@ def test_a_call_into_another_stub_is_named():
     ]
     result = grade_verdicts.classify(MILESTONES[19], records, "", REPO / "tests")
     assert result.status == FAILED and "18 sample_worker_batch" in result.detail[0]
+
+
+def failure_text(result) -> str:
+    return "\n".join(failure_lines(result))
+
+
+def _failed_record(nodeid: str, message: str = "state: expected separate arrays\n       got one") -> dict:
+    name = nodeid.rsplit("::", 1)[-1].partition("[")[0]
+    return {"kind": "test", "nodeid": nodeid, "marker": "m07", "when": "call", "outcome": "failed", "name": name,
+            "doc": "", "exc_type": "AssertionError", "message": message, "stubs": [], "all_stub": False}
+
+
+def test_a_failed_row_names_every_failing_test_and_only_the_mistakes_they_catch():
+    """Every failing test is named, not only the first, and the lesson's bullets that name a
+    failing test are shown (and no other), with a link to the lesson's section."""
+    separate = "tests/test_adamw.py::test_init_state_m_and_v_are_separate_arrays"
+    zeros_like = "tests/test_adamw.py::test_init_state_zeros_like_params"
+    passing = "tests/test_adamw.py::test_init_state_rejects_bad_params[list]"
+    records = [{"kind": "collected", "items": [[separate, "m07"], [zeros_like, "m07"], [passing, "m07"]]},
+               _failed_record(separate), _failed_record(zeros_like),
+               {"kind": "test", "nodeid": passing, "marker": "m07", "when": "call", "outcome": "passed"}]
+    result = grade_verdicts.classify(MILESTONES[6], records, "", REPO / "tests")
+    assert result.status == FAILED
+    assert result.failing == (separate, zeros_like)
+    titles = [text.split(".")[0] for text in result.mistakes]
+    # zeros_like catches "default dtype" and "zeroing the parameters"; separate catches "one set of zeros".
+    assert titles == ["One set of zeros for both moments", "Zeros in the default dtype", "Zeroing the parameters"]
+    assert all("`test_" in text and "**" not in text for text in result.mistakes)
+    report = grading.GradeReport((result,), REPO, "", REPO / "tests", 0.0)
+    for text in (grading.format_table(report), grading.to_gradescope(report)["tests"][0]["output"]):
+        assert separate in text and zeros_like in text and passing not in text
+        assert "docs/milestones/07-init-adamw-state.md#common-mistakes" in text
+        assert "One set of zeros for both moments." in text and "A plain tuple or dict" not in text
+        assert "rerun: make test M=m07" in text
+
+
+def test_failing_parametrised_cases_are_grouped_under_their_test():
+    nodeids = ("tests/test_model.py::test_softmax_fixture[float32]", "tests/test_model.py::test_softmax_fixture[float64]",
+               "tests/test_model.py::test_softmax_finite")
+    result = grading.MilestoneResult(MILESTONES[3], FAILED, "x", ("message",), rerun="make test M=m04",
+                                     tests_total=9, failing=nodeids)
+    lines = failure_lines(result)
+    assert "failing tests (3 of 9):" in lines
+    assert "  tests/test_model.py::test_softmax_fixture  [float32, float64]" in lines
+    assert "  tests/test_model.py::test_softmax_finite" in lines
+
+
+def test_a_lesson_without_a_matching_bullet_still_links_its_mistakes(tmp_path):
+    """A failing test no bullet names: no bullets, but the link to the section."""
+    records = [{"kind": "collected", "items": [["tests/test_adamw.py::test_new", "m07"]]},
+               _failed_record("tests/test_adamw.py::test_new")]
+    result = grade_verdicts.classify(MILESTONES[6], records, "", REPO / "tests")
+    assert result.mistakes == ()
+    assert "common mistakes: docs/milestones/07-init-adamw-state.md#common-mistakes" in failure_text(result)
+    # Tests run from a folder with no lessons beside it: the verdict stands, without bullets.
+    (tmp_path / "tests").mkdir()
+    assert grade_verdicts.classify(MILESTONES[6], records, "", tmp_path / "tests").status == FAILED
+
+
+def test_lesson_bullets_parse_to_plain_text_with_their_tests(tmp_path):
+    from diloco.tools.lessons import common_mistakes, matching_mistakes, section_anchor
+
+    lesson = tmp_path / "lesson.md"
+    lesson.write_text(
+        "# Milestone 99\n\n## Common mistakes\n\n"
+        "- **Summing.** Gives \\(n\\) times the [mean](../x.md#y). Caught by\n"
+        "  `test_a[float32]` and `tests/test_x.py::test_b`.\n"
+        "- **Other.** Caught by `test_c`.\n\n"
+        "```text\n## Common mistakes\n- **In a fence.** `test_d`\n```\n\n## Prove it works\n\n- `test_e`\n")
+    mistakes = common_mistakes(lesson)
+    assert [m.tests for m in mistakes] == [("test_a", "test_b"), ("test_c",)]
+    assert mistakes[0].text == "Summing. Gives n times the mean. Caught by `test_a[float32]` and `tests/test_x.py::test_b`."
+    assert matching_mistakes(mistakes, ["tests/test_x.py::test_b[float64]"]) == mistakes[:1]
+    assert matching_mistakes(mistakes, ["tests/test_x.py::test_e"]) == ()
+    assert common_mistakes(tmp_path / "missing.md") == ()
+    assert section_anchor("Common mistakes") == "common-mistakes"
+    toc = pytest.importorskip("markdown.extensions.toc")  # the slug the site really uses
+    assert section_anchor("Common mistakes") == toc.slugify("Common mistakes", "-")

@@ -6,15 +6,18 @@ Each milestone ends as one of ``passed``, ``not started``, ``failed``, ``locked`
 
 from __future__ import annotations
 
+import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import NamedTuple
 
 from diloco.milestones import MILESTONES, Milestone
+from diloco.tools.lessons import mistakes_link
 
 __all__ = [
     "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
-    "MilestoneResult", "GradeReport", "format_table", "to_gradescope", "to_junit_xml", "error_report",
+    "MilestoneResult", "GradeReport", "format_table", "failure_lines", "to_gradescope", "to_junit_xml",
+    "error_report",
 ]
 
 PASSED, NOT_STARTED, FAILED, LOCKED, ERROR = "passed", "not started", "failed", "locked", "error"
@@ -24,7 +27,9 @@ class MilestoneResult(NamedTuple):
     """The verdict on one milestone.
 
     ``summary`` is one line for the table; ``detail`` the failing check's message
-    lines; ``blocked_by`` the prerequisites that did not pass (for ``locked``).
+    lines; ``blocked_by`` the prerequisites that did not pass (for ``locked``);
+    ``failing`` the node id of every failing test (for ``failed``); ``mistakes`` the
+    lesson's "Common mistakes" bullets that name one of them, as plain text.
     """
 
     milestone: Milestone
@@ -36,6 +41,8 @@ class MilestoneResult(NamedTuple):
     tests_total: int = 0
     duration: float = 0.0
     blocked_by: tuple[int, ...] = ()
+    failing: tuple[str, ...] = ()
+    mistakes: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -83,6 +90,36 @@ class GradeReport(NamedTuple):
 # --------------------------------------------------------------------------- output
 
 _WORDS = {PASSED: "passed", NOT_STARTED: "not started", FAILED: "FAILED", LOCKED: "locked", ERROR: "ERROR"}
+_WIDTH = 100  # wrap the lesson's bullets to this many columns
+
+
+def _grouped(nodeids: tuple[str, ...]) -> list[str]:
+    """``path::test  [float32, float64]``: one line per test function, its failing parameters."""
+    groups: dict[str, list[str]] = {}
+    for nodeid in nodeids:
+        base, _, params = nodeid.partition("[")
+        groups.setdefault(base, [])
+        if params:
+            groups[base].append(params.removesuffix("]"))
+    return [f"{base}  [{', '.join(params)}]" if params else base for base, params in groups.items()]
+
+
+def failure_lines(r: MilestoneResult, indent: str = "") -> list[str]:
+    """What a FAILED or ERROR row shows under it: the check's message, every failing test,
+    the lesson's matching common mistakes with a link to them, and the rerun command."""
+    out = [indent + line for line in r.detail]
+    if len(r.failing) > 1:
+        out.append(f"{indent}failing tests ({len(r.failing)} of {r.tests_total}):")
+        out += [f"{indent}  {line}" for line in _grouped(r.failing)]
+    if r.mistakes:
+        out.append(f"{indent}common mistakes these tests catch ({mistakes_link(r.milestone)}):")
+        for text in r.mistakes:
+            out += textwrap.wrap(text, width=_WIDTH, initial_indent=f"{indent}  - ",
+                                 subsequent_indent=f"{indent}    ", break_on_hyphens=False)
+    elif r.status == FAILED and r.failing:
+        out.append(f"{indent}common mistakes: {mistakes_link(r.milestone)}")
+    out.append(f"{indent}rerun: {r.rerun}")
+    return out
 
 
 def format_table(report: GradeReport) -> str:
@@ -98,10 +135,7 @@ def format_table(report: GradeReport) -> str:
             note = r.milestone.lesson
         out.append(f" {r.milestone.number:02d} {r.milestone.name:<{width}}  {_WORDS[r.status]:<11}  {note}".rstrip())
         if r.status in (FAILED, ERROR):
-            pad = " " * 8
-            for line in r.detail:
-                out.append(pad + line)
-            out.append(f"{pad}rerun: {r.rerun}")
+            out += failure_lines(r, " " * 8)
     out += ["", report.progress_line()]
     return "\n".join(out)
 
@@ -114,7 +148,7 @@ def _output_text(r: MilestoneResult) -> str:
     if r.status == LOCKED:
         return f"locked: {r.summary}; its tests were not run"
     head = "failed" if r.status == FAILED else "error"
-    return "\n".join([f"{head}: {r.summary}", *r.detail, f"rerun: {r.rerun}"])
+    return "\n".join([f"{head}: {r.summary}", *failure_lines(r)])
 
 
 def to_gradescope(report: GradeReport) -> dict:

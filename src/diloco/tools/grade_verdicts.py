@@ -6,6 +6,7 @@ from pathlib import Path
 
 from diloco.milestones import Milestone, by_number, stub_number, test_command
 from diloco.tools.grade_report import ERROR, FAILED, LOCKED, NOT_STARTED, PASSED, MilestoneResult
+from diloco.tools.lessons import common_mistakes, matching_mistakes
 
 __all__ = ["classify", "locked"]
 
@@ -74,9 +75,11 @@ def classify(milestone: Milestone, records: list[dict], crash: str, tests_dir: P
     if first.get("where") and first.get("exc_type") != "AssertionError":
         lines.append(f"raised at {first['where']}")
     lines += [n for n in first.get("notes", []) if n.startswith("Falsifying")][:1]
-    lines.append(f"test: {first['nodeid']}" + (f"  ({len(failures)} of {len(collected)} tests fail)"
-                                                  if len(failures) > 1 else ""))
-    return MilestoneResult(milestone, FAILED, check, tuple(lines), **common)
+    lines.append(f"test: {first['nodeid']}")  # the test whose message is shown; every failing one follows
+    failing = tuple(f["nodeid"] for f in failures)
+    mistakes = matching_mistakes(common_mistakes(tests_dir.parent / milestone.lesson), failing)
+    return MilestoneResult(milestone, FAILED, check, tuple(lines), failing=failing,
+                           mistakes=tuple(m.text for m in mistakes), **common)
 
 
 def locked(milestone: Milestone, status: dict[int, MilestoneResult]) -> MilestoneResult:
