@@ -16,13 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco._validation import (
-    check_nonneg_int,
-    check_params,
-    check_probability,
-    check_real,
-    check_same_structure,
-)
+from diloco._validation import check_args, milestone
 from diloco.model import Params
 
 __all__ = [
@@ -54,18 +48,7 @@ class AdamWState(NamedTuple):
     v: Params
 
 
-def _check_state(state, params=None, params_name: str = "params", name: str = "state") -> AdamWState:
-    if not isinstance(state, AdamWState):
-        raise TypeError(f"{name} must be an AdamWState, got {type(state).__name__}")
-    check_nonneg_int(state.step, f"{name}.step")
-    check_params(state.m, f"{name}.m")
-    check_params(state.v, f"{name}.v")
-    check_same_structure(state.m, state.v, f"{name}.m", f"{name}.v")
-    if params is not None:
-        check_same_structure(params, state.m, params_name, f"{name}.m")
-    return state
-
-
+@milestone
 def init_adamw_state(params: Params) -> AdamWState:
     """Milestone 07: the AdamW state before the first step.
 
@@ -85,7 +68,7 @@ def init_adamw_state(params: Params) -> AdamWState:
     TypeError, ValueError
         ``params`` is not a non-empty dict of floating arrays.
     """
-    check_params(params)
+    check_args.init_adamw_state(params)
     # BEGIN SOLUTION
     return AdamWState(
         step=0,
@@ -95,6 +78,7 @@ def init_adamw_state(params: Params) -> AdamWState:
     # END SOLUTION
 
 
+@milestone
 def update_adam_moments(state: AdamWState, grads: Params, beta1: float, beta2: float) -> AdamWState:
     """Milestone 08: fold one gradient into the moment estimates.
 
@@ -118,11 +102,7 @@ def update_adam_moments(state: AdamWState, grads: Params, beta1: float, beta2: f
     TypeError, ValueError
         Mismatched keys or shapes, non-finite grads, betas outside [0, 1).
     """
-    _check_state(state)
-    check_params(grads, "grads")
-    check_same_structure(state.m, grads, "state.m", "grads")
-    beta1 = check_probability(beta1, "beta1")
-    beta2 = check_probability(beta2, "beta2")
+    beta1, beta2 = check_args.update_adam_moments(state, grads, beta1, beta2)
     # BEGIN SOLUTION
     m = {key: beta1 * state.m[key] + (1.0 - beta1) * grads[key] for key in grads}
     v = {key: beta2 * state.v[key] + (1.0 - beta2) * grads[key] ** 2 for key in grads}
@@ -130,6 +110,7 @@ def update_adam_moments(state: AdamWState, grads: Params, beta1: float, beta2: f
     # END SOLUTION
 
 
+@milestone
 def bias_correct_moments(state: AdamWState, beta1: float, beta2: float) -> tuple[Params, Params]:
     """Milestone 09: undo the zero-initialisation bias of the moments.
 
@@ -150,11 +131,7 @@ def bias_correct_moments(state: AdamWState, beta1: float, beta2: float) -> tuple
         ``state.step == 0`` (no gradient has been seen: the correction divides by zero),
         or betas outside [0, 1).
     """
-    _check_state(state)
-    beta1 = check_probability(beta1, "beta1")
-    beta2 = check_probability(beta2, "beta2")
-    if state.step == 0:
-        raise ValueError("state.step must be >= 1: bias correction divides by 1 - beta**step, zero at step 0")
+    beta1, beta2 = check_args.bias_correct_moments(state, beta1, beta2)
     # BEGIN SOLUTION
     correction1 = 1.0 - beta1**state.step
     correction2 = 1.0 - beta2**state.step
@@ -164,6 +141,7 @@ def bias_correct_moments(state: AdamWState, beta1: float, beta2: float) -> tuple
     # END SOLUTION
 
 
+@milestone
 def adam_param_step(params: Params, m_hat: Params, v_hat: Params, lr: float, eps: float) -> Params:
     """Milestone 10: the Adam step, ``theta - lr * m_hat / (sqrt(v_hat) + eps)``.
 
@@ -184,20 +162,13 @@ def adam_param_step(params: Params, m_hat: Params, v_hat: Params, lr: float, eps
     TypeError, ValueError
         Mismatched structures, negative ``v_hat``, ``lr`` or ``eps`` not positive.
     """
-    check_params(params)
-    check_params(m_hat, "m_hat")
-    check_params(v_hat, "v_hat")
-    check_same_structure(params, m_hat, "params", "m_hat")
-    check_same_structure(params, v_hat, "params", "v_hat")
-    if any(np.any(value < 0) for value in v_hat.values()):
-        raise ValueError("v_hat must be >= 0 everywhere (it estimates a mean of squares)")
-    lr = check_real(lr, "lr", low=0.0, low_open=True)
-    eps = check_real(eps, "eps", low=0.0, low_open=True)
+    lr, eps = check_args.adam_param_step(params, m_hat, v_hat, lr, eps)
     # BEGIN SOLUTION
     return {key: params[key] - lr * m_hat[key] / (np.sqrt(v_hat[key]) + eps) for key in params}
     # END SOLUTION
 
 
+@milestone
 def decoupled_weight_decay(params: Params, lr: float, weight_decay: float) -> Params:
     """Milestone 11: decoupled weight decay, ``theta * (1 - lr * weight_decay)``.
 
@@ -221,11 +192,7 @@ def decoupled_weight_decay(params: Params, lr: float, weight_decay: float) -> Pa
         ``lr <= 0``, ``weight_decay < 0`` or ``lr * weight_decay >= 1`` (the factor
         would flip or zero the weights).
     """
-    check_params(params)
-    lr = check_real(lr, "lr", low=0.0, low_open=True)
-    weight_decay = check_real(weight_decay, "weight_decay", low=0.0)
-    if lr * weight_decay >= 1.0:
-        raise ValueError(f"weight_decay: lr * weight_decay must be < 1, got {lr} * {weight_decay}")
+    lr, weight_decay = check_args.decoupled_weight_decay(params, lr, weight_decay)
     # BEGIN SOLUTION
     factor = 1.0 - lr * weight_decay
     return {key: value * factor for key, value in params.items()}

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco._validation import check_float_array, check_labels, check_mlp_params, check_positive_int
+from diloco._validation import check_args, milestone
 from diloco.model import Params, cross_entropy_loss, model_forward
 
 __all__ = ["CommunicationReport", "evaluate_loss", "classification_accuracy", "communication_savings"]
@@ -44,6 +44,7 @@ class CommunicationReport(NamedTuple):
     savings_factor: float
 
 
+@milestone
 def evaluate_loss(params: Params, x: np.ndarray, y: np.ndarray) -> float:
     """Milestone 28: mean cross-entropy of the model on (held-out) data.
 
@@ -65,17 +66,14 @@ def evaluate_loss(params: Params, x: np.ndarray, y: np.ndarray) -> float:
     ValueError, TypeError
         Empty data, mismatched shapes, labels out of range.
     """
-    check_float_array(x, "x", ndim=2)
-    if x.shape[0] == 0:
-        raise ValueError("x must hold at least one example to evaluate on")
-    num_layers = check_mlp_params(params)
-    check_labels(y, "y", n=x.shape[0], num_classes=params[f"b{num_layers}"].shape[0])
+    check_args.evaluate_loss(params, x, y)
     # BEGIN SOLUTION
     logits, _ = model_forward(params, x)
     return cross_entropy_loss(logits, y)
     # END SOLUTION
 
 
+@milestone
 def classification_accuracy(params: Params, x: np.ndarray, y: np.ndarray) -> float:
     """Milestone 29: fraction of rows whose arg-max logit equals the label.
 
@@ -97,17 +95,14 @@ def classification_accuracy(params: Params, x: np.ndarray, y: np.ndarray) -> flo
     ValueError
         Empty input, mismatched shapes, labels outside [0, C).
     """
-    check_float_array(x, "x", ndim=2)
-    if x.shape[0] == 0:
-        raise ValueError("x must hold at least one example: accuracy of zero rows is undefined")
-    num_layers = check_mlp_params(params)
-    check_labels(y, "y", n=x.shape[0], num_classes=params[f"b{num_layers}"].shape[0])
+    check_args.classification_accuracy(params, x, y)
     # BEGIN SOLUTION
     logits, _ = model_forward(params, x)
     return float(np.mean(np.argmax(logits, axis=1) == y))
     # END SOLUTION
 
 
+@milestone
 def communication_savings(num_params: int, num_workers: int, inner_steps: int, rounds: int, *,
                           bytes_per_value: int = 4, outer_bytes_per_value: int | None = None
                           ) -> CommunicationReport:
@@ -143,14 +138,9 @@ def communication_savings(num_params: int, num_workers: int, inner_steps: int, r
     TypeError, ValueError
         A count that is not a positive int.
     """
-    num_params = check_positive_int(num_params, "num_params")
-    num_workers = check_positive_int(num_workers, "num_workers")
-    inner_steps = check_positive_int(inner_steps, "inner_steps")
-    rounds = check_positive_int(rounds, "rounds")
-    bytes_per_value = check_positive_int(bytes_per_value, "bytes_per_value")
-    if outer_bytes_per_value is None:
-        outer_bytes_per_value = bytes_per_value
-    outer_bytes_per_value = check_positive_int(outer_bytes_per_value, "outer_bytes_per_value")
+    num_params, num_workers, inner_steps, rounds, bytes_per_value, outer_bytes_per_value = (
+        check_args.communication_savings(num_params, num_workers, inner_steps, rounds, bytes_per_value,
+                                         outer_bytes_per_value))
     # BEGIN SOLUTION
     values_per_all_reduce = 2.0 * (num_workers - 1) / num_workers * num_params
     sync_all_reduces = inner_steps * rounds

@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple, TypedDict
 
 import numpy as np
 
-from diloco._validation import check_float_array, check_generator, check_labels, check_mlp_params, check_sequence
+from diloco._validation import check_args, check_float_array, check_generator, check_labels, milestone
 from diloco.adamw import AdamWState, adamw_step, init_adamw_state
 from diloco.config import DiLoCoConfig
 from diloco.evaluation import classification_accuracy, communication_savings, evaluate_loss
@@ -120,12 +120,6 @@ class TrainResult(NamedTuple):
     history: list
 
 
-def _check_loop_config(config) -> DiLoCoConfig:
-    if not isinstance(config, DiLoCoConfig):
-        raise TypeError(f"config must be a DiLoCoConfig, got {type(config).__name__}")
-    return config
-
-
 def num_values(params: Params) -> int:
     """Number of scalars in a parameter dict (what one all-reduce sends per worker)."""
     return int(sum(value.size for value in params.values()))
@@ -160,6 +154,7 @@ def round_record(worker_losses, params: Params, config: DiLoCoConfig, *, pseudo_
     return record
 
 
+@milestone
 def run_diloco_round(global_params: Params, outer_state: OuterState, worker_states, shards, config: DiLoCoConfig,
                      rng) -> RoundResult:
     """Milestone 25: one DiLoCo round (one synchronisation).
@@ -194,16 +189,9 @@ def run_diloco_round(global_params: Params, outer_state: OuterState, worker_stat
     TypeError, ValueError
         Wrong config type, ``worker_states`` or ``shards`` not of length K, bad rng.
     """
-    config = _check_loop_config(config)
-    check_mlp_params(global_params, "global_params")
-    check_generator(rng)
-    num_workers = config.num_workers
-    for name, items in (("worker_states", worker_states), ("shards", shards)):
-        check_sequence(items, name)
-        if len(items) != num_workers:
-            raise ValueError(f"{name} must have one entry per worker ({num_workers}), got {len(items)}")
+    config = check_args.run_diloco_round(global_params, outer_state, worker_states, shards, config, rng)
     # BEGIN SOLUTION
-    worker_rngs = rng.spawn(num_workers)
+    worker_rngs = rng.spawn(config.num_workers)
     worker_params, new_states, worker_losses = [], [], []
     for (x_k, y_k), state_k, rng_k in zip(shards, worker_states, worker_rngs):
         params_k, state_k, losses_k = inner_train_worker(
@@ -232,11 +220,12 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None):
     -------
     (config, rng, shards, params)
     """
-    config = _check_loop_config(config)
+    config = check_args.diloco_config(config)
     check_float_array(x, "x", ndim=2)
     check_labels(y, "y", n=x.shape[0])
     if y.size == 0:
         raise ValueError("x must hold at least one example")
+    check_args.dataset(x, y, config.num_workers)  # K <= n, checked here: the sharding call is nested
     if (x_eval is None) != (y_eval is None):
         raise ValueError("x_eval and y_eval must be given together")
     num_classes = int(y.max()) + 1
@@ -273,6 +262,7 @@ def finish_record(record: RoundRecord, round_index: int, config, params, x_eval,
     return record
 
 
+@milestone
 def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=None, y_eval=None, rng=None,
                  on_round: RoundCallback | None = None) -> TrainResult:
     """Milestone 26: train with DiLoCo for ``config.rounds`` rounds.
@@ -320,6 +310,7 @@ def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=N
     # END SOLUTION
 
 
+@milestone
 def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=None, y_eval=None,
                                rng=None, on_round: RoundCallback | None = None) -> TrainResult:
     """Milestone 27: the synchronous data-parallel baseline at equal compute.

@@ -11,13 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco._validation import (
-    check_float_array,
-    check_generator,
-    check_labels,
-    check_mlp_params,
-    check_positive_int,
-)
+from diloco._validation import check_args, milestone
 
 Params = dict[str, np.ndarray]
 
@@ -49,6 +43,7 @@ class ForwardCache(NamedTuple):
     pre_activations: tuple
 
 
+@milestone
 def init_model_params(layer_sizes, rng, *, dtype=np.float64) -> Params:
     """Milestone 01: He-initialise an MLP.
 
@@ -78,15 +73,7 @@ def init_model_params(layer_sizes, rng, *, dtype=np.float64) -> Params:
     ValueError
         Fewer than two sizes, or a size < 1.
     """
-    check_generator(rng)
-    if isinstance(layer_sizes, (str, bytes)) or not hasattr(layer_sizes, "__len__"):
-        raise TypeError(f"layer_sizes must be a sequence of ints, got {type(layer_sizes).__name__}")
-    if len(layer_sizes) < 2:
-        raise ValueError(f"layer_sizes must have length >= 2 (d_in, ..., C), got {list(layer_sizes)}")
-    sizes = [check_positive_int(s, f"layer_sizes[{i}]") for i, s in enumerate(layer_sizes)]
-    dtype = np.dtype(dtype)
-    if not np.issubdtype(dtype, np.floating):
-        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    sizes, dtype = check_args.init_model_params(layer_sizes, rng, dtype)
     # BEGIN SOLUTION
     params: Params = {}
     for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
@@ -97,6 +84,7 @@ def init_model_params(layer_sizes, rng, *, dtype=np.float64) -> Params:
     # END SOLUTION
 
 
+@milestone
 def relu(x: np.ndarray) -> np.ndarray:
     """Milestone 02: the rectified linear unit, ``relu(x) = max(x, 0)`` element-wise.
 
@@ -114,12 +102,13 @@ def relu(x: np.ndarray) -> np.ndarray:
     TypeError
         ``x`` is not a floating ndarray.
     """
-    check_float_array(x, "x", finite=False)
+    check_args.relu(x)
     # BEGIN SOLUTION
     return np.maximum(x, 0).astype(x.dtype, copy=False)
     # END SOLUTION
 
 
+@milestone
 def model_forward(params: Params, x: np.ndarray) -> tuple[np.ndarray, ForwardCache]:
     """Milestone 03: the forward pass of the MLP.
 
@@ -145,10 +134,7 @@ def model_forward(params: Params, x: np.ndarray) -> tuple[np.ndarray, ForwardCac
     TypeError, ValueError
         Malformed params, non-floating or non-finite ``x``, or ``x.shape[1]`` not ``d_in``.
     """
-    num_layers = check_mlp_params(params)
-    check_float_array(x, "x", ndim=2)
-    if x.shape[1] != params["W1"].shape[0]:
-        raise ValueError(f"x must have shape (n, {params['W1'].shape[0]}) to match W1, got {x.shape}")
+    num_layers = check_args.model_forward(params, x)
     # BEGIN SOLUTION
     activation = x.astype(params["W1"].dtype)  # (n, d_in), a copy: the cache never aliases x
     layer_inputs, pre_activations = [], []
@@ -162,6 +148,7 @@ def model_forward(params: Params, x: np.ndarray) -> tuple[np.ndarray, ForwardCac
     # END SOLUTION
 
 
+@milestone
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Milestone 04: softmax along the last axis, stable for huge logits.
 
@@ -184,9 +171,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     ValueError
         ``logits`` is 0-D, has an empty last axis, or holds NaN/Inf.
     """
-    check_float_array(logits, "logits")
-    if logits.ndim == 0 or logits.shape[-1] == 0:
-        raise ValueError(f"logits must have a non-empty last axis, got shape {logits.shape}")
+    check_args.softmax(logits)
     # BEGIN SOLUTION
     shifted = logits - logits.max(axis=-1, keepdims=True)
     exp = np.exp(shifted)
@@ -194,6 +179,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     # END SOLUTION
 
 
+@milestone
 def cross_entropy_loss(logits: np.ndarray, labels: np.ndarray) -> float:
     """Milestone 05: mean cross-entropy of integer labels under softmax(logits).
 
@@ -218,10 +204,7 @@ def cross_entropy_loss(logits: np.ndarray, labels: np.ndarray) -> float:
     TypeError
         Non-floating logits or non-integer labels.
     """
-    check_float_array(logits, "logits", ndim=2)
-    if logits.shape[0] == 0:
-        raise ValueError("logits must hold at least one row: the mean over an empty batch is undefined")
-    check_labels(labels, "labels", n=logits.shape[0], num_classes=logits.shape[1])
+    check_args.cross_entropy_loss(logits, labels)
     # BEGIN SOLUTION
     row_max = logits.max(axis=1, keepdims=True)  # (n, 1)
     log_sum_exp = row_max[:, 0] + np.log(np.exp(logits - row_max).sum(axis=1))  # (n,)
@@ -230,6 +213,7 @@ def cross_entropy_loss(logits: np.ndarray, labels: np.ndarray) -> float:
     # END SOLUTION
 
 
+@milestone
 def model_backward(params: Params, cache: ForwardCache, labels: np.ndarray) -> Params:
     """Milestone 06: gradient of the mean cross-entropy with respect to every parameter.
 
@@ -255,16 +239,9 @@ def model_backward(params: Params, cache: ForwardCache, labels: np.ndarray) -> P
     TypeError, ValueError
         Malformed params or cache, or labels that do not match the batch.
     """
-    num_layers = check_mlp_params(params)
-    if not isinstance(cache, ForwardCache):
-        raise TypeError(f"cache must be the ForwardCache returned by model_forward, got {type(cache).__name__}")
-    if len(cache.pre_activations) != num_layers or len(cache.layer_inputs) != num_layers:
-        raise ValueError(f"cache must hold {num_layers} layers to match params, got {len(cache.pre_activations)}")
-    logits = cache.pre_activations[-1]
-    if logits.shape[0] == 0:
-        raise ValueError("cache must come from a non-empty batch: the mean loss of zero rows is undefined")
-    check_labels(labels, "labels", n=logits.shape[0], num_classes=logits.shape[1])
+    num_layers = check_args.model_backward(params, cache, labels)
     # BEGIN SOLUTION
+    logits = cache.pre_activations[-1]  # (n, C)
     n = logits.shape[0]
     dz = softmax(logits)  # (n, C), a fresh array
     dz[np.arange(n), labels] -= 1.0

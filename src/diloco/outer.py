@@ -15,13 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco._validation import (
-    check_params,
-    check_probability,
-    check_real,
-    check_same_structure,
-    check_sequence,
-)
+from diloco._validation import check_args, milestone
 from diloco.model import Params
 from diloco.params import average_params, subtract_params
 
@@ -46,14 +40,7 @@ class OuterState(NamedTuple):
     momentum: Params
 
 
-def _check_outer_state(outer_state, reference, reference_name: str) -> OuterState:
-    if not isinstance(outer_state, OuterState):
-        raise TypeError(f"outer_state must be an OuterState, got {type(outer_state).__name__}")
-    check_params(outer_state.momentum, "outer_state.momentum")
-    check_same_structure(reference, outer_state.momentum, reference_name, "outer_state.momentum")
-    return outer_state
-
-
+@milestone
 def init_outer_optimizer(params: Params) -> OuterState:
     """Milestone 21: the outer optimizer state before the first round.
 
@@ -73,12 +60,13 @@ def init_outer_optimizer(params: Params) -> OuterState:
     TypeError, ValueError
         ``params`` is not a non-empty dict of floating arrays.
     """
-    check_params(params)
+    check_args.init_outer_optimizer(params)
     # BEGIN SOLUTION
     return OuterState(momentum={key: np.zeros_like(value) for key, value in params.items()})
     # END SOLUTION
 
 
+@milestone
 def update_outer_momentum(outer_state: OuterState, outer_grad: Params, momentum: float) -> OuterState:
     """Milestone 22: fold a pseudo-gradient into the momentum buffer, ``m' = mu m + delta``.
 
@@ -102,9 +90,7 @@ def update_outer_momentum(outer_state: OuterState, outer_grad: Params, momentum:
     TypeError, ValueError
         Mismatched structures, non-finite values, ``momentum`` outside [0, 1).
     """
-    check_params(outer_grad, "outer_grad")
-    _check_outer_state(outer_state, outer_grad, "outer_grad")
-    momentum = check_probability(momentum, "momentum")
+    momentum = check_args.update_outer_momentum(outer_state, outer_grad, momentum)
     # BEGIN SOLUTION
     return OuterState(
         momentum={key: momentum * outer_state.momentum[key] + outer_grad[key] for key in outer_grad}
@@ -112,6 +98,7 @@ def update_outer_momentum(outer_state: OuterState, outer_grad: Params, momentum:
     # END SOLUTION
 
 
+@milestone
 def nesterov_param_update(params: Params, outer_grad: Params, outer_state: OuterState, lr: float,
                           momentum: float, *, nesterov: bool = True) -> Params:
     """Milestone 23: the outer step of PyTorch's SGD with Nesterov momentum.
@@ -147,14 +134,7 @@ def nesterov_param_update(params: Params, outer_grad: Params, outer_state: Outer
     TypeError, ValueError
         Mismatched structures, ``lr <= 0``, ``momentum`` outside [0, 1).
     """
-    check_params(params)
-    check_params(outer_grad, "outer_grad")
-    check_same_structure(params, outer_grad, "params", "outer_grad")
-    _check_outer_state(outer_state, params, "params")
-    lr = check_real(lr, "lr", low=0.0, low_open=True)
-    momentum = check_probability(momentum, "momentum")
-    if not isinstance(nesterov, bool):
-        raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
+    lr, momentum = check_args.nesterov_param_update(params, outer_grad, outer_state, lr, momentum, nesterov)
     # BEGIN SOLUTION
     buffer = outer_state.momentum
     if nesterov:
@@ -163,6 +143,7 @@ def nesterov_param_update(params: Params, outer_grad: Params, outer_state: Outer
     # END SOLUTION
 
 
+@milestone
 def compute_outer_gradient(global_params: Params, worker_params_list, weights=None) -> Params:
     """Milestone 24: the pseudo-gradient, old minus new.
 
@@ -188,11 +169,7 @@ def compute_outer_gradient(global_params: Params, worker_params_list, weights=No
     ValueError
         Empty list, mismatched structures, bad weights.
     """
-    check_params(global_params, "global_params")
-    check_sequence(worker_params_list, "worker_params_list")
-    for k, worker in enumerate(worker_params_list):
-        check_params(worker, f"worker_params_list[{k}]")
-        check_same_structure(global_params, worker, "global_params", f"worker_params_list[{k}]")
+    check_args.compute_outer_gradient(global_params, worker_params_list, weights)
     # BEGIN SOLUTION
     return subtract_params(global_params, average_params(worker_params_list, weights))
     # END SOLUTION

@@ -7,14 +7,13 @@ These four functions work on any dict of str -> floating ndarray, not only MLPs.
 
 from __future__ import annotations
 
-import numpy as np
-
-from diloco._validation import check_params, check_real, check_same_structure, check_sequence
+from diloco._validation import check_args, milestone
 from diloco.model import Params
 
 __all__ = ["clone_params", "scale_params", "subtract_params", "average_params"]
 
 
+@milestone
 def clone_params(params: Params) -> Params:
     """Milestone 12: a deep copy of ``params``.
 
@@ -33,12 +32,13 @@ def clone_params(params: Params) -> Params:
     TypeError, ValueError
         ``params`` is not a non-empty dict of floating arrays.
     """
-    check_params(params, finite=False)
+    check_args.clone_params(params)
     # BEGIN SOLUTION
     return {key: value.copy() for key, value in params.items()}
     # END SOLUTION
 
 
+@milestone
 def scale_params(params: Params, scalar: float) -> Params:
     """Milestone 13: every array times ``scalar``, ``c * theta``.
 
@@ -59,13 +59,13 @@ def scale_params(params: Params, scalar: float) -> Params:
     ValueError
         ``scalar`` is NaN or infinite.
     """
-    check_params(params)
-    scalar = check_real(scalar, "scalar")
+    scalar = check_args.scale_params(params, scalar)
     # BEGIN SOLUTION
     return {key: value * scalar for key, value in params.items()}
     # END SOLUTION
 
 
+@milestone
 def subtract_params(params_a: Params, params_b: Params) -> Params:
     """Milestone 14: ``a - b`` key by key.
 
@@ -85,14 +85,13 @@ def subtract_params(params_a: Params, params_b: Params) -> Params:
     TypeError
         The dtypes differ or an entry is not a floating array.
     """
-    check_params(params_a, "params_a")
-    check_params(params_b, "params_b")
-    check_same_structure(params_a, params_b, "params_a", "params_b")
+    check_args.subtract_params(params_a, params_b)
     # BEGIN SOLUTION
     return {key: params_a[key] - params_b[key] for key in params_a}
     # END SOLUTION
 
 
+@milestone
 def average_params(params_list, weights=None) -> Params:
     """Milestone 15: the element-wise (weighted) mean of several parameter dicts.
 
@@ -115,22 +114,9 @@ def average_params(params_list, weights=None) -> Params:
         Empty list, mismatched structures, wrong number of weights, a negative or
         non-finite weight, or weights that sum to zero.
     """
-    check_sequence(params_list, "params_list")
-    for k, params in enumerate(params_list):
-        check_params(params, f"params_list[{k}]")
-        check_same_structure(params_list[0], params, "params_list[0]", f"params_list[{k}]")
-    num = len(params_list)
-    if weights is None:
-        weights = [1.0] * num
-    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__"):
-        raise TypeError(f"weights must be a sequence of {num} non-negative numbers, got {type(weights).__name__}")
-    if len(weights) != num:
-        raise ValueError(f"weights must have one entry per params dict ({num}), got {len(weights)}")
-    weights = [check_real(w, f"weights[{k}]", low=0.0) for k, w in enumerate(weights)]
-    total = sum(weights)
-    if total <= 0.0:
-        raise ValueError("weights must not all be zero: they are normalised to sum to 1")
+    weights = check_args.average_params(params_list, weights)
     # BEGIN SOLUTION
+    total = sum(weights)
     normalised = [w / total for w in weights]
     return {
         key: sum(w * params[key] for w, params in zip(normalised, params_list))

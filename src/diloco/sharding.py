@@ -8,16 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from diloco._validation import (
-    check_float_array,
-    check_generator,
-    check_labels,
-    check_mlp_params,
-    check_nonneg_int,
-    check_positive_int,
-    check_real,
-)
-from diloco.adamw import AdamWState, _check_state, adamw_step
+from diloco._validation import check_args, milestone
+from diloco.adamw import AdamWState, adamw_step
 from diloco.config import AdamWConfig
 from diloco.model import Params, cross_entropy_loss, model_backward, model_forward
 
@@ -33,18 +25,7 @@ __all__ = [
 Shard = tuple[np.ndarray, np.ndarray]
 
 
-def _check_dataset(x, y, num_workers) -> int:
-    check_float_array(x, "x", ndim=2)
-    check_labels(y, "y", n=x.shape[0])
-    num_workers = check_positive_int(num_workers, "num_workers")
-    if num_workers > x.shape[0]:
-        raise ValueError(
-            f"num_workers ({num_workers}) must be <= the number of examples ({x.shape[0]}): "
-            "every worker needs at least one"
-        )
-    return num_workers
-
-
+@milestone
 def iid_shard_dataset(x: np.ndarray, y: np.ndarray, num_workers: int, rng) -> list[Shard]:
     """Milestone 16: split a dataset into IID shards with one random permutation.
 
@@ -71,14 +52,14 @@ def iid_shard_dataset(x: np.ndarray, y: np.ndarray, num_workers: int, rng) -> li
     TypeError
         ``rng`` is not a Generator, wrong dtypes.
     """
-    num_workers = _check_dataset(x, y, num_workers)
-    check_generator(rng)
+    num_workers = check_args.iid_shard_dataset(x, y, num_workers, rng)
     # BEGIN SOLUTION
     perm = rng.permutation(x.shape[0])
     return [(x[idx], y[idx]) for idx in np.array_split(perm, num_workers)]
     # END SOLUTION
 
 
+@milestone
 def noniid_shard_dataset(x: np.ndarray, y: np.ndarray, num_workers: int, rng, *, alpha: float = 0.5) -> list[Shard]:
     """Milestone 17: label-skewed shards from a Dirichlet draw per class.
 
@@ -110,9 +91,7 @@ def noniid_shard_dataset(x: np.ndarray, y: np.ndarray, num_workers: int, rng, *,
     TypeError
         ``rng`` is not a Generator, wrong dtypes.
     """
-    num_workers = _check_dataset(x, y, num_workers)
-    check_generator(rng)
-    alpha = check_real(alpha, "alpha", low=0.0, low_open=True)
+    num_workers, alpha = check_args.noniid_shard_dataset(x, y, num_workers, rng, alpha)
     # BEGIN SOLUTION
     assigned: list[list[int]] = [[] for _ in range(num_workers)]
     for label in np.unique(y):
@@ -129,6 +108,7 @@ def noniid_shard_dataset(x: np.ndarray, y: np.ndarray, num_workers: int, rng, *,
     # END SOLUTION
 
 
+@milestone
 def sample_worker_batch(x_shard: np.ndarray, y_shard: np.ndarray, batch_size: int, rng) -> Shard:
     """Milestone 18: a random mini-batch of aligned pairs from one shard.
 
@@ -154,12 +134,7 @@ def sample_worker_batch(x_shard: np.ndarray, y_shard: np.ndarray, batch_size: in
     TypeError
         ``rng`` is not a Generator, wrong dtypes.
     """
-    check_float_array(x_shard, "x_shard", ndim=2)
-    check_labels(y_shard, "y_shard", n=x_shard.shape[0])
-    if x_shard.shape[0] == 0:
-        raise ValueError("x_shard must hold at least one example")
-    batch_size = check_positive_int(batch_size, "batch_size")
-    check_generator(rng)
+    batch_size = check_args.sample_worker_batch(x_shard, y_shard, batch_size, rng)
     # BEGIN SOLUTION
     n = x_shard.shape[0]
     if batch_size <= n:
@@ -170,12 +145,7 @@ def sample_worker_batch(x_shard: np.ndarray, y_shard: np.ndarray, batch_size: in
     # END SOLUTION
 
 
-def _check_config(config) -> AdamWConfig:
-    if not isinstance(config, AdamWConfig):
-        raise TypeError(f"config must be an AdamWConfig, got {type(config).__name__}")
-    return config
-
-
+@milestone
 def local_train_step(params: Params, adam_state: AdamWState, x_batch: np.ndarray, y_batch: np.ndarray,
                      config: AdamWConfig) -> tuple[Params, AdamWState, float]:
     """Milestone 19: one local training step of a worker.
@@ -205,17 +175,7 @@ def local_train_step(params: Params, adam_state: AdamWState, x_batch: np.ndarray
     TypeError, ValueError
         From the functions it composes, or a ``config`` that is not an AdamWConfig.
     """
-    _check_config(config)
-    num_layers = check_mlp_params(params)
-    _check_state(adam_state, params, name="adam_state")
-    # Checked here so the message names this function's arguments, not model_forward's.
-    check_float_array(x_batch, "x_batch", ndim=2)
-    if x_batch.shape[0] == 0 or x_batch.shape[1] != params["W1"].shape[0]:
-        raise ValueError(
-            f"x_batch must have shape (b >= 1, {params['W1'].shape[0]}) to match params['W1'], "
-            f"got {x_batch.shape}"
-        )
-    check_labels(y_batch, "y_batch", n=x_batch.shape[0], num_classes=params[f"W{num_layers}"].shape[1])
+    check_args.local_train_step(params, adam_state, x_batch, y_batch, config)
     # BEGIN SOLUTION
     logits, cache = model_forward(params, x_batch)
     loss = cross_entropy_loss(logits, y_batch)
@@ -225,6 +185,7 @@ def local_train_step(params: Params, adam_state: AdamWState, x_batch: np.ndarray
     # END SOLUTION
 
 
+@milestone
 def inner_train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_shard: np.ndarray,
                        num_inner_steps: int, batch_size: int, config: AdamWConfig,
                        rng) -> tuple[Params, AdamWState, np.ndarray]:
@@ -260,16 +221,8 @@ def inner_train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarr
     TypeError, ValueError
         Bad sizes, a non-Generator ``rng``, or the errors of the composed functions.
     """
-    num_inner_steps = check_nonneg_int(num_inner_steps, "num_inner_steps")
-    batch_size = check_positive_int(batch_size, "batch_size")
-    check_float_array(x_shard, "x_shard", ndim=2)
-    check_labels(y_shard, "y_shard", n=x_shard.shape[0])
-    if x_shard.shape[0] == 0:
-        raise ValueError("x_shard must hold at least one example")
-    check_generator(rng)
-    _check_config(config)
-    check_mlp_params(params)
-    _check_state(adam_state, params, name="adam_state")
+    num_inner_steps, batch_size = check_args.inner_train_worker(
+        params, adam_state, x_shard, y_shard, num_inner_steps, batch_size, config, rng)
     # BEGIN SOLUTION
     worker_params = {key: value.copy() for key, value in params.items()}
     losses = np.empty(num_inner_steps, dtype=np.float64)

@@ -182,7 +182,9 @@ def stub_lines(milestone: Milestone, indent: str) -> list[str]:
     return [
         f"{indent}# TODO milestone {milestone.label}: write the body here (signature and checks above stay).",
         f"{indent}# Lesson: {milestone.lesson}    Test it: {test_command(milestone)}",
-        f"{indent}raise NotImplementedError({stub_message(milestone)!r})",
+        f"{indent}raise NotImplementedError(",
+        f'{indent}    "{stub_message(milestone)}"',
+        f"{indent})",
     ]
 
 

@@ -3,16 +3,24 @@
 Every check raises ``TypeError`` (wrong kind of object) or ``ValueError`` (right kind,
 illegal value) with a message that names the argument and says what was expected. The
 checks never copy or modify their input, so purity is preserved.
+
+This module holds the building blocks and the call-tree bookkeeping (``milestone``,
+``call_depth``); ``diloco._validation.check_args`` holds one checker per milestone,
+which is what the milestone functions call.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import numbers
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 __all__ = [
+    "milestone",
+    "call_depth",
     "check_generator",
     "check_float_array",
     "check_labels",
@@ -24,6 +32,36 @@ __all__ = [
     "check_real",
     "check_probability",
 ]
+
+
+# How many milestone functions are running in this call tree (a context variable, so
+# threads and asyncio tasks each have their own count).
+_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("diloco_milestone_depth", default=0)
+
+
+def call_depth() -> int:
+    """How many milestone functions are running in the current call tree (0 outside any)."""
+    return _DEPTH.get()
+
+
+def milestone(function):
+    """Mark a milestone function, so its checks run once per call tree.
+
+    A direct call runs at depth 1 and its checker checks every argument. A milestone
+    called by another milestone runs at depth 2 or more, and its checker skips the
+    checks: the outer call has checked what flows in (see ``check_args``). The
+    function itself, the learner's code, is what runs either way.
+    """
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        token = _DEPTH.set(_DEPTH.get() + 1)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _DEPTH.reset(token)
+
+    return call
 
 
 def check_generator(rng, name: str = "rng") -> np.random.Generator:
