@@ -22,6 +22,7 @@ from diloco._validation import check_positive_int, check_probability, check_real
 __all__ = ["AdamWConfig", "DiLoCoConfig"]
 
 _DTYPES = ("float32", "float64")
+_ENGINES = ("reference", "fast")
 
 
 def _field_error(cls_name: str, exc: Exception) -> Exception:
@@ -106,6 +107,11 @@ class DiLoCoConfig:
         Floating dtype of the parameters (and of the arithmetic).
     inner : AdamWConfig
         The inner optimizer.
+    engine : "reference" or "fast"
+        Which executor the tools run (``diloco.tools.studies.trainer``): the milestone
+        functions of ``diloco.loop`` (``"reference"``), or ``diloco.engine``, the same
+        algorithm with the K workers in flat in-place buffers (``"fast"``). The milestone
+        functions themselves ignore it.
     """
 
     num_workers: int = 8
@@ -121,6 +127,7 @@ class DiLoCoConfig:
     seed: int = 0
     dtype: str = "float64"
     inner: AdamWConfig = field(default_factory=AdamWConfig)
+    engine: str = "reference"
 
     def __post_init__(self) -> None:
         try:
@@ -144,6 +151,8 @@ class DiLoCoConfig:
                 raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
             if self.dtype not in _DTYPES:
                 raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+            if self.engine not in _ENGINES:
+                raise ValueError(f"engine must be one of {_ENGINES}, got {self.engine!r}")
             if not isinstance(self.inner, AdamWConfig):
                 raise TypeError(f"inner must be an AdamWConfig, got {type(self.inner).__name__}")
         except (TypeError, ValueError) as exc:

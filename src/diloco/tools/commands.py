@@ -24,11 +24,20 @@ from diloco.data import Dataset
 from diloco.evaluation import communication_savings
 from diloco.loop import num_values
 from diloco.tools.errors import CliError
-from diloco.tools.flags import add_config_flags, add_data_flags, add_output_flags, build_config, load_dataset
+from diloco.tools.flags import (
+    add_config_flags,
+    add_data_flags,
+    add_execution_flags,
+    add_output_flags,
+    build_config,
+    load_dataset,
+)
 from diloco.tools.runs import HistoryWriter, create_run_dir, environment_record, write_json
-from diloco.tools.studies import STUDIES, TRAINERS, format_bytes
+from diloco.tools.studies import STUDIES, TRAINERS, format_bytes, trainer
+from diloco.tools.threads import ThreadsUnavailable, blas_threads, choose_threads
 
-__all__ = ["add_parsers", "run_compare", "run_train", "progress_factory", "check_plotting", "start_run"]
+__all__ = ["add_parsers", "run_compare", "run_train", "progress_factory", "check_plotting", "start_run",
+           "resolve_trainer", "thread_limit"]
 
 _ALGO_NAMES = {"diloco": "DiLoCo", "sync": "sync"}
 
@@ -40,14 +49,14 @@ def add_parsers(subparsers) -> None:
         "compare", help="DiLoCo against the synchronous baseline at equal compute (make demo)",
         description="Train DiLoCo and the synchronous data-parallel baseline at equal compute and compare "
                     "held-out loss, accuracy and bytes communicated.")
-    for add in (add_config_flags, add_data_flags, add_output_flags):
+    for add in (add_config_flags, add_data_flags, add_execution_flags, add_output_flags):
         add(compare)
     compare.set_defaults(func=run_compare)
 
     train = subparsers.add_parser("train", help="one run of DiLoCo or of the synchronous baseline",
                                   description="Train one model and write a run folder.")
     train.add_argument("--algo", choices=sorted(TRAINERS), default="diloco", help="diloco (default) or sync")
-    for add in (add_config_flags, add_data_flags, add_output_flags):
+    for add in (add_config_flags, add_data_flags, add_execution_flags, add_output_flags):
         add(train)
     train.set_defaults(func=run_train)
 
@@ -61,7 +70,7 @@ def add_parsers(subparsers) -> None:
                             "optimizers (nesterov,fedavg,momentum) for outer-optimizer")
     study.add_argument("--total-steps", type=int,
                        help="inner-steps study: steps per worker, a multiple of every H (400)")
-    for add in (add_config_flags, add_data_flags, add_output_flags):
+    for add in (add_config_flags, add_data_flags, add_execution_flags, add_output_flags):
         add(study)
     study.set_defaults(func=run_study_command)
 
@@ -91,6 +100,25 @@ def check_plotting(args) -> None:
         raise CliError(f"{exc} (or pass --no-plots)") from None
 
 
+def resolve_trainer(algo: str, config: DiLoCoConfig):
+    """``studies.trainer(algo, config.engine)``, a ``CliError`` when the engine is absent."""
+    try:
+        return trainer(algo, config.engine)
+    except ValueError as exc:
+        raise CliError(f"--engine {config.engine}: {exc}") from None
+
+
+def thread_limit(args, config: DiLoCoConfig, data: Dataset):
+    """``(threads, context manager)``: the BLAS thread policy (``diloco.tools.threads``) for this run."""
+    requested = getattr(args, "threads", None)
+    layer_sizes = (data.x_train.shape[1], *config.hidden_sizes, data.num_classes)
+    try:
+        threads = choose_threads(layer_sizes, config.batch_size, requested=requested)
+        return threads, blas_threads(threads, required=requested is not None)
+    except (ValueError, ThreadsUnavailable) as exc:
+        raise CliError(str(exc) if requested is None else f"--threads: {exc}") from None
+
+
 def start_run(args, command: str, name: str, config: DiLoCoConfig, data_info: dict, extra: dict | None = None):
     run_dir = create_run_dir(args.runs_dir, args.name or name)
     write_json(run_dir / "config.json", {"command": command, **(extra or {}), "config": config.to_dict(),
@@ -100,6 +128,7 @@ def start_run(args, command: str, name: str, config: DiLoCoConfig, data_info: di
 
 
 def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryWriter, make_bar):
+    train = resolve_trainer(algo, config)
     bar = None if make_bar is None else make_bar(total=config.rounds, desc=f"{_ALGO_NAMES[algo]:<7}",
                                                  unit="round", leave=True)
 
@@ -110,8 +139,8 @@ def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryW
 
     start = time.perf_counter()
     try:
-        result = TRAINERS[algo](data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test,
-                                on_round=history.callback(algo, after=after))
+        result = train(data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test,
+                       on_round=history.callback(algo, after=after))
     except (TypeError, ValueError) as exc:  # e.g. more workers than training examples
         raise CliError(f"cannot train {algo}: {exc}") from None
     finally:
@@ -165,20 +194,24 @@ def _savings(config: DiLoCoConfig, num_params: int) -> dict:
 
 def _run_algorithms(args, command: str, algos: tuple) -> int:
     config = build_config(args)
+    for algo in algos:
+        resolve_trainer(algo, config)  # an absent engine fails before anything is written
     check_plotting(args)
     make_bar = progress_factory(args.quiet)
     data, data_info = load_dataset(args, config.dtype)
+    threads, limit = thread_limit(args, config, data)
     name = f"{command}-{'-'.join(algos) if command == 'train' else data_info['name']}"
     run_dir, history = start_run(args, command, name, config, data_info,
-                                  {"algorithms": list(algos)})
+                                  {"algorithms": list(algos), "blas_threads": threads})
     if not args.quiet:
         print(f"{data_info['name']}: {data_info['num_train']} train / {data_info['num_test']} held-out examples; "
               f"K={config.num_workers} workers, H={config.inner_steps} inner steps, {config.rounds} rounds "
               f"({config.total_steps} steps per worker, batch {config.batch_size})")
     results, seconds = {}, {}
     try:
-        for algo in algos:
-            results[algo], seconds[algo] = _train_one(algo, config, data, history, make_bar)
+        with limit:
+            for algo in algos:
+                results[algo], seconds[algo] = _train_one(algo, config, data, history, make_bar)
     except KeyboardInterrupt:
         _interrupted(run_dir, command, history, algos)
         raise

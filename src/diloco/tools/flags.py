@@ -23,8 +23,8 @@ from diloco.data import (
 )
 from diloco.tools.errors import CliError
 
-__all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "add_config_flags", "add_data_flags", "add_output_flags",
-           "build_config", "load_dataset"]
+__all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "add_config_flags", "add_data_flags", "add_execution_flags",
+           "add_output_flags", "build_config", "load_dataset"]
 
 # Flags of DiLoCoConfig fields: (flag(s), argparse options). Inner AdamW fields follow.
 CONFIG_FLAGS = {
@@ -43,6 +43,10 @@ CONFIG_FLAGS = {
     "alpha": (("--alpha",), {"type": float, "help": "Dirichlet concentration of --noniid shards (0.5)"}),
     "seed": (("--seed",), {"type": int, "help": "seeds sharding, initialisation and batches (0)"}),
     "dtype": (("--dtype",), {"choices": ("float32", "float64"), "help": "parameter dtype (float64)"}),
+    "engine": (("--engine",), {"choices": ("reference", "fast"),
+                               "help": "executor: the milestone functions (reference, the default of train and "
+                                       "compare) or diloco.engine, the same algorithm faster (fast, the default "
+                                       "of study)"}),
 }
 INNER_FLAGS = {
     "lr": (("--lr", "--inner-lr"), {"type": float, "help": "inner AdamW learning rate (1e-3)"}),
@@ -62,6 +66,13 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     sharding.add_argument("--iid", dest="iid", action="store_true", default=None, help="IID shards (default)")
     sharding.add_argument("--noniid", dest="iid", action="store_false",
                           help="label-skewed shards: per class, Dirichlet(alpha) proportions across workers")
+
+
+def add_execution_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("execution")
+    group.add_argument("--threads", type=int, metavar="N",
+                       help="BLAS threads (default: 1 for small matrices, the free cores for large ones; "
+                            "see docs/cli.md)")
 
 
 def add_data_flags(parser: argparse.ArgumentParser) -> None:

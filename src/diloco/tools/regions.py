@@ -25,6 +25,7 @@ from diloco.milestones import MILESTONES, Milestone, stub_message, test_command
 __all__ = [
     "PACKAGE_DIR",
     "REFERENCE_ONLY",
+    "is_reference_only",
     "RegionError",
     "SolutionRegion",
     "solution_regions",
@@ -42,9 +43,19 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _MARKER = re.compile(r"^(?P<indent>[ \t]*)#[ \t]*(?P<kind>BEGIN|END) SOLUTION[ \t]*$")
 # Copied from the project into a workspace, when present (tests/tooling is left out).
 COPIED_DIRS = ("tests", "docs", "notebooks", "scripts")
-# Modules of ``diloco/tools`` left out of a workspace because they compose the milestones
-# in the order a milestone teaches: ``mpi`` runs the DiLoCo round of milestone 25 over MPI.
-REFERENCE_ONLY = {"mpi.py"}
+# Parts of the package left out of a workspace, as paths relative to ``diloco/``, because
+# they spell out what the milestones teach: ``tools/mpi.py`` runs the DiLoCo round of
+# milestone 25 over MPI, and ``engine`` (the fast executor) implements every milestone.
+REFERENCE_ONLY = {"tools/mpi.py", "engine"}
+
+
+def is_reference_only(path: Path | str) -> bool:
+    """Whether ``path`` (a file or folder of the package) stays out of a workspace."""
+    try:
+        relative = Path(path).resolve().relative_to(PACKAGE_DIR)
+    except ValueError:
+        return False
+    return any(relative.parts[:len(Path(entry).parts)] == Path(entry).parts for entry in REFERENCE_ONLY)
 # A solution line shorter than this (``return params``, ``)``) is not distinctive text.
 MIN_SOLUTION_LINE = 12
 
@@ -240,7 +251,7 @@ def solution_lines(package_dir: Path | str = PACKAGE_DIR, public: Iterable[Path 
     inside = {line.strip() for region in regions.values() for line in region.body}
     outside: set[str] = set()
     for path, lines in _text_lines(package_dir):
-        if path.suffix != ".py" or path.name in REFERENCE_ONLY:
+        if path.suffix != ".py" or is_reference_only(path):
             continue
         masked = set()
         for region in regions.values():

@@ -14,7 +14,9 @@ changes) run over several seeds:
 
 Unless the user's flags say otherwise, every study uses K = 8 workers and the
 ``DiLoCoConfig`` defaults; the last three take 8 rounds of H = 25 (200 steps per worker),
-small enough for two CPU cores.
+small enough for two CPU cores. Studies run on ``default_engine()``: the fast engine
+(``diloco.engine``, equal to the milestone path up to rounding) where it is installed.
+``trainer(algo, engine)`` is the one place that picks the training function.
 
 ``summarise`` reduces the per-seed results to a mean and a 95% Student-t interval,
 ``markdown_table`` prints them. NumPy only: progress bars and plots live in the CLI.
@@ -22,6 +24,7 @@ small enough for two CPU cores.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 from typing import Callable, NamedTuple
@@ -32,11 +35,48 @@ from diloco.config import DiLoCoConfig
 from diloco.loop import train_diloco, train_synchronous_baseline
 
 __all__ = [
-    "Variant", "Study", "STUDIES", "TRAINERS", "t_quantile_975", "mean_interval", "run_study", "summarise",
-    "mean_curves", "markdown_table", "format_bytes",
+    "Variant", "Study", "STUDIES", "TRAINERS", "trainer", "default_engine", "fast_engine_available",
+    "t_quantile_975", "mean_interval", "run_study", "summarise", "mean_curves", "markdown_table", "format_bytes",
 ]
 
+# The reference path: the milestone functions of diloco.loop.
 TRAINERS = {"diloco": train_diloco, "sync": train_synchronous_baseline}
+
+
+def fast_engine_available() -> bool:
+    """Whether ``diloco.engine`` is installed (it is not in a learner workspace)."""
+    return importlib.util.find_spec("diloco.engine") is not None
+
+
+def default_engine() -> str:
+    """The engine of studies and notebooks: ``"fast"`` where it exists, else ``"reference"``."""
+    return "fast" if fast_engine_available() else "reference"
+
+
+def trainer(algo: str, engine: str = "reference") -> Callable:
+    """The training function of ``algo`` ("diloco" or "sync") on ``engine``.
+
+    ``"reference"`` gives ``TRAINERS[algo]`` (the milestone functions, looked up at call
+    time); ``"fast"`` gives ``diloco.engine.TRAINERS[algo]``, the same algorithm, equal up
+    to rounding.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``algo`` or ``engine``, or ``"fast"`` where ``diloco.engine`` is absent.
+    """
+    if algo not in TRAINERS:
+        raise ValueError(f"algo must be one of {sorted(TRAINERS)}, got {algo!r}")
+    if engine == "reference":
+        return TRAINERS[algo]
+    if engine != "fast":
+        raise ValueError(f"engine must be 'reference' or 'fast', got {engine!r}")
+    if not fast_engine_available():
+        raise ValueError("engine 'fast' is not part of a learner workspace (it implements every milestone): "
+                         "use --engine reference, which runs your functions")
+    from diloco.engine import TRAINERS as FAST_TRAINERS
+
+    return FAST_TRAINERS[algo]
 
 
 class Variant(NamedTuple):
@@ -213,8 +253,9 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
             on_round = None if history is None else history.callback(variant.algo, variant=variant.label,
                                                                       seed=int(seed))
             start = time.perf_counter()
-            result = TRAINERS[variant.algo](dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
-                                            y_eval=dataset.y_test, on_round=on_round)
+            train = trainer(variant.algo, run_config.engine)
+            result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
+                           y_eval=dataset.y_test, on_round=on_round)
             last = result.history[-1]
             outcome = {
                 "variant": variant.label, "algo": variant.algo, "seed": int(seed),

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 
-from diloco.tools.commands import check_plotting, progress_factory, start_run
+from diloco.tools.commands import check_plotting, progress_factory, resolve_trainer, start_run, thread_limit
 from diloco.tools.errors import CliError
 from diloco.tools.flags import build_config, load_dataset
 from diloco.tools.runs import write_json
-from diloco.tools.studies import STUDIES, markdown_table, mean_curves, run_study, summarise
+from diloco.tools.studies import STUDIES, default_engine, markdown_table, mean_curves, run_study, summarise
 
 __all__ = ["run_study_command"]
 
 
 def run_study_command(args) -> int:
     study = STUDIES[args.study]
-    defaults = dict(study.base)
+    defaults = {"engine": default_engine(), **study.base}  # the fast engine unless --engine reference
     config = build_config(args, defaults)
     if args.total_steps is not None:
         if study.name != "inner-steps":
@@ -32,12 +32,15 @@ def run_study_command(args) -> int:
         variants = study.variants(config, values)
     except ValueError as exc:
         raise CliError(f"--values: {exc}") from None
+    for algo in {variant.algo for variant in variants}:
+        resolve_trainer(algo, config)
     check_plotting(args)
     make_bar = progress_factory(args.quiet)
     data, data_info = load_dataset(args, config.dtype)
+    threads, limit = thread_limit(args, config, data)
     seeds = list(range(config.seed, config.seed + args.seeds))
     spec = {"study": study.name, "title": study.title, "claim": study.claim, "values": list(values),
-            "seeds": seeds, "variants": [v._asdict() for v in variants]}
+            "seeds": seeds, "variants": [v._asdict() for v in variants], "blas_threads": threads}
     run_dir, history = start_run(args, "study", f"study-{study.name}", config, data_info, spec)
     results_path = run_dir / "results.jsonl"
     results_path.touch()
@@ -59,8 +62,9 @@ def run_study_command(args) -> int:
             bar.update(1)
 
     try:
-        run_study(study, config, data, seeds, values, history=history, on_run_start=on_run_start,
-                  on_run_end=on_run_end)
+        with limit:
+            run_study(study, config, data, seeds, values, history=history, on_run_start=on_run_start,
+                      on_run_end=on_run_end)
     except KeyboardInterrupt:
         write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": "interrupted",
                                               "runs_completed": len(finished), "rows": summarise(finished)

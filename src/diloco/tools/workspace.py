@@ -19,9 +19,9 @@ from diloco.tools.errors import CliError
 from diloco.tools.regions import (
     COPIED_DIRS,
     PACKAGE_DIR,
-    REFERENCE_ONLY,
     RegionError,
     find_solution_lines,
+    is_reference_only,
     package_regions,
     public_dirs,
     solution_lines,
@@ -32,7 +32,6 @@ from diloco.tools.regions import (
 __all__ = ["create_workspace", "milestone_list_markdown", "add_parsers"]
 
 _TEMPLATE_DIR = Path(__file__).resolve().parent / "workspace_template"
-_TOOLS_DIR = Path(__file__).resolve().parent
 _SKIPPED_NAMES = {"__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints", "_suite"}
 _INSTRUCTOR_ONLY = {"instructor-guide.md"}
 
@@ -54,8 +53,7 @@ def milestone_list_markdown() -> str:
 
 def _ignore(directory: str, names: list[str]) -> set[str]:
     skipped = {n for n in names if n in _SKIPPED_NAMES or n.endswith(".pyc")}
-    if Path(directory) == _TOOLS_DIR:
-        skipped |= REFERENCE_ONLY & set(names)
+    skipped |= {n for n in names if is_reference_only(Path(directory) / n)}  # tools/mpi.py, engine/
     if Path(directory).name == "docs":
         skipped |= _INSTRUCTOR_ONLY & set(names)
     if Path(directory).name == "tests":
