@@ -21,12 +21,20 @@ boundaries, as one ``MPI_Allreduce`` per round:
 
 The result equals ``train_diloco`` with the same config up to the rounding of the
 all-reduce's summation order (the test suite checks ~1e-12 agreement).
+
+Faults never hang the job. The all-reduce is non-blocking (``Iallreduce``) and waited on
+for at most ``round_timeout`` seconds: a rank that stops answering (killed, stopped,
+stuck) makes the others print which round timed out and call ``MPI_Abort``, which ends
+every process. An exception on any rank is printed as one line naming the rank, then
+``MPI_Abort`` ends the job. A divergence (``diloco.tools.training.Diverged``) is seen
+by every rank at once, since they hold the same global model and losses, so they all
+stop with the same message and exit status 3, without an abort.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import io
 import sys
 import time
 
@@ -40,7 +48,7 @@ from diloco.outer import init_outer_optimizer, nesterov_param_update, update_out
 from diloco.params import subtract_params
 from diloco.sharding import inner_train_worker
 
-__all__ = ["train_diloco_mpi", "main"]
+__all__ = ["RoundTimeout", "train_diloco_mpi", "main"]
 
 
 def _flatten(params: Params) -> np.ndarray:
@@ -55,8 +63,30 @@ def _unflatten(buffer: np.ndarray, like: Params) -> Params:
     return out
 
 
+class RoundTimeout(RuntimeError):
+    """The round's all-reduce did not complete in time: some rank stopped answering."""
+
+
+def _wait(requests, timeout: float | None, round_index: int, rank: int) -> None:
+    """Wait for MPI ``requests``, at most ``timeout`` seconds (None: forever)."""
+    from mpi4py import MPI
+
+    if timeout is None:
+        MPI.Request.Waitall(requests)
+        return
+    deadline = time.monotonic() + timeout
+    pause = 1e-5
+    while not MPI.Request.Testall(requests):  # each Test also drives MPI's progress
+        if time.monotonic() > deadline:
+            raise RoundTimeout(f"rank {rank}: the all-reduce of round {round_index} did not complete within "
+                               f"{timeout:g} s (--round-timeout): another rank stopped answering")
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+
+
 def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *, x_eval=None, y_eval=None,
-                     on_round=None) -> TrainResult:
+                     on_round=None, round_timeout: float | None = None, max_loss: float | None = None
+                     ) -> TrainResult:
     """Train with DiLoCo, this process being worker ``comm.rank`` of ``comm.size``.
 
     Parameters
@@ -65,6 +95,11 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
         As for ``diloco.loop.train_diloco``; every rank passes the same values.
     comm : mpi4py.MPI.Comm
         ``comm.size`` must equal ``config.num_workers``.
+    round_timeout : float > 0, optional
+        Seconds a rank waits in a round's all-reduce before raising ``RoundTimeout``;
+        None waits forever.
+    max_loss : float > 0, optional
+        The divergence guard's loss threshold (``diloco.tools.training.check_record``).
 
     Returns
     -------
@@ -77,6 +112,10 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
     ------
     ValueError
         ``comm.size != config.num_workers``, or the errors of ``train_diloco``.
+    RoundTimeout
+        A round's all-reduce outlasted ``round_timeout``.
+    diloco.tools.training.Diverged
+        A non-finite loss, pseudo-gradient or held-out loss (on every rank alike).
     """
     if comm.size != config.num_workers:
         raise ValueError(
@@ -84,6 +123,8 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
             f"run with mpiexec -n {config.num_workers}"
         )
     from mpi4py import MPI
+
+    from diloco.tools.training import check_record
 
     config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, None)
     rank = comm.rank
@@ -98,8 +139,13 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
         )
         local = _flatten(worker_params)
         total = np.empty_like(local)
+        local_losses = np.zeros(config.num_workers)  # worker k's mean loss in slot k: the sum gathers them
+        local_losses[rank] = losses.mean()
+        worker_losses = np.empty_like(local_losses)
         start = time.perf_counter()
-        comm.Allreduce(local, total, op=MPI.SUM)
+        requests = [comm.Iallreduce(local, total, op=MPI.SUM),
+                    comm.Iallreduce(local_losses, worker_losses, op=MPI.SUM)]
+        _wait(requests, round_timeout, round_index, rank)
         allreduce_seconds = time.perf_counter() - start
         average = _unflatten(total / config.num_workers, params)
         pseudo_grad = subtract_params(params, average)
@@ -107,12 +153,28 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
         params = nesterov_param_update(
             params, pseudo_grad, outer_state, config.outer_lr, config.outer_momentum, nesterov=config.nesterov
         )
-        record = round_record(comm.allgather(float(losses.mean())), params, config, pseudo_grad=pseudo_grad)
+        record = round_record(worker_losses.tolist(), params, config, pseudo_grad=pseudo_grad)
         record["allreduce_seconds"] = allreduce_seconds
         finish_record(record, round_index, config, params, x_eval, y_eval, history)
+        check_record(record, "diloco", max_loss)
         if on_round is not None:
             on_round(record)
     return TrainResult(params, history)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not np.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _fail(comm, rank: int, message: str, code: int) -> int:
+    """Print one line for this rank and end the whole job (every rank) with ``MPI_Abort``."""
+    print(f"diloco.tools.mpi: error: {message}", file=sys.stderr, flush=True)
+    time.sleep(0.3)  # let mpiexec forward the line before the abort tears the job down
+    comm.Abort(code)
+    return code  # not reached: Abort ends this process too
 
 
 def main(argv=None) -> int:
@@ -122,14 +184,22 @@ def main(argv=None) -> int:
     except ImportError:
         print("diloco.tools.mpi: error: mpi4py is not installed; pip install 'diloco[mpi]'", file=sys.stderr)
         return 2
+    import warnings
+
     from diloco.tools.errors import CliError, Parser
     from diloco.tools.flags import add_config_flags, add_data_flags, build_config, load_dataset
+    from diloco.tools.runs import atomic_write_bytes, write_json
+    from diloco.tools.training import Diverged
 
     parser = Parser(prog="python -m diloco.tools.mpi", description=__doc__.splitlines()[0])
     add_config_flags(parser)
     add_data_flags(parser)
     parser.add_argument("--json", metavar="FILE", help="rank 0 writes the history and final metrics here")
     parser.add_argument("--save-params", metavar="FILE.npz", help="rank 0 saves the final global params here")
+    parser.add_argument("--round-timeout", type=_positive, default=600.0, metavar="SECONDS",
+                        help="a rank waiting longer than this in a round's all-reduce aborts the job (600)")
+    parser.add_argument("--max-loss", type=_positive, metavar="LOSS",
+                        help="a training or held-out loss above LOSS counts as divergence (off)")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     try:
@@ -149,19 +219,38 @@ def main(argv=None) -> int:
                   f"all-reduce {record['allreduce_seconds'] * 1e3:.1f} ms", flush=True)
 
     start = time.perf_counter()
-    result = train_diloco_mpi(data.x_train, data.y_train, config, comm,
-                              x_eval=data.x_test, y_eval=data.y_test, on_round=report)
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):  # the guard's message replaces NumPy's
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = train_diloco_mpi(data.x_train, data.y_train, config, comm, x_eval=data.x_test,
+                                      y_eval=data.y_test, on_round=report, round_timeout=args.round_timeout,
+                                      max_loss=args.max_loss)
+    except Diverged as exc:  # every rank sees the same record: all stop here, no abort needed
+        if comm.rank == 0:
+            print(f"diloco.tools.mpi: error: {exc}", file=sys.stderr)
+        return 3
+    except RoundTimeout as exc:
+        return _fail(comm, comm.rank, f"{exc}; aborting the job", 4)
+    except BaseException as exc:  # noqa: BLE001 - any fault on one rank must end every rank, never hang them
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return _fail(comm, comm.rank, f"rank {comm.rank} failed: {reason}; aborting the job", 1)
     if comm.rank == 0:
         seconds = time.perf_counter() - start
         last = result.history[-1]
         print(f"DiLoCo on {comm.size} MPI processes: held-out loss {last['eval_loss']:.4f}, "
               f"accuracy {last['eval_accuracy']:.4f}, {len(result.history)} all-reduces, {seconds:.1f} s")
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as handle:
-                json.dump({"config": config.to_dict(), "processes": comm.size, "seconds": seconds,
-                           "history": result.history}, handle, indent=2)
-        if args.save_params:
-            np.savez(args.save_params, **result.params)
+        try:
+            if args.json:
+                write_json(args.json, {"config": config.to_dict(), "processes": comm.size, "seconds": seconds,
+                                       "history": result.history})
+            if args.save_params:
+                buffer = io.BytesIO()
+                np.savez(buffer, **result.params)
+                atomic_write_bytes(args.save_params, buffer.getvalue())
+        except OSError as exc:
+            print(f"diloco.tools.mpi: error: cannot write {exc.filename or 'output'}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
     return 0
 
 

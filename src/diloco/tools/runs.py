@@ -1,21 +1,30 @@
-"""Run folders: what every ``diloco`` command leaves on disk.
+"""Run folders: what every ``diloco`` command leaves on disk, written so a crash never tears a file.
 
 A run folder ``runs/<time>-<name>/`` holds
 
 * ``config.json``      the experiment (``DiLoCoConfig.to_dict``) and the data it ran on;
 * ``environment.json`` package versions, Python, platform, seed, git commit if any;
-* ``history.jsonl``    one JSON object per round, appended and flushed as the round ends
-                       (so a Ctrl-C keeps every finished round);
-* ``summary.json``     final numbers per algorithm, ``"status": "completed"`` or
-                       ``"interrupted"``;
+* ``history.jsonl``    one JSON object per round, appended as the round ends (so a Ctrl-C
+                       or a kill keeps every finished round);
+* ``summary.json``     ``"status"`` (see ``STATUSES``) and, once the run ends, the final
+                       numbers per algorithm;
+* ``checkpoints/``     ``diloco.tools.checkpoint`` files, and ``params-<algo>.npz``, the
+                       final global parameters;
 * PNG plots            written by ``diloco.tools.plots``.
 
-JSON files are written to a temporary name and renamed into place, so an interruption
-never leaves half a file. NumPy only; nothing here imports matplotlib or tqdm.
+Every whole file is written atomically: to a temporary name in the same folder, flushed
+and ``fsync``-ed, then renamed over the target with ``os.replace`` (``atomic_write_bytes``).
+A failure (disk full, a kill) leaves either the old file or the new one, never half of one,
+and never a stray temporary file when Python is still running to remove it. JSONL files
+grow by appending one whole line per record (``JsonlWriter``); a failed append is cut
+back to the previous length, so the file never ends in a torn line, and ``read_jsonl``
+skips (with a ``TornLineWarning``) a torn last line left by a power cut.
+NumPy only; nothing here imports matplotlib or tqdm.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,16 +32,25 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
 __all__ = [
     "HISTORY_FIELDS",
+    "STATUSES",
+    "TornLineWarning",
     "create_run_dir",
+    "atomic_write_bytes",
+    "atomic_write_text",
     "write_json",
+    "read_json",
     "read_jsonl",
+    "repair_jsonl",
+    "JsonlWriter",
     "HistoryWriter",
     "environment_record",
     "git_commit",
@@ -44,7 +62,14 @@ HISTORY_FIELDS = (
     "cumulative_bytes", "pseudo_grad_norm", "worker_losses", "time",
 )
 
+# The values of summary.json's "status" (docs/failure-and-recovery.md explains each).
+STATUSES = ("running", "completed", "interrupted", "diverged", "failed")
+
 _OPTIONAL_PACKAGES = ("numpy", "tqdm", "matplotlib", "mnist1d", "scipy")
+
+
+class TornLineWarning(UserWarning):
+    """``read_jsonl`` skipped an incomplete last line (a write cut short by a crash)."""
 
 
 def _slug(name: str) -> str:
@@ -57,6 +82,11 @@ def create_run_dir(root, name: str) -> Path:
 
     A clash (two runs in the same second) gets a ``-2``, ``-3``, ... suffix; an
     existing folder is never reused.
+
+    Raises
+    ------
+    OSError
+        ``root`` cannot be created or written, or the name is too long for the file system.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -69,6 +99,44 @@ def create_run_dir(root, name: str) -> Path:
             continue
         return path
     raise FileExistsError(f"could not create a fresh run folder under {root}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (best effort: not every platform allows it)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_bytes(path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically: temporary file, flush, fsync, ``os.replace``.
+
+    On any failure (``OSError`` such as a full disk, ``MemoryError``, a ``KeyboardInterrupt``)
+    the temporary file is removed and ``path`` keeps its previous content, if it had one.
+    """
+    path = Path(path)
+    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), 0o644)
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path, text: str) -> Path:
+    """``atomic_write_bytes`` of ``text`` encoded as UTF-8."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _jsonable(value):
@@ -87,57 +155,153 @@ def _jsonable(value):
 
 
 def write_json(path, data) -> Path:
-    """Write ``data`` as indented JSON, atomically (temporary file, then rename)."""
+    """Write ``data`` as indented, strict JSON (NaN/Inf become null), atomically."""
+    return atomic_write_text(path, json.dumps(_jsonable(data), indent=2, allow_nan=False) + "\n")
+
+
+def read_json(path):
+    """Parse a JSON file; ``ValueError`` naming the file if it is not valid JSON."""
     path = Path(path)
-    partial = path.with_name(f".{path.name}.tmp")
-    partial.write_text(json.dumps(_jsonable(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(partial, path)
-    return path
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from None
+
+
+def _parse_line(line: bytes):
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _split_jsonl(path: Path) -> tuple[list[dict], bytes]:
+    """(the records, a torn tail) of a JSONL file; a damaged line before the last raises."""
+    data = path.read_bytes()
+    *complete, tail = data.split(b"\n")  # ``tail`` is what follows the last newline
+    records = []
+    for number, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        record = _parse_line(line)
+        if record is None:
+            raise ValueError(f"{path}: line {number} is not a JSON object; the file is damaged, not torn")
+        records.append(record)
+    if tail.strip():
+        record = _parse_line(tail)
+        if record is None:
+            return records, tail
+        records.append(record)  # complete, only its newline is missing
+    return records, b""
 
 
 def read_jsonl(path) -> list[dict]:
-    """Every complete record of a JSONL file (a torn last line, if any, is skipped)."""
-    records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+    """Every complete record of a JSONL file.
+
+    A torn last line (a crash in the middle of an append) is skipped with a
+    ``TornLineWarning`` that says how many bytes were ignored; ``repair_jsonl`` removes
+    it from the file.
+
+    Raises
+    ------
+    ValueError
+        A line other than the last is not a JSON object (the file was damaged, not torn).
+    """
+    records, torn = _split_jsonl(Path(path))
+    if torn:
+        warnings.warn(f"{path}: skipped a torn last line ({len(torn)} bytes)", TornLineWarning, stacklevel=2)
     return records
 
 
-class HistoryWriter:
-    """Appends one record per round to ``history.jsonl`` and keeps them in memory.
+def repair_jsonl(path) -> str | None:
+    """Rewrite a JSONL file without its torn last line (atomically).
 
-    ``writer.callback(algo, **tags)`` returns an ``on_round`` function for
-    ``train_diloco`` / ``train_synchronous_baseline``: each call stamps the record
-    with the algorithm, the tags and the seconds since the callback was made, writes
-    it as one line and flushes, so the file always holds every finished round.
+    Returns a message saying what was removed, or None when the file was whole.
+    """
+    path = Path(path)
+    records, torn = _split_jsonl(path)
+    data = path.read_bytes()
+    if not torn and (not data or data.endswith(b"\n")):
+        return None
+    atomic_write_text(path, "".join(json.dumps(record) + "\n" for record in records))
+    if not torn:
+        return f"{path.name}: added the missing newline after the last record"
+    return f"{path.name}: removed a torn last line ({len(torn)} bytes); {len(records)} records kept"
+
+
+class JsonlWriter:
+    """Appends one JSON object per line; a line is either all there or absent.
+
+    Each record is one ``write`` of the whole line with the file opened for appending.
+    If the write fails part-way (a full disk), the file is cut back to its length before
+    the write and the ``OSError`` propagates, so the file never ends in a torn line.
     """
 
     def __init__(self, path):
         self.path = Path(path)
-        self.records: list[dict] = []
         self.path.touch()
+
+    def write_line(self, record: dict) -> None:
+        line = (json.dumps(_jsonable(record), allow_nan=False) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            start = os.fstat(fd).st_size
+            try:
+                written = 0
+                while written < len(line):
+                    written += os.write(fd, line[written:])
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                raise
+        finally:
+            os.close(fd)
+
+    def rewrite(self, records: list[dict]) -> None:
+        """Replace the whole file by ``records`` (atomically)."""
+        atomic_write_text(self.path, "".join(json.dumps(_jsonable(r), allow_nan=False) + "\n" for r in records))
+
+
+class HistoryWriter(JsonlWriter):
+    """Appends one record per round to ``history.jsonl`` and keeps them in memory.
+
+    ``writer.callback(algo, **tags)`` returns an ``on_round`` function for
+    ``train_diloco`` / ``train_synchronous_baseline``: each call stamps the record
+    with the algorithm, the tags and the seconds since the callback was made, and
+    appends it as one line, so the file always holds every finished round.
+
+    ``guard(record)``, if given, sees every stamped record before it is written and may
+    raise (the divergence guard of ``diloco.tools.training``): the bad round is then
+    neither written nor kept.
+    """
+
+    def __init__(self, path, *, guard=None):
+        super().__init__(path)
+        self.records: list[dict] = []
+        self.guard = guard
 
     def append(self, record: dict) -> dict:
         ordered = {key: record[key] for key in HISTORY_FIELDS if key in record}
         ordered.update({key: value for key, value in record.items() if key not in ordered})
-        line = json.dumps(_jsonable(ordered), allow_nan=False) + "\n"
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(line)  # one write per record: a line is either all there or absent
-            handle.flush()
+        if self.guard is not None:
+            self.guard(ordered)
+        self.write_line(ordered)
         self.records.append(ordered)
         return ordered
 
-    def callback(self, algo: str, after=None, **tags):
+    def restart(self, records: list[dict]) -> None:
+        """Make ``records`` the whole history (on disk and in memory): resuming a run."""
+        self.rewrite(records)
+        self.records = list(records)
+
+    def callback(self, algo: str, after=None, *, time_offset: float = 0.0, **tags):
         """An ``on_round`` callback writing records tagged ``algo`` (and ``tags``).
 
         ``after(record)``, if given, runs once the record is on disk (a progress bar).
+        ``time_offset`` is added to the seconds (a resumed run continues its clock).
         """
-        start = time.perf_counter()
+        start = time.perf_counter() - time_offset
 
         def on_round(record: dict) -> None:
             stamped = {"algo": algo, **tags, **record, "time": time.perf_counter() - start}

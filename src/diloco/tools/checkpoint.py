@@ -1,0 +1,420 @@
+"""Checkpoints: everything a run needs to continue bit-identically after a crash.
+
+A checkpoint taken after round ``r`` is two files in a checkpoint folder::
+
+    <algo>-round000004.npz    the arrays (np.savez, no pickles)
+    <algo>-round000004.json   the manifest, written last
+
+The ``.npz`` holds the global params (``params.W1``, ...), DiLoCo's outer momentum
+(``outer.W1``, ...) and every worker's AdamW moments (``worker3.m.W1``,
+``worker3.v.W1``, ...; the baseline has one shared state, ``worker0``). The manifest
+holds the format version, the algorithm, the round, the config, a fingerprint of the
+data, every AdamW step count, the run generator's state, the history so far, each
+array's shape and dtype, and the SHA-256 and size of the ``.npz``.
+
+The run generator's state is two things. ``bit_generator.state`` is the stream's
+position, but ``Generator.spawn`` (one call per round) does not move it: it counts
+children in the ``SeedSequence`` (``n_children_spawned``), and the next spawn's streams
+depend on that count. Both are saved and restored, so the workers of round ``r + 1``
+draw the batches they would have drawn without the interruption.
+
+Both files are written atomically (``diloco.tools.runs.atomic_write_bytes``), the
+manifest only once the arrays are on disk, so a kill at any moment leaves the previous
+checkpoint intact and the new one either complete or without a manifest (ignored).
+The newest ``keep`` checkpoints are kept. ``load_checkpoint`` refuses, with
+``CheckpointError`` saying which file and why, a checkpoint that is truncated,
+corrupted, of another format version, or made with another config, data or algorithm;
+it never changes a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import zipfile
+from datetime import datetime
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from diloco.adamw import AdamWState
+from diloco.config import DiLoCoConfig
+from diloco.outer import OuterState
+from diloco.tools.runs import atomic_write_bytes, atomic_write_text
+
+__all__ = [
+    "FORMAT", "FORMAT_VERSION", "CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint",
+    "list_checkpoints", "latest_checkpoint", "data_fingerprint", "generator_state", "restore_generator",
+]
+
+FORMAT = "diloco-checkpoint"
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^(?P<algo>[a-z]+)-round(?P<round>\d{6,})\.json$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and the reason."""
+
+
+class Checkpoint(NamedTuple):
+    """A loaded checkpoint: the state of a run after ``round`` rounds.
+
+    Attributes
+    ----------
+    algo : "diloco" or "sync"
+    round : int
+        Rounds completed (``inner_steps`` steps each for the baseline).
+    config : DiLoCoConfig
+    params : dict of str -> ndarray
+        The global parameters after ``round`` rounds.
+    outer_state : OuterState or None
+        DiLoCo's outer momentum; None for the baseline.
+    worker_states : list of AdamWState
+        K states for DiLoCo (carried across rounds), one shared state for the baseline.
+    rng : numpy.random.Generator
+        The run generator, positioned for round ``round + 1``.
+    history : list of dict
+        The ``round`` records so far (``RoundRecord`` fields).
+    data_fingerprint : str
+    path : pathlib.Path
+        The manifest.
+    """
+
+    algo: str
+    round: int
+    config: DiLoCoConfig
+    params: dict
+    outer_state: OuterState | None
+    worker_states: list
+    rng: np.random.Generator
+    history: list
+    data_fingerprint: str
+    path: Path
+
+
+# --- generators --------------------------------------------------------------------------
+
+def _json_state(value):
+    if isinstance(value, dict):
+        return {key: _json_state(item) for key, item in value.items()}
+    if isinstance(value, np.ndarray):
+        return {"ndarray": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _array_state(value):
+    if isinstance(value, dict):
+        if set(value) == {"ndarray", "dtype"}:
+            return np.array(value["ndarray"], dtype=np.dtype(value["dtype"]))
+        return {key: _array_state(item) for key, item in value.items()}
+    return value
+
+
+def generator_state(rng: np.random.Generator) -> dict:
+    """A JSON-ready record of ``rng``: its bit generator's state and its seed sequence's spawn count."""
+    seed_seq = rng.bit_generator.seed_seq
+    if not isinstance(seed_seq, np.random.SeedSequence):
+        raise TypeError(f"rng must be seeded by a numpy.random.SeedSequence to be checkpointed, got "
+                        f"{type(seed_seq).__name__}")
+    entropy = seed_seq.entropy
+    return {
+        "bit_generator": type(rng.bit_generator).__name__,
+        "state": _json_state(rng.bit_generator.state),
+        "seed_sequence": {
+            "entropy": [int(e) for e in entropy] if isinstance(entropy, (list, tuple, np.ndarray)) else entropy,
+            "spawn_key": [int(k) for k in seed_seq.spawn_key],
+            "pool_size": int(seed_seq.pool_size),
+            "n_children_spawned": int(seed_seq.n_children_spawned),
+        },
+    }
+
+
+def restore_generator(record: dict) -> np.random.Generator:
+    """The generator ``generator_state`` described: same stream position, same spawn count."""
+    name = record["bit_generator"]
+    bit_generator_class = getattr(np.random, name, None)
+    if not (isinstance(bit_generator_class, type) and issubclass(bit_generator_class, np.random.BitGenerator)):
+        raise ValueError(f"unknown bit generator {name!r}")
+    seq = record["seed_sequence"]
+    seed_seq = np.random.SeedSequence(seq["entropy"], spawn_key=tuple(seq["spawn_key"]),
+                                      pool_size=seq["pool_size"], n_children_spawned=seq["n_children_spawned"])
+    bit_generator = bit_generator_class(seed_seq)
+    bit_generator.state = _array_state(record["state"])
+    return np.random.Generator(bit_generator)
+
+
+def data_fingerprint(*arrays) -> str:
+    """SHA-256 over the dtypes, shapes and bytes of ``arrays`` (None counts as absent)."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        if array is None:
+            digest.update(b"none;")
+            continue
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{array.shape};".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def _check_algo(algo) -> str:
+    if algo not in ("diloco", "sync"):
+        raise ValueError(f"algo must be 'diloco' or 'sync', got {algo!r}")
+    return algo
+
+
+def _stem(algo: str, round_index: int) -> str:
+    return f"{algo}-round{round_index:06d}"
+
+
+def list_checkpoints(directory, algo: str) -> list[Path]:
+    """The manifests of ``algo`` in ``directory``, oldest round first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in directory.iterdir():
+        match = _NAME.match(path.name)
+        if match and match["algo"] == algo:
+            found.append((int(match["round"]), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(directory, algo: str) -> Path | None:
+    """The newest manifest of ``algo`` in ``directory``, or None."""
+    found = list_checkpoints(directory, _check_algo(algo))
+    return found[-1] if found else None
+
+
+def save_checkpoint(directory, algo: str, round_index: int, config: DiLoCoConfig, params, outer_state,
+                    worker_states, rng, history, fingerprint: str, *, keep: int = 2) -> Path:
+    """Write the checkpoint after ``round_index`` rounds; return its manifest.
+
+    The ``.npz`` is written (atomically) first, then the manifest; only then are older
+    checkpoints beyond the newest ``keep`` removed, and leftover temporary files of an
+    earlier crash with them.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _check_algo(algo)
+    arrays = {f"params.{key}": value for key, value in params.items()}
+    if outer_state is not None:
+        arrays.update({f"outer.{key}": value for key, value in outer_state.momentum.items()})
+    for worker, state in enumerate(worker_states):
+        arrays.update({f"worker{worker}.m.{key}": value for key, value in state.m.items()})
+        arrays.update({f"worker{worker}.v.{key}": value for key, value in state.v.items()})
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    blob = buffer.getvalue()
+    stem = _stem(algo, round_index)
+    atomic_write_bytes(directory / f"{stem}.npz", blob)
+    manifest = {
+        "format": FORMAT, "version": FORMAT_VERSION, "algo": algo, "round": int(round_index),
+        "created": datetime.now().isoformat(timespec="seconds"),
+        "config": config.to_dict(), "data_fingerprint": fingerprint,
+        "worker_steps": [int(state.step) for state in worker_states],
+        "has_outer_state": outer_state is not None,
+        "rng": generator_state(rng),
+        "arrays": {name: {"shape": list(value.shape), "dtype": str(value.dtype)} for name, value in arrays.items()},
+        "npz": f"{stem}.npz", "npz_bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
+        "history": history,
+    }
+    manifest_path = directory / f"{stem}.json"
+    atomic_write_text(manifest_path, json.dumps(manifest, indent=1, allow_nan=False) + "\n")
+    _prune(directory, algo, keep)
+    return manifest_path
+
+
+def _prune(directory: Path, algo: str, keep: int) -> None:
+    for old in list_checkpoints(directory, algo)[:-keep]:
+        old.unlink(missing_ok=True)
+        old.with_suffix(".npz").unlink(missing_ok=True)
+    manifests = {p.with_suffix(".npz") for p in list_checkpoints(directory, algo)}
+    for path in directory.glob(f"{algo}-round*.npz"):
+        if path not in manifests:  # arrays whose manifest never got written (a kill in between)
+            path.unlink(missing_ok=True)
+    for path in directory.glob(f".{algo}-round*.tmp"):  # a kill in the middle of a write
+        path.unlink(missing_ok=True)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def _config_differences(saved: DiLoCoConfig, expected: DiLoCoConfig) -> list[str]:
+    saved_dict, expected_dict = saved.to_dict(), expected.to_dict()
+    inner_saved, inner_expected = saved_dict.pop("inner"), expected_dict.pop("inner")
+    changes = [f"{key} {saved_dict[key]!r} (checkpoint) vs {expected_dict[key]!r}"
+               for key in expected_dict if saved_dict[key] != expected_dict[key]]
+    changes += [f"inner.{key} {inner_saved[key]!r} (checkpoint) vs {inner_expected[key]!r}"
+                for key in inner_expected if inner_saved[key] != inner_expected[key]]
+    return changes
+
+
+def _read_manifest(path: Path) -> dict:
+    def refuse(why: str):
+        return CheckpointError(f"checkpoint {path} refused: {why}")
+
+    if not path.is_file():
+        raise refuse("the manifest is missing")
+    try:
+        manifest = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise refuse(f"corrupted or truncated manifest, not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise refuse(f"not a diloco checkpoint manifest (no \"format\": \"{FORMAT}\")")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise refuse(f"wrong format version {manifest.get('version')!r}; this diloco reads version "
+                     f"{FORMAT_VERSION}")
+    expected_types = {"algo": str, "round": int, "config": dict, "data_fingerprint": str, "worker_steps": list,
+                      "has_outer_state": bool, "rng": dict, "arrays": dict, "npz": str, "npz_bytes": int,
+                      "sha256": str, "history": list}
+    for key, kind in expected_types.items():
+        if not isinstance(manifest.get(key), kind) or (kind is int and isinstance(manifest.get(key), bool)):
+            raise refuse(f"corrupted manifest: field {key!r} missing or not a {kind.__name__}")
+    if "/" in manifest["npz"] or "\\" in manifest["npz"] or manifest["npz"].startswith("."):
+        raise refuse(f"corrupted manifest: data file name {manifest['npz']!r}")
+    return manifest
+
+
+def _npy_header(handle) -> tuple[tuple, np.dtype]:
+    """Shape and dtype from a ``.npy`` header, without reading (or allocating) the data."""
+    version = np.lib.format.read_magic(handle)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
+    else:
+        raise ValueError(f".npy format version {version} is not one np.savez writes")
+    return shape, dtype
+
+
+def _read_arrays(npz_path: Path, manifest: dict, dtype: str, refuse) -> dict:
+    """The arrays of the ``.npz``, after checking names, headers and sizes against the manifest."""
+    declared = manifest["arrays"]
+    try:
+        with zipfile.ZipFile(npz_path) as archive:
+            members = {info.filename: info for info in archive.infolist()}
+            expected = {f"{name}.npy" for name in declared}
+            if set(members) != expected:
+                extra, missing = sorted(set(members) - expected), sorted(expected - set(members))
+                raise refuse(f"wrong arrays in {npz_path.name}: unexpected {extra}, missing {missing}")
+            for name, spec in declared.items():
+                with archive.open(f"{name}.npy") as handle:
+                    shape, array_dtype = _npy_header(handle)
+                if array_dtype.hasobject or str(array_dtype) != dtype:
+                    raise refuse(f"array {name!r} has dtype {array_dtype}, the config says {dtype}")
+                if list(shape) != spec.get("shape"):
+                    raise refuse(f"array {name!r} has shape {shape}, the manifest says {spec.get('shape')}")
+                if int(np.prod(shape, dtype=np.float64)) * array_dtype.itemsize > members[f"{name}.npy"].file_size:
+                    raise refuse(f"array {name!r} declares shape {shape}, more than its {npz_path.name} entry holds")
+        with np.load(npz_path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in declared}
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise refuse(f"corrupted {npz_path.name} ({exc})") from None
+    for name, value in arrays.items():
+        if not np.isfinite(value).all():
+            raise refuse(f"array {name!r} holds NaN or Inf; a checkpoint is only written after a finite round")
+    return arrays
+
+
+def _group(arrays: dict, prefix: str) -> dict:
+    return {name[len(prefix):]: value for name, value in arrays.items() if name.startswith(prefix)}
+
+
+def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | None = None,
+                    fingerprint: str | None = None) -> Checkpoint:
+    """Read and verify a checkpoint (its manifest ``path``, or a folder: the newest of ``algo``).
+
+    Parameters
+    ----------
+    path : path of a ``<algo>-roundNNNNNN.json`` manifest, or of a checkpoint folder
+    algo, config, fingerprint : optional
+        What the checkpoint must have been made by: this algorithm, this exact config and
+        this data (``data_fingerprint``). ``algo`` is required with a folder.
+
+    Returns
+    -------
+    Checkpoint
+
+    Raises
+    ------
+    CheckpointError (a ValueError)
+        No checkpoint, a truncated or corrupted file, another format version, or another
+        algorithm, config or data; the message names the file and says why. Nothing is
+        changed on disk.
+    """
+    path = Path(path)
+    if path.is_dir():
+        if algo is None:
+            raise ValueError("algo is required to pick a checkpoint from a folder")
+        found = latest_checkpoint(path, algo)
+        if found is None:
+            raise CheckpointError(f"no {algo} checkpoint in {path}")
+        path = found
+
+    def refuse(why: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {path} refused: {why}")
+
+    manifest = _read_manifest(path)
+    if algo is not None and manifest["algo"] != algo:
+        raise refuse(f"it is a {manifest['algo']!r} checkpoint, not {algo!r}")
+    _check_algo(manifest["algo"])
+    try:
+        saved_config = DiLoCoConfig.from_dict(manifest["config"])
+    except (TypeError, ValueError) as exc:
+        raise refuse(f"corrupted manifest: invalid config ({exc})") from None
+    if config is not None:
+        differences = _config_differences(saved_config, config)
+        if differences:
+            raise refuse("made with another config: " + "; ".join(differences))
+    if fingerprint is not None and manifest["data_fingerprint"] != fingerprint:
+        raise refuse("made on other data (the data fingerprint differs)")
+    npz_path = path.with_name(manifest["npz"])
+    if not npz_path.is_file():
+        raise refuse(f"truncated: its data file {npz_path.name} is missing")
+    blob = npz_path.read_bytes()
+    if len(blob) != manifest["npz_bytes"]:
+        raise refuse(f"truncated: {npz_path.name} holds {len(blob)} bytes, the manifest says {manifest['npz_bytes']}")
+    if hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
+        raise refuse(f"corrupted: the SHA-256 of {npz_path.name} does not match the manifest")
+    arrays = _read_arrays(npz_path, manifest, saved_config.dtype, refuse)
+
+    round_index, steps = manifest["round"], manifest["worker_steps"]
+    num_states = saved_config.num_workers if manifest["algo"] == "diloco" else 1
+    if not 0 < round_index <= saved_config.rounds:
+        raise refuse(f"corrupted manifest: round {round_index} outside 1..{saved_config.rounds}")
+    if len(steps) != num_states or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
+        raise refuse(f"corrupted manifest: worker_steps must be {num_states} non-negative ints")
+    if len(manifest["history"]) != round_index or not all(isinstance(r, dict) for r in manifest["history"]):
+        raise refuse(f"corrupted manifest: the history must hold {round_index} records")
+    params = _group(arrays, "params.")
+    layout = [key for layer in range(1, len(saved_config.hidden_sizes) + 2) for key in (f"W{layer}", f"b{layer}")]
+    if list(params) != layout:
+        raise refuse(f"the params must be {layout}, got {list(params)}")
+    worker_states = []
+    for worker, step in enumerate(steps):
+        m, v = _group(arrays, f"worker{worker}.m."), _group(arrays, f"worker{worker}.v.")
+        if list(m) != layout or list(v) != layout:
+            raise refuse(f"worker {worker}'s AdamW moments do not match the params' keys")
+        worker_states.append(AdamWState(step, m, v))
+    outer_state = None
+    if manifest["has_outer_state"]:
+        outer_state = OuterState(_group(arrays, "outer."))
+        if list(outer_state.momentum) != layout:
+            raise refuse("the outer momentum does not match the params' keys")
+    for group in [outer_state.momentum if outer_state else params] + [s.m for s in worker_states]:
+        if any(group[key].shape != params[key].shape for key in layout):
+            raise refuse("the optimizer states' shapes do not match the params'")
+    try:
+        rng = restore_generator(manifest["rng"])
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise refuse(f"corrupted manifest: the generator state cannot be restored ({exc})") from None
+    return Checkpoint(manifest["algo"], round_index, saved_config, params, outer_state, worker_states, rng,
+                      manifest["history"], manifest["data_fingerprint"], path)
