@@ -79,3 +79,32 @@ def test_resuming_from_every_round_boundary_is_bit_identical(algo, iid, dtype, t
                               resume_from=tmp_path / f"after{stop}", on_round=seen.append)
         assert_same_run(got, want)
         assert seen == want.history[stop:]  # only the remaining rounds are trained and reported
+
+
+FAST_CASES = [(algo, iid, dtype, layout) for algo, iid, dtype in CASES for layout in ("stacked", "per-worker")
+              if algo == "diloco" or layout == "stacked"]
+
+
+@pytest.mark.parametrize("algo, iid, dtype, layout", FAST_CASES)
+def test_the_fast_engine_resumes_bit_identically_too(algo, iid, dtype, layout, tmp_path, monkeypatch):
+    pytest.importorskip("diloco.engine")
+    from diloco.engine import trainers
+
+    # Force the layout ``auto`` would not pick for this size: both code paths must resume.
+    monkeypatch.setattr(trainers, "choose_layout", lambda *args, **kwargs: layout)
+    config, (x, y, x_eval, y_eval) = tiny_config(iid, dtype).replace(engine="fast"), data(dtype)
+    want = train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval)
+    copies = {}
+
+    def keep_a_copy(manifest: Path, round_index: int) -> None:
+        copies[round_index] = tmp_path / f"after{round_index}"
+        copies[round_index].mkdir()
+        for path in (manifest, manifest.with_suffix(".npz")):
+            shutil.copy(path, copies[round_index] / path.name)
+
+    uninterrupted = train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, checkpoint_dir=tmp_path / "run",
+                                    checkpoint_every=1, on_checkpoint=keep_a_copy)
+    assert_same_run(uninterrupted, want)
+    for stop in range(1, config.rounds):
+        assert_same_run(train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval,
+                                        resume_from=copies[stop]), want)

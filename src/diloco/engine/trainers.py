@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from diloco.adamw import AdamWState
 from diloco.config import DiLoCoConfig
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.optim import adamw_scratch, adamw_update, mean_rows_into, outer_update
 from diloco.engine.stack import WorkerStack
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record
+from diloco.outer import OuterState
 
 __all__ = ["LAYOUTS", "STACKED_MAX_BYTES", "choose_layout", "train_diloco_fast", "train_synchronous_fast"]
 
@@ -62,8 +64,30 @@ def _draw_batch(shard, batch_size: int, rng, x_out: np.ndarray, y_out: np.ndarra
     np.take(y_k, idx, out=y_out, mode="clip")
 
 
+def _restore(start, flat, params_out, m_out, v_out, momentum_out=None) -> tuple:
+    """Fill the buffers from a saved state (``diloco.tools.checkpoint.Checkpoint`` fields).
+
+    Returns ``(first round, AdamW step, rng, history)`` to continue from.
+    """
+    pack(start["params"], params_out, flat)
+    for k, state in enumerate(start["worker_states"]):
+        pack(state.m, m_out[k], flat)
+        pack(state.v, v_out[k], flat)
+    if momentum_out is not None:
+        pack(start["outer_state"].momentum, momentum_out, flat)
+    return start["round"] + 1, start["worker_states"][0].step, start["rng"], list(start["history"])
+
+
+def _saved_state(flat, params, m, v, step, rng, history, momentum=None) -> dict:
+    """The state after a round as fresh parameter dicts, what ``_restore`` takes back."""
+    return {"params": unpack(params, flat),
+            "outer_state": None if momentum is None else OuterState(unpack(momentum, flat)),
+            "worker_states": [AdamWState(step, unpack(m[k], flat), unpack(v[k], flat)) for k in range(len(m))],
+            "rng": rng, "history": history}
+
+
 def train_diloco_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=None, y_eval=None, rng=None,
-                      on_round=None, layout: str = "auto") -> TrainResult:
+                      on_round=None, layout: str = "auto", start=None, on_state=None) -> TrainResult:
     """DiLoCo (milestone 26's algorithm) with the K workers in flat, preallocated buffers.
 
     Parameters
@@ -74,6 +98,11 @@ def train_diloco_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_e
         Stacked: the K workers take each inner step together (batched matmul, one AdamW
         pass over a ``(K, P)`` buffer). Per-worker: worker after worker, each with one
         ``(1, P)`` model, as the loop does. ``"auto"`` uses ``choose_layout``.
+    start, on_state : keyword-only, optional
+        For checkpoints (``diloco.tools.training``): ``start``, a mapping with the fields
+        of ``diloco.tools.checkpoint.Checkpoint``, is the state to continue from after its
+        ``round``; ``on_state(round, get_state)`` is called after every round, and
+        ``get_state()`` returns that state (fresh dicts) for saving.
 
     Returns
     -------
@@ -95,7 +124,10 @@ def train_diloco_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_e
     average, pseudo_grad, spare = (np.empty(flat.size, dtype=dtype) for _ in range(3))
     history: list = []
     step = 0  # the workers' common AdamW step count
-    for round_index in range(1, config.rounds + 1):
+    first_round = 1
+    if start is not None:
+        first_round, step, rng, history = _restore(start, flat, global_params, m, v, outer_momentum)
+    for round_index in range(first_round, config.rounds + 1):
         worker_rngs = rng.spawn(K)
         losses = np.empty((K, H))
         if stacked:
@@ -123,11 +155,13 @@ def train_diloco_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_e
         finish_record(record, round_index, config, layer_views(global_params, flat), x_eval, y_eval, history)
         if on_round is not None:
             on_round(record)
+        if on_state is not None:
+            on_state(round_index, lambda: _saved_state(flat, global_params, m, v, step, rng, history, outer_momentum))
     return TrainResult(unpack(global_params, flat), history)
 
 
 def train_synchronous_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=None, y_eval=None,
-                           rng=None, on_round=None) -> TrainResult:
+                           rng=None, on_round=None, start=None, on_state=None) -> TrainResult:
     """The synchronous baseline (milestone 27's algorithm), the K batches as one.
 
     One shared model sees the K workers' mini-batches as ``K`` groups of one forward and
@@ -138,6 +172,8 @@ def train_synchronous_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *
     ----------
     x, y, config, x_eval, y_eval, rng, on_round
         As for ``diloco.loop.train_synchronous_baseline``.
+    start, on_state : keyword-only, optional
+        As for ``train_diloco_fast`` (one shared AdamW state, no outer state).
 
     Returns
     -------
@@ -155,7 +191,10 @@ def train_synchronous_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *
     scratch = adamw_scratch(stack.params.size, dtype)
     history: list = []
     step = 0
-    for round_index in range(1, config.rounds + 1):
+    first_round = 1
+    if start is not None:
+        first_round, step, rng, history = _restore(start, flat, stack.params[0], m, v)
+    for round_index in range(first_round, config.rounds + 1):
         worker_rngs = rng.spawn(K)  # the same streams DiLoCo's workers get
         losses = np.empty((K, H))
         for h in range(H):
@@ -170,4 +209,6 @@ def train_synchronous_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *
         finish_record(record, round_index, config, current, x_eval, y_eval, history)
         if on_round is not None:
             on_round(record)
+        if on_state is not None:
+            on_state(round_index, lambda: _saved_state(flat, stack.params[0], m, v, step, rng, history))
     return TrainResult(unpack(stack.params[0], flat), history)

@@ -166,9 +166,9 @@ def _diloco_rounds(start: Checkpoint | dict, config, shards, x_eval, y_eval, sav
         params, outer_state, worker_states = new_params, new_outer, new_states
         finish_record(record, round_index, config, params, x_eval, y_eval, history)
         _check_eval("diloco", record, max_loss)
-        save(round_index, params, outer_state, worker_states, rng, history)
-        if on_round is not None:
+        if on_round is not None:  # first the history, then the checkpoint: a resume never skips a record
             on_round(record)
+        save(round_index, params, outer_state, worker_states, rng, history)
     return TrainResult(params, history)
 
 
@@ -200,9 +200,9 @@ def _sync_rounds(start, config, shards, x_eval, y_eval, save, on_round, max_loss
         record = round_record(losses.mean(axis=1), params, config)
         finish_record(record, round_index, config, params, x_eval, y_eval, history)
         _check_eval("sync", record, max_loss)
-        save(round_index, params, None, [state], rng, history)
         if on_round is not None:
             on_round(record)
+        save(round_index, params, None, [state], rng, history)
     return TrainResult(params, history)
 
 
@@ -270,13 +270,46 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
                  "outer_state": init_outer_optimizer(params) if algo == "diloco" else None,
                  "worker_states": [init_adamw_state(params) for _ in range(num_states)]}
 
+    def due(round_index) -> bool:
+        return checkpoint_dir is not None and (
+            round_index == config.rounds or (checkpoint_every is not None and round_index % checkpoint_every == 0))
+
     def save(round_index, params, outer_state, worker_states, rng, history):
-        due = round_index == config.rounds or (checkpoint_every is not None and round_index % checkpoint_every == 0)
-        if checkpoint_dir is not None and due:
+        if due(round_index):
             path = save_checkpoint(Path(checkpoint_dir), algo, round_index, config, params, outer_state,
                                    worker_states, rng, history, fingerprint)
             if on_checkpoint is not None:
                 on_checkpoint(path, round_index)
 
+    if config.engine == "fast":
+        return _fast_rounds(algo, x, y, config, x_eval, y_eval, start if resume_from is not None else None, due,
+                            save, on_round, max_loss)
     rounds = _diloco_rounds if algo == "diloco" else _sync_rounds
     return rounds(start, config, shards, x_eval, y_eval, save, on_round, max_loss)
+
+
+def _fast_rounds(algo, x, y, config, x_eval, y_eval, start, due, save, on_round, max_loss) -> TrainResult:
+    """``config.engine == "fast"``: ``diloco.engine`` trains; its state comes out per round to be saved.
+
+    The guard sees each round's record (``check_record``): the engine takes no per-step hook.
+    """
+    try:
+        from diloco.engine import TRAINERS as FAST_TRAINERS
+    except ImportError:
+        raise ValueError("engine 'fast' is not installed here (learner workspaces leave it out); "
+                         "use engine 'reference'") from None
+
+    def guarded(record):
+        check_record(record, algo, max_loss)
+        if on_round is not None:
+            on_round(record)
+
+    def on_state(round_index, get_state):
+        if not due(round_index):
+            return  # no copies out of the engine's buffers unless a checkpoint is due
+        state = get_state()
+        save(round_index, state["params"], state["outer_state"], state["worker_states"], state["rng"],
+             state["history"])
+
+    return FAST_TRAINERS[algo](x, y, config, x_eval=x_eval, y_eval=y_eval, on_round=guarded, start=start,
+                               on_state=on_state)
