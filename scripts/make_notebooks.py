@@ -1,7 +1,7 @@
 """Write the three teaching notebooks in notebooks/ from the cell sources below.
 
-    python scripts/make_notebooks.py            # write the notebooks, no outputs
-    python scripts/make_notebooks.py --execute  # write them with their outputs (needs the notebooks extra)
+    .venv/bin/python scripts/make_notebooks.py            # write the notebooks, no outputs
+    .venv/bin/python scripts/make_notebooks.py --execute  # write them with their outputs (notebooks extra)
 
 The notebooks use only the library's public API (``diloco``, ``diloco.data``,
 ``diloco.tools.studies``, ``diloco.tools.plots``); nothing here copies library code. The test
@@ -115,7 +115,7 @@ Douillard et al. (2023) report, for language models with 150M-400M parameters:
 
 Here we test them on the 8x8 digits with a one-hidden-layer MLP, using `diloco.tools.studies`, the code
 behind `diloco study NAME`. The runs are tiny (2 seeds) so the notebook finishes in well under a
-minute; `docs/results.md` has the same studies with 5 seeds at a larger scale."""),
+minute; `docs/results.md` has the same studies with 3 seeds at a larger scale."""),
     ("code", """%matplotlib inline
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
@@ -174,7 +174,7 @@ display(plot_study(rows, title="workers K at fixed per-worker compute", xlabel="
     ("md", """## Reading the numbers
 
 Two seeds give wide intervals: treat differences smaller than the interval widths as noise.
-`docs/results.md` reports which claims hold at five seeds, including those that do not hold on
+`docs/results.md` reports which claims hold at three seeds, including those that do not hold on
 this small problem, and the commands that reproduce every number."""),
 ]
 

@@ -36,7 +36,7 @@ def test_notebook_matches_its_source(name):
     committed = nbformat.read(NOTEBOOKS / name, as_version=4)
     expected = GENERATOR.build(GENERATOR.NOTEBOOKS[name])
     assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in expected.cells], (
-        f"notebooks/{name} is stale: run `python scripts/make_notebooks.py --execute`")
+        f"notebooks/{name} is stale: run `.venv/bin/python scripts/make_notebooks.py --execute`")
 
 
 @pytest.mark.slow
