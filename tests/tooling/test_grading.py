@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from diloco.milestones import MILESTONES, all_dependencies
 from diloco.tools import grade_verdicts, grading
 from diloco.tools.cli import main
 from diloco.tools.grade_report import failure_lines
 from diloco.tools.grading import FAILED, LOCKED, NOT_STARTED, PASSED, grade
-from diloco.milestones import MILESTONES, all_dependencies
 from diloco.tools.regions import stub_source
 from diloco.tools.workspace import create_workspace
 
@@ -262,8 +262,8 @@ def test_a_failed_row_names_every_failing_test_and_only_the_mistakes_they_catch(
 
 
 def test_failing_parametrised_cases_are_grouped_under_their_test():
-    nodeids = ("tests/test_model.py::test_softmax_fixture[float32]", "tests/test_model.py::test_softmax_fixture[float64]",
-               "tests/test_model.py::test_softmax_finite")
+    nodeids = ("tests/test_model.py::test_softmax_fixture[float32]",
+               "tests/test_model.py::test_softmax_fixture[float64]", "tests/test_model.py::test_softmax_finite")
     result = grading.MilestoneResult(MILESTONES[3], FAILED, "x", ("message",), rerun="make test M=m04",
                                      tests_total=9, failing=nodeids)
     lines = failure_lines(result)
@@ -296,10 +296,29 @@ def test_lesson_bullets_parse_to_plain_text_with_their_tests(tmp_path):
         "```text\n## Common mistakes\n- **In a fence.** `test_d`\n```\n\n## Prove it works\n\n- `test_e`\n")
     mistakes = common_mistakes(lesson)
     assert [m.tests for m in mistakes] == [("test_a", "test_b"), ("test_c",)]
-    assert mistakes[0].text == "Summing. Gives n times the mean. Caught by `test_a[float32]` and `tests/test_x.py::test_b`."
+    assert mistakes[0].text == ("Summing. Gives n times the mean. "
+                                "Caught by `test_a[float32]` and `tests/test_x.py::test_b`.")
     assert matching_mistakes(mistakes, ["tests/test_x.py::test_b[float64]"]) == mistakes[:1]
     assert matching_mistakes(mistakes, ["tests/test_x.py::test_e"]) == ()
     assert common_mistakes(tmp_path / "missing.md") == ()
     assert section_anchor("Common mistakes") == "common-mistakes"
     toc = pytest.importorskip("markdown.extensions.toc")  # the slug the site really uses
     assert section_anchor("Common mistakes") == toc.slugify("Common mistakes", "-")
+
+
+def test_the_learner_guide_shows_what_the_grader_prints(naive_softmax):
+    """The guide's FAILED rows for softmax and cross-entropy are lines of the real table
+    (``...`` marks an elision; source line numbers may differ)."""
+    import re
+
+    def normalised(text: str) -> list[str]:
+        return [re.sub(r"\.py:\d+:", ".py:N:", line.rstrip()) for line in text.splitlines()]
+
+    guide = (REPO / "docs" / "learner-guide.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"^```text\n(.*?)^```", guide, re.S | re.M) if " FAILED " in b]
+    assert [b.split()[1] for b in blocks] == ["softmax", "cross_entropy_loss"]
+    table = normalised(grading.format_table(naive_softmax))
+    for block in blocks:
+        for line in normalised(block):
+            if line.strip() != "...":
+                assert line in table, f"docs/learner-guide.md shows a line the grader does not print:\n{line}"

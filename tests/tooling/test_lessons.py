@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from diloco.milestones import MILESTONES, PARTS, by_number
+from diloco.milestones import test_command as rerun_command  # not collected as a test
+from diloco.tools.lessons import list_items, named_tests, split_sections
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -39,7 +41,6 @@ REQUIRED_SECTIONS = (
 FIXTURE_KEYS = ("case", "inputs", "expected")
 DEPENDENCY_LINE = re.compile(r"^\s*[-*]\s+\[(\d{2}) ([a-z0-9_]+)\]\(([^)\s]+)\)")
 NONE_LINE = re.compile(r"^\s*[-*]\s+None\b")
-TEST_NAME = re.compile(r"`(?:[\w/.]+::)?(test_\w+)(?:\[[^\]`]*\])?`")
 SYMBOL_TABLE_HEADER = re.compile(r"^\|\s*symbol\s*\|.*\bcode\b.*\|.*\bshape\b.*\|.*\bdtype\b.*\|", re.I | re.M)
 
 IDS = [m.marker for m in MILESTONES]
@@ -47,28 +48,6 @@ IDS = [m.marker for m in MILESTONES]
 
 def lesson_file(m) -> Path:
     return ROOT / m.lesson
-
-
-def split_sections(text: str) -> tuple[list[str], dict[str, str]]:
-    """The ``## `` headings in order, and each one's body (fenced code is not scanned)."""
-    headings: list[str] = []
-    bodies: dict[str, list[str]] = {}
-    current = None
-    fence = None
-    for line in text.splitlines():
-        stripped = line.lstrip()
-        if fence is None and (stripped.startswith("```") or stripped.startswith("~~~")):
-            fence = stripped[:3]
-        elif fence is not None and stripped.startswith(fence):
-            fence = None
-        elif fence is None and line.startswith("## "):
-            current = line[3:].strip()
-            headings.append(current)
-            bodies.setdefault(current, [])
-            continue
-        if current is not None:
-            bodies[current].append(line)
-    return headings, {k: "\n".join(v) for k, v in bodies.items()}
 
 
 def fixture_subset(marker: str) -> dict:
@@ -122,17 +101,6 @@ def milestone_test_names() -> set[str]:
             continue
         names.update(re.findall(r"^\s*(?:async\s+)?def\s+(test_\w+)\s*\(", path.read_text(), re.M))
     return names
-
-
-def list_items(body: str) -> list[str]:
-    """Top-level list items of a section (continuation lines joined)."""
-    items: list[str] = []
-    for line in body.splitlines():
-        if re.match(r"^(?:[-*]|\d+\.)\s+", line):
-            items.append(line)
-        elif items and line.startswith((" ", "\t")) and line.strip():
-            items[-1] += " " + line.strip()
-    return items
 
 
 def structure_problems(m, text: str, test_names: set[str]) -> list[str]:
@@ -194,7 +162,7 @@ def structure_problems(m, text: str, test_names: set[str]) -> list[str]:
     if not mistakes:
         problems.append("'## Common mistakes' must be a list, one mistake per item")
     for item in mistakes:
-        named = TEST_NAME.findall(item)
+        named = named_tests(item)
         if not named:
             problems.append(f"common mistake without the test that catches it (`test_...`): {item[:80]!r}")
         for name in named:
@@ -202,7 +170,8 @@ def structure_problems(m, text: str, test_names: set[str]) -> list[str]:
                 problems.append(f"common mistake names `{name}`, which is not a test in tests/")
 
     prove = bodies.get("Prove it works", "")
-    for command in (f"pytest -m {m.marker}", "diloco grade"):
+    # The commands the grader prints, which run in a workspace as printed (no venv to activate).
+    for command in (rerun_command(m), "make grade"):
         if command not in prove:
             problems.append(f"'## Prove it works' must show the command `{command}`")
     return problems

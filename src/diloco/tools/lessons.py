@@ -12,8 +12,9 @@ file in a workspace whose own package may not import.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 from diloco.milestones import Milestone
 

@@ -135,7 +135,7 @@ def _cmd_create(args) -> int:
         raise CliError(str(exc).splitlines()[0] if isinstance(exc, FileExistsError) else str(exc)) from exc
     print(f"created your workspace in {dest}")
     print("  30 milestone functions are stubs; each raises NotImplementedError until you write it.")
-    print(f"  next: cd {dest} && make grade      (or: diloco grade --impl {dest})")
+    print(f"  next: cd {dest} && make grade")  # runs as printed: make creates and uses the workspace's .venv
     print(f"  start with {MILESTONES[0].label}: {MILESTONES[0].lesson}")
     return 0
 
