@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test demo install clean docs docs-serve workspace grade
+.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,11 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed-dev
 
+# `make test M=m07` runs one milestone's tests (M is a pytest marker expression).
+M ?=
+
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(M),-m '$(M)',)
 
 # `make demo` needs only the cli extra (progress bars, plots): a quicker install than dev.
 $(VENV)/.installed-cli: pyproject.toml | $(BIN)/python
@@ -38,6 +41,22 @@ docs: $(VENV)/.installed-docs
 
 docs-serve: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+# The same site, readable offline: npm installs the `mathjax@3` package into build/mathjax/
+# (once), and the mkdocs hook scripts/mkdocs_mathjax.py copies its es5/ folder into site/.
+# Open site/index.html in a browser, or `make docs-serve` it.
+MATHJAX_ES5 := build/mathjax/node_modules/mathjax/es5
+
+$(MATHJAX_ES5)/tex-mml-chtml.js:
+	npm install --prefix build/mathjax --no-save --no-audit --no-fund mathjax@3
+
+docs-offline: $(VENV)/.installed-docs $(MATHJAX_ES5)/tex-mml-chtml.js
+	DILOCO_MATHJAX_URL=mathjax/es5/tex-mml-chtml.js DILOCO_MATHJAX_DIR=$(MATHJAX_ES5) \
+		NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# ruff (configured in pyproject.toml) over the project: reports, never rewrites.
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
 
 # Learner workspace: the project with the 30 milestone bodies as stubs (docs/learner-guide.md).
 WS ?= workspace
