@@ -84,14 +84,16 @@ def test_printed_commands_run_without_activating_anything(path):
 
 
 def test_the_scanner_catches_a_bare_command():
-    text = "Run `pytest -m m04`.\n\n```bash\ncd ws && diloco grade  # progress\n```\n\n```text\n  rerun: python -m x\n```\n"
+    text = ("Run `pytest -m m04`.\n\n```bash\ncd ws && diloco grade  # progress\n```\n\n"
+            "```text\n  rerun: python -m x\n```\n")
     assert [c for _, c in commands(text) if needs_activation(c)] == ["pytest -m m04", "diloco grade", "python -m x"]
     assert not needs_activation("diloco grade: error: no package") and not needs_activation("diloco.milestones")
     assert not needs_activation(".venv/bin/python -m pytest -m m07") and not needs_activation("make test M=m07")
 
 
 def makefile_targets(path: Path) -> set[str]:
-    rules = re.findall(r"^([A-Za-z][\w.-]*(?:[ \t]+[A-Za-z][\w.-]*)*)[ \t]*:(?!=)", path.read_text(encoding="utf-8"), re.M)
+    rule = re.compile(r"^([A-Za-z][\w.-]*(?:[ \t]+[A-Za-z][\w.-]*)*)[ \t]*:(?!=)", re.M)
+    rules = rule.findall(path.read_text(encoding="utf-8"))
     return {target for rule in rules for target in rule.split()}
 
 
@@ -198,7 +200,8 @@ def test_notebook_02_quotes_the_seed_count_of_the_results_page():
     source = (ROOT / "scripts" / "make_notebooks.py").read_text(encoding="utf-8")
     quoted = re.findall(r"results\.md`[^.]*?\b(\w+) seeds", source)
     assert quoted, "notebook 02 no longer quotes docs/results.md's seed count"
-    assert [_count(q) for q in quoted] == [seeds] * len(quoted), f"results.md runs {seeds} seeds, notebook 02 says {quoted}"
+    assert [_count(q) for q in quoted] == [seeds] * len(quoted), (
+        f"results.md runs {seeds} seeds, notebook 02 says {quoted}")
 
 
 def test_licence_is_mit_and_the_digits_keep_their_attribution():
