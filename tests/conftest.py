@@ -6,8 +6,14 @@
 * Tests of the supporting tools (grader, workspace, CLI, notebooks, docs) live in
   ``tests/tooling/``. They are marked ``tooling`` automatically, carry no milestone
   marker, are never graded, and are not copied into a learner workspace.
-* Hypothesis runs a fixed, CI-sized number of examples, derandomised so a failure
-  reproduces.
+* Hypothesis settings live here and only here. The profiles: ``ci`` (the default: a
+  fixed, CI-sized number of examples, derandomised so a failure reproduces),
+  ``ci-noshrink`` (the same without the shrink and explain phases; the grader's plugin
+  loads it for its whole run) and ``thorough`` (``pytest --hypothesis-profile=thorough``).
+  A milestone test never carries ``@settings``: a costly property says how many of the
+  profile's examples it runs with the ``examples(fraction)`` marker (``helpers.HALF_EXAMPLES``,
+  ``helpers.FEW_EXAMPLES``), and this file applies the settings at collection, through
+  Hypothesis' public ``settings`` decorator (which may wrap a ``@given`` test).
 * In a learner workspace, the property tests of a milestone that is still a stub (or
   that needs one) do not shrink or explain their failing example: every example fails the
   same way, with the stub's NotImplementedError, and shrinking it only costs seconds.
@@ -20,21 +26,32 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, is_hypothesis_test, settings
+from hypothesis.errors import InvalidArgument
 
 sys.path.insert(0, str(Path(__file__).parent))  # `import strategies`, `import helpers`
 
+PROFILE = "ci"
+NO_SHRINK_PROFILE = "ci-noshrink"
+_NO_SHRINK_PHASES = (Phase.explicit, Phase.reuse, Phase.generate)
+
 settings.register_profile(
-    "ci", max_examples=40, deadline=None, derandomize=True,
+    PROFILE, max_examples=40, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+settings.register_profile(NO_SHRINK_PROFILE, settings.get_profile(PROFILE), phases=_NO_SHRINK_PHASES)
 settings.register_profile(
     "thorough", max_examples=500, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-settings.load_profile("ci")
+settings.load_profile(PROFILE)
 
 _MILESTONE = re.compile(r"^m(0[1-9]|[12][0-9]|30)$")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "examples(fraction): run this Hypothesis test with that fraction of the profile's examples")
 
 
 def _stub_markers() -> set[str]:
@@ -52,19 +69,41 @@ def _stub_markers() -> set[str]:
     return {m.marker for m in MILESTONES if stubs & {m.number, *all_dependencies(m.number)}}
 
 
-def _skip_shrinking(item) -> None:
-    function = getattr(item, "obj", None)
-    current = getattr(function, "_hypothesis_internal_use_settings", None)
-    if current is not None and Phase.shrink in current.phases:
-        function._hypothesis_internal_use_settings = settings(
-            current, phases=[Phase.explicit, Phase.reuse, Phase.generate]
-        )
+def _hypothesis_settings(item, stubbed: bool) -> settings:
+    """The loaded profile, scaled by the item's ``examples`` marker, without shrinking if ``stubbed``."""
+    base = settings.default
+    changes = {}
+    mark = item.get_closest_marker("examples")
+    if mark is not None:
+        changes["max_examples"] = max(1, round(mark.args[0] * base.max_examples))
+    if stubbed:
+        changes["phases"] = [phase for phase in base.phases if phase in _NO_SHRINK_PHASES]
+    return settings(base, **changes)
+
+
+def _apply_settings(items, stubbed_markers) -> list[str]:
+    """Give each milestone Hypothesis test its settings, once per function; the errors."""
+    bad, done = [], set()
+    for item, marker in items:
+        function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        if function is None or not is_hypothesis_test(function) or id(function) in done:
+            continue
+        done.add(id(function))
+        if getattr(function, "diloco_settings", None) is not None:
+            continue  # collected before in this process (e.g. pytest.main run twice)
+        try:
+            function.diloco_settings = _hypothesis_settings(item, marker in stubbed_markers)
+            function.diloco_settings(function)
+        except InvalidArgument:
+            bad.append(f"{item.nodeid}: drop its @settings; use the examples marker (see tests/conftest.py)")
+    return bad
 
 
 def pytest_collection_modifyitems(config, items):
     bad = []
     stubbed = _stub_markers()
     tooling_dir = Path(__file__).parent / "tooling"
+    milestone_items = []
     for item in items:
         marks = {m.name for m in item.iter_markers() if _MILESTONE.match(m.name)}
         if tooling_dir in Path(str(item.fspath)).parents:
@@ -72,11 +111,12 @@ def pytest_collection_modifyitems(config, items):
             if marks:
                 bad.append(f"{item.nodeid}: tooling tests carry no milestone marker, got {sorted(marks)}")
             continue
-        if len(marks) == 1 and marks & stubbed:
-            _skip_shrinking(item)
         if len(marks) != 1:
             bad.append(f"{item.nodeid}: milestone markers {sorted(marks) or 'none'}")
+        else:
+            milestone_items.append((item, marks.pop()))
+    bad += _apply_settings(milestone_items, stubbed)
     if bad:
         raise pytest.UsageError(
-            "every test needs exactly one milestone marker (m01..m30):\n  " + "\n  ".join(bad)
+            "every test needs exactly one milestone marker (m01..m30), and no @settings:\n  " + "\n  ".join(bad)
         )

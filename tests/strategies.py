@@ -6,7 +6,9 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-DTYPES = st.sampled_from([np.float32, np.float64])
+from helpers import DTYPES
+
+dtypes = st.sampled_from(DTYPES)
 
 
 def finite_floats(dtype=np.float64, magnitude=10.0):
@@ -14,8 +16,10 @@ def finite_floats(dtype=np.float64, magnitude=10.0):
     return st.floats(-magnitude, magnitude, allow_nan=False, allow_infinity=False, width=width)
 
 
-def arrays(dtype=np.float64, shape=hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5),
-           magnitude=10.0):
+SMALL_SHAPES = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5)
+
+
+def arrays(dtype=np.float64, shape=SMALL_SHAPES, magnitude=10.0):
     return hnp.arrays(dtype, shape, elements=finite_floats(dtype, magnitude))
 
 
@@ -31,9 +35,9 @@ def layer_sizes(draw, min_layers=1, max_layers=3, max_width=6):
 def mlp_params(draw, sizes=None, dtype=None, magnitude=2.0):
     """A random MLP parameter dict ``W1, b1, ..., WL, bL``."""
     sizes = draw(layer_sizes()) if sizes is None else sizes
-    dtype = draw(DTYPES) if dtype is None else dtype
+    dtype = draw(dtypes) if dtype is None else dtype
     params = {}
-    for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
+    for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True), start=1):
         params[f"W{layer}"] = draw(arrays(dtype, (fan_in, fan_out), magnitude))
         params[f"b{layer}"] = draw(arrays(dtype, (fan_out,), magnitude))
     return params
@@ -42,10 +46,17 @@ def mlp_params(draw, sizes=None, dtype=None, magnitude=2.0):
 @st.composite
 def param_dicts(draw, dtype=None, magnitude=10.0):
     """A generic parameter dict (any keys, 1..3 arrays of small shapes)."""
-    dtype = draw(DTYPES) if dtype is None else dtype
+    dtype = draw(dtypes) if dtype is None else dtype
     num = draw(st.integers(1, 3))
     shapes = [draw(hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=4)) for _ in range(num)]
     return {f"p{i}": draw(arrays(dtype, shape, magnitude)) for i, shape in enumerate(shapes)}
+
+
+@st.composite
+def arrays_like(draw, params, magnitude=10.0, nonneg=False):
+    """A dict with ``params``' keys, shapes and dtypes and new finite values (``>= 0`` if ``nonneg``)."""
+    drawn = {k: draw(arrays(v.dtype.type, v.shape, magnitude)) for k, v in params.items()}
+    return {k: np.abs(a) for k, a in drawn.items()} if nonneg else drawn
 
 
 @st.composite
@@ -53,10 +64,7 @@ def param_dict_family(draw, count=None, dtype=None, magnitude=10.0):
     """``count`` dicts (2..5 by default) sharing keys, shapes and dtype."""
     first = draw(param_dicts(dtype=dtype, magnitude=magnitude))
     count = draw(st.integers(2, 5)) if count is None else count
-    family = [first]
-    for _ in range(count - 1):
-        family.append({k: draw(arrays(v.dtype.type, v.shape, magnitude)) for k, v in first.items()})
-    return family
+    return [first] + [draw(arrays_like(first, magnitude)) for _ in range(count - 1)]
 
 
 @st.composite
@@ -90,7 +98,7 @@ momenta = st.floats(0.0, 0.99, allow_nan=False)
 def mlp_and_batch(draw, dtype=None, min_n=1, max_n=12, magnitude=2.0):
     """``(params, x (n, d_in), y (n,))``: a random MLP and a batch it can score, labels in [0, C)."""
     sizes = draw(layer_sizes())
-    dtype = draw(DTYPES) if dtype is None else dtype
+    dtype = draw(dtypes) if dtype is None else dtype
     params = draw(mlp_params(sizes=sizes, dtype=dtype, magnitude=magnitude))
     n = draw(st.integers(min_n, max_n))
     x = draw(arrays(dtype, (n, sizes[0]), 5.0))

@@ -16,15 +16,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import strategies as sts
-from helpers import (
-    FIXTURES,
-    assert_close,
-    assert_no_shared_memory,
-    assert_params_close,
-    assert_unchanged,
-    load_fixture,
-    snapshot,
-)
 from diloco.adamw import (
     AdamWState,
     adam_param_step,
@@ -35,19 +26,26 @@ from diloco.adamw import (
     update_adam_moments,
 )
 from diloco.config import AdamWConfig
-
-DTYPES = [np.float32, np.float64]
-RTOL = {np.float32: 1e-6, np.float64: 1e-12}
-TOL = {np.float32: dict(rtol=2e-5, atol=1e-6), np.float64: dict(rtol=1e-12, atol=1e-14)}
-
-
-def arrays_from(tree, dtype=np.float64):
-    return {key: np.asarray(value, dtype=dtype) for key, value in tree.items()}
+from helpers import (
+    DTYPES,
+    FIXTURES,
+    adamw_oracle,
+    adamw_state,
+    as_params,
+    assert_close,
+    assert_no_shared_memory,
+    assert_no_two_share,
+    assert_params_close,
+    assert_state_close,
+    assert_unchanged,
+    load_fixture,
+    snapshot,
+    tolerance,
+)
 
 
 def state_from(fixture_state, dtype=np.float64):
-    return AdamWState(fixture_state["step"], arrays_from(fixture_state["m"], dtype),
-                      arrays_from(fixture_state["v"], dtype))
+    return adamw_state(**fixture_state, dtype=dtype)
 
 
 def assert_dtypes(tree, dtype, what):
@@ -55,22 +53,13 @@ def assert_dtypes(tree, dtype, what):
         assert value.dtype == dtype, f"{what}[{key!r}]: expected dtype {np.dtype(dtype)}, got {value.dtype}"
 
 
-def all_pairs_disjoint(arrays, what):
-    for i in range(len(arrays)):
-        for j in range(i + 1, len(arrays)):
-            assert not np.shares_memory(arrays[i], arrays[j]), (
-                f"{what}: arrays #{i} and #{j} share memory; every moment needs its own zeros array"
-            )
-
-
 @st.composite
 def moment_states(draw, dtype=None):
     """``(state, grads)``: an AdamWState with ``v >= 0`` and matching finite grads."""
     params = draw(sts.param_dicts(dtype=dtype))
-    like = lambda magnitude: {k: draw(sts.arrays(v.dtype.type, v.shape, magnitude)) for k, v in params.items()}
-    m = like(5.0)
-    v = {k: np.abs(a) for k, a in like(25.0).items()}
-    grads = like(5.0)
+    m = draw(sts.arrays_like(params, 5.0))
+    v = draw(sts.arrays_like(params, 25.0, nonneg=True))
+    grads = draw(sts.arrays_like(params, 5.0))
     step = draw(st.integers(0, 100))
     return AdamWState(step, m, v), grads
 
@@ -84,13 +73,13 @@ def moment_states(draw, dtype=None):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_init_state_matches_hand_worked_fixture(dtype):
     fixture = load_fixture("m07")
-    params = arrays_from(fixture["inputs"]["params"], dtype)
+    params = as_params(fixture["inputs"]["params"], dtype)
     before = snapshot(params)
     state = init_adamw_state(params)
     assert isinstance(state, AdamWState), f"expected an AdamWState, got {type(state).__name__}"
     assert type(state.step) is int and state.step == fixture["expected"]["step"], f"step: got {state.step!r}"
-    assert_params_close(state.m, arrays_from(fixture["expected"]["m"]), rtol=0.0, what="m")
-    assert_params_close(state.v, arrays_from(fixture["expected"]["v"]), rtol=0.0, what="v")
+    assert_params_close(state.m, as_params(fixture["expected"]["m"]), rtol=0.0, what="m")
+    assert_params_close(state.v, as_params(fixture["expected"]["v"]), rtol=0.0, what="v")
     assert_dtypes(state.m, dtype, "m")
     assert_dtypes(state.v, dtype, "v")
     assert_unchanged(before, params, "params")
@@ -120,7 +109,7 @@ def test_init_state_m_and_v_are_separate_arrays():
     """Writing into m must never change v (or another key): no shared zeros buffer."""
     params = {"W1": np.ones((2, 3)), "b1": np.ones(3), "W2": np.ones((2, 3)), "b2": np.ones(3)}
     state = init_adamw_state(params)
-    all_pairs_disjoint(list(state.m.values()) + list(state.v.values()), "m and v")
+    assert_no_two_share((state.m, state.v), "m and v (every moment needs its own zeros array)")
     state.m["W1"][0, 0] = 5.0
     assert state.v["W1"][0, 0] == 0.0 and state.m["W2"][0, 0] == 0.0
 
@@ -147,13 +136,13 @@ def test_update_moments_matches_hand_worked_fixture(dtype):
     fixture = load_fixture("m08")
     inputs, expected = fixture["inputs"], fixture["expected"]
     state = state_from(inputs["state"], dtype)
-    grads = arrays_from(inputs["grads"], dtype)
+    grads = as_params(inputs["grads"], dtype)
     before = snapshot((state, grads))
     new = update_adam_moments(state, grads, inputs["beta1"], inputs["beta2"])
     assert isinstance(new, AdamWState), f"expected an AdamWState, got {type(new).__name__}"
     assert new.step == expected["step"], f"step: expected {expected['step']}, got {new.step}"
-    assert_params_close(new.m, arrays_from(expected["m"]), rtol=RTOL[dtype], what="m")
-    assert_params_close(new.v, arrays_from(expected["v"]), rtol=RTOL[dtype], what="v")
+    assert_params_close(new.m, as_params(expected["m"]), **tolerance(dtype, magnitude=0.0), what="m")
+    assert_params_close(new.v, as_params(expected["v"]), **tolerance(dtype, magnitude=0.0), what="v")
     assert_dtypes(new.m, dtype, "m")
     assert_dtypes(new.v, dtype, "v")
     assert_unchanged(before, (state, grads), "state and grads")
@@ -170,8 +159,8 @@ def test_update_moments_ema_formula(state_grads, beta1, beta2):
     dtype = next(iter(grads.values())).dtype.type
     for key in grads:
         m, v, g = (a[key].astype(np.float64) for a in (state.m, state.v, grads))
-        assert_close(new.m[key], beta1 * m + (1 - beta1) * g, **TOL[dtype], what=f"m[{key!r}]")
-        assert_close(new.v[key], beta2 * v + (1 - beta2) * g**2, **TOL[dtype], what=f"v[{key!r}]")
+        assert_close(new.m[key], beta1 * m + (1 - beta1) * g, **tolerance(dtype), what=f"m[{key!r}]")
+        assert_close(new.v[key], beta2 * v + (1 - beta2) * g**2, **tolerance(dtype), what=f"v[{key!r}]")
         assert new.m[key].dtype == dtype and new.v[key].dtype == dtype, "the moments must keep the params' dtype"
         assert np.all(new.v[key] >= 0)
     assert_unchanged(before, (state, grads), "state and grads")
@@ -221,8 +210,8 @@ def test_bias_correction_matches_hand_worked_fixture(dtype):
     state = state_from(inputs["state"], dtype)
     before = snapshot(state)
     m_hat, v_hat = bias_correct_moments(state, inputs["beta1"], inputs["beta2"])
-    assert_params_close(m_hat, arrays_from(expected["m_hat"]), rtol=RTOL[dtype], what="m_hat")
-    assert_params_close(v_hat, arrays_from(expected["v_hat"]), rtol=RTOL[dtype], what="v_hat")
+    assert_params_close(m_hat, as_params(expected["m_hat"]), **tolerance(dtype, magnitude=0.0), what="m_hat")
+    assert_params_close(v_hat, as_params(expected["v_hat"]), **tolerance(dtype, magnitude=0.0), what="v_hat")
     assert_dtypes(m_hat, dtype, "m_hat")
     assert_dtypes(v_hat, dtype, "v_hat")
     assert_unchanged(before, state, "state")
@@ -238,8 +227,10 @@ def test_bias_correction_formula(state_grads, step, beta1, beta2):
     dtype = next(iter(state.m.values())).dtype.type
     assert list(m_hat) == list(state.m) and list(v_hat) == list(state.v)
     for key in state.m:
-        assert_close(m_hat[key], state.m[key].astype(np.float64) / (1 - beta1**step), **TOL[dtype], what=f"m_hat[{key!r}]")
-        assert_close(v_hat[key], state.v[key].astype(np.float64) / (1 - beta2**step), **TOL[dtype], what=f"v_hat[{key!r}]")
+        assert_close(m_hat[key], state.m[key].astype(np.float64) / (1 - beta1**step), **tolerance(dtype),
+                     what=f"m_hat[{key!r}]")
+        assert_close(v_hat[key], state.v[key].astype(np.float64) / (1 - beta2**step), **tolerance(dtype),
+                     what=f"v_hat[{key!r}]")
         assert m_hat[key].dtype == dtype and v_hat[key].dtype == dtype, "m_hat and v_hat keep the params' dtype"
     assert_unchanged(before, state, "state")
     assert_no_shared_memory((m_hat, v_hat), state, "bias_correct_moments")
@@ -287,10 +278,10 @@ def test_bias_correction_rejects_bad_inputs():
 def test_adam_step_matches_hand_worked_fixture(dtype):
     fixture = load_fixture("m10")
     inputs = fixture["inputs"]
-    params, m_hat, v_hat = (arrays_from(inputs[name], dtype) for name in ("params", "m_hat", "v_hat"))
+    params, m_hat, v_hat = (as_params(inputs[name], dtype) for name in ("params", "m_hat", "v_hat"))
     before = snapshot((params, m_hat, v_hat))
     new = adam_param_step(params, m_hat, v_hat, inputs["lr"], inputs["eps"])
-    assert_params_close(new, arrays_from(fixture["expected"]), rtol=RTOL[dtype], what="params")
+    assert_params_close(new, as_params(fixture["expected"]), **tolerance(dtype, magnitude=0.0), what="params")
     assert_dtypes(new, dtype, "params")
     assert_unchanged(before, (params, m_hat, v_hat), "params, m_hat and v_hat")
     assert_no_shared_memory(new, (params, m_hat, v_hat), "adam_param_step")
@@ -300,9 +291,8 @@ def test_adam_step_matches_hand_worked_fixture(dtype):
 @given(data=st.data(), lr=sts.learning_rates, eps=st.sampled_from([1e-8, 1e-6, 1e-3, 0.5]))
 def test_adam_step_formula(data, lr, eps):
     params = data.draw(sts.param_dicts())
-    like = lambda magnitude: {k: data.draw(sts.arrays(v.dtype.type, v.shape, magnitude)) for k, v in params.items()}
-    m_hat = like(5.0)
-    v_hat = {k: np.abs(a) for k, a in like(25.0).items()}
+    m_hat = data.draw(sts.arrays_like(params, 5.0))
+    v_hat = data.draw(sts.arrays_like(params, 25.0, nonneg=True))
     before = snapshot((params, m_hat, v_hat))
     new = adam_param_step(params, m_hat, v_hat, lr, eps)
     dtype = next(iter(params.values())).dtype.type
@@ -312,8 +302,7 @@ def test_adam_step_formula(data, lr, eps):
         expected = theta - lr * m / (np.sqrt(v) + eps)
         # lr * m / eps can reach 5e8 when v_hat = 0: compare relative to the step size.
         scale = max(1.0, float(np.max(np.abs(expected))))
-        tol = 1e-5 if dtype == np.float32 else 1e-12
-        assert_close(new[key], expected, rtol=tol, atol=tol * scale, what=f"params[{key!r}]")
+        assert_close(new[key], expected, **tolerance(dtype, magnitude=scale), what=f"params[{key!r}]")
         assert new[key].dtype == dtype
     assert_unchanged(before, (params, m_hat, v_hat), "params, m_hat and v_hat")
     assert_no_shared_memory(new, (params, m_hat, v_hat), "adam_param_step")
@@ -360,10 +349,10 @@ def test_adam_step_rejects_bad_inputs():
 def test_weight_decay_matches_hand_worked_fixture(dtype):
     fixture = load_fixture("m11")
     inputs = fixture["inputs"]
-    params = arrays_from(inputs["params"], dtype)
+    params = as_params(inputs["params"], dtype)
     before = snapshot(params)
     new = decoupled_weight_decay(params, inputs["lr"], inputs["weight_decay"])
-    assert_params_close(new, arrays_from(fixture["expected"]), rtol=RTOL[dtype], what="params")
+    assert_params_close(new, as_params(fixture["expected"]), **tolerance(dtype, magnitude=0.0), what="params")
     assert_dtypes(new, dtype, "params")
     assert_unchanged(before, params, "params")
     assert_no_shared_memory(new, params, "decoupled_weight_decay")
@@ -377,7 +366,8 @@ def test_weight_decay_formula(params, lr, weight_decay):
     dtype = next(iter(params.values())).dtype.type
     assert list(new) == list(params)
     for key, value in params.items():
-        assert_close(new[key], value.astype(np.float64) * (1 - lr * weight_decay), **TOL[dtype], what=f"params[{key!r}]")
+        assert_close(new[key], value.astype(np.float64) * (1 - lr * weight_decay), **tolerance(dtype),
+                     what=f"params[{key!r}]")
         assert new[key].dtype == dtype
     assert_unchanged(before, params, "params")
     assert_no_shared_memory(new, params, "decoupled_weight_decay")
@@ -420,24 +410,6 @@ def test_weight_decay_rejects_bad_params():
 # ---------------------------------------------------------------------------
 
 
-def closed_form_adamw(params, grads_sequence, lr, beta1, beta2, eps, weight_decay):
-    """torch.optim.AdamW written out in float64: the parameters after each step."""
-    theta = {k: v.astype(np.float64) for k, v in params.items()}
-    m = {k: np.zeros_like(v) for k, v in theta.items()}
-    v = {k: np.zeros_like(a) for k, a in theta.items()}
-    trajectory = []
-    for t, grads in enumerate(grads_sequence, start=1):
-        for key in theta:
-            g = grads[key].astype(np.float64)
-            m[key] = beta1 * m[key] + (1 - beta1) * g
-            v[key] = beta2 * v[key] + (1 - beta2) * g * g
-            m_hat = m[key] / (1 - beta1**t)
-            v_hat = v[key] / (1 - beta2**t)
-            theta[key] = theta[key] - lr * weight_decay * theta[key] - lr * m_hat / (np.sqrt(v_hat) + eps)
-        trajectory.append({k: a.copy() for k, a in theta.items()})
-    return trajectory, m, v
-
-
 class TestComposedAdamWStep:
     """``adamw_step`` = update moments, bias-correct, decay the pre-step params, Adam step."""
 
@@ -452,21 +424,18 @@ class TestComposedAdamWStep:
         params = {"W1": rng.standard_normal((3, 4)), "b1": rng.standard_normal(4),
                   "W2": rng.standard_normal((4, 2)), "b2": rng.standard_normal(2)}
         grads_sequence = [{k: rng.standard_normal(v.shape) for k, v in params.items()} for _ in range(6)]
-        expected, m, v = closed_form_adamw(params, grads_sequence, config.lr, config.beta1, config.beta2,
-                                           config.eps, config.weight_decay)
-        state = AdamWState(0, {k: np.zeros_like(a) for k, a in params.items()},
-                           {k: np.zeros_like(a) for k, a in params.items()})
-        theta = params
+        theta = expected = params
+        state = expected_state = adamw_state(params)
         for t, grads in enumerate(grads_sequence):
             before = snapshot((theta, state, grads))
             new_theta, new_state = adamw_step(theta, state, grads, config)
             assert_unchanged(before, (theta, state, grads), "params, state and grads")
             assert_no_shared_memory((new_theta, new_state), (theta, state, grads), "adamw_step")
+            expected, expected_state = adamw_oracle(expected, expected_state, grads, config)
             assert new_state.step == t + 1
-            assert_params_close(new_theta, expected[t], rtol=1e-12, atol=1e-15, what=f"params after step {t + 1}")
+            assert_params_close(new_theta, expected, rtol=1e-12, atol=1e-15, what=f"params after step {t + 1}")
             theta, state = new_theta, new_state
-        assert_params_close(state.m, m, rtol=1e-12, atol=1e-15, what="m")
-        assert_params_close(state.v, v, rtol=1e-12, atol=1e-15, what="v")
+        assert_state_close(state, expected_state, rtol=1e-12, atol=1e-15)
 
     @pytest.mark.m19
     def test_reproduces_torch_adamw_trajectory(self):
@@ -476,8 +445,7 @@ class TestComposedAdamWStep:
         config = AdamWConfig(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
         keys = ("W1", "b1")
         params = {k: snap[f"adamw_init_{k}"] for k in keys}
-        state = AdamWState(0, {k: np.zeros_like(a) for k, a in params.items()},
-                           {k: np.zeros_like(a) for k, a in params.items()})
+        state = adamw_state(params)
         num_steps = snap["adamw_grads_W1"].shape[0]
         for t in range(num_steps):
             grads = {k: snap[f"adamw_grads_{k}"][t] for k in keys}
@@ -495,10 +463,10 @@ class TestComposedAdamWStep:
         """At step 1, m_hat / sqrt(v_hat) = sign(g): each parameter moves by about lr."""
         config = AdamWConfig(lr=0.01, weight_decay=0.0)
         params = {"w": np.array([1.0, -2.0, 3.0], dtype=dtype)}
-        state = AdamWState(0, {"w": np.zeros(3, dtype=dtype)}, {"w": np.zeros(3, dtype=dtype)})
+        state = adamw_state(params)
         grads = {"w": np.array([1e-3, -5.0, 40.0], dtype=dtype)}
         new, new_state = adamw_step(params, state, grads, config)
         assert new["w"].dtype == dtype and new_state.m["w"].dtype == dtype and new_state.v["w"].dtype == dtype
         # m_hat = g and v_hat = g^2 at step 1, so each move is lr * |g| / (|g| + eps).
         expected = np.array([1 - 0.01 * 1e-3 / (1e-3 + 1e-8), -2 + 0.01 * 5 / (5 + 1e-8), 3 - 0.01 * 40 / (40 + 1e-8)])
-        assert_close(new["w"], expected, rtol=RTOL[dtype], what="params after one step")
+        assert_close(new["w"], expected, **tolerance(dtype, magnitude=0.0), what="params after one step")

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from diloco.config import AdamWConfig, DiLoCoConfig
 from diloco.data import Standardizer, load_digits, load_digits_split, make_synthetic, stratified_split
-from helpers import assert_close, assert_unchanged, snapshot
-from strategies import seeds
+from helpers import DTYPES, assert_close, assert_unchanged, snapshot
+from strategies import dtypes, seeds
 
 # --------------------------------------------------------------------------- m19 AdamWConfig
 
@@ -156,7 +156,7 @@ def test_diloco_config_from_dict_validates_values():
 
 
 @pytest.mark.m26
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_load_digits_is_the_1797_uci_digits(dtype):
     x, y = load_digits(dtype)
     assert x.shape == (1797, 64) and x.dtype == dtype
@@ -197,7 +197,7 @@ def test_stratified_split_is_seeded_and_rejects_bad_arguments():
     x, y = unique_rows()
     first = stratified_split(x, y, 0.2, np.random.default_rng(4))
     second = stratified_split(x, y, 0.2, np.random.default_rng(4))
-    assert all(np.array_equal(a, b) for a, b in zip(first, second))
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
     for bad in (0.0, 1.0, -0.5):
         with pytest.raises(ValueError, match="test_fraction"):
             stratified_split(x, y, bad, np.random.default_rng(0))
@@ -236,7 +236,7 @@ def test_standardizer_maps_constant_features_to_zero_and_checks_columns():
 
 @pytest.mark.m26
 @given(seed=seeds(), num_examples=st.integers(1, 60), num_features=st.integers(1, 5),
-       num_classes=st.integers(1, 7), dtype=st.sampled_from([np.float32, np.float64]))
+       num_classes=st.integers(1, 7), dtype=dtypes)
 def test_make_synthetic_shapes_balance_and_seed(seed, num_examples, num_features, num_classes, dtype):
     x, y = make_synthetic(num_examples, num_features, num_classes, np.random.default_rng(seed), dtype=dtype)
     assert x.shape == (num_examples, num_features) and x.dtype == dtype

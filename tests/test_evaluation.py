@@ -1,8 +1,8 @@
 """Part 7 - held-out evaluation and the communication model: milestones 28-30.
 
 Expected values are hand-worked (``tests/fixtures/m28.json`` .. ``m30.json``) or come
-from the plain-NumPy oracles in this file (a forward pass, a log-sum-exp, the ring
-all-reduce formula), never from the package itself.
+from plain-NumPy oracles (the forward pass and log-sum-exp of ``helpers``, the ring
+all-reduce formula here), never from the package itself.
 """
 
 from __future__ import annotations
@@ -15,29 +15,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from diloco.evaluation import CommunicationReport, classification_accuracy, communication_savings, evaluate_loss
-from diloco.model import cross_entropy_loss, model_forward
-from helpers import as_params, assert_close, assert_unchanged, load_fixture, snapshot
+from helpers import (
+    DTYPES,
+    as_params,
+    assert_close,
+    assert_unchanged,
+    load_fixture,
+    oracle_forward,
+    oracle_loss,
+    snapshot,
+)
 from strategies import mlp_and_batch, seeds
 
-
-# --------------------------------------------------------------------------- oracles
-
-
-# Milestones 28 and 29 depend on 03 model_forward and 05 cross_entropy_loss (see
-# diloco.milestones): the grader runs these tests only after those passed their own
-# tests, so they serve as the oracle here instead of a second copy of the forward pass.
-
-
-def reference_logits(params, x):
-    """The logits in float64, from the (already graded) milestone 03."""
-    params64 = {key: np.asarray(value, dtype=np.float64) for key, value in params.items()}
-    return model_forward(params64, np.asarray(x, dtype=np.float64))[0]
-
-
-def reference_loss(params, x, y):
-    """Mean cross-entropy in float64, from the (already graded) milestones 03 and 05."""
-    return cross_entropy_loss(reference_logits(params, x), y)
-
+# --------------------------------------------------------------------------- helpers
 
 
 def small_model(dtype=np.float64):
@@ -75,7 +65,7 @@ def test_evaluate_loss_matches_hand_worked_fixture():
 @given(mlp_and_batch(dtype=np.float64))
 def test_evaluate_loss_is_the_mean_cross_entropy_of_the_forward_pass(case):
     params, x, y = case
-    assert_close(evaluate_loss(params, x, y), reference_loss(params, x, y), rtol=1e-9, atol=1e-12,
+    assert_close(evaluate_loss(params, x, y), oracle_loss(params, x, y), rtol=1e-9, atol=1e-12,
                  what="evaluate_loss")
 
 
@@ -118,7 +108,7 @@ def test_evaluate_loss_float32_agrees_with_float64():
     params32 = {key: value.astype(np.float32) for key, value in params64.items()}
     got = evaluate_loss(params32, x64.astype(np.float32), y)
     assert isinstance(got, float)
-    assert_close(got, reference_loss(params64, x64, y), rtol=1e-5, what="float32 loss")
+    assert_close(got, oracle_loss(params64, x64, y), rtol=1e-5, what="float32 loss")
 
 
 @pytest.mark.m28
@@ -167,7 +157,7 @@ def test_classification_accuracy_is_the_fraction_of_correct_argmax(case):
     got = classification_accuracy(params, x, y)
     assert 0.0 <= got <= 1.0, f"accuracy must lie in [0, 1], got {got}"
     assert_close(got * len(y), round(got * len(y)), atol=1e-9, what="accuracy * n (a whole count)")
-    expected = float(np.mean(np.argmax(reference_logits(params, x), axis=1) == y))
+    expected = float(np.mean(np.argmax(oracle_forward(params, x)[0], axis=1) == y))
     assert_close(got, expected, rtol=1e-12, what="accuracy")
 
 
@@ -182,19 +172,19 @@ def test_classification_accuracy_ignores_row_order(case, seed):
 @pytest.mark.m29
 def test_classification_accuracy_is_one_for_argmax_labels_and_zero_for_argmin_labels():
     params, x, _ = small_model()
-    logits = reference_logits(params, x)
+    logits = oracle_forward(params, x)[0]
     assert classification_accuracy(params, x, np.argmax(logits, axis=1)) == 1.0
     assert classification_accuracy(params, x, np.argmin(logits, axis=1)) == 0.0
 
 
 @pytest.mark.m29
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_classification_accuracy_is_pure_in_both_dtypes(dtype):
     params, x, y = small_model(dtype)
     before = snapshot((params, x, y))
     got = classification_accuracy(params, x, y)
     assert_unchanged(before, (params, x, y), what="params, x and y")
-    expected = float(np.mean(np.argmax(reference_logits(params, x), axis=1) == y))
+    expected = float(np.mean(np.argmax(oracle_forward(params, x)[0], axis=1) == y))
     assert got == expected
 
 

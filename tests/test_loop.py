@@ -22,10 +22,10 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from diloco.adamw import AdamWState, init_adamw_state
+from diloco.adamw import init_adamw_state
 from diloco.config import AdamWConfig, DiLoCoConfig
 from diloco.data import load_digits_split
 from diloco.evaluation import classification_accuracy, evaluate_loss
@@ -40,7 +40,10 @@ from diloco.sharding import (
     sample_worker_batch,
 )
 from helpers import (
+    DTYPES,
+    FEW_EXAMPLES,
     FIXTURES,
+    adamw_state,
     as_params,
     assert_close,
     assert_no_shared_memory,
@@ -48,6 +51,7 @@ from helpers import (
     assert_unchanged,
     load_fixture,
     snapshot,
+    tolerance,
 )
 
 # --------------------------------------------------------------------------- helpers
@@ -76,29 +80,32 @@ def layer_sizes_for(x, y, config):
     return (x.shape[1], *config.hidden_sizes, int(y.max()) + 1)
 
 
-def round_inputs(seed, num_workers, dtype=np.float64, warm=False, hidden_sizes=(4,)):
+def round_inputs(seed, num_workers, dtype=np.float64, warm=False, hidden_sizes=(4,), shard_sizes=None):
     """Global params, outer state, worker states and shards for one round, built in the test.
 
-    ``warm`` gives every worker a non-fresh AdamW state (step 3, random moments) and the
-    outer optimizer a non-zero momentum, as in a later round.
+    Five examples per worker, dealt round-robin, unless ``shard_sizes`` gives each shard's
+    size. ``warm`` gives every worker a non-fresh AdamW state (step 3, random moments) and
+    the outer optimizer a non-zero momentum, as in a later round.
     """
     rng = np.random.default_rng(seed)
-    x, y = tiny_data(seed, num_examples=5 * num_workers, dtype=dtype)
-    shards = [(x[k::num_workers], y[k::num_workers]) for k in range(num_workers)]
+    sizes = [5] * num_workers if shard_sizes is None else list(shard_sizes)
+    x, y = tiny_data(seed, num_examples=sum(sizes), dtype=dtype)
+    if shard_sizes is None:
+        shards = [(x[k::num_workers], y[k::num_workers]) for k in range(num_workers)]
+    else:
+        shards = list(zip(np.split(x, np.cumsum(sizes)[:-1]), np.split(y, np.cumsum(sizes)[:-1]), strict=True))
     params = init_model_params((x.shape[1], *hidden_sizes, 3), rng, dtype=dtype)
     if warm:
         states = [
-            AdamWState(
-                step=3,
-                m={key: rng.normal(0.0, 0.1, value.shape).astype(dtype) for key, value in params.items()},
-                v={key: rng.uniform(0.0, 0.05, value.shape).astype(dtype) for key, value in params.items()},
-            )
+            adamw_state(step=3,
+                        m={key: rng.normal(0.0, 0.1, value.shape).astype(dtype) for key, value in params.items()},
+                        v={key: rng.uniform(0.0, 0.05, value.shape).astype(dtype) for key, value in params.items()})
             for _ in range(num_workers)
         ]
         outer = OuterState({key: rng.normal(0.0, 0.1, value.shape).astype(dtype) for key, value in params.items()})
     else:
-        states = [init_adamw_state(params) for _ in range(num_workers)]
-        outer = init_outer_optimizer(params)
+        states = [adamw_state(params) for _ in range(num_workers)]
+        outer = OuterState({key: np.zeros_like(value) for key, value in params.items()})
     return params, outer, states, shards
 
 
@@ -107,7 +114,7 @@ def independent_workers(params, states, shards, config, rng):
     worker_rngs = rng.spawn(config.num_workers)
     return [
         inner_train_worker(params, state, x_k, y_k, config.inner_steps, config.batch_size, config.inner, rng_k)
-        for (x_k, y_k), state, rng_k in zip(shards, states, worker_rngs)
+        for (x_k, y_k), state, rng_k in zip(shards, states, worker_rngs, strict=True)
     ]
 
 
@@ -133,7 +140,7 @@ def plain_adamw_training(x, y, config):
 
 def assert_history_equal(got, expected, what="history"):
     assert len(got) == len(expected), f"{what}: {len(got)} records vs {len(expected)}"
-    for i, (a, b) in enumerate(zip(got, expected)):
+    for i, (a, b) in enumerate(zip(got, expected, strict=True)):
         assert a == b, f"{what}[{i}] differs:\n  {a}\n  {b}"
 
 
@@ -149,7 +156,7 @@ def test_run_diloco_round_matches_hand_worked_fixture():
     fixture = load_fixture("m25")
     inputs, expected = fixture["inputs"], fixture["expected"]
     config = DiLoCoConfig.from_dict(inputs["config"])
-    states = [AdamWState(s["step"], as_params(s["m"]), as_params(s["v"])) for s in inputs["worker_states"]]
+    states = [adamw_state(**s) for s in inputs["worker_states"]]
     shards = [(np.array(x, dtype=np.float64), np.array(y, dtype=np.int64)) for x, y in inputs["shards"]]
     outer = OuterState(as_params(inputs["outer_momentum_before"]))
     result = run_diloco_round(as_params(inputs["global_params"]), outer, states, shards, config,
@@ -158,7 +165,7 @@ def test_run_diloco_round_matches_hand_worked_fixture():
                         what="new global params")
     assert_params_close(result.outer_state.momentum, as_params(expected["outer_momentum"]), rtol=1e-9, atol=1e-15,
                         what="outer momentum")
-    for k, (got, want) in enumerate(zip(result.worker_states, expected["worker_states"])):
+    for k, (got, want) in enumerate(zip(result.worker_states, expected["worker_states"], strict=True)):
         assert got.step == want["step"], f"worker {k}: step {got.step}, expected {want['step']}"
         assert_params_close(got.m, as_params(want["m"]), rtol=1e-12, atol=1e-15, what=f"worker {k} m")
         assert_params_close(got.v, as_params(want["v"]), rtol=1e-12, atol=1e-15, what=f"worker {k} v")
@@ -170,9 +177,9 @@ def test_run_diloco_round_matches_hand_worked_fixture():
 
 
 @pytest.mark.m25
-@settings(max_examples=15)
+@FEW_EXAMPLES
 @given(seed=st.integers(0, 2**16), num_workers=st.integers(1, 3), inner_steps=st.integers(1, 3),
-       warm=st.booleans(), dtype=st.sampled_from([np.float64, np.float32]))
+       warm=st.booleans(), dtype=st.sampled_from(DTYPES))
 def test_fedavg_round_returns_the_average_of_independently_trained_workers(seed, num_workers, inner_steps, warm,
                                                                            dtype):
     """outer_lr = 1, outer_momentum = 0: theta - (theta - mean_k theta_k) = mean_k theta_k."""
@@ -181,11 +188,11 @@ def test_fedavg_round_returns_the_average_of_independently_trained_workers(seed,
                          dtype=np.dtype(dtype).name)
     result = run_diloco_round(params, outer, states, shards, config, np.random.default_rng(seed + 1))
     workers = independent_workers(params, states, shards, config, np.random.default_rng(seed + 1))
-    tol = dict(rtol=1e-12, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-6)
+    tol = tolerance(dtype)
     assert_params_close(result.global_params, numpy_mean([w[0] for w in workers]), what="FedAvg global params", **tol)
     for key, value in result.global_params.items():
         assert value.dtype == dtype, f"global_params[{key!r}] is {value.dtype}, expected {np.dtype(dtype)}"
-    for k, (got, (_, want, losses)) in enumerate(zip(result.worker_states, workers)):
+    for k, (got, (_, want, losses)) in enumerate(zip(result.worker_states, workers, strict=True)):
         # each worker keeps its own state: neither reset nor averaged
         assert got.step == want.step == states[k].step + inner_steps
         assert_params_close(got.m, want.m, what=f"worker {k} AdamW m", **tol)
@@ -233,7 +240,7 @@ def test_carried_worker_states_change_the_round():
 
 
 @pytest.mark.m25
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_round_record_counts_one_all_reduce_at_the_params_precision(dtype):
     params, outer, states, shards = round_inputs(11, 3, dtype=dtype)
     config = tiny_config(num_workers=3, inner_steps=3)
@@ -248,7 +255,7 @@ def test_round_record_counts_one_all_reduce_at_the_params_precision(dtype):
 
 
 @pytest.mark.m25
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_run_diloco_round_is_pure(dtype):
     params, outer, states, shards = round_inputs(2, 2, dtype=dtype, warm=True)
     inputs = (params, outer, states, shards)
@@ -318,7 +325,7 @@ def test_train_diloco_matches_hand_worked_fixture():
 
 
 @pytest.mark.m26
-@settings(max_examples=12)
+@FEW_EXAMPLES
 @given(seed=st.integers(0, 2**16), inner_steps=st.integers(1, 3), rounds=st.integers(2, 3),
        batch_size=st.integers(1, 30), hidden=st.sampled_from([(), (3,), (4, 3)]))
 def test_one_worker_fedavg_is_plain_adamw_training(seed, inner_steps, rounds, batch_size, hidden):
@@ -351,7 +358,7 @@ def test_train_diloco_is_setup_then_rounds_of_run_diloco_round(iid):
         records.append(record)
     result = train_diloco(x, y, config)
     assert_params_close(result.params, params, rtol=0.0, atol=0.0, what="train_diloco vs its rounds")
-    for got, want in zip(result.history, records):
+    for got, want in zip(result.history, records, strict=True):
         for key in ("inner_loss", "worker_losses", "pseudo_grad_norm", "bytes_sent", "all_reduces"):
             assert got[key] == want[key], f"history {key!r}: {got[key]} vs {want[key]}"
 
@@ -474,7 +481,7 @@ def test_baseline_averages_the_workers_gradients_into_one_adamw_step(case, expec
     result = train_synchronous_baseline(x, y, config)
     record_losses = expected.pop("worker_losses")
     assert_params_close(result.params, expected, rtol=1e-10, atol=1e-12, what="baseline params")
-    for r, (record, losses) in enumerate(zip(result.history, record_losses)):
+    for r, (record, losses) in enumerate(zip(result.history, record_losses, strict=True)):
         assert_close(record["worker_losses"], losses, rtol=1e-10, what=f"record {r} worker_losses")
         assert_close(record["inner_loss"], losses.mean(), rtol=1e-10, what=f"record {r} inner_loss")
 

@@ -37,17 +37,14 @@ from helpers import (
 from strategies import learning_rates, momenta, param_dict_family, param_dicts
 
 
-
-
-
 def assert_close_in_dtype(got, expected, what):
     """Dict of arrays: same keys, shapes and dtypes as ``expected`` and close to it."""
     assert list(got) == list(expected), f"{what}: expected keys {list(expected)}, got {list(got)}"
     for key in expected:
         assert got[key].dtype == expected[key].dtype, (
             f"{what}[{key!r}]: expected dtype {expected[key].dtype}, got {got[key].dtype}")
-        rtol, atol = tolerance(expected[key].dtype)
-        assert_close(got[key], expected[key], rtol=rtol, atol=atol, what=f"{what}[{key!r}]")
+        tol = tolerance(expected[key].dtype)
+        assert_close(got[key], expected[key], **tol, what=f"{what}[{key!r}]")
 
 
 def family_with_momentum(family):
@@ -240,10 +237,7 @@ def test_nesterov_param_update_fedavg(family):
     buffer = OuterState(momentum={k: v.copy() for k, v in outer_grad.items()})  # m = 0 m + delta
     got = nesterov_param_update(global_params, outer_grad, buffer, 1.0, 0.0)
     for key in global_params:
-        if global_params[key].dtype == np.float64:
-            assert_close(got[key], average[key], rtol=1e-12, atol=1e-12, what=f"FedAvg params[{key!r}]")
-        else:
-            assert_close(got[key], average[key], rtol=1e-5, atol=1e-5, what=f"FedAvg params[{key!r}]")
+        assert_close(got[key], average[key], **tolerance(global_params[key].dtype), what=f"FedAvg params[{key!r}]")
 
 
 @pytest.mark.m23
@@ -299,7 +293,8 @@ def test_nesterov_param_update_rejects_bad_input():
 def oracle_pseudo_gradient(global_params, workers, weights=None):
     weights = np.ones(len(workers)) if weights is None else np.asarray(weights, dtype=np.float64)
     weights = weights / weights.sum()
-    return {k: sum(w * (global_params[k].astype(np.float64) - worker[k]) for w, worker in zip(weights, workers))
+    return {k: sum(w * (global_params[k].astype(np.float64) - worker[k])
+                   for w, worker in zip(weights, workers, strict=True))
             for k in global_params}
 
 
@@ -373,8 +368,8 @@ def test_compute_outer_gradient_fedavg_identity(family):
     got = compute_outer_gradient(global_params, workers)
     for key in global_params:
         average = np.mean([w[key].astype(np.float64) for w in workers], axis=0)
-        rtol, atol = tolerance(global_params[key].dtype)
-        assert_close(global_params[key] - got[key], average, rtol=rtol, atol=atol, what=f"global - delta[{key!r}]")
+        tol = tolerance(global_params[key].dtype)
+        assert_close(global_params[key] - got[key], average, **tol, what=f"global - delta[{key!r}]")
 
 
 @pytest.mark.m24
@@ -384,8 +379,8 @@ def test_compute_outer_gradient_of_unmoved_workers_is_zero(params):
     workers = [{k: v.copy() for k, v in params.items()} for _ in range(3)]
     got = compute_outer_gradient(params, workers)
     for key in params:
-        rtol, atol = tolerance(params[key].dtype)
-        assert_close(got[key], np.zeros_like(params[key]), rtol=rtol, atol=atol, what=f"delta[{key!r}]")
+        tol = tolerance(params[key].dtype)
+        assert_close(got[key], np.zeros_like(params[key]), **tol, what=f"delta[{key!r}]")
 
 
 @pytest.mark.m24

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from diloco.params import average_params, clone_params, scale_params, subtract_params
 from helpers import (
+    DTYPES,
     HALF_EXAMPLES,
     as_params,
     assert_close,
@@ -24,9 +25,6 @@ from helpers import (
     tolerance,
 )
 from strategies import param_dict_family, param_dicts
-
-
-
 
 
 def assert_same_layout(got, reference, what="result"):
@@ -87,7 +85,7 @@ def test_clone_params_returns_a_new_dict():
 
 
 @pytest.mark.m12
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_clone_params_keeps_dtype_and_key_order(dtype):
     params = {"b2": np.arange(3, dtype=dtype), "W1": np.ones((2, 2), dtype=dtype), "a": np.full(1, 0.1, dtype)}
     clone = clone_params(params)
@@ -138,8 +136,8 @@ def test_scale_params_matches_elementwise_product(params, scalar):
     assert_same_layout(got, params, "scale_params")
     for key in params:
         expected = params[key] * params[key].dtype.type(scalar)
-        rtol, atol = tolerance(params[key].dtype)
-        assert_close(got[key], expected, rtol=rtol, atol=atol, what=f"scale_params[{key!r}]")
+        tol = tolerance(params[key].dtype)
+        assert_close(got[key], expected, **tol, what=f"scale_params[{key!r}]")
 
 
 @pytest.mark.m13
@@ -217,7 +215,7 @@ def test_subtract_params_is_antisymmetric_and_elementwise(family):
 
 
 @pytest.mark.m14
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_subtract_params_keeps_dtype_and_order_of_a(dtype):
     params_a = {"W1": np.array([[3.0, 1.0]], dtype), "b1": np.array([1.0], dtype)}
     params_b = {"W1": np.array([[1.0, 4.0]], dtype), "b1": np.array([0.25], dtype)}
@@ -275,8 +273,8 @@ def test_average_params_uniform_by_default(family):
     assert_same_layout(got, family[0], "average_params")
     expected = weighted_mean(family, [1.0] * len(family))
     for key in got:
-        rtol, atol = tolerance(got[key].dtype)
-        assert_close(got[key], expected[key], rtol=rtol, atol=atol, what=f"average[{key!r}]")
+        tol = tolerance(got[key].dtype)
+        assert_close(got[key], expected[key], **tol, what=f"average[{key!r}]")
 
 
 @pytest.mark.m15
@@ -290,9 +288,9 @@ def test_average_params_weighted_and_permutation_invariant(family, data):
     shuffled = average_params([family[k] for k in order], [weights[k] for k in order])
     expected = weighted_mean(family, weights)
     for key in got:
-        rtol, atol = tolerance(got[key].dtype)
-        assert_close(got[key], expected[key], rtol=rtol, atol=atol, what=f"weighted average[{key!r}]")
-        assert_close(shuffled[key], got[key], rtol=rtol, atol=atol,
+        tol = tolerance(got[key].dtype)
+        assert_close(got[key], expected[key], **tol, what=f"weighted average[{key!r}]")
+        assert_close(shuffled[key], got[key], **tol,
                      what=f"average of the reordered workers[{key!r}]")
 
 
@@ -305,8 +303,8 @@ def test_average_params_of_identical_dicts_is_that_dict(params, count):
     assert_same_layout(got, params, "average_params")
     assert_no_shared_memory(got, family, "average_params")
     for key in params:
-        rtol, atol = tolerance(params[key].dtype)
-        assert_close(got[key], params[key], rtol=rtol, atol=atol, what=f"average of copies[{key!r}]")
+        tol = tolerance(params[key].dtype)
+        assert_close(got[key], params[key], **tol, what=f"average of copies[{key!r}]")
 
 
 @pytest.mark.m15
@@ -317,8 +315,8 @@ def test_average_params_normalises_weights(family, scale):
     got = average_params(family, weights)
     scaled = average_params(family, [scale * w for w in weights])
     for key in got:
-        rtol, atol = tolerance(got[key].dtype)
-        assert_close(scaled[key], got[key], rtol=rtol, atol=atol, what=f"average with weights x{scale}[{key!r}]")
+        tol = tolerance(got[key].dtype)
+        assert_close(scaled[key], got[key], **tol, what=f"average with weights x{scale}[{key!r}]")
 
 
 @pytest.mark.m15
@@ -329,8 +327,8 @@ def test_average_params_zero_weight_ignores_member(family):
     got = average_params(poisoned, [1.0, 0.0, 3.0])
     expected = weighted_mean([family[0], family[2]], [1.0, 3.0])
     for key in got:
-        rtol, atol = tolerance(got[key].dtype)
-        assert_close(got[key], expected[key], rtol=rtol, atol=atol, what=f"average with a zero weight[{key!r}]")
+        tol = tolerance(got[key].dtype)
+        assert_close(got[key], expected[key], **tol, what=f"average with a zero weight[{key!r}]")
 
 
 @pytest.mark.m15

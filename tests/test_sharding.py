@@ -23,17 +23,20 @@ from diloco.sharding import (
     sample_worker_batch,
 )
 from helpers import (
+    DTYPES,
     HALF_EXAMPLES,
+    adamw_oracle,
+    adamw_state,
     as_params,
     assert_close,
     assert_no_shared_memory,
     assert_params_close,
+    assert_state_close,
     assert_unchanged,
     load_fixture,
     snapshot,
 )
 from strategies import labelled_data, layer_sizes, mlp_params, seeds
-
 
 # --------------------------------------------------------------------------- helpers
 
@@ -76,6 +79,15 @@ def check_partition(shards, x, y, num_workers):
     return ids
 
 
+def assert_shards_hold(shards, expected_shards):
+    """Shard k holds exactly the (row id, label) pairs of ``expected_shards[k]`` (in any order)."""
+    assert len(shards) == len(expected_shards), f"expected {len(expected_shards)} shards, got {len(shards)}"
+    for k, (shard, expected) in enumerate(zip(shards, expected_shards, strict=True)):
+        got_pairs = sorted(zip(shard[0][:, 0].tolist(), shard[1].tolist(), strict=True))
+        expected_pairs = sorted(zip(np.asarray(expected["x"])[:, 0].tolist(), expected["y"], strict=True))
+        assert got_pairs == expected_pairs, f"shard {k}: expected (x, y) pairs {expected_pairs}, got {got_pairs}"
+
+
 def fixture_data(inputs, dtype=np.float64):
     return np.asarray(inputs["x"], dtype=dtype), np.asarray(inputs["y"], dtype=np.int64)
 
@@ -91,11 +103,7 @@ def test_iid_shard_dataset_fixture():
     # The literal draw quoted in the fixture is NumPy's, checked here against NumPy itself.
     assert np.random.default_rng(inputs["seed"]).permutation(len(y)).tolist() == [2, 4, 3, 6, 5, 0, 1]
     shards = iid_shard_dataset(x, y, inputs["num_workers"], np.random.default_rng(inputs["seed"]))
-    assert len(shards) == len(fixture["expected"]["shards"])
-    for k, (shard, expected) in enumerate(zip(shards, fixture["expected"]["shards"])):
-        got_pairs = sorted(zip(shard[0][:, 0].tolist(), shard[1].tolist()))
-        expected_pairs = sorted(zip(np.asarray(expected["x"])[:, 0].tolist(), expected["y"]))
-        assert got_pairs == expected_pairs, f"shard {k}: expected (x, y) pairs {expected_pairs}, got {got_pairs}"
+    assert_shards_hold(shards, fixture["expected"]["shards"])
 
 
 @pytest.mark.m16
@@ -110,7 +118,7 @@ def test_iid_shard_dataset_partitions_evenly(data, num_workers, seed):
 
 
 @pytest.mark.m16
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_iid_shard_dataset_is_pure(dtype):
     x = np.column_stack([np.arange(10.0), np.linspace(-1, 1, 10)]).astype(dtype)
     y = np.arange(10) % 3
@@ -190,11 +198,7 @@ def test_noniid_shard_dataset_fixture():
     assert np.floor(rng.dirichlet([0.5, 0.5])[0] * 4) == 3
     shards = noniid_shard_dataset(x, y, inputs["num_workers"], np.random.default_rng(inputs["seed"]),
                                   alpha=inputs["alpha"])
-    assert len(shards) == len(fixture["expected"]["shards"])
-    for k, (shard, expected) in enumerate(zip(shards, fixture["expected"]["shards"])):
-        got_pairs = sorted(zip(shard[0][:, 0].tolist(), shard[1].tolist()))
-        expected_pairs = sorted(zip(np.asarray(expected["x"])[:, 0].tolist(), expected["y"]))
-        assert got_pairs == expected_pairs, f"shard {k}: expected (x, y) pairs {expected_pairs}, got {got_pairs}"
+    assert_shards_hold(shards, fixture["expected"]["shards"])
 
 
 @pytest.mark.m17
@@ -241,7 +245,7 @@ def test_noniid_shard_dataset_fills_empty_workers():
 
 
 @pytest.mark.m17
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_noniid_shard_dataset_is_pure_and_reproducible(dtype):
     x = np.column_stack([np.arange(24.0), np.ones(24)]).astype(dtype)
     y = np.arange(24) % 4
@@ -251,7 +255,7 @@ def test_noniid_shard_dataset_is_pure_and_reproducible(dtype):
     assert_no_shared_memory(shards, (x, y), "noniid_shard_dataset")
     check_partition(shards, x, y, 3)
     again = noniid_shard_dataset(x, y, 3, np.random.default_rng(7), alpha=0.3)
-    for (x_a, y_a), (x_b, y_b) in zip(shards, again):
+    for (x_a, y_a), (x_b, y_b) in zip(shards, again, strict=True):
         np.testing.assert_array_equal(x_a, x_b, err_msg="same seed must give the same shards")
         np.testing.assert_array_equal(y_a, y_b)
 
@@ -341,7 +345,7 @@ def test_sample_worker_batch_uses_and_advances_the_generator():
 
 
 @pytest.mark.m18
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_sample_worker_batch_keeps_dtype(dtype):
     x, y = np.arange(6, dtype=dtype)[:, None], np.arange(6, dtype=np.int32)
     x_batch, y_batch = sample_worker_batch(x, y, 4, np.random.default_rng(0))
@@ -373,37 +377,6 @@ def oracle_loss_and_grads(params, x, y):
     """
     logits, cache = model_forward(params, x.astype(params["W1"].dtype))
     return cross_entropy_loss(logits, y), model_backward(params, cache, y)
-
-
-def oracle_adamw(params, step, m, v, grads, cfg):
-    """Plain NumPy: one torch.optim.AdamW step (decay on the pre-step parameters)."""
-    step += 1
-    new_m = {k: cfg.beta1 * m[k] + (1 - cfg.beta1) * grads[k] for k in params}
-    new_v = {k: cfg.beta2 * v[k] + (1 - cfg.beta2) * grads[k] ** 2 for k in params}
-    new_params = {}
-    for k in params:
-        m_hat = new_m[k] / (1 - cfg.beta1 ** step)
-        v_hat = new_v[k] / (1 - cfg.beta2 ** step)
-        decay = cfg.lr * cfg.weight_decay * params[k]
-        new_params[k] = params[k] - decay - cfg.lr * m_hat / (np.sqrt(v_hat) + cfg.eps)
-    return new_params, step, new_m, new_v
-
-
-
-def as_state(tree, dtype=np.float64):
-    return AdamWState(step=tree["step"], m=as_params(tree["m"], dtype), v=as_params(tree["v"], dtype))
-
-
-def zero_state(params, step=0):
-    return AdamWState(step=step, m={k: np.zeros_like(v) for k, v in params.items()},
-                      v={k: np.zeros_like(v) for k, v in params.items()})
-
-
-def assert_state_close(got, expected_step, expected_m, expected_v, *, rtol=1e-12, atol=0.0):
-    assert isinstance(got, AdamWState), f"expected an AdamWState, got {type(got).__name__}"
-    assert got.step == expected_step, f"state.step: expected {expected_step}, got {got.step}"
-    assert_params_close(got.m, expected_m, rtol=rtol, atol=atol, what="state.m")
-    assert_params_close(got.v, expected_v, rtol=rtol, atol=atol, what="state.v")
 
 
 adamw_configs = st.builds(
@@ -439,14 +412,14 @@ def test_local_train_step_fixture():
     fixture = load_fixture("m19")
     inputs, expected = fixture["inputs"], fixture["expected"]
     params = as_params(inputs["params"])
-    state = as_state(inputs["adam_state"])
+    state = adamw_state(**inputs["adam_state"])
     x = np.asarray(inputs["x_batch"], dtype=np.float64)
     y = np.asarray(inputs["y_batch"], dtype=np.int64)
     new_params, new_state, loss = local_train_step(params, state, x, y, AdamWConfig(**inputs["config"]))
     assert_close(loss, expected["loss_before_step"], rtol=1e-12, what="loss (before the step)")
     assert_params_close(new_params, as_params(expected["new_params"]), rtol=0, atol=1e-8, what="new_params")
-    exp_state = as_state(expected["new_state"])
-    assert_state_close(new_state, exp_state.step, exp_state.m, exp_state.v, rtol=1e-12, atol=1e-15)
+    exp_state = adamw_state(**expected["new_state"])
+    assert_state_close(new_state, exp_state, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.m19
@@ -459,7 +432,7 @@ def test_local_train_step_matches_closed_form_adamw(problem):
     assert_unchanged(before, (params, state, x, y), "params, adam_state, x_batch, y_batch")
     assert_no_shared_memory((new_params, new_state), (params, state, x, y), "local_train_step")
     expected_loss, grads = oracle_loss_and_grads(params, x, y)
-    exp_params, exp_step, exp_m, exp_v = oracle_adamw(params, state.step, state.m, state.v, grads, cfg)
+    exp_params, exp_state = adamw_oracle(params, state, grads, cfg)
     assert isinstance(loss, float), f"the loss must be a Python float, got {type(loss).__name__}"
     assert_close(loss, expected_loss, rtol=1e-10, atol=1e-12, what="loss before the step")
     # The oracle's gradients differ from the package's by rounding (~1e-16 absolute). Adam's
@@ -467,7 +440,7 @@ def test_local_train_step_matches_closed_form_adamw(problem):
     # tolerance scales with lr / eps; a wrong formula moves the params by far more.
     atol = 1e-12 + cfg.lr * 1e-14 / cfg.eps
     assert_params_close(new_params, exp_params, rtol=1e-9, atol=atol, what="new_params")
-    assert_state_close(new_state, exp_step, exp_m, exp_v, rtol=1e-9, atol=1e-12)
+    assert_state_close(new_state, exp_state, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.m19
@@ -476,7 +449,7 @@ def test_local_train_step_reports_the_loss_before_the_step():
     x, y = np.array([[1.0, 2.0], [-1.0, 0.5]]), np.array([0, 1])
     cfg = AdamWConfig(lr=0.1, weight_decay=0.0)
     before_loss, _ = oracle_loss_and_grads(params, x, y)
-    new_params, _, loss = local_train_step(params, zero_state(params), x, y, cfg)
+    new_params, _, loss = local_train_step(params, adamw_state(params), x, y, cfg)
     after_loss, _ = oracle_loss_and_grads(new_params, x, y)
     assert abs(before_loss - after_loss) > 1e-3  # the step changes the loss
     assert_close(loss, before_loss, rtol=1e-12, what="returned loss (must be measured before the step)")
@@ -487,13 +460,12 @@ def test_local_train_step_advances_the_step_and_carries_moments():
     params = {"W1": np.array([[0.5, -0.5], [0.2, 1.0]]), "b1": np.array([0.1, -0.1])}
     x, y = np.array([[1.0, 2.0]]), np.array([1])
     cfg = AdamWConfig(lr=0.01, beta1=0.9, beta2=0.99, weight_decay=0.05)
-    state = AdamWState(7, {k: np.full_like(p, 0.2) for k, p in params.items()},
-                       {k: np.full_like(p, 0.5) for k, p in params.items()})
+    state = adamw_state(params, step=7, m=0.2, v=0.5)
     new_params, new_state, _ = local_train_step(params, state, x, y, cfg)
     _, grads = oracle_loss_and_grads(params, x, y)
-    exp_params, exp_step, exp_m, exp_v = oracle_adamw(params, 7, state.m, state.v, grads, cfg)
+    exp_params, exp_state = adamw_oracle(params, state, grads, cfg)
     assert new_state.step == 8, f"step 7 -> 8 expected, got {new_state.step}"
-    assert_state_close(new_state, exp_step, exp_m, exp_v)
+    assert_state_close(new_state, exp_state)
     assert_params_close(new_params, exp_params, rtol=1e-12, what="new_params (bias correction uses step 8)")
 
 
@@ -505,14 +477,13 @@ def test_local_train_step_two_layers_keeps_float32():
     x = np.array([[1.0, 2.0], [0.5, -1.5], [2.0, 0.0]], np.float32)
     y = np.array([0, 1, 1])
     cfg = AdamWConfig(lr=0.01)
-    new_params, new_state, loss = local_train_step(params, zero_state(params, step=2), x, y, cfg)
+    new_params, new_state, loss = local_train_step(params, adamw_state(params, step=2), x, y, cfg)
     for tree, what in ((new_params, "new_params"), (new_state.m, "state.m"), (new_state.v, "state.v")):
         for key, value in tree.items():
             assert value.dtype == np.float32, f"{what}[{key!r}] must stay float32, got {value.dtype}"
     params64 = {k: v.astype(np.float64) for k, v in params.items()}
     expected_loss, grads = oracle_loss_and_grads(params64, x.astype(np.float64), y)
-    zeros = {k: np.zeros_like(v) for k, v in params64.items()}
-    exp_params, _, _, _ = oracle_adamw(params64, 2, zeros, zeros, grads, cfg)
+    exp_params, _ = adamw_oracle(params64, adamw_state(params64, step=2), grads, cfg)
     assert_close(loss, expected_loss, rtol=1e-5, what="loss")
     assert_params_close(new_params, exp_params, rtol=1e-5, atol=1e-6, what="float32 new_params")
 
@@ -522,16 +493,16 @@ def test_local_train_step_rejects_bad_input():
     params = {"W1": np.ones((2, 2)), "b1": np.zeros(2)}
     x, y = np.ones((1, 2)), np.array([0])
     with pytest.raises(TypeError, match="config"):
-        local_train_step(params, zero_state(params), x, y, {"lr": 0.1})
+        local_train_step(params, adamw_state(params), x, y, {"lr": 0.1})
     with pytest.raises(TypeError, match="state"):
         local_train_step(params, (0, {}, {}), x, y, AdamWConfig())
-    bad_state = zero_state({"W1": np.ones((2, 3)), "b1": np.zeros(3)})
+    bad_state = adamw_state({"W1": np.ones((2, 3)), "b1": np.zeros(3)})
     with pytest.raises(ValueError, match="state"):
         local_train_step(params, bad_state, x, y, AdamWConfig())
     with pytest.raises(ValueError, match="y_batch"):
-        local_train_step(params, zero_state(params), x, np.array([2]), AdamWConfig())
+        local_train_step(params, adamw_state(params), x, np.array([2]), AdamWConfig())
     with pytest.raises(ValueError, match="x_batch"):
-        local_train_step(params, zero_state(params), np.ones(2), y, AdamWConfig())
+        local_train_step(params, adamw_state(params), np.ones(2), y, AdamWConfig())
 
 
 # --------------------------------------------------------------------------- m20 inner_train_worker
@@ -539,8 +510,6 @@ def test_local_train_step_rejects_bad_input():
 
 def oracle_worker(params, state, x, y, num_steps, batch_size, cfg, rng):
     """Plain NumPy: H AdamW steps, each on ``rng.choice`` batch as the docstring specifies."""
-    params = {k: v.copy() for k, v in params.items()}
-    step, m, v = state
     losses = []
     for _ in range(num_steps):
         n = len(y)
@@ -549,9 +518,9 @@ def oracle_worker(params, state, x, y, num_steps, batch_size, cfg, rng):
         else:
             idx = rng.integers(0, n, size=batch_size)
         loss, grads = oracle_loss_and_grads(params, x[idx], y[idx])
-        params, step, m, v = oracle_adamw(params, step, m, v, grads, cfg)
+        params, state = adamw_oracle(params, state, grads, cfg)
         losses.append(loss)
-    return params, step, m, v, np.array(losses)
+    return params, state, np.array(losses)
 
 
 def small_problem(dtype=np.float64, n=12):
@@ -568,14 +537,14 @@ def test_inner_train_worker_fixture():
     fixture = load_fixture("m20")
     inputs, expected = fixture["inputs"], fixture["expected"]
     got_params, got_state, losses = inner_train_worker(
-        as_params(inputs["params"]), as_state(inputs["adam_state"]),
+        as_params(inputs["params"]), adamw_state(**inputs["adam_state"]),
         np.asarray(inputs["x_shard"], dtype=np.float64), np.asarray(inputs["y_shard"], dtype=np.int64),
         inputs["num_inner_steps"], inputs["batch_size"], AdamWConfig(**inputs["config"]),
         np.random.default_rng(inputs["seed"]))
     assert_params_close(got_params, as_params(expected["worker_params"]), rtol=0, atol=1e-8, what="worker_params")
-    exp_state = as_state(expected["adam_state"])
+    exp_state = adamw_state(**expected["adam_state"])
     # atol 1e-8: the eps in the denominator moves step 1 by ~2e-9 away from the round numbers
-    assert_state_close(got_state, exp_state.step, exp_state.m, exp_state.v, rtol=0, atol=1e-8)
+    assert_state_close(got_state, exp_state, rtol=0, atol=1e-8)
     assert_close(losses, np.asarray(expected["losses"]), rtol=0, atol=1e-8, what="losses (each before its step)")
 
 
@@ -584,21 +553,20 @@ def test_inner_train_worker_fixture():
 def test_inner_train_worker_matches_step_by_step_oracle(batch_size):
     params, x, y = small_problem()
     cfg = AdamWConfig(lr=0.05, weight_decay=0.1)
-    state = AdamWState(3, {k: np.full_like(v, 0.01) for k, v in params.items()},
-                       {k: np.full_like(v, 0.02) for k, v in params.items()})
+    state = adamw_state(params, step=3, m=0.01, v=0.02)
     before = snapshot((params, state, x, y))
     got_params, got_state, losses = inner_train_worker(params, state, x, y, 5, batch_size, cfg,
                                                        np.random.default_rng(9))
     assert_unchanged(before, (params, state, x, y), "params, adam_state, x_shard, y_shard")
     assert_no_shared_memory((got_params, got_state, losses), (params, state, x, y), "inner_train_worker")
-    exp_params, exp_step, exp_m, exp_v, exp_losses = oracle_worker(params, state, x, y, 5, batch_size, cfg,
+    exp_params, exp_state, exp_losses = oracle_worker(params, state, x, y, 5, batch_size, cfg,
                                                                    np.random.default_rng(9))
     assert isinstance(losses, np.ndarray) and losses.shape == (5,) and losses.dtype == np.float64, (
         f"losses must be a float64 array of shape (5,), got {type(losses).__name__} "
         f"{getattr(losses, 'shape', '')}")
     assert_close(losses, exp_losses, rtol=1e-10, what="losses (each before its step, a new batch every step)")
     assert_params_close(got_params, exp_params, rtol=1e-9, atol=1e-12, what="worker_params")
-    assert_state_close(got_state, exp_step, exp_m, exp_v, rtol=1e-9, atol=1e-12)
+    assert_state_close(got_state, exp_state, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.m20
@@ -606,9 +574,9 @@ def test_inner_train_worker_full_batch_does_not_depend_on_the_draw():
     # batch_size == shard size: every step sees the whole shard, whatever the permutation.
     params, x, y = small_problem(n=6)
     cfg = AdamWConfig(lr=0.02)
-    got = [inner_train_worker(params, zero_state(params), x, y, 4, 6, cfg, np.random.default_rng(seed))
+    got = [inner_train_worker(params, adamw_state(params), x, y, 4, 6, cfg, np.random.default_rng(seed))
            for seed in (0, 1)]
-    exp_params, exp_step, _, _, exp_losses = oracle_worker(params, zero_state(params), x, y, 4, 6, cfg,
+    exp_params, _, exp_losses = oracle_worker(params, adamw_state(params), x, y, 4, 6, cfg,
                                                            np.random.default_rng(5))
     for got_params, got_state, losses in got:
         assert got_state.step == 4
@@ -622,10 +590,8 @@ def test_inner_train_worker_full_batch_does_not_depend_on_the_draw():
 def test_inner_train_worker_carries_adamw_state_across_calls(horizon, batch_size, seed, start):
     params, x, y = small_problem(n=8)
     cfg = AdamWConfig(lr=0.03, beta1=0.8, beta2=0.9)
-    state = zero_state(params, step=start)
-    if start:
-        state = AdamWState(start, {k: np.full_like(v, 0.05) for k, v in params.items()},
-                           {k: np.full_like(v, 0.01) for k, v in params.items()})
+    # a fresh state, or a warm one as a later round would carry
+    state = adamw_state(params, step=start, m=0.05, v=0.01) if start else adamw_state(params)
     one_params, one_state, one_losses = inner_train_worker(params, state, x, y, 2 * horizon, batch_size, cfg,
                                                            np.random.default_rng(seed))
     rng = np.random.default_rng(seed)
@@ -642,14 +608,13 @@ def test_inner_train_worker_carries_adamw_state_across_calls(horizon, batch_size
 @pytest.mark.m20
 def test_inner_train_worker_zero_steps_returns_a_copy():
     params, x, y = small_problem()
-    state = AdamWState(5, {k: np.full_like(v, 0.3) for k, v in params.items()},
-                       {k: np.full_like(v, 0.4) for k, v in params.items()})
+    state = adamw_state(params, step=5, m=0.3, v=0.4)
     before = snapshot((params, state))
     got_params, got_state, losses = inner_train_worker(params, state, x, y, 0, 4, AdamWConfig(),
                                                        np.random.default_rng(0))
     assert_params_close(got_params, params, rtol=0, what="worker_params after 0 steps")
     assert_no_shared_memory(got_params, (params, state), "worker_params after 0 steps")
-    assert_state_close(got_state, 5, before[1].m, before[1].v, rtol=0)
+    assert_state_close(got_state, before[1], rtol=0)
     assert isinstance(losses, np.ndarray) and losses.shape == (0,), f"losses must have shape (0,), got {losses!r}"
     assert_unchanged(before, (params, state), "params, adam_state")
 
@@ -657,7 +622,7 @@ def test_inner_train_worker_zero_steps_returns_a_copy():
 @pytest.mark.m20
 def test_inner_train_worker_keeps_float32():
     params, x, y = small_problem(dtype=np.float32)
-    got_params, got_state, losses = inner_train_worker(params, zero_state(params), x, y, 3, 5, AdamWConfig(),
+    got_params, got_state, losses = inner_train_worker(params, adamw_state(params), x, y, 3, 5, AdamWConfig(),
                                                        np.random.default_rng(0))
     for tree, what in ((got_params, "worker_params"), (got_state.m, "state.m"), (got_state.v, "state.v")):
         for key, value in tree.items():
@@ -668,7 +633,7 @@ def test_inner_train_worker_keeps_float32():
 @pytest.mark.m20
 def test_inner_train_worker_rejects_bad_input():
     params, x, y = small_problem()
-    state = zero_state(params)
+    state = adamw_state(params)
     with pytest.raises(ValueError, match="num_inner_steps"):
         inner_train_worker(params, state, x, y, -1, 4, AdamWConfig(), np.random.default_rng(0))
     with pytest.raises(ValueError, match="batch_size"):
