@@ -23,6 +23,9 @@ __all__ = ["AdamWConfig", "DiLoCoConfig"]
 
 _DTYPES = ("float32", "float64")
 _ENGINES = ("reference", "fast")
+_LR_SCHEDULES = ("constant", "cosine")
+_SHARD_WEIGHTINGS = ("auto", "uniform", "size")
+_OUTER_OPTIMIZERS = ("sgd", "adam")
 
 
 def _field_error(cls_name: str, exc: Exception) -> Exception:
@@ -112,6 +115,35 @@ class DiLoCoConfig:
         functions of ``diloco.loop`` (``"reference"``), or ``diloco.engine``, the same
         algorithm with the K workers in flat in-place buffers (``"fast"``). The milestone
         functions themselves ignore it.
+
+    The paper's mechanisms (``diloco.mechanisms``); the defaults are the course's
+    algorithm, unchanged:
+
+    lr_schedule : "constant" or "cosine"
+        Inner lr: constant (default), or linear warmup over ``warmup_steps`` then a cosine
+        decay to a tenth of ``inner.lr`` at the last step, as in the paper.
+    warmup_steps : int >= 0
+        Warmup steps of the cosine schedule (0).
+    clip_norm : float > 0 or None
+        Clip each inner gradient to this global L2 norm (None: no clipping).
+    shard_weighting : "auto", "uniform" or "size"
+        Weights of the workers' pseudo-gradients: ``"size"`` weighs each by its shard's
+        number of examples, as the paper does for non-IID data; ``"auto"`` (default) is
+        ``"size"`` for non-IID shards and ``"uniform"`` for IID ones.
+    outer_optimizer : "sgd" or "adam"
+        ``"sgd"`` (default): SGD with ``outer_momentum`` and ``nesterov`` (Nesterov, heavy
+        ball, or plain SGD at momentum 0). ``"adam"``: Adam with ``beta1 =
+        outer_momentum``, ``outer_beta2`` and ``outer_eps``.
+    outer_beta2 : float in [0, 1)
+        Outer Adam's second-moment decay (0.999).
+    outer_eps : float > 0
+        Outer Adam's epsilon, large as the paper uses it (0.1).
+    drop_prob : float in [0, 1)
+        Each round, each worker's outer gradient is dropped with this probability: it is
+        left out of the average and that worker carries on from its own parameters (0).
+    record_similarity : bool
+        Add ``pseudo_grad_cosine`` (mean pairwise cosine between the workers' own
+        pseudo-gradients) to every DiLoCo record (False).
     """
 
     num_workers: int = 8
@@ -128,6 +160,15 @@ class DiLoCoConfig:
     dtype: str = "float64"
     inner: AdamWConfig = field(default_factory=AdamWConfig)
     engine: str = "reference"
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    clip_norm: float | None = None
+    shard_weighting: str = "auto"
+    outer_optimizer: str = "sgd"
+    outer_beta2: float = 0.999
+    outer_eps: float = 0.1
+    drop_prob: float = 0.0
+    record_similarity: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -155,19 +196,44 @@ class DiLoCoConfig:
                 raise ValueError(f"engine must be one of {_ENGINES}, got {self.engine!r}")
             if not isinstance(self.inner, AdamWConfig):
                 raise TypeError(f"inner must be an AdamWConfig, got {type(self.inner).__name__}")
+            mechanisms = self._check_mechanisms()
         except (TypeError, ValueError) as exc:
             raise _field_error("DiLoCoConfig", exc) from None
+        for name, value in mechanisms.items():
+            object.__setattr__(self, name, value)
         object.__setattr__(self, "hidden_sizes", tuple(int(w) for w in hidden))
         object.__setattr__(self, "outer_lr", outer_lr)
         object.__setattr__(self, "outer_momentum", outer_momentum)
         object.__setattr__(self, "alpha", alpha)
+
+    def _check_mechanisms(self) -> dict[str, Any]:
+        """Validate the mechanism fields; return the normalised values."""
+        if self.lr_schedule not in _LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {_LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be a non-negative int, got {self.warmup_steps!r}")
+        if self.warmup_steps and self.lr_schedule == "constant":
+            raise ValueError("warmup_steps needs lr_schedule='cosine' (the constant schedule has no warmup)")
+        clip = None if self.clip_norm is None else check_real(self.clip_norm, "clip_norm", low=0.0, low_open=True)
+        if self.shard_weighting not in _SHARD_WEIGHTINGS:
+            raise ValueError(f"shard_weighting must be one of {_SHARD_WEIGHTINGS}, got {self.shard_weighting!r}")
+        if self.outer_optimizer not in _OUTER_OPTIMIZERS:
+            raise ValueError(f"outer_optimizer must be one of {_OUTER_OPTIMIZERS}, got {self.outer_optimizer!r}")
+        if not isinstance(self.record_similarity, bool):
+            raise TypeError(f"record_similarity must be a bool, got {self.record_similarity!r}")
+        return {
+            "clip_norm": clip,
+            "outer_beta2": check_probability(self.outer_beta2, "outer_beta2"),
+            "outer_eps": check_real(self.outer_eps, "outer_eps", low=0.0, low_open=True),
+            "drop_prob": check_probability(self.drop_prob, "drop_prob"),
+        }
 
     @property
     def total_steps(self) -> int:
         """Inner steps per worker over the whole run, ``rounds * inner_steps``."""
         return self.rounds * self.inner_steps
 
-    def replace(self, **changes: Any) -> "DiLoCoConfig":
+    def replace(self, **changes: Any) -> DiLoCoConfig:
         """A copy with some fields changed (validated again). ``inner`` may be a dict."""
         if isinstance(changes.get("inner"), dict):
             changes["inner"] = dataclasses.replace(self.inner, **changes["inner"])
@@ -180,7 +246,7 @@ class DiLoCoConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DiLoCoConfig":
+    def from_dict(cls, data: dict[str, Any]) -> DiLoCoConfig:
         """Build from a dict such as a parsed ``config.json``; unknown keys raise ``ValueError``."""
         if not isinstance(data, dict):
             raise TypeError(f"config must be a JSON object, got {type(data).__name__}")

@@ -6,33 +6,50 @@ Random streams: at the start of every round the run's generator spawns one child
 worker (``rng.spawn(K)``); worker k draws all its mini-batches of that round from child
 k. The baseline does the same, so for a given seed both algorithms see exactly the same
 mini-batches and differ only in how they combine the workers' work.
+
+The paper's mechanisms (inner lr schedule, gradient clipping, shard-size weights, outer
+Adam, dropped outer gradients, worker similarity) are ``DiLoCoConfig`` fields, composed
+here from ``diloco.mechanisms``; at their defaults the round is the course's. ``encode``
+(keyword-only, e.g. ``diloco.text.OneHot``) turns stored index windows into model inputs
+one mini-batch at a time, for the character-level language model.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, TypedDict
+from collections.abc import Callable
+from typing import NamedTuple, TypedDict
 
 import numpy as np
 
 from diloco._validation import check_args, check_float_array, check_generator, check_labels, milestone
-from diloco.adamw import AdamWState, adamw_step, init_adamw_state
+from diloco.adamw import AdamWState, init_adamw_state
 from diloco.config import DiLoCoConfig
 from diloco.evaluation import classification_accuracy, communication_savings, evaluate_loss
-from diloco.model import Params, cross_entropy_loss, init_model_params, model_backward, model_forward
-from diloco.outer import (
-    OuterState,
-    compute_outer_gradient,
-    init_outer_optimizer,
-    nesterov_param_update,
-    update_outer_momentum,
+from diloco.mechanisms import (
+    copy_outer_state,
+    draw_dropped,
+    global_norm,
+    mean_pairwise_cosine,
+    outer_step,
+    pseudo_grad_weights,
+    scheduled_adamw_step,
+    train_worker,
+    uses_plain_worker,
 )
+from diloco.model import Params, cross_entropy_loss, init_model_params, model_backward, model_forward
+from diloco.outer import OuterState, compute_outer_gradient, init_outer_optimizer
 from diloco.params import average_params
 from diloco.sharding import iid_shard_dataset, inner_train_worker, noniid_shard_dataset, sample_worker_batch
+from diloco.text import bits_per_char, perplexity
 
 __all__ = [
-    "RoundRecord", "RoundResult", "TrainResult", "run_diloco_round", "train_diloco", "train_synchronous_baseline",
-    "num_values", "global_norm", "round_record", "prepare_training", "finish_record",
+    "RoundRecord", "RoundResult", "RoundResultWithStarts", "TrainResult", "run_diloco_round", "train_diloco",
+    "train_synchronous_baseline", "num_values", "global_norm", "round_record", "prepare_training", "finish_record",
+    "held_out_metrics",
 ]
+
+# Held-out windows encoded at a time by ``held_out_metrics`` (one (2048, c V) block).
+EVAL_CHUNK = 2048
 
 
 class RoundRecord(TypedDict, total=False):
@@ -62,6 +79,14 @@ class RoundRecord(TypedDict, total=False):
         ``bytes_sent`` summed over the rounds so far.
     eval_loss, eval_accuracy : float or None
         Held-out metrics of the global model after the round; None without held-out data.
+    eval_perplexity, eval_bits : float or None
+        ``exp(eval_loss)`` and ``eval_loss / ln 2``: perplexity and bits per prediction
+        (per character for the character-level language model).
+    dropped_workers : list of int
+        DiLoCo with ``drop_prob > 0`` only: the workers whose outer gradient was dropped.
+    pseudo_grad_cosine : float or None
+        DiLoCo with ``record_similarity`` only: mean pairwise cosine similarity of the
+        workers' own pseudo-gradients (None for one worker).
     allreduce_seconds : float
         MPI only: wall time this rank spent in the round's all-reduce.
     """
@@ -76,6 +101,10 @@ class RoundRecord(TypedDict, total=False):
     cumulative_bytes: float
     eval_loss: float | None
     eval_accuracy: float | None
+    eval_perplexity: float | None
+    eval_bits: float | None
+    dropped_workers: list
+    pseudo_grad_cosine: float | None
     allreduce_seconds: float
 
 
@@ -104,6 +133,25 @@ class RoundResult(NamedTuple):
     record: dict
 
 
+class RoundResultWithStarts(NamedTuple):
+    """What milestone 25 returns when called with ``worker_starts`` (dropped outer gradients).
+
+    Attributes
+    ----------
+    global_params, outer_state, worker_states, record
+        As in ``RoundResult``.
+    worker_starts : list of K dicts of str -> ndarray
+        Where each worker starts the next round: the new global params, or, for a worker
+        whose outer gradient was dropped, its own parameters.
+    """
+
+    global_params: Params
+    outer_state: OuterState
+    worker_states: list
+    record: dict
+    worker_starts: list
+
+
 class TrainResult(NamedTuple):
     """What ``train_diloco`` and ``train_synchronous_baseline`` return.
 
@@ -123,11 +171,6 @@ class TrainResult(NamedTuple):
 def num_values(params: Params) -> int:
     """Number of scalars in a parameter dict (what one all-reduce sends per worker)."""
     return int(sum(value.size for value in params.values()))
-
-
-def global_norm(params: Params) -> float:
-    """The L2 norm of all the arrays of ``params`` taken together, as a Python float."""
-    return float(np.sqrt(sum(np.sum(value * value) for value in params.values())))
 
 
 def round_record(worker_losses, params: Params, config: DiLoCoConfig, *, pseudo_grad: Params | None = None
@@ -156,7 +199,7 @@ def round_record(worker_losses, params: Params, config: DiLoCoConfig, *, pseudo_
 
 @milestone
 def run_diloco_round(global_params: Params, outer_state: OuterState, worker_states, shards, config: DiLoCoConfig,
-                     rng) -> RoundResult:
+                     rng, *, encode=None, worker_starts=None) -> RoundResult:
     """Milestone 25: one DiLoCo round (one synchronisation).
 
     1. Spawn one random stream per worker: ``worker_rngs = rng.spawn(K)``.
@@ -166,6 +209,15 @@ def run_diloco_round(global_params: Params, outer_state: OuterState, worker_stat
     4. ``m = update_outer_momentum(outer_state, delta, mu)`` then
        ``theta = nesterov_param_update(theta, delta, m, outer_lr, mu, nesterov=...)``.
 
+    The paper's mechanisms (``DiLoCoConfig`` fields, helpers in ``diloco.mechanisms``)
+    extend these steps; at their defaults the round is exactly the four steps above:
+
+    * step 2 runs ``train_worker`` instead of milestone 20 when the inner lr follows a
+      schedule, gradients are clipped or an ``encode``-r is given;
+    * step 3 weighs the workers by ``pseudo_grad_weights`` (shard sizes, for non-IID
+      shards by default) and leaves out the workers ``draw_dropped`` drops;
+    * step 4 is ``outer_step``: milestones 22-23, or Adam for ``outer_optimizer="adam"``.
+
     Parameters
     ----------
     global_params : dict of str -> ndarray (MLP)
@@ -173,8 +225,16 @@ def run_diloco_round(global_params: Params, outer_state: OuterState, worker_stat
     worker_states : list of K AdamWState
         Each worker's optimizer state from its previous round.
     shards : list of K (x_k, y_k)
+        Features, or index windows when ``encode`` is given.
     config : DiLoCoConfig
     rng : numpy.random.Generator
+    encode : callable, keyword-only, optional
+        Turns a mini-batch of stored rows into model inputs (``diloco.text.OneHot``).
+    worker_starts : list of K param dicts, keyword-only, optional
+        Where each worker starts this round (needed when ``config.drop_prob > 0``: a
+        worker whose outer gradient was dropped carries on from its own parameters).
+        When given, the result is a ``RoundResultWithStarts`` whose ``worker_starts``
+        are the next round's starting points.
 
     Returns
     -------
@@ -182,39 +242,64 @@ def run_diloco_round(global_params: Params, outer_state: OuterState, worker_stat
         ``record`` holds ``inner_loss`` (mean over workers and steps),
         ``worker_losses`` (list of K means), ``pseudo_grad_norm`` (global L2 norm of
         delta), ``all_reduces`` (1) and ``bytes_sent`` (per worker, ring all-reduce at
-        the params' precision).
+        the params' precision); ``dropped_workers`` and ``pseudo_grad_cosine`` when
+        those mechanisms are on. With ``worker_starts``: a ``RoundResultWithStarts``.
+        If every outer gradient is dropped, no outer step is taken (delta = 0).
 
     Raises
     ------
     TypeError, ValueError
-        Wrong config type, ``worker_states`` or ``shards`` not of length K, bad rng.
+        Wrong config type, ``worker_states`` or ``shards`` not of length K, bad rng,
+        ``drop_prob > 0`` without ``worker_starts``.
     """
-    config = check_args.run_diloco_round(global_params, outer_state, worker_states, shards, config, rng)
+    config = check_args.run_diloco_round(global_params, outer_state, worker_states, shards, config, rng, encode,
+                                         worker_starts)
     # BEGIN SOLUTION
-    worker_rngs = rng.spawn(config.num_workers)
+    num_workers = config.num_workers
+    worker_rngs = rng.spawn(num_workers)
+    starts = [global_params] * num_workers if worker_starts is None else worker_starts
+    plain = uses_plain_worker(config, encode)  # milestone 20 as it is: constant lr, no clipping, no encoder
     worker_params, new_states, worker_losses = [], [], []
-    for (x_k, y_k), state_k, rng_k in zip(shards, worker_states, worker_rngs):
-        params_k, state_k, losses_k = inner_train_worker(
-            global_params, state_k, x_k, y_k, config.inner_steps, config.batch_size, config.inner, rng_k
-        )
+    for (x_k, y_k), state_k, rng_k, start_k in zip(shards, worker_states, worker_rngs, starts, strict=True):
+        if plain:
+            params_k, state_k, losses_k = inner_train_worker(
+                start_k, state_k, x_k, y_k, config.inner_steps, config.batch_size, config.inner, rng_k
+            )
+        else:
+            params_k, state_k, losses_k = train_worker(start_k, state_k, x_k, y_k, config, rng_k, encode=encode)
         worker_params.append(params_k)
         new_states.append(state_k)
         worker_losses.append(float(losses_k.mean()))
-    pseudo_grad = compute_outer_gradient(global_params, worker_params)
-    outer_state = update_outer_momentum(outer_state, pseudo_grad, config.outer_momentum)
-    new_global = nesterov_param_update(
-        global_params, pseudo_grad, outer_state, config.outer_lr, config.outer_momentum, nesterov=config.nesterov
-    )
+    dropped = draw_dropped(rng, config)  # [] unless config.drop_prob > 0
+    kept = [k for k in range(num_workers) if k not in dropped]
+    weights = pseudo_grad_weights(shards, config)  # None (uniform) unless weighting by shard size
+    if kept:
+        pseudo_grad = compute_outer_gradient(global_params, [worker_params[k] for k in kept],
+                                             None if weights is None else [weights[k] for k in kept])
+        new_global, outer_state = outer_step(global_params, pseudo_grad, outer_state, config)
+    else:  # every outer gradient was dropped: nothing reached the server, no outer step
+        pseudo_grad = {key: np.zeros_like(value) for key, value in global_params.items()}
+        new_global = {key: value.copy() for key, value in global_params.items()}
+        outer_state = copy_outer_state(outer_state)
     record = round_record(worker_losses, global_params, config, pseudo_grad=pseudo_grad)
-    return RoundResult(new_global, outer_state, new_states, record)
+    if config.drop_prob > 0:
+        record["dropped_workers"] = dropped
+    if config.record_similarity:
+        record["pseudo_grad_cosine"] = mean_pairwise_cosine(global_params, worker_params)
+    if worker_starts is None:
+        return RoundResult(new_global, outer_state, new_states, record)
+    next_starts = [worker_params[k] if k in dropped else new_global for k in range(num_workers)]
+    return RoundResultWithStarts(new_global, outer_state, new_states, record, next_starts)
     # END SOLUTION
 
 
-def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None):
+def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode=None):
     """The shared start of every trainer: validate, shard, initialise, in one rng order.
 
     Used by ``train_diloco``, ``train_synchronous_baseline`` and the MPI backend, so for
-    one seed they all start from the same shards and the same initial model.
+    one seed they all start from the same shards and the same initial model. With
+    ``encode``, ``x`` holds index windows of width ``encode.input_width`` and the model's
+    input width is ``encode.num_features``.
 
     Returns
     -------
@@ -226,6 +311,7 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None):
     if y.size == 0:
         raise ValueError("x must hold at least one example")
     check_args.dataset(x, y, config.num_workers)  # K <= n, checked here: the sharding call is nested
+    num_features = x.shape[1] if encode is None else check_args.encoder(encode, x.shape[1])
     if (x_eval is None) != (y_eval is None):
         raise ValueError("x_eval and y_eval must be given together")
     num_classes = int(y.max()) + 1
@@ -241,30 +327,53 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None):
         shards = iid_shard_dataset(x, y, config.num_workers, rng)
     else:
         shards = noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
-    layer_sizes = (x.shape[1], *config.hidden_sizes, num_classes)
+    layer_sizes = (num_features, *config.hidden_sizes, num_classes)
     params = init_model_params(layer_sizes, rng, dtype=np.dtype(config.dtype))
     return config, rng, shards, params
 
 
-def finish_record(record: RoundRecord, round_index: int, config, params, x_eval, y_eval, history: list
-                  ) -> RoundRecord:
-    """Complete ``record`` with its position, cumulative bytes and held-out metrics; append it to ``history``."""
+def held_out_metrics(params: Params, x_eval, y_eval, encode=None) -> tuple[float, float]:
+    """``(evaluate_loss, classification_accuracy)`` of ``params`` on held-out data.
+
+    Without ``encode`` these are milestones 28 and 29 on the whole array. With it, the
+    index windows are encoded ``EVAL_CHUNK`` rows at a time and the chunks' means are
+    combined, weighted by their sizes, so no dense ``(n, c V)`` matrix is ever built.
+    """
+    if encode is None:
+        return evaluate_loss(params, x_eval, y_eval), classification_accuracy(params, x_eval, y_eval)
+    dtype = next(iter(params.values())).dtype
+    loss_sum = correct = 0.0
+    for start in range(0, len(y_eval), EVAL_CHUNK):
+        x_chunk, y_chunk = encode(x_eval[start:start + EVAL_CHUNK], dtype), y_eval[start:start + EVAL_CHUNK]
+        loss_sum += evaluate_loss(params, x_chunk, y_chunk) * len(y_chunk)
+        correct += classification_accuracy(params, x_chunk, y_chunk) * len(y_chunk)
+    return loss_sum / len(y_eval), correct / len(y_eval)
+
+
+def finish_record(record: RoundRecord, round_index: int, config, params, x_eval, y_eval, history: list, *,
+                  encode=None) -> RoundRecord:
+    """Complete ``record`` with its position, cumulative bytes and held-out metrics; append it to ``history``.
+
+    The held-out metrics are ``eval_loss``, ``eval_accuracy`` and, from the loss,
+    ``eval_perplexity = exp(eval_loss)`` and ``eval_bits = eval_loss / ln 2``.
+    """
     record["round"] = round_index
     record["step"] = round_index * config.inner_steps
     previous = history[-1]["cumulative_bytes"] if history else 0.0
     record["cumulative_bytes"] = previous + record["bytes_sent"]
     if x_eval is None:
-        record["eval_loss"] = record["eval_accuracy"] = None
+        record["eval_loss"] = record["eval_accuracy"] = record["eval_perplexity"] = record["eval_bits"] = None
     else:
-        record["eval_loss"] = evaluate_loss(params, x_eval, y_eval)
-        record["eval_accuracy"] = classification_accuracy(params, x_eval, y_eval)
+        record["eval_loss"], record["eval_accuracy"] = held_out_metrics(params, x_eval, y_eval, encode)
+        record["eval_perplexity"] = perplexity(record["eval_loss"])
+        record["eval_bits"] = bits_per_char(record["eval_loss"])
     history.append(record)
     return record
 
 
 @milestone
 def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=None, y_eval=None, rng=None,
-                 on_round: RoundCallback | None = None) -> TrainResult:
+                 on_round: RoundCallback | None = None, encode=None) -> TrainResult:
     """Milestone 26: train with DiLoCo for ``config.rounds`` rounds.
 
     With ``rng = default_rng(config.seed)`` unless given: shard the data (IID, or
@@ -273,9 +382,14 @@ def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=N
     optimizer a zero momentum, then run ``run_diloco_round`` ``rounds`` times,
     evaluating the global model on ``(x_eval, y_eval)`` after each round.
 
+    With ``config.drop_prob > 0`` the loop also carries where each worker starts its
+    next round (``worker_starts``: every worker starts the first round from the initial
+    model; a worker whose outer gradient was dropped carries on from its own parameters).
+
     Parameters
     ----------
     x : ndarray of shape (n, d_in), floating
+        Features, or index windows of width ``encode.input_width`` when ``encode`` is given.
     y : ndarray of shape (n,), integer labels
     config : DiLoCoConfig
     x_eval, y_eval : held-out data, keyword-only, optional (both or neither)
@@ -283,6 +397,9 @@ def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=N
     on_round : callable(record) -> None, keyword-only, optional
         Called after every round with its finished record (for progress bars and
         writing history files as the run goes).
+    encode : callable, keyword-only, optional
+        Turns stored rows into model inputs, one mini-batch (or evaluation chunk) at a
+        time: ``diloco.text.OneHot`` for the character-level language model.
 
     Returns
     -------
@@ -294,16 +411,19 @@ def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=N
     TypeError, ValueError
         Bad data, config or rng.
     """
-    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng)
+    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng, encode=encode)
     # BEGIN SOLUTION
     worker_states = [init_adamw_state(params) for _ in range(config.num_workers)]
     outer_state = init_outer_optimizer(params)
+    starts = [params] * config.num_workers if config.drop_prob > 0 else None  # only dropped workers diverge
     history: list[dict] = []
     for round_index in range(1, config.rounds + 1):
-        params, outer_state, worker_states, record = run_diloco_round(
-            params, outer_state, worker_states, shards, config, rng
-        )
-        finish_record(record, round_index, config, params, x_eval, y_eval, history)
+        result = run_diloco_round(params, outer_state, worker_states, shards, config, rng, encode=encode,
+                                  worker_starts=starts)
+        params, outer_state, worker_states, record = result[:4]
+        if starts is not None:
+            starts = result.worker_starts
+        finish_record(record, round_index, config, params, x_eval, y_eval, history, encode=encode)
         if on_round is not None:
             on_round(record)
     return TrainResult(params, history)
@@ -312,7 +432,7 @@ def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=N
 
 @milestone
 def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=None, y_eval=None,
-                               rng=None, on_round: RoundCallback | None = None) -> TrainResult:
+                               rng=None, on_round: RoundCallback | None = None, encode=None) -> TrainResult:
     """Milestone 27: the synchronous data-parallel baseline at equal compute.
 
     Same shards, same initial model and the same mini-batches as ``train_diloco`` for
@@ -321,9 +441,14 @@ def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfi
     taken on the single shared model. ``rounds * inner_steps`` steps in all; a history
     record every ``inner_steps`` steps, aligned with DiLoCo's rounds.
 
+    The step is ``scheduled_adamw_step`` (``diloco.mechanisms``): at the defaults plain
+    ``adamw_step(params, state, mean_grad, config.inner)``; with ``clip_norm`` and
+    ``lr_schedule`` it clips the averaged gradient and follows the same lr curve as
+    DiLoCo's workers, so the comparison stays at equal optimizer settings.
+
     Parameters
     ----------
-    x, y, config, x_eval, y_eval, rng, on_round
+    x, y, config, x_eval, y_eval, rng, on_round, encode
         As for ``train_diloco``; the outer-optimizer fields of ``config`` are unused.
 
     Returns
@@ -336,9 +461,10 @@ def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfi
     TypeError, ValueError
         Bad data, config or rng.
     """
-    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng)
+    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng, encode=encode)
     # BEGIN SOLUTION
     state: AdamWState = init_adamw_state(params)
+    dtype = next(iter(params.values())).dtype
     history: list[dict] = []
     for round_index in range(1, config.rounds + 1):
         worker_rngs = rng.spawn(config.num_workers)  # the same streams DiLoCo's workers get
@@ -347,12 +473,14 @@ def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfi
             grads = []
             for worker, ((x_k, y_k), rng_k) in enumerate(zip(shards, worker_rngs)):
                 x_batch, y_batch = sample_worker_batch(x_k, y_k, config.batch_size, rng_k)
+                if encode is not None:
+                    x_batch = encode(x_batch, dtype)
                 logits, cache = model_forward(params, x_batch)
                 losses[worker, step] = cross_entropy_loss(logits, y_batch)
                 grads.append(model_backward(params, cache, y_batch))
-            params, state = adamw_step(params, state, average_params(grads), config.inner)
+            params, state = scheduled_adamw_step(params, state, average_params(grads), config)
         record = round_record(losses.mean(axis=1), params, config)
-        finish_record(record, round_index, config, params, x_eval, y_eval, history)
+        finish_record(record, round_index, config, params, x_eval, y_eval, history, encode=encode)
         if on_round is not None:
             on_round(record)
     return TrainResult(params, history)

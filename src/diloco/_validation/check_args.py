@@ -400,8 +400,9 @@ def compute_outer_gradient(global_params, worker_params_list, w):
 
 # --- Part 6: the round -----------------------------------------------------------------------
 
-@checker(nested=lambda global_params, state, worker_states, shards, config, rng: config)
-def run_diloco_round(global_params, state, worker_states, shards, config, rng):
+@checker(nested=lambda global_params, state, worker_states, shards, config, rng, encode=None, worker_starts=None:
+         config)
+def run_diloco_round(global_params, state, worker_states, shards, config, rng, encode=None, worker_starts=None):
     """Returns ``config``. Also checks what the round passes on to the workers."""
     config = diloco_config(config)
     check_mlp_params(global_params, "global_params")
@@ -417,8 +418,38 @@ def run_diloco_round(global_params, state, worker_states, shards, config, rng):
     for k, item in enumerate(shards):
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise TypeError(f"shards[{k}] must be a pair (x_k, y_k), got {type(item).__name__}")
-        shard(item[0], item[1], global_params, f"shards[{k}][0]", f"shards[{k}][1]")
+        if encode is None:
+            shard(item[0], item[1], global_params, f"shards[{k}][0]", f"shards[{k}][1]")
+        else:  # index windows: their width is the encoder's, the model's is the encoded one
+            shard(item[0], item[1], None, f"shards[{k}][0]", f"shards[{k}][1]")
+            encoder(encode, item[0].shape[1], global_params)
+            check_labels(item[1], f"shards[{k}][1]", num_classes=global_params[f"W{len(global_params) // 2}"].shape[1])
+    if worker_starts is not None:
+        check_sequence(worker_starts, "worker_starts")
+        if len(worker_starts) != num_workers:
+            raise ValueError(f"worker_starts must have one entry per worker ({num_workers}), got {len(worker_starts)}")
+        for k, start in enumerate(worker_starts):
+            check_params(start, f"worker_starts[{k}]")
+            check_same_structure(global_params, start, "global_params", f"worker_starts[{k}]")
+    elif config.drop_prob > 0:
+        raise ValueError("worker_starts is needed when config.drop_prob > 0: a worker whose outer gradient is "
+                         "dropped carries on from its own parameters (pass [global_params] * K the first round, "
+                         "then the result's worker_starts)")
     return config
+
+
+def encoder(encode, raw_width: int, params=None) -> int:
+    """``encode`` maps rows of ``raw_width`` columns to model inputs; returns its ``num_features``."""
+    if not callable(encode):
+        raise TypeError(f"encode must be callable (e.g. diloco.text.OneHot), got {type(encode).__name__}")
+    widths = [getattr(encode, name, None) for name in ("input_width", "num_features")]
+    if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+        raise TypeError("encode must have positive int attributes input_width and num_features, as OneHot does")
+    if widths[0] != raw_width:
+        raise ValueError(f"encode takes rows of width {widths[0]}, but the data has {raw_width} columns")
+    if params is not None and params["W1"].shape[0] != widths[1]:
+        raise ValueError(f"encode makes {widths[1]} features, but W1 has {params['W1'].shape[0]} rows")
+    return widths[1]
 
 
 # --- Part 7: evaluation and communication ----------------------------------------------------

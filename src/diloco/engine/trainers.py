@@ -21,6 +21,7 @@ from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.optim import adamw_scratch, adamw_update, mean_rows_into, outer_update
 from diloco.engine.stack import WorkerStack
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record
+from diloco.mechanisms import check_fast_engine, normalised_weights
 from diloco.outer import OuterState
 
 __all__ = ["LAYOUTS", "STACKED_MAX_BYTES", "choose_layout", "train_diloco_fast", "train_synchronous_fast"]
@@ -110,6 +111,8 @@ def train_diloco_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_e
         Equal to ``train_diloco``'s up to rounding (float64: ~1e-13 relative).
     """
     config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng)
+    check_fast_engine(config, "diloco")  # the paper's other mechanisms run on the reference path only
+    weights = normalised_weights(shards, config)  # 1/K each, or shard sizes (config.shard_weighting)
     dtype = next(iter(params.values())).dtype
     shards = _cast_shards(shards, dtype)
     flat = flat_layout(params)
@@ -137,7 +140,8 @@ def train_diloco_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_e
                     _draw_batch(shards[k], b, worker_rngs[k], stack.x[k], stack.labels[k])
                 losses[:, h] = stack.loss_and_grads()[:, 0]
                 adamw_update(stack.params, m, v, stack.grads, step + h + 1, config.inner, scratch)
-            mean_rows_into(stack.params, average, spare, first=True, weight=1.0 / K)
+            for k in range(K):
+                mean_rows_into(stack.params[k:k + 1], average, spare, first=k == 0, weight=weights[k])
         else:
             for k in range(K):
                 stack.params[0] = global_params
@@ -146,7 +150,7 @@ def train_diloco_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_e
                     losses[k, h] = stack.loss_and_grads()[0, 0]
                     adamw_update(stack.params, m[k:k + 1], v[k:k + 1], stack.grads, step + h + 1, config.inner,
                                  scratch)
-                mean_rows_into(stack.params, average, spare, first=k == 0, weight=1.0 / K)
+                mean_rows_into(stack.params, average, spare, first=k == 0, weight=weights[k])
         step += H
         np.subtract(global_params, average, out=pseudo_grad)  # old minus new
         record = round_record(losses.mean(axis=1), layer_views(global_params, flat), config,
@@ -181,6 +185,7 @@ def train_synchronous_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *
         Equal to ``train_synchronous_baseline``'s up to rounding.
     """
     config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng)
+    check_fast_engine(config, "sync")
     dtype = next(iter(params.values())).dtype
     shards = _cast_shards(shards, dtype)
     flat = flat_layout(params)

@@ -1,0 +1,280 @@
+"""The paper's mechanisms around the DiLoCo round, each switched by a ``DiLoCoConfig`` field.
+
+Milestones 25-27 compose these helpers; with every field at its default each helper is
+the identity (or is not called), so the course's algorithm is unchanged bit for bit.
+
+=====================  ==========================  ==============================================
+mechanism              config field(s)             what this module gives the loop
+=====================  ==========================  ==============================================
+inner lr schedule      ``lr_schedule``,            ``inner_lr``, ``scheduled_adamw_step``
+                       ``warmup_steps``
+gradient clipping      ``clip_norm``               ``clip_by_global_norm``, ``scheduled_adamw_step``
+shard-size weights     ``shard_weighting``         ``pseudo_grad_weights``
+outer optimizer        ``outer_optimizer``,        ``outer_step`` (SGD / heavy ball / Nesterov
+                       ``outer_beta2``,            through milestones 22-23; Adam through 08-10)
+                       ``outer_eps``
+dropped outer grads    ``drop_prob``               ``draw_dropped``
+worker similarity      ``record_similarity``       ``mean_pairwise_cosine``
+one-hot inputs         (the ``encode`` argument)   ``train_worker``
+=====================  ==========================  ==============================================
+
+``train_worker`` is ``inner_train_worker`` (milestone 20) generalised: the same H steps
+and random draws, with the scheduled learning rate, clipping and a per-batch encoder.
+``tests/tooling/test_mechanisms.py`` proves it equal to milestone 20 at the defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from diloco.adamw import AdamWState, adam_param_step, adamw_step, bias_correct_moments, update_adam_moments
+from diloco.config import AdamWConfig, DiLoCoConfig
+from diloco.model import Params, cross_entropy_loss, model_backward, model_forward
+from diloco.outer import OuterState, nesterov_param_update, update_outer_momentum
+from diloco.sharding import sample_worker_batch
+
+__all__ = [
+    "COSINE_FLOOR", "global_norm", "inner_lr", "scheduled_adamw_step", "clip_by_global_norm", "train_worker",
+    "uses_plain_worker", "pseudo_grad_weights", "normalised_weights", "check_fast_engine", "outer_step",
+    "copy_outer_state", "draw_dropped", "mean_pairwise_cosine",
+]
+
+# The cosine schedule decays the inner lr from its peak to this fraction of it at the
+# last step (Chinchilla-style, as in the paper's setup), so no step is wasted at lr 0.
+COSINE_FLOOR = 0.1
+
+
+def global_norm(params: Params) -> float:
+    """The L2 norm of all the arrays of ``params`` taken together, as a Python float."""
+    return float(np.sqrt(sum(np.sum(value * value) for value in params.values())))
+
+
+def inner_lr(config: DiLoCoConfig, step: int) -> float:
+    """The inner learning rate of AdamW step ``step`` (1-based) of a run.
+
+    ``"constant"``: ``lr``. ``"cosine"``: linear warmup ``lr * s / W`` for the first
+    ``W = warmup_steps`` steps, then a cosine from ``lr`` down to ``COSINE_FLOOR * lr`` at
+    the run's last step ``T = rounds * inner_steps``::
+
+        lr_s = lr (f + (1 - f) (1 + cos(pi (s - W) / (T - W))) / 2),   W < s <= T
+
+    A DiLoCo worker's step count is its AdamW ``state.step`` (carried across rounds), so
+    every worker and the baseline follow the same curve over the run.
+    """
+    peak = config.inner.lr
+    if config.lr_schedule == "constant":
+        return peak
+    warmup, total = config.warmup_steps, config.total_steps
+    if step <= warmup:
+        return peak * step / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (COSINE_FLOOR + (1.0 - COSINE_FLOOR) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def clip_by_global_norm(grads: Params, max_norm: float | None) -> tuple[Params, float]:
+    """Rescale ``grads`` so their global L2 norm is at most ``max_norm``.
+
+    As ``torch.nn.utils.clip_grad_norm_``: ``coef = max_norm / (norm + 1e-6)``; when
+    ``coef < 1`` every array is multiplied by it. ``max_norm=None`` returns ``grads``
+    itself.
+
+    Returns
+    -------
+    (grads, norm)
+        The (new, if clipped) gradients and their norm before clipping.
+    """
+    norm = global_norm(grads)
+    if max_norm is None:
+        return grads, norm
+    coef = max_norm / (norm + 1e-6)
+    if coef >= 1.0:
+        return grads, norm
+    return {key: value * coef for key, value in grads.items()}, norm
+
+
+def scheduled_adamw_step(params: Params, state: AdamWState, grads: Params, config: DiLoCoConfig
+                         ) -> tuple[Params, AdamWState]:
+    """One inner AdamW step with the config's clipping and lr schedule.
+
+    ``grads`` are clipped to ``config.clip_norm`` (when set), then ``adamw_step`` runs
+    with ``lr = inner_lr(config, state.step + 1)``. At the defaults this is exactly
+    ``adamw_step(params, state, grads, config.inner)``.
+    """
+    grads, _ = clip_by_global_norm(grads, config.clip_norm)
+    inner: AdamWConfig = config.inner
+    if config.lr_schedule != "constant":
+        inner = dataclasses.replace(inner, lr=inner_lr(config, state.step + 1))
+    return adamw_step(params, state, grads, inner)
+
+
+def uses_plain_worker(config: DiLoCoConfig, encode=None) -> bool:
+    """Whether milestone 20 (``inner_train_worker``) runs the workers as they are: a
+    constant lr, no clipping and no input encoder."""
+    return config.lr_schedule == "constant" and config.clip_norm is None and encode is None
+
+
+def train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_shard: np.ndarray,
+                 config: DiLoCoConfig, rng, *, encode=None) -> tuple[Params, AdamWState, np.ndarray]:
+    """``config.inner_steps`` local steps of one worker with the paper's mechanisms.
+
+    For ``h = 1 .. H``: ``(x_b, y_b) = sample_worker_batch(x_shard, y_shard, B, rng)``,
+    ``x_b = encode(x_b)`` when an encoder is given, then forward, loss, backward and
+    ``scheduled_adamw_step``. The random draws are those of ``inner_train_worker``.
+
+    Parameters
+    ----------
+    params : dict of str -> ndarray
+        Where the worker starts.
+    adam_state : AdamWState
+        The worker's carried AdamW state.
+    x_shard : ndarray of shape (n_k, d_raw)
+        Features, or index windows when ``encode`` is given.
+    y_shard : ndarray of shape (n_k,)
+    config : DiLoCoConfig
+    rng : numpy.random.Generator
+    encode : callable, keyword-only, optional
+        ``encode(x_batch, dtype) -> (b, d_in)`` model inputs (``diloco.text.OneHot``).
+
+    Returns
+    -------
+    (worker_params, adam_state, losses : float64 ndarray of shape (H,))
+    """
+    dtype = next(iter(params.values())).dtype
+    worker_params = {key: value.copy() for key, value in params.items()}
+    losses = np.empty(config.inner_steps, dtype=np.float64)
+    for step in range(config.inner_steps):
+        x_batch, y_batch = sample_worker_batch(x_shard, y_shard, config.batch_size, rng)
+        if encode is not None:
+            x_batch = encode(x_batch, dtype)
+        logits, cache = model_forward(worker_params, x_batch)
+        losses[step] = cross_entropy_loss(logits, y_batch)
+        grads = model_backward(worker_params, cache, y_batch)
+        worker_params, adam_state = scheduled_adamw_step(worker_params, adam_state, grads, config)
+    return worker_params, adam_state, losses
+
+
+def pseudo_grad_weights(shards, config: DiLoCoConfig) -> list[float] | None:
+    """The weights of the workers' pseudo-gradients in the average (milestone 24).
+
+    ``"uniform"``: None (``1/K`` each). ``"size"``: each shard's number of examples, so
+    ``delta = sum_k (n_k / n) (theta - theta_k)``, as the paper does for non-IID shards.
+    ``"auto"`` (the default): ``"size"`` for non-IID shards, ``"uniform"`` for IID ones
+    (whose sizes differ by at most one example).
+    """
+    mode = config.shard_weighting
+    if mode == "uniform" or (mode == "auto" and config.iid):
+        return None
+    return [float(len(y_k)) for _, y_k in shards]
+
+
+def normalised_weights(shards, config: DiLoCoConfig) -> list[float]:
+    """``pseudo_grad_weights`` as K floats summing to 1, normalised as ``average_params``
+    (milestone 15) normalises them (``1/K`` each when uniform)."""
+    weights = pseudo_grad_weights(shards, config) or [1.0] * len(shards)
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def check_fast_engine(config: DiLoCoConfig, algo: str) -> None:
+    """Raise ``ValueError`` naming the mechanisms ``diloco.engine`` does not run.
+
+    The fast engine runs the course's algorithm and shard-size weights; the lr schedule
+    and clipping (both algorithms), outer Adam, dropped outer gradients and the
+    similarity record (DiLoCo) need ``engine="reference"``.
+    """
+    missing = []
+    if config.lr_schedule != "constant":
+        missing.append(f"lr_schedule={config.lr_schedule!r}")
+    if config.clip_norm is not None:
+        missing.append(f"clip_norm={config.clip_norm:g}")
+    if algo == "diloco":
+        if config.outer_optimizer != "sgd":
+            missing.append(f"outer_optimizer={config.outer_optimizer!r}")
+        if config.drop_prob > 0:
+            missing.append(f"drop_prob={config.drop_prob:g}")
+        if config.record_similarity:
+            missing.append("record_similarity=True")
+    if missing:
+        raise ValueError(f"the fast engine does not run {', '.join(missing)}: use engine='reference' (--engine "
+                         f"reference), which runs every mechanism")
+
+
+def outer_step(params: Params, pseudo_grad: Params, outer_state: OuterState, config: DiLoCoConfig
+               ) -> tuple[Params, OuterState]:
+    """The outer optimizer's step on the pseudo-gradient.
+
+    ``outer_optimizer="sgd"``: PyTorch ``SGD(outer_lr, momentum=mu, nesterov=...)``
+    through milestones 22-23: Nesterov (the paper), heavy ball (``nesterov=False``) or
+    plain SGD (``mu = 0``; with ``lr = 1`` it is FedAvg).
+
+    ``outer_optimizer="adam"``: Adam through milestones 08-10, ``beta1 = outer_momentum``,
+    ``beta2 = outer_beta2``, ``eps = outer_eps`` (large, 0.1 by default, as the paper and
+    FedOpt use for pseudo-gradients), no weight decay::
+
+        m = b1 m + (1 - b1) delta,   v = b2 v + (1 - b2) delta^2,   t = t + 1
+        theta = theta - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+
+    Returns
+    -------
+    (new_params, new_outer_state)
+    """
+    if config.outer_optimizer == "sgd":
+        state = update_outer_momentum(outer_state, pseudo_grad, config.outer_momentum)
+        new_params = nesterov_param_update(params, pseudo_grad, state, config.outer_lr, config.outer_momentum,
+                                           nesterov=config.nesterov)
+        return new_params, state
+    second = outer_state.second_moment
+    if second is None:
+        second = {key: np.zeros_like(value) for key, value in outer_state.momentum.items()}
+    beta1, beta2 = config.outer_momentum, config.outer_beta2
+    state = update_adam_moments(AdamWState(outer_state.step, outer_state.momentum, second), pseudo_grad,
+                                beta1, beta2)
+    m_hat, v_hat = bias_correct_moments(state, beta1, beta2)
+    new_params = adam_param_step(params, m_hat, v_hat, config.outer_lr, config.outer_eps)
+    return new_params, OuterState(state.m, state.v, state.step)
+
+
+def copy_outer_state(outer_state: OuterState) -> OuterState:
+    """A copy of ``outer_state`` sharing no memory with it (the round when every outer
+    gradient was dropped takes no outer step, and returns new arrays all the same)."""
+    second = outer_state.second_moment
+    return OuterState({key: value.copy() for key, value in outer_state.momentum.items()},
+                      None if second is None else {key: value.copy() for key, value in second.items()},
+                      outer_state.step)
+
+
+def draw_dropped(rng, config: DiLoCoConfig) -> list[int]:
+    """The workers whose outer gradient is dropped this round, each with ``drop_prob``.
+
+    ``rng.random(K) < p`` from the round's generator, drawn only when ``p > 0``: at
+    ``p = 0`` nothing is drawn and the run's random stream is the course's. Drawing from
+    the parent generator after ``rng.spawn(K)`` leaves the workers' batch streams (the
+    spawned children) unchanged, so DiLoCo with drops still sees the baseline's batches.
+    """
+    if config.drop_prob == 0.0:
+        return []
+    return np.flatnonzero(rng.random(config.num_workers) < config.drop_prob).tolist()
+
+
+def mean_pairwise_cosine(global_params: Params, worker_params_list) -> float | None:
+    """Mean cosine similarity between the workers' own pseudo-gradients.
+
+    ``delta_k = theta - theta_k`` flattened over every array; the mean of
+    ``cos(delta_i, delta_j)`` over the pairs ``i < j`` (the paper's Figs. 10-11 plot this
+    kind of agreement between replicas). None for one worker, or when a worker did not
+    move.
+    """
+    if len(worker_params_list) < 2:
+        return None
+    deltas = np.stack([np.concatenate([(global_params[key] - params[key]).ravel().astype(np.float64)
+                                       for key in global_params]) for params in worker_params_list])
+    norms = np.linalg.norm(deltas, axis=1)
+    if np.any(norms == 0.0):
+        return None
+    unit = deltas / norms[:, None]
+    gram = unit @ unit.T
+    upper = np.triu_indices(len(worker_params_list), k=1)
+    return float(gram[upper].mean())

@@ -1,0 +1,229 @@
+"""Character-level language modelling on Tiny Shakespeare, the paper's task in miniature.
+
+The DiLoCo paper trains language models and reports perplexity. Here the same MLP
+predicts the next character from the ``c`` characters before it: the context is one-hot
+encoded (``c * V`` inputs for a vocabulary of ``V = 65`` characters), the output is a
+softmax over the ``V`` characters, and the metrics are perplexity ``exp(mean CE)`` and
+bits per character ``mean CE / ln 2``.
+
+Memory: a dense one-hot matrix of every window of the 1.1M-character text would hold
+``1.1e6 * 6 * 65`` floats (3.5 GB in float64). Instead the data set stores each window as
+its ``c`` character indices (``x`` of shape ``(n, c)``, float32: 24 bytes a window, 27 MB
+for the whole text) and ``OneHot`` expands a mini-batch to ``(b, c * V)`` floats just
+before the model sees it. Index windows are ordinary ``(x, y)`` arrays, so sharding
+(milestones 16-17) and batch sampling (18) work on them unchanged; the loop applies the
+encoder per batch (``train_diloco(..., encode=OneHot(...))``, ``diloco.mechanisms``) and
+the evaluation per chunk (``diloco.loop.finish_record``).
+
+The text ships inside the package (``diloco/_datasets/tinyshakespeare.txt.gz``, 434 kB):
+Karpathy's char-rnn ``tinyshakespeare/input.txt``, plays by William Shakespeare (public
+domain). Its SHA-256 is checked on every load. The held-out part is the tail of the text.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from importlib import resources
+from typing import NamedTuple
+
+import numpy as np
+
+from diloco._validation import check_positive_int, check_real
+from diloco.data import Dataset
+
+__all__ = ["SHAKESPEARE_PROVENANCE", "SHAKESPEARE_SHA256", "OneHot", "TextData", "load_shakespeare_text",
+           "char_windows", "load_shakespeare", "perplexity", "bits_per_char"]
+
+SHAKESPEARE_PROVENANCE = (
+    "Tiny Shakespeare: 1,115,394 characters of plays by William Shakespeare (public domain), "
+    "the data/tinyshakespeare/input.txt of the char-rnn repository (karpathy/char-rnn), gzip-compressed."
+)
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
+# Evaluate on at most this many held-out windows, evenly spaced over the tail: the
+# held-out loss is computed after every round, and 8,192 windows keep that below a
+# tenth of a round's cost at the study settings while the paired comparisons (the same
+# windows for every arm) stay tight.
+DEFAULT_EVAL_WINDOWS = 8192
+
+
+class OneHot:
+    """Expands index windows ``(b, c)`` into one-hot model inputs ``(b, c * V)``.
+
+    Column ``j * V + v`` of the output is 1 where character ``j`` of the window is ``v``,
+    so the first layer's weights hold one ``(V, h)`` block per context position and the
+    MLP is the same as on any other features.
+
+    Parameters
+    ----------
+    vocab_size : int >= 1
+        V.
+    context : int >= 1
+        c, characters per window.
+
+    Attributes
+    ----------
+    vocab_size, context : int
+    input_width : int
+        Columns of the raw index windows, ``c``.
+    num_features : int
+        Columns after encoding, ``c * V``: the model's input width.
+    """
+
+    def __init__(self, vocab_size: int, context: int) -> None:
+        self.vocab_size = check_positive_int(vocab_size, "vocab_size")
+        self.context = check_positive_int(context, "context")
+        self.input_width = self.context
+        self.num_features = self.context * self.vocab_size
+
+    def __call__(self, windows: np.ndarray, dtype=np.float64) -> np.ndarray:
+        """One-hot rows for ``windows`` of shape ``(b, c)`` holding indices in ``[0, V)``.
+
+        Returns
+        -------
+        ndarray of shape (b, c * V), ``dtype``
+            A new array.
+
+        Raises
+        ------
+        ValueError
+            Wrong width, or an index that is not an integer in ``[0, V)``.
+        """
+        windows = np.asarray(windows)
+        if windows.ndim != 2 or windows.shape[1] != self.context:
+            raise ValueError(f"windows must have shape (b, {self.context}), got {windows.shape}")
+        index = windows.astype(np.intp)
+        if windows.size and (index.min() < 0 or index.max() >= self.vocab_size or not np.array_equal(index, windows)):
+            raise ValueError(f"windows must hold integer character indices in [0, {self.vocab_size})")
+        out = np.zeros((windows.shape[0], self.num_features), dtype=dtype)
+        columns = index + np.arange(self.context) * self.vocab_size  # (b, c): one hot column per position
+        np.put_along_axis(out, columns, 1.0, axis=1)
+        return out
+
+    def __repr__(self) -> str:
+        return f"OneHot(vocab_size={self.vocab_size}, context={self.context})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, OneHot) and (self.vocab_size, self.context) == (other.vocab_size, other.context)
+
+    def __hash__(self) -> int:
+        return hash((self.vocab_size, self.context))
+
+
+class TextData(NamedTuple):
+    """A character-level task: index windows, labels and the encoder the model needs.
+
+    Attributes
+    ----------
+    dataset : Dataset
+        ``x_*`` float32 index windows of shape (n, c); ``y_*`` int64 next characters (n,).
+    encode : OneHot
+        Turns a batch of windows into model inputs.
+    vocabulary : str
+        The V characters, in index order.
+    """
+
+    dataset: Dataset
+    encode: OneHot
+    vocabulary: str
+
+
+def load_shakespeare_text() -> str:
+    """The bundled Tiny Shakespeare text, checked against its SHA-256.
+
+    Raises
+    ------
+    ValueError
+        The bundled file does not match the published checksum.
+    """
+    with resources.files("diloco._datasets").joinpath("tinyshakespeare.txt.gz").open("rb") as handle:
+        raw = gzip.decompress(handle.read())
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != SHAKESPEARE_SHA256:
+        raise ValueError(f"tinyshakespeare.txt.gz: SHA-256 {digest} does not match {SHAKESPEARE_SHA256}")
+    return raw.decode("utf-8")
+
+
+def char_windows(ids: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every window of ``context`` characters and the character that follows it.
+
+    ``x[i] = ids[i : i + c]`` and ``y[i] = ids[i + c]`` for ``i = 0 .. N - c - 1``.
+
+    Parameters
+    ----------
+    ids : integer ndarray of shape (N,)
+    context : int >= 1
+
+    Returns
+    -------
+    x : float32 ndarray of shape (N - c, c)
+        Index windows (exact small integers), ``4 c`` bytes per window.
+    y : int64 ndarray of shape (N - c,)
+
+    Raises
+    ------
+    ValueError
+        ``context`` < 1 or a text no longer than ``context``.
+    """
+    context = check_positive_int(context, "context")
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.shape[0] <= context:
+        raise ValueError(f"ids must be 1-D and longer than context={context}, got shape {ids.shape}")
+    windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], context)  # a view: no copy yet
+    return windows.astype(np.float32), ids[context:].astype(np.int64)
+
+
+def load_shakespeare(context: int = 6, *, test_fraction: float = 0.1,
+                     eval_windows: int | None = DEFAULT_EVAL_WINDOWS) -> TextData:
+    """Next-character prediction on Tiny Shakespeare, the tail of the text held out.
+
+    The text's characters, sorted, are the vocabulary (V = 65). The first
+    ``1 - test_fraction`` of the text gives the training windows, the rest the held-out
+    ones; no window crosses the cut. With ``eval_windows``, the held-out part keeps that
+    many windows, evenly spaced over the tail (deterministic).
+
+    Parameters
+    ----------
+    context : int >= 1
+        c, characters the model sees.
+    test_fraction : float in (0, 1), keyword-only
+    eval_windows : int >= 1 or None, keyword-only
+        Held-out windows kept (None: all of them).
+
+    Returns
+    -------
+    TextData(dataset, encode, vocabulary)
+
+    Raises
+    ------
+    ValueError
+        Bad ``context``, ``test_fraction`` or ``eval_windows``.
+    """
+    context = check_positive_int(context, "context")
+    test_fraction = check_real(test_fraction, "test_fraction", low=0.0, high=1.0, low_open=True, high_open=True)
+    text = load_shakespeare_text()
+    vocabulary = "".join(sorted(set(text)))
+    lookup = np.zeros(max(map(ord, vocabulary)) + 1, dtype=np.uint8)
+    lookup[[ord(ch) for ch in vocabulary]] = np.arange(len(vocabulary), dtype=np.uint8)
+    ids = lookup[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)]
+    cut = int(round(len(ids) * (1.0 - test_fraction)))
+    x_train, y_train = char_windows(ids[:cut], context)
+    x_test, y_test = char_windows(ids[cut:], context)
+    if eval_windows is not None:
+        eval_windows = check_positive_int(eval_windows, "eval_windows")
+        if eval_windows < len(y_test):
+            keep = np.linspace(0, len(y_test) - 1, eval_windows).round().astype(np.intp)
+            x_test, y_test = x_test[keep], y_test[keep]
+    return TextData(Dataset(x_train, y_train, x_test, y_test), OneHot(len(vocabulary), context), vocabulary)
+
+
+def perplexity(mean_cross_entropy: float) -> float:
+    """``exp(L)`` of a mean cross-entropy ``L`` in nats: the effective number of equally
+    likely next characters."""
+    return float(np.exp(mean_cross_entropy))
+
+
+def bits_per_char(mean_cross_entropy: float) -> float:
+    """``L / ln 2``: the mean cross-entropy in bits (per character for the char-LM)."""
+    return float(mean_cross_entropy / np.log(2.0))
