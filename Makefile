@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade
+.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,12 @@ docs-offline: $(VENV)/.installed-docs $(MATHJAX_ES5)/tex-mml-chtml.js
 # ruff (configured in pyproject.toml) over the project: reports, never rewrites.
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
+
+# Speed, measured side by side in one run: the reference path (now and at e7f3c6c), the fast
+# engine, PyTorch when importable (never installed by this project) and the matmul peak. Writes
+# benchmarks/results.md; about 10 minutes on two cores.
+bench: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/bench.py
 
 # Learner workspace: the project with the 30 milestone bodies as stubs (docs/learner-guide.md).
 WS ?= workspace

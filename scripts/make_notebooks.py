@@ -115,7 +115,9 @@ Douillard et al. (2023) report, for language models with 150M-400M parameters:
 
 Here we test them on the 8x8 digits with a one-hidden-layer MLP, using `diloco.tools.studies`, the code
 behind `diloco study NAME`. The runs are tiny (2 seeds) so the notebook finishes in well under a
-minute; `docs/results.md` has the same studies with 3 seeds at a larger scale."""),
+minute; `docs/results.md` has the same studies with 3 seeds at a larger scale. Like `diloco study`,
+the runs use `default_engine()`: the fast engine `diloco.engine` (the same algorithm, equal up to
+rounding) where it is installed, and your own milestone functions in a learner workspace."""),
     ("code", """%matplotlib inline
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
@@ -123,11 +125,11 @@ from IPython.display import Markdown, display
 from diloco import DiLoCoConfig
 from diloco.data import load_digits_split
 from diloco.tools.plots import plot_curves, plot_study
-from diloco.tools.studies import STUDIES, markdown_table, mean_curves, run_study, summarise
+from diloco.tools.studies import STUDIES, default_engine, markdown_table, mean_curves, run_study, summarise
 
 data = load_digits_split(seed=0)
 seeds = [0, 1]
-base = DiLoCoConfig(num_workers=4, hidden_sizes=(64,), batch_size=32)
+base = DiLoCoConfig(num_workers=4, hidden_sizes=(64,), batch_size=32, engine=default_engine())
 
 
 class Recorder:

@@ -1,0 +1,248 @@
+"""``make bench``: the speed of the reference path, the fast engine and PyTorch, side by side.
+
+    .venv/bin/python benchmarks/bench.py [--repeats 5] [--out benchmarks/results.md]
+
+Every measurement runs in a fresh process (``_case.py``), so its peak memory is its own;
+the repeats are interleaved (repeat 1 of every case, then repeat 2, ...) so a burst of
+load from elsewhere hits all cases alike, and the tables give medians. Compared:
+
+* ``reference@main``: the milestone path at commit e7f3c6c, before "checks once per call
+  tree" (its ``src/`` is extracted with ``git archive`` and put first on ``PYTHONPATH``);
+* ``reference``: the milestone path of this checkout (``diloco.train_diloco``);
+* ``fast``: ``diloco.engine`` (``DiLoCoConfig.engine = "fast"``);
+* ``torch-foreach`` / ``torch-fused``: PyTorch eager with AdamW(foreach / fused), when
+  ``torch`` is importable (never a dependency of the project);
+* the single-thread matmul peak of the same NumPy.
+
+One BLAS thread everywhere unless a table says otherwise (the thread policy is measured
+in its own section). Speed is reported here, never asserted in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from report import write_report  # noqa: E402
+from workloads import MODELS  # noqa: E402
+
+MAIN_COMMIT = "e7f3c6c"
+IMPLS = ("reference@main", "reference", "fast", "torch-foreach", "torch-fused")
+PEAK_SHAPES = {"a": [32, 64, 128], "b": [128, 784, 512], "square": [1024, 1024, 1024]}
+
+
+def torch_available() -> bool:
+    done = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
+    return done.returncode == 0
+
+
+def run_case(spec: dict, main_src: Path | None = None, timeout: float = 300) -> dict:
+    """Run ``_case.py`` with ``spec`` in a new process; its JSON result."""
+    env = dict(os.environ)
+    if spec.get("impl") == "reference@main":
+        spec = {**spec, "impl": "reference"}
+        env["PYTHONPATH"] = str(main_src)
+    done = subprocess.run([sys.executable, str(HERE / "_case.py"), json.dumps(spec)], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"case {spec} failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def extract_main(dest: Path) -> Path:
+    """``src/`` of commit ``MAIN_COMMIT`` under ``dest``; the directory to put on PYTHONPATH."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", MAIN_COMMIT, "src/diloco"], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest / "src"
+
+
+class Competitor:
+    """A busy-looping process holding one core, to measure the cost of oversubscription."""
+
+    def __enter__(self):
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        time.sleep(0.3)
+        return self
+
+    def __exit__(self, *exc):
+        self.process.kill()
+        self.process.wait()
+
+
+def timed_command(argv: list) -> dict:
+    """Wall and CPU time (user + system, of the child) of one command."""
+    before = os.times()
+    start = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - start
+    after = os.times()
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv} failed:\n{done.stderr}")
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return {"wall": wall, "cpu": cpu}
+
+
+def measure_training(repeats: int, impls, main_src: Path, save_dir: Path, log) -> tuple[dict, dict]:
+    """``{(model, dtype, impl): [result per repeat]}`` and ``{dtype: [peak GFLOP/s by shape per repeat]}``.
+
+    The repeats are interleaved, the matmul peak (CPU time, one thread) among them.
+    """
+    cases = [(model, dtype, impl) for model in MODELS for dtype in ("float64", "float32") for impl in impls]
+    results: dict = {case: [] for case in cases}
+    peaks: dict = {"float64": [], "float32": []}
+    for repeat in range(repeats):
+        for dtype in peaks:
+            spec = {"impl": "matmul", "dtype": dtype, "shapes": list(PEAK_SHAPES.values()), "clock": "cpu"}
+            peaks[dtype].append(run_case(spec)["gflops"])
+        for model, dtype, impl in cases:
+            spec = {"impl": impl, "model": model, "dtype": dtype}
+            if repeat == 0:
+                spec["save"] = str(save_dir / f"{model}-{dtype}-{impl}.npz")
+            result = run_case(spec, main_src)
+            results[(model, dtype, impl)].append(result)
+            log(f"  repeat {repeat + 1}/{repeats} {model} {dtype} {impl}: "
+                f"{result['worker_steps'] / result['cpu']:.0f} worker-steps per CPU-second "
+                f"(CPU/wall {result['cpu'] / result['wall']:.2f})")
+    return results, peaks
+
+
+def compare_params(save_dir: Path, impls) -> dict:
+    """Max relative difference of each implementation's final params from ``reference``."""
+    gaps = {}
+    for model in MODELS:
+        for dtype in ("float64", "float32"):
+            with np.load(save_dir / f"{model}-{dtype}-reference.npz") as ref:
+                for impl in impls:
+                    if impl == "reference":
+                        continue
+                    with np.load(save_dir / f"{model}-{dtype}-{impl}.npz") as other:
+                        gaps[(model, dtype, impl)] = max(
+                            float(np.max(np.abs(other[k] - ref[k])) / np.max(np.abs(ref[k]))) for k in ref.files)
+    return gaps
+
+
+def measure_threads(repeats: int, log) -> dict:
+    """Matmul time with 1 and 2 threads, alone and beside a busy process; the (a) fast run likewise."""
+    out: dict = {"matmul": {}, "training": {}}
+    for contended in (False, True):
+        for _ in range(repeats):
+            with Competitor() if contended else _nothing():
+                for name in ("a", "b", "square"):
+                    for threads in (1, 2):
+                        result = run_case({"impl": "matmul", "dtype": "float64", "shapes": [PEAK_SHAPES[name]],
+                                           "threads": threads})
+                        out["matmul"].setdefault((name, threads, contended), []).append(
+                            next(iter(result["gflops"].values())))
+                for model in ("a", "b"):
+                    for threads in (1, 2):
+                        spec = {"impl": "fast", "model": model, "dtype": "float64", "threads": threads}
+                        result = run_case(spec)
+                        out["training"].setdefault((model, threads, contended), []).append(result)
+        log(f"  threads measured ({'beside a busy process' if contended else 'alone'})")
+    return out
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def measure_memory(log) -> dict:
+    """Peak RSS of one-round runs as H and K grow (model (a), float64)."""
+    out: dict = {"H": {}, "K": {}}
+    for impl in ("reference", "fast"):
+        for inner_steps in (10, 50, 200):
+            spec = {"impl": impl, "model": "a", "dtype": "float64", "inner_steps": inner_steps, "rounds": 1}
+            out["H"][(impl, inner_steps)] = run_case(spec)
+        for workers in (2, 4, 8, 16):
+            spec = {"impl": impl, "model": "a", "dtype": "float64", "workers": workers, "rounds": 1}
+            out["K"][(impl, workers)] = run_case(spec)
+    log("  memory measured")
+    return out
+
+
+def measure_adamw(with_torch: bool, log) -> dict:
+    """One AdamW update: the engine's buffers of model (a) (K = 8 stacked) and (b) (one worker)."""
+    sizes = {"(a) K x P = 8 x 9,610": 76_880, "(b) P = 669,706": 669_706}
+    out = {(label, dtype): run_case({"impl": "adamw", "dtype": dtype, "size": size, "torch": with_torch})["ms"]
+           for label, size in sizes.items() for dtype in ("float64", "float32")}
+    log("  AdamW measured")
+    return out
+
+
+README_START = "<!-- benchmarks:start"
+README_END = "<!-- benchmarks:end -->"
+
+
+def refresh_readme(readme: Path, block: list) -> None:
+    """Replace the README's generated block (between the two markers) with ``block``."""
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        raise RuntimeError(f"{readme} has no {README_START} ... {README_END} block")
+    start = text.index("\n", start) + 1
+    readme.write_text(text[:start] + "\n".join(block) + "\n" + text[end:], encoding="utf-8")
+
+
+def measure_compare(repeats: int, log) -> dict:
+    """``diloco compare`` on its defaults: the thread policy against ``--threads 2``."""
+    out: dict = {}
+    diloco = str(Path(sys.executable).parent / "diloco")
+    with tempfile.TemporaryDirectory() as runs:
+        for _ in range(repeats):
+            for label, extra in (("policy (1 thread)", []), ("--threads 2", ["--threads", "2"])):
+                argv = [diloco, "compare", "-q", "--no-plots", "--runs-dir", runs, *extra]
+                out.setdefault(label, []).append(timed_command(argv))
+    log("  diloco compare measured")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats of every case (5)")
+    parser.add_argument("--out", default=str(HERE / "results.md"),
+                        help="the Markdown report; when it is benchmarks/results.md, README.md's table is refreshed")
+    args = parser.parse_args()
+    log = lambda text: print(text, flush=True)  # noqa: E731
+    started = time.time()
+    load_before = os.getloadavg()
+    impls = [i for i in IMPLS if not i.startswith("torch") or torch_available()]
+    with tempfile.TemporaryDirectory() as tmp:
+        main_src = extract_main(Path(tmp))
+        save_dir = Path(tmp) / "params"
+        save_dir.mkdir()
+        log(f"training throughput ({len(impls)} implementations, {args.repeats} repeats)")
+        training, peaks = measure_training(args.repeats, impls, main_src, save_dir, log)
+        gaps = compare_params(save_dir, impls)
+    threads = measure_threads(max(1, args.repeats // 2), log)
+    memory = measure_memory(log)
+    adamw = measure_adamw(any(i.startswith("torch") for i in impls), log)
+    compare = measure_compare(max(1, args.repeats // 2), log)
+    summary = write_report(Path(args.out), training=training, gaps=gaps, peaks=peaks, threads=threads,
+                           memory=memory, adamw=adamw, compare=compare, impls=impls, repeats=args.repeats,
+                           seconds=time.time() - started, load=(load_before, os.getloadavg()),
+                           main_commit=MAIN_COMMIT)
+    log(f"wrote {args.out} in {time.time() - started:.0f} s")
+    if Path(args.out).resolve() == (HERE / "results.md").resolve():
+        refresh_readme(ROOT / "README.md", summary)
+        log("refreshed the Benchmarks table of README.md")
+
+
+if __name__ == "__main__":
+    main()
