@@ -55,14 +55,14 @@ def test_several_workers_with_overlap_are_not_diloco(digits):
        hnp.arrays(np.float64, (4, 3), elements=st.floats(-10, 10)))
 def test_for_one_worker_the_eager_gradient_is_the_fresh_one(now, previous):
     # the previous average of one worker is its own previous gradient, which cancels exactly
-    eager = eager_outer_gradient({"W": now}, {"W": previous}, {"W": previous}, 1)
+    eager = eager_outer_gradient({"W": now}, {"W": previous}, {"W": previous}, 1.0)
     assert np.array_equal(eager["W"], now)
 
 
 def test_eager_gradient_by_hand():
     now, before, average = {"W": np.array([4.0])}, {"W": np.array([2.0])}, {"W": np.array([3.0])}
-    assert eager_outer_gradient(now, before, average, 2)["W"].tolist() == [4.0 / 2 + (3.0 - 2.0 / 2)]
-    assert eager_outer_gradient(now, None, None, 4)["W"].tolist() == [1.0]  # round 1: own share only
+    assert eager_outer_gradient(now, before, average, 0.5)["W"].tolist() == [4.0 / 2 + (3.0 - 2.0 / 2)]
+    assert eager_outer_gradient(now, None, None, 0.25)["W"].tolist() == [1.0]  # round 1: own share only
 
 
 @given(hnp.arrays(np.float64, (5, 3, 2), elements=st.floats(-10, 10)))
@@ -77,7 +77,7 @@ def test_the_average_corrects_the_local_stand_in_one_round_later(local):
         for t in range(rounds):
             previous = None if t == 0 else {"W": local[t - 1, k]}
             average = None if t == 0 else {"W": averages[t - 1]}
-            applied += eager_outer_gradient({"W": local[t, k]}, previous, average, workers)["W"]
+            applied += eager_outer_gradient({"W": local[t, k]}, previous, average, 1.0 / workers)["W"]
         expected = averages[:-1].sum(axis=0) + local[-1, k] / workers
         np.testing.assert_allclose(applied, expected, atol=1e-9)
 

@@ -65,6 +65,21 @@ def test_one_fragment_no_overlap_full_mix_is_diloco_bit_for_bit(digits, dtype, w
         assert {key: ours[key] for key in theirs} == theirs
 
 
+def test_non_iid_shards_weight_by_shard_size_as_diloco_does(digits):
+    config = DiLoCoConfig(num_workers=3, inner_steps=4, rounds=2, hidden_sizes=(16,), iid=False, alpha=0.3)
+    reference = train_diloco(digits.x_train, digits.y_train, config)
+    streamed = train_streaming(digits.x_train, digits.y_train, config, FamilyConfig())
+    assert all(reference.params[k].tobytes() == streamed.params[k].tobytes() for k in reference.params)
+
+
+@pytest.mark.parametrize("change", [{"lr_schedule": "cosine", "warmup_steps": 2}, {"clip_norm": 1.0},
+                                    {"outer_optimizer": "adam"}, {"drop_prob": 0.5}, {"record_similarity": True}])
+def test_the_papers_other_mechanisms_are_refused_not_ignored(digits, change):
+    config = DiLoCoConfig(num_workers=2, inner_steps=4, rounds=1, hidden_sizes=(8,)).replace(**change)
+    with pytest.raises(ValueError, match="do not run " + next(iter(change))):
+        train_streaming(digits.x_train, digits.y_train, config, FamilyConfig(fragments=2))
+
+
 def test_fragments_overlap_and_mixing_each_change_the_result(digits):
     config = DiLoCoConfig(num_workers=2, inner_steps=6, rounds=2, hidden_sizes=(8, 8))
     base = _train(digits, config).params

@@ -100,14 +100,14 @@ def encode_delta(delta: np.ndarray, spec: CommSpec) -> Encoded:
     return encode(delta, fmt, block_size=spec.block_size, keep=keep)
 
 
-def reduce_decoded(decoded: list, pruned: bool) -> np.ndarray:
-    """Combine K decoded tensors: the mean, or with pruning TIES-merging's disjoint mean.
+def reduce_decoded(decoded: list, pruned: bool, weights=None) -> np.ndarray:
+    """Combine K decoded tensors: the (weighted) mean, or with pruning TIES-merging's disjoint mean.
 
     TIES (Yadav et al., 2023): elect the sign of the sum per coordinate, then average only
-    the entries that are non-zero and agree with it (0 where none do).
+    the entries that are non-zero and agree with it (0 where none do); unweighted.
     """
     if not pruned:
-        return average_params([{"v": d} for d in decoded])["v"]
+        return average_params([{"v": d} for d in decoded], weights)["v"]
     stacked = np.stack(decoded)
     elected = np.sign(stacked.sum(axis=0))
     agree = (np.sign(stacked) == elected) & (stacked != 0)
@@ -116,15 +116,18 @@ def reduce_decoded(decoded: list, pruned: bool) -> np.ndarray:
     return (total / np.maximum(count, 1)).astype(stacked.dtype)
 
 
-def exchange_deltas(deltas: list, spec: CommSpec, residuals: list | None = None) -> Exchange:
-    """All-reduce K outer gradients (dicts with the same keys) through their encodings."""
+def exchange_deltas(deltas: list, spec: CommSpec, residuals: list | None = None, weights=None) -> Exchange:
+    """All-reduce K outer gradients (dicts with the same keys) through their encodings.
+
+    ``weights`` (K non-negative reals or None) weight the mean as milestone 15 does.
+    """
     num_workers = len(deltas)
     residuals = residuals if residuals is not None else [{} for _ in deltas]
     dtype = next(iter(deltas[0].values())).dtype
     if spec.fmt is not None and spec.fmt not in FORMATS:
         raise ValueError(f"comm format must be one of {FORMATS}, got {spec.fmt!r}")
     if is_native(spec, dtype):
-        delta = average_params(deltas)
+        delta = average_params(deltas, weights)
         size = sum(value.size for value in delta.values())
         return Exchange(delta, native_bytes(size, num_workers, dtype.itemsize), size * dtype.itemsize, residuals)
     pruned = spec.sign_prune > 0
@@ -140,7 +143,7 @@ def exchange_deltas(deltas: list, spec: CommSpec, residuals: list | None = None)
             decoded.append(decode(payload, dtype))
             if spec.error_feedback:
                 new_residuals[k][key] = value - decoded[-1]
-        reduced = reduce_decoded(decoded, pruned)
+        reduced = reduce_decoded(decoded, pruned, weights)
         keep = reduced != 0 if pruned else None  # a pruned result is sparse: send its support
         payload = encode(reduced, spec.fmt or dtype.name, block_size=spec.block_size, keep=keep)
         reduced_bytes += payload.nbytes
@@ -150,8 +153,8 @@ def exchange_deltas(deltas: list, spec: CommSpec, residuals: list | None = None)
     return Exchange(delta, float(bytes_sent), int(round(mean_payload)), new_residuals)
 
 
-def exchange(global_params: Params, worker_params: list, spec: CommSpec, residuals: list | None = None
-             ) -> Exchange:
+def exchange(global_params: Params, worker_params: list, spec: CommSpec, residuals: list | None = None,
+             weights=None) -> Exchange:
     """The averaged outer gradient of workers that all started from ``global_params``.
 
     Native: ``compute_outer_gradient`` (milestone 24), bit-identical to DiLoCo. Otherwise
@@ -159,9 +162,9 @@ def exchange(global_params: Params, worker_params: list, spec: CommSpec, residua
     """
     dtype = next(iter(global_params.values())).dtype
     if is_native(spec, dtype):
-        delta = compute_outer_gradient(global_params, worker_params)
+        delta = compute_outer_gradient(global_params, worker_params, weights)
         size = sum(value.size for value in delta.values())
         return Exchange(delta, native_bytes(size, len(worker_params), dtype.itemsize), size * dtype.itemsize,
                         residuals if residuals is not None else [{} for _ in worker_params])
     deltas = [subtract_params(global_params, theta) for theta in worker_params]
-    return exchange_deltas(deltas, spec, residuals)
+    return exchange_deltas(deltas, spec, residuals, weights)

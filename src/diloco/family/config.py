@@ -119,8 +119,20 @@ class FamilyConfig:
         """Raise ``ValueError`` unless these settings fit ``config`` (a ``DiLoCoConfig``).
 
         P must not exceed the MLP's layers (``len(hidden_sizes) + 1``) nor H; tau < H for
-        Streaming DiLoCo; tau in {0, H} for eager updates.
+        Streaming DiLoCo; tau in {0, H} for eager updates. Of the paper's mechanisms
+        (``diloco.mechanisms``) the family trainers run shard-size weights; the others
+        (lr schedule, clipping, outer Adam, dropped outer gradients, the similarity
+        record) are refused rather than silently ignored.
         """
+        unsupported = [name for name, value, default in (
+            ("lr_schedule", getattr(config, "lr_schedule", "constant"), "constant"),
+            ("clip_norm", getattr(config, "clip_norm", None), None),
+            ("outer_optimizer", getattr(config, "outer_optimizer", "sgd"), "sgd"),
+            ("drop_prob", getattr(config, "drop_prob", 0.0), 0.0),
+            ("record_similarity", getattr(config, "record_similarity", False), False)) if value != default]
+        if unsupported:
+            raise ValueError(f"the family's trainers do not run {', '.join(unsupported)} (diloco.mechanisms): "
+                             f"leave them at their defaults with compression, fragments or eager updates")
         layers, inner_steps = len(config.hidden_sizes) + 1, config.inner_steps
         if self.fragments > layers:
             raise ValueError(f"fragments ({self.fragments}) must not exceed the model's layers ({layers}, "

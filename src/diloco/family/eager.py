@@ -7,6 +7,7 @@ applying the stale average alone (the naive delayed update), worker k applies
 
     Delta~_k^(t) = Delta_k^(t) / K  +  ( Delta^(t-1) - Delta_k^(t-1) / K )
 
+(with shard-size weights ``w_k`` in place of ``1/K``)
 its own share fresh, the other workers' shares one round late: the average's correction
 arrives one round later and replaces the local stand-in. Each worker runs the outer
 optimizer on its own copy, ``theta_k <- Nesterov(theta_k, Delta~_k)``, and starts its next
@@ -34,6 +35,7 @@ from diloco.config import DiLoCoConfig
 from diloco.family.comm import exchange, exchange_deltas
 from diloco.family.config import FamilyConfig
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record
+from diloco.mechanisms import normalised_weights, pseudo_grad_weights
 from diloco.model import Params
 from diloco.outer import init_outer_optimizer, nesterov_param_update, update_outer_momentum
 from diloco.params import average_params, scale_params, subtract_params
@@ -43,8 +45,8 @@ __all__ = ["eager_outer_gradient", "train_eager"]
 
 
 def eager_outer_gradient(local_now: Params, local_previous: Params | None, global_previous: Params | None,
-                         num_workers: int) -> Params:
-    """``Delta_k^(t) / K + (Delta^(t-1) - Delta_k^(t-1) / K)``; the bracket is 0 in round 1.
+                         share: float) -> Params:
+    """``w_k Delta_k^(t) + (Delta^(t-1) - w_k Delta_k^(t-1))``; the bracket is 0 in round 1.
 
     Parameters
     ----------
@@ -52,13 +54,14 @@ def eager_outer_gradient(local_now: Params, local_previous: Params | None, globa
         This worker's fresh outer gradient ``Delta_k^(t)``.
     local_previous, global_previous : dict or None
         ``Delta_k^(t-1)`` and the all-reduced ``Delta^(t-1)``; None before round 2.
-    num_workers : int
-        K.
+    share : float in (0, 1]
+        ``w_k``, the worker's weight in the average: ``1/K``, or its shard's share with
+        shard-size weights (``diloco.mechanisms.normalised_weights``).
     """
-    own = scale_params(local_now, 1.0 / num_workers)
+    own = scale_params(local_now, share)
     if global_previous is None:
         return own
-    others = subtract_params(global_previous, scale_params(local_previous, 1.0 / num_workers))
+    others = subtract_params(global_previous, scale_params(local_previous, share))
     return {key: own[key] + others[key] for key in own}
 
 
@@ -77,6 +80,8 @@ def train_eager(x, y, config: DiLoCoConfig, family: FamilyConfig | None = None, 
     num_workers, inner_steps = config.num_workers, config.inner_steps
     family.check_against(config)
     tau = family.tau(inner_steps) if family.eager else 0
+    weights = pseudo_grad_weights(shards, config)  # None (uniform), or shard sizes as train_diloco uses
+    shares = normalised_weights(shards, config)    # w_k, each worker's share of the average
     thetas = [params] * num_workers  # each worker's outer copy (equal when tau = 0)
     outer_states = [init_outer_optimizer(params) for _ in range(num_workers)]
     worker_states = [init_adamw_state(params) for _ in range(num_workers)]
@@ -92,13 +97,13 @@ def train_eager(x, y, config: DiLoCoConfig, family: FamilyConfig | None = None, 
             locals_.append(theta_k)
             worker_losses.append(float(losses.mean()))
         if tau == 0:  # the average arrives before the next round: DiLoCo's round exactly
-            result = exchange(thetas[0], locals_, family.comm, residuals)
+            result = exchange(thetas[0], locals_, family.comm, residuals, weights)
             applied = [result.delta] * num_workers
             local_deltas = None
         else:
             local_deltas = [subtract_params(theta, local) for theta, local in zip(thetas, locals_, strict=True)]
-            result = exchange_deltas(local_deltas, family.comm, residuals)
-            applied = [eager_outer_gradient(local_deltas[k], previous_local[k], previous_global, num_workers)
+            result = exchange_deltas(local_deltas, family.comm, residuals, weights)
+            applied = [eager_outer_gradient(local_deltas[k], previous_local[k], previous_global, shares[k])
                        for k in range(num_workers)]
         residuals = result.residuals
         new_thetas = []
@@ -108,7 +113,7 @@ def train_eager(x, y, config: DiLoCoConfig, family: FamilyConfig | None = None, 
                                                     config.outer_momentum, nesterov=config.nesterov))
         thetas = new_thetas
         previous_local, previous_global = local_deltas or previous_local, result.delta
-        params = thetas[0] if tau == 0 else average_params(thetas)
+        params = thetas[0] if tau == 0 else average_params(thetas, weights)
         record = round_record(worker_losses, params, config, pseudo_grad=result.delta)
         record["bytes_sent"] = result.bytes_sent
         record["peak_sync_bytes"] = result.bytes_sent

@@ -33,6 +33,7 @@ from diloco.config import DiLoCoConfig
 from diloco.family.comm import exchange
 from diloco.family.config import PATTERNS, FamilyConfig
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record
+from diloco.mechanisms import pseudo_grad_weights
 from diloco.model import Params
 from diloco.outer import OuterState, init_outer_optimizer, nesterov_param_update, update_outer_momentum
 from diloco.sharding import local_train_step, sample_worker_batch
@@ -118,6 +119,7 @@ def train_streaming(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, family: 
     inner_steps, num_workers = config.inner_steps, config.num_workers
     family.check_against(config)
     tau = family.tau(inner_steps)
+    weights = pseudo_grad_weights(shards, config)  # None (uniform), or shard sizes as train_diloco uses
     fragments = fragment_keys(params, family.fragments, family.pattern)
     offsets = sync_offsets(family.fragments, inner_steps)
     locals_ = [dict(params) for _ in range(num_workers)]  # arrays are never mutated in place
@@ -141,7 +143,7 @@ def train_streaming(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, family: 
                     continue
                 sub_global = {key: params[key] for key in keys}
                 result = exchange(sub_global, [{key: theta[key] for key in keys} for theta in locals_],
-                                  family.comm, residuals)
+                                  family.comm, residuals, weights)
                 residuals = result.residuals
                 outer = update_outer_momentum(OuterState({key: momentum[key] for key in keys}), result.delta,
                                               config.outer_momentum)
