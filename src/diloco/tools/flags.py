@@ -22,6 +22,7 @@ from diloco.data import (
     load_npz_dataset,
 )
 from diloco.tools.errors import CliError
+from diloco.tools.family_flags import add_family_flags
 
 __all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "add_config_flags", "add_data_flags", "add_execution_flags",
            "add_output_flags", "build_config", "load_dataset"]
@@ -66,6 +67,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     sharding.add_argument("--iid", dest="iid", action="store_true", default=None, help="IID shards (default)")
     sharding.add_argument("--noniid", dest="iid", action="store_false",
                           help="label-skewed shards: per class, Dirichlet(alpha) proportions across workers")
+    add_family_flags(parser)  # compression, Streaming DiLoCo, eager, the simulated network
 
 
 def add_execution_flags(parser: argparse.ArgumentParser) -> None:
