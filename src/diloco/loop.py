@@ -89,6 +89,17 @@ class RoundRecord(TypedDict, total=False):
         workers' own pseudo-gradients (None for one worker).
     allreduce_seconds : float
         MPI only: wall time this rank spent in the round's all-reduce.
+    peak_sync_bytes, bytes_per_step : float
+        ``diloco.family`` only: the largest single synchronisation of the round (one
+        fragment's, with Streaming DiLoCo) and ``bytes_sent / inner_steps``.
+    syncs : list of [int, float, int]
+        ``diloco.family`` only: per all-reduce of the round, the inner step (1..H) after
+        which it starts, the bytes each worker sends, and the overlap tau (inner steps
+        until its result is needed), as ``diloco.family.netsim`` reads them.
+    sim_seconds, sim_cumulative_seconds, sim_utilization, sim_step_time : float
+        With a simulated network (``--bandwidth``) only: the round's simulated wall time,
+        the run's so far, the fraction of it spent computing, and the compute seconds per
+        inner step used (``sim_step_time`` on the first record).
     """
 
     round: int
@@ -106,6 +117,13 @@ class RoundRecord(TypedDict, total=False):
     dropped_workers: list
     pseudo_grad_cosine: float | None
     allreduce_seconds: float
+    peak_sync_bytes: float
+    bytes_per_step: float
+    syncs: list
+    sim_seconds: float
+    sim_cumulative_seconds: float
+    sim_utilization: float
+    sim_step_time: float
 
 
 RoundCallback = Callable[[RoundRecord], None]
