@@ -22,6 +22,7 @@ from diloco.data import (
     load_npz_dataset,
 )
 from diloco.tools.errors import CliError
+from diloco.tools.paper_flags import add_mechanism_flags, add_text_flags, load_text_dataset, mechanism_changes
 from diloco.tools.family_flags import add_family_flags
 
 __all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "add_config_flags", "add_data_flags", "add_execution_flags",
@@ -67,6 +68,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     sharding.add_argument("--iid", dest="iid", action="store_true", default=None, help="IID shards (default)")
     sharding.add_argument("--noniid", dest="iid", action="store_false",
                           help="label-skewed shards: per class, Dirichlet(alpha) proportions across workers")
+    add_mechanism_flags(parser)  # the paper's mechanisms: lr schedule, clipping, weights, outer Adam, drops
     add_family_flags(parser)  # compression, Streaming DiLoCo, eager, the simulated network
 
 
@@ -88,6 +90,7 @@ def add_data_flags(parser: argparse.ArgumentParser) -> None:
                        help="held-out fraction when the data has no test part (0.2)")
     group.add_argument("--cache-dir", metavar="DIR",
                        help="where generated MNIST-1D is cached ($DILOCO_CACHE_DIR or ~/.cache/diloco)")
+    add_text_flags(group)  # --context, --eval-windows of --data shakespeare
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -142,6 +145,7 @@ def build_config(args, defaults: dict | None = None) -> DiLoCoConfig:
         inner = {name: getattr(args, name) for name in INNER_FLAGS if getattr(args, name, None) is not None}
         if inner:
             changes["inner"] = inner
+        changes.update(mechanism_changes(args))
         return config.replace(**changes) if changes else config
     except (TypeError, ValueError) as exc:
         raise CliError(f"invalid config: {exc}") from None
@@ -157,6 +161,8 @@ def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
         elif spec == "mnist1d":
             data = load_mnist1d(cache_dir=args.cache_dir)
             info = {"name": "mnist1d", "provenance": MNIST1D_PROVENANCE}
+        elif spec == "shakespeare":
+            data, info = load_text_dataset(args)
         elif spec.endswith(".npz") or Path(spec).exists():
             data = load_npz_dataset(spec, test_fraction=args.test_fraction, seed=args.split_seed)
             info = {"name": Path(spec).stem, "path": str(Path(spec).resolve())}

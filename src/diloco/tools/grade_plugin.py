@@ -1,12 +1,18 @@
 """pytest plugin of the grader, loaded into each grading subprocess with ``-p``.
 
 ``diloco.tools.grading`` copies this file next to the tests' working folder as
-``_diloco_grade_plugin.py``; it is never imported by the reference package itself, because
-in the subprocess ``diloco`` is the *graded* package. It writes one JSON record per line to
-the file named by ``$DILOCO_GRADE_RECORDS``: the imported package, the collected tests with
-their milestone marker, collection errors, and every test outcome (with the first
-exception, whether it was a stub's ``NotImplementedError``, and the last line of ``diloco``
-code that ran).
+``_diloco_grade_plugin.py``; it is never imported by the reference package itself. It
+writes one JSON record per line to the file descriptor ``$DILOCO_GRADE_RECORDS_FD`` (a
+file of the grader's with no name, so nothing else can find it): the imported package,
+the collected tests with their milestone marker, collection errors, and every test
+outcome (with the first exception, whether it was a stub's ``NotImplementedError``, and
+the last line of the graded package that ran).
+
+In sandbox mode (``$DILOCO_GRADE_SANDBOX`` holds the sandbox's config) ``diloco`` here is
+the grader's own package and the graded one runs only in the sandbox: when this module is
+imported, before any test module, ``diloco.tools.proxy.install`` routes the public
+functions to the sandbox. In local mode (``--trust-submission``) ``diloco`` here is the
+graded package itself.
 """
 import json
 import os
@@ -20,13 +26,21 @@ except NameError:  # pragma: no cover - Python 3.10
     class BaseExceptionGroup(BaseException):  # noqa: A001
         exceptions = ()
 
-_OUT = os.environ["DILOCO_GRADE_RECORDS"]
+_OUT = int(os.environ["DILOCO_GRADE_RECORDS_FD"])
+_SANDBOX = os.environ.get("DILOCO_GRADE_SANDBOX")
 _MARK = re.compile(r"^m(0[1-9]|[12][0-9]|30)$")
 
 
 def _write(record):
-    with open(_OUT, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
+    data = (json.dumps(record) + "\n").encode("utf-8")
+    while data:
+        data = data[os.write(_OUT, data):]
+
+
+if _SANDBOX:
+    from diloco.tools import proxy
+
+    proxy.install(json.loads(_SANDBOX), notify=_write)
 
 
 def pytest_configure(config):
@@ -43,10 +57,18 @@ def pytest_configure(config):
 
 def pytest_sessionstart(session):
     try:
-        import diloco
-        _write({"kind": "import", "file": diloco.__file__})
+        if _SANDBOX:
+            _write({"kind": "import", "file": proxy.hello()["file"], "sandboxed": True})
+        else:
+            import diloco
+            _write({"kind": "import", "file": diloco.__file__})
     except BaseException as exc:  # reported, the run goes on to show collection errors
         _write({"kind": "import", "error": "%s: %s" % (type(exc).__name__, exc)})
+
+
+def pytest_unconfigure(config):
+    if _SANDBOX:
+        proxy.shutdown()
 
 
 def _marker(item):
@@ -76,6 +98,8 @@ def _exceptions(exc):
 def _where(exc):
     """``diloco/model.py:190: exp = np.exp(logits)``: the last line of diloco code that ran."""
     import traceback
+    if hasattr(exc, "_diloco_sandbox_where"):  # raised in the sandbox, which found the line
+        return exc._diloco_sandbox_where
     try:
         import diloco
         package = os.path.dirname(os.path.abspath(diloco.__file__))

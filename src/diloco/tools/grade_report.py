@@ -50,13 +50,24 @@ class MilestoneResult(NamedTuple):
 
 
 class GradeReport(NamedTuple):
-    """Everything one grading run found."""
+    """Everything one grading run found.
+
+    ``sandbox`` names the protections the graded code ran under (``diloco.tools.sandbox``);
+    empty when it ran inside the test process (local mode, ``--trust-submission``).
+    """
 
     results: tuple[MilestoneResult, ...]
     impl: Path
     imported_from: str
     tests_dir: Path
     duration: float
+    sandbox: str = ""
+
+    @property
+    def mode_line(self) -> str:
+        if self.sandbox:
+            return f"sandboxed (protections: {self.sandbox})"
+        return "local, not sandboxed: the graded code ran inside the grading process and could forge its score"
 
     @property
     def score(self) -> int:
@@ -125,7 +136,7 @@ def failure_lines(r: MilestoneResult, indent: str = "") -> list[str]:
 def format_table(report: GradeReport) -> str:
     """The learner's view: one row per milestone, details under failures, a progress line."""
     width = max(len(m.name) for m in MILESTONES)
-    out = [f"diloco grade: {report.impl}", f"  (testing {report.imported_from})", "",
+    out = [f"diloco grade: {report.impl}", f"  (testing {report.imported_from})", f"  ({report.mode_line})", "",
            f" #  {'milestone':<{width}}  {'status':<11}  notes", f" -- {'-' * width}  {'-' * 11}  {'-' * 5}"]
     for r in report.results:
         note = r.summary
@@ -178,7 +189,7 @@ def to_gradescope(report: GradeReport) -> dict:
         "score": float(sum(t["score"] for t in tests)),
         "max_score": float(sum(t["max_score"] for t in tests)),
         "execution_time": round(report.duration, 3),
-        "output": report.progress_line(),
+        "output": report.progress_line() + ("" if report.sandbox else f" [{report.mode_line}]"),
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,

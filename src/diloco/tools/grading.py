@@ -36,6 +36,7 @@ if __name__ == "__main__" and not __package__:  # run as a file: never import th
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,7 @@ from diloco.tools.grade_report import (
     to_junit_xml,
 )
 from diloco.tools.grade_verdicts import classify, locked
+from diloco.tools.sandbox import Sandbox, SandboxError, prepare, protections
 
 __all__ = [
     "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
@@ -120,23 +122,30 @@ except BaseException as exc:
 """
 
 _PYTEST_INI = "[pytest]\naddopts =\n"
+# The grader's own package root: in sandbox mode the tests import this ``diloco``, never the graded one.
+_GRADER_ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Workdir(NamedTuple):
     path: Path
     env: dict
+    sandbox: dict | None
 
 
-def _make_workdir(tmp: Path, package_root: Path) -> _Workdir:
-    # The plugin runs where ``diloco`` is the graded package, so it is copied, not imported.
+def _make_workdir(tmp: Path, package_root: Path, sandbox: dict | None) -> _Workdir:
+    # The plugin is copied, not imported: in local mode ``diloco`` is the graded package.
     shutil.copyfile(Path(__file__).with_name("grade_plugin.py"), tmp / "_diloco_grade_plugin.py")
     (tmp / "pytest.ini").write_text(_PYTEST_INI, encoding="utf-8")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(package_root), str(tmp)] + (
+    first = _GRADER_ROOT if sandbox is not None else package_root
+    env["PYTHONPATH"] = os.pathsep.join([str(first), str(tmp)] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave no __pycache__ in the graded folder
     env.pop("PYTEST_ADDOPTS", None)
-    return _Workdir(tmp, env)
+    env.pop("DILOCO_GRADE_SANDBOX", None)
+    if sandbox is not None:
+        env["DILOCO_GRADE_SANDBOX"] = json.dumps(sandbox)
+    return _Workdir(tmp, env, sandbox)
 
 
 def _probe_import(workdir: _Workdir, package_root: Path, python: str) -> str:
@@ -157,12 +166,37 @@ def _probe_import(workdir: _Workdir, package_root: Path, python: str) -> str:
     return str(imported)
 
 
+def _probe_sandbox(config: dict, package_root: Path) -> tuple[str, str]:
+    """The graded package's ``__init__`` in the sandbox, and the protections in force."""
+    box = Sandbox(config)
+    try:
+        hello = box.start()
+    except SandboxError as exc:
+        raise GradingError(f"the sandbox could not import the diloco package in {package_root}: {exc}") from None
+    finally:
+        box.close()
+    if "error" in hello:
+        where = f" ({hello['where']})" if hello.get("where") else ""
+        raise GradingError(f"the diloco package in {package_root} does not import: {hello['error']}{where}")
+    copy = Path(config["package_root"]).resolve()
+    if copy not in Path(str(hello.get("file"))).resolve().parents:
+        raise GradingError(f"the sandbox imported diloco from {hello.get('file')}, not the package in {package_root}")
+    return str(hello["file"]), protections(config, hello)
+
+
+def _kill_leftovers(records: list[dict]) -> None:
+    """Kill the process group of every sandbox the wave started (normally gone already)."""
+    for record in records:
+        if record.get("kind") == "sandbox" and type(record.get("pid")) is int and record["pid"] > 1:
+            try:
+                os.killpg(record["pid"], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def _run_wave(numbers: list[int], tests_dir: Path, workdir: _Workdir, python: str,
               timeout: float) -> tuple[list[dict], str]:
     """Run the tests of milestones ``numbers``; the plugin's records and any crash text."""
-    records_path = workdir.path / f"records-{numbers[0]:02d}.jsonl"
-    records_path.unlink(missing_ok=True)
-    env = dict(workdir.env, DILOCO_GRADE_RECORDS=str(records_path))
     command = [
         python, "-m", "pytest", str(tests_dir),
         "-m", " or ".join(f"m{n:02d}" for n in numbers),
@@ -171,25 +205,46 @@ def _run_wave(numbers: list[int], tests_dir: Path, workdir: _Workdir, python: st
         "-p", "no:cacheprovider", "-p", "_diloco_grade_plugin", "-q", "--tb=no", "--no-header",
     ]
     crash = ""
-    try:
-        proc = subprocess.run(command, cwd=workdir.path, env=env, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode not in (0, 1, 5):  # 2 interrupted, 3 internal error, 4 usage error
-            crash = (proc.stdout + proc.stderr).strip()[-3000:] or f"pytest exited with status {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        crash = f"timed out after {timeout:g} s"
+    with tempfile.TemporaryFile() as out:  # a file with no name: only the plugin holds it
+        env = dict(workdir.env, DILOCO_GRADE_RECORDS_FD=str(out.fileno()))
+        try:
+            proc = subprocess.run(command, cwd=workdir.path, env=env, capture_output=True, text=True,
+                                  timeout=timeout, pass_fds=(out.fileno(),))
+            if proc.returncode not in (0, 1, 5):  # 2 interrupted, 3 internal error, 4 usage error
+                crash = (proc.stdout + proc.stderr).strip()[-3000:] or f"pytest exited with status {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            crash = f"timed out after {timeout:g} s"
+        out.seek(0)
+        lines = out.read().decode("utf-8", "replace").splitlines()
     records = []
-    if records_path.exists():
-        for line in records_path.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except ValueError:  # a line cut short by a time-out
-                pass
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short by a time-out
+            continue
+        if isinstance(record, dict) and isinstance(record.get("kind"), str):
+            records.append(record)
+    _kill_leftovers(records)
     return records, crash
 
 
+def _unreported(numbers: list[int], records: list[dict]) -> str:
+    """Crash text when a collected test of ``numbers`` has no outcome, whatever pytest's status."""
+    markers = {f"m{n:02d}" for n in numbers}
+    collected = [nodeid for r in records if r["kind"] == "collected" for nodeid, marker in r.get("items", [])
+                 if marker in markers]
+    done = {r.get("nodeid") for r in records if r["kind"] == "test" and r.get("when") in ("call", "setup")
+            and (r.get("when") == "call" or r.get("outcome") != "passed")}
+    missing = [nodeid for nodeid in collected if nodeid not in done]
+    if not missing:
+        return ""
+    return (f"the test run ended before {len(missing)} of {len(collected)} tests reported an outcome "
+            f"(first: {missing[0]})")
+
 
 def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float = 600.0,
-          python: str | None = None, on_wave: Callable[[list[int]], None] | None = None) -> GradeReport:
+          python: str | None = None, on_wave: Callable[[list[int]], None] | None = None,
+          sandbox: bool = True, sandbox_user: str = "nobody", call_timeout: float = 120.0) -> GradeReport:
     """Grade the ``diloco`` package in folder ``impl`` against the milestone tests.
 
     Parameters
@@ -199,6 +254,10 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     timeout : seconds allowed for each wave of tests.
     python : interpreter for the test runs (default: this one); needs numpy, pytest, hypothesis.
     on_wave : called with the milestone numbers of each wave before it runs.
+    sandbox : run the graded code only in the sandbox (``diloco.tools.sandbox``); ``False``
+        runs it inside the test process (local mode, ``--trust-submission``: fast, forgeable).
+    sandbox_user : the account the sandbox runs as when the grader is root.
+    call_timeout : seconds allowed for one call of a graded function in the sandbox.
 
     Raises
     ------
@@ -214,34 +273,53 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     python = python or sys.executable
     status: dict[int, MilestoneResult] = {}
     with tempfile.TemporaryDirectory(prefix="diloco-grade-") as tmp:
-        workdir = _make_workdir(Path(tmp), package_root)
-        imported_from = _probe_import(workdir, package_root, python)
-        while True:
-            locked_any = False  # lock once every prerequisite has a verdict and one did not pass
-            for m in MILESTONES:
-                if (m.number not in status and all(d in status for d in m.depends_on)
-                        and not all(status[d].passed for d in m.depends_on)):
-                    status[m.number] = locked(m, status)
-                    locked_any = True
-            wave = [m.number for m in MILESTONES
-                    if m.number not in status and all(d in status and status[d].passed for d in m.depends_on)]
-            if not wave:
-                if locked_any:
-                    continue
-                break
-            if on_wave is not None:
-                on_wave(wave)
-            records, crash = _run_wave(wave, tests_dir, workdir, python, timeout)
-            for record in records:
-                if record["kind"] == "import" and "file" in record and Path(record["file"]).resolve() != Path(
-                        imported_from):
-                    raise GradingError(f"the tests imported diloco from {record['file']}, not {imported_from}")
-            for number in wave:
-                status[number] = classify(by_number(number), records, crash, tests_dir)
+        config, guarded = None, ""
+        if sandbox:
+            try:
+                config = prepare(package_root, Path(tempfile.mkdtemp(prefix="diloco-sandbox-")), user=sandbox_user,
+                                 python=python,
+                                 hide=[_GRADER_ROOT / "diloco", tests_dir, Path(tmp)],
+                                 limits={"cpu": int(max(timeout, 1))}, call_timeout=call_timeout)
+            except KeyError:
+                raise GradingError(f"no user {sandbox_user!r} to run the sandbox as; pass --sandbox-user") from None
+        try:
+            workdir = _make_workdir(Path(tmp), package_root, config)
+            if config is None:
+                imported_from = _probe_import(workdir, package_root, python)
+                imported = Path(imported_from)
+            else:
+                imported, guarded = _probe_sandbox(config, package_root)
+                imported_from = str(package_root / Path(imported).relative_to(Path(config["package_root"]).resolve()))
+            while True:
+                locked_any = False  # lock once every prerequisite has a verdict and one did not pass
+                for m in MILESTONES:
+                    if (m.number not in status and all(d in status for d in m.depends_on)
+                            and not all(status[d].passed for d in m.depends_on)):
+                        status[m.number] = locked(m, status)
+                        locked_any = True
+                wave = [m.number for m in MILESTONES
+                        if m.number not in status and all(d in status and status[d].passed for d in m.depends_on)]
+                if not wave:
+                    if locked_any:
+                        continue
+                    break
+                if on_wave is not None:
+                    on_wave(wave)
+                records, crash = _run_wave(wave, tests_dir, workdir, python, timeout)
+                for record in records:
+                    if record["kind"] == "import" and "file" in record and Path(record["file"]).resolve() != Path(
+                            imported).resolve():
+                        raise GradingError(f"the tests imported diloco from {record['file']}, not {imported}")
+                crash = crash or _unreported(wave, records)
+                for number in wave:
+                    status[number] = classify(by_number(number), records, crash, tests_dir)
+        finally:
+            if config is not None:
+                shutil.rmtree(config["folder"], ignore_errors=True)
         for m in MILESTONES:  # only reachable with a cycle in the graph
             status.setdefault(m.number, MilestoneResult(m, LOCKED, "dependency cycle"))
     results = tuple(status[m.number] for m in MILESTONES)
-    return GradeReport(results, impl, imported_from, tests_dir, time.perf_counter() - start)
+    return GradeReport(results, impl, imported_from, tests_dir, time.perf_counter() - start, guarded)
 
 
 
@@ -260,7 +338,8 @@ def _cmd_grade(args) -> int:
         lambda wave: print(f"running {len(wave)} milestone(s): {' '.join(f'm{n:02d}' for n in wave)}",
                            file=sys.stderr, flush=True))
     try:
-        report = grade(impl, args.tests, timeout=args.timeout, on_wave=progress)
+        report = grade(impl, args.tests, timeout=args.timeout, on_wave=progress, sandbox=not args.trust_submission,
+                       sandbox_user=args.sandbox_user, call_timeout=args.call_timeout)
     except GradingError as exc:
         if args.json:
             _write(args.json, json.dumps(error_report(impl, str(exc)), indent=2) + "\n")
@@ -296,6 +375,13 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                         help="time allowed for each wave of tests (default 600)")
     parser.add_argument("--quiet", action="store_true", help="do not print a line per wave")
+    parser.add_argument("--trust-submission", action="store_true",
+                        help="run the graded code inside the test process (fast, but the code can forge its "
+                             "score; the report says 'local, not sandboxed'). Default: a sandbox process")
+    parser.add_argument("--sandbox-user", default="nobody", metavar="USER",
+                        help="account the sandbox runs as when the grader runs as root (default nobody)")
+    parser.add_argument("--call-timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="time allowed for one call of a graded function in the sandbox (default 120)")
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,272 @@
+"""The sandbox worker: the one process that imports the graded package and runs its functions.
+
+Started only by ``diloco.tools.sandbox.Sandbox``, from a copy in the sandbox folder, as
+``python -I -B sandbox_worker.py CONFIG`` (``-I``: no ``PYTHON*`` variables, no user site,
+no script folder on ``sys.path``, so nothing of the submission runs before it is meant
+to). While still trusted it locks itself in, in this order:
+
+1. in its own mount namespace (when the launcher made one): hide the grader's folders
+   under empty read-only mounts, then make every mount read-only except its working folder;
+2. resource limits: CPU seconds, address space, processes, file size, open files, no core;
+3. its working folder (the throw-away folder the launcher made) as cwd and ``HOME``;
+4. drop to the sandbox user (``nobody``) when started as root, and forbid new privileges.
+
+Only then does it import the graded package and answer requests: ``hello`` (did it
+import, and which protections are in force) and ``call`` (one function, its arguments,
+``numpy.errstate`` and the warnings it raised; see ``diloco.tools.proxy``).
+"""
+
+import ctypes
+import importlib
+import json
+import os
+import re
+import resource
+import sys
+import tempfile
+import types
+import warnings
+
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+_PR_SET_NO_NEW_PRIVS = 38
+_ERR_MODES = {"ignore", "warn", "raise", "print"}
+
+
+def _load_wire():
+    """``wire`` and ``wire_values`` from this folder, as a private package (never ``diloco``)."""
+    package = types.ModuleType("_diloco_sandbox")
+    package.__path__ = [os.path.dirname(os.path.abspath(__file__))]
+    sys.modules["_diloco_sandbox"] = package
+    return importlib.import_module("_diloco_sandbox.wire"), importlib.import_module("_diloco_sandbox.wire_values")
+
+
+def _mount(libc, source, target, fstype, flags, data=None):
+    encode = (lambda text: None if text is None else text.encode())
+    if libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno), target)
+
+
+def _blocked(path: str) -> str | None:
+    """The first folder on the way to ``path`` that other users may not pass through."""
+    current = "/"
+    for part in path.strip("/").split("/"):
+        current = os.path.join(current, part)
+        if os.path.isdir(current) and not os.stat(current).st_mode & 0o001:
+            return current
+    return None
+
+
+def _expose(libc, needed: list, staging: str) -> None:
+    """Make the folders ``needed`` reachable for the sandbox user when a private folder (say
+    ``/root``, holding the interpreter) is on their way: an empty, passable tmpfs covers that
+    folder, and the needed folders are bind-mounted back inside it. The rest stays hidden."""
+    needed = sorted({os.path.realpath(p) for p in needed if os.path.isdir(p)})
+    needed = [p for p in needed if not any(p.startswith(q + "/") for q in needed)]
+    covers: dict = {}
+    for path in needed:
+        top = _blocked(path)
+        if top is not None:
+            covers.setdefault(top, []).append(path)
+    for i, (top, paths) in enumerate(covers.items()):
+        stages = []
+        for j, path in enumerate(paths):
+            stage = os.path.join(staging, f"stage-{i}-{j}")
+            os.mkdir(stage, 0o755)
+            _mount(libc, path, stage, None, _MS_BIND | _MS_REC)
+            stages.append((stage, path))
+        _mount(libc, "tmpfs", top, "tmpfs", 0, "size=64k,mode=755")
+        for stage, path in stages:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            _mount(libc, stage, path, None, _MS_BIND | _MS_REC)
+
+
+def _lock_filesystem(work: str, hide: list, needed: list) -> list:
+    """Hide ``hide``, expose ``needed``, remount everything read-only but ``work``; the mounts
+    that failed to become read-only."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below leaks out of this namespace
+    _mount(libc, work, work, None, _MS_BIND | _MS_REC)
+    _expose(libc, needed, tempfile.mkdtemp(prefix="stage-", dir=os.path.dirname(os.path.abspath(__file__))))
+    for folder in hide:
+        if os.path.isdir(folder):
+            _mount(libc, "tmpfs", folder, "tmpfs", 0, "size=4k,mode=000")
+    failed = []
+    with open("/proc/self/mounts", encoding="utf-8") as table:
+        mounts = [line.split() for line in table]
+    for fields in mounts:
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[1])
+        if point == work or point.startswith(work + "/") or "ro" in fields[3].split(","):
+            continue
+        try:
+            _mount(libc, None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
+        except OSError:
+            failed.append(point)
+    return failed
+
+
+def _set_limits(limits: dict) -> None:
+    for name, value in limits.items():
+        which = getattr(resource, f"RLIMIT_{name.upper()}")
+        hard = resource.getrlimit(which)[1]
+        top = value + 5 if name == "cpu" else value  # soft CPU limit: SIGXCPU; hard: SIGKILL
+        if hard != resource.RLIM_INFINITY:
+            value, top = min(value, hard), min(top, hard)
+        resource.setrlimit(which, (value, top))
+
+
+def _drop_privileges(user: str) -> None:
+    import pwd
+
+    entry = pwd.getpwnam(user)
+    os.setgroups([])
+    os.setgid(entry.pw_gid)
+    os.setuid(entry.pw_uid)
+    try:
+        os.setuid(0)
+    except PermissionError:
+        return
+    os._exit(70)  # still able to become root: never run the submission like that
+
+
+class Worker:
+    """Answers the grader's requests on two inherited pipes."""
+
+    def __init__(self, config: dict, wire, values):
+        self.wire, self.values = wire, values
+        self.fd_in, self.fd_out = config["fd_in"], config["fd_out"]
+        self.package_dir = os.path.join(os.path.realpath(config["package_root"]), "diloco")
+        self.registry = wire.Registry(config["prefix"])
+        self.pid = os.getpid()
+        self.names = None
+        self.table, self.snapshots, self.call_id = [], {}, None
+
+    def send(self, header: dict, blobs=()) -> None:
+        if os.getpid() != self.pid:  # a child the submission forked never speaks for the sandbox
+            os._exit(0)
+        self.wire.write_frame(self.fd_out, header, list(blobs))
+
+    def hello(self, facts: dict) -> bool:
+        self.wire.read_frame(self.fd_in)
+        sys.path.insert(0, os.path.realpath(os.path.dirname(self.package_dir)))
+        try:
+            import diloco
+
+            self.names = self.values.Names(lambda module: importlib.import_module(f"diloco.{module}"))
+            self.send({"kind": "hello", "file": os.path.realpath(diloco.__file__), **facts})
+            return True
+        except BaseException as exc:  # noqa: BLE001 - SystemExit at import is a failed import too
+            error = self.wire.describe_exception(exc, self.package_dir, skip=0)
+            where = error["where"]
+            if isinstance(exc, SyntaxError) and exc.filename:
+                name = os.path.relpath(os.path.realpath(exc.filename), os.path.dirname(self.package_dir))
+                where = f"{name}, line {exc.lineno}"
+            self.send({"kind": "hello", "error": f"{error['type']}: {error['message']}"[:2000],
+                       "where": where, **facts})
+            return False
+
+    def serve(self) -> None:
+        while True:
+            header, blobs = self.wire.read_frame(self.fd_in)
+            if header.get("kind") != "call":
+                return
+            self.call(header, blobs)
+
+    def call(self, header: dict, blobs: list) -> None:
+        wire, values = self.wire, self.values
+        self.call_id = header.get("id")
+        try:
+            decoder = values.Decoder(self.registry, self.names, blobs, make_callable=self._callback, opaque=True)
+            args = [decoder.decode(item) for item in header["args"]]
+            kwargs = {str(key): decoder.decode(item) for key, item in header["kwargs"].items()}
+            module, _, name = str(header["fn"]).partition(".")
+            function = getattr(importlib.import_module(f"diloco.{module}"), name)
+        except Exception as exc:  # noqa: BLE001 - the submission's own classes may refuse the values
+            self.send({"kind": "refused", "id": self.call_id,
+                       "message": f"the sandbox could not take the arguments of {header.get('fn')}: "
+                                  f"{type(exc).__name__}: {exc}"[:4000]})
+            return
+        self.table = decoder.objects
+        self.snapshots = {k: values.snapshot(obj) for k, obj in enumerate(self.table) if _is_array(obj)}
+        errstate = {key: (mode if mode in _ERR_MODES else "warn")
+                    for key, mode in dict(header.get("errstate") or {}).items()
+                    if key in ("divide", "over", "under", "invalid")}
+        import numpy as np
+
+        with np.errstate(**errstate), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                outcome = {"kind": "return", "value": function(*args, **kwargs)}
+            except BaseException as exc:  # noqa: BLE001 - reported, whatever it is
+                outcome = {"kind": "raise", "error": wire.describe_exception(exc, self.package_dir)}
+        encoder = values.Encoder(self.registry, self.names, args=self.table, snapshots=self.snapshots)
+        reply = {"kind": outcome["kind"], "id": self.call_id, "warnings": [_warning(w) for w in caught[:50]]}
+        try:
+            reply["after"] = [encoder.encode(value) for value in args]
+            reply["after_kw"] = {key: encoder.encode(value) for key, value in kwargs.items()}
+            if outcome["kind"] == "return":
+                reply["value"] = encoder.encode(outcome["value"])
+            else:
+                reply["error"] = outcome["error"]
+        except Exception as exc:  # noqa: BLE001 - a value that may not cross
+            self.send({"kind": "refused", "id": self.call_id,
+                       "message": f"{header['fn']} gave back a value that may not leave the sandbox: {exc}"[:4000]})
+            return
+        self.send(reply, encoder.blobs)
+
+    def _callback(self, index: int):
+        """Stands in for the caller's callable ``index`` (say ``on_round``): asks the caller to run it."""
+
+        def callback(*args, **kwargs):
+            encoder = self.values.Encoder(self.registry, self.names, args=self.table, snapshots=self.snapshots)
+            self.send({"kind": "callback", "id": self.call_id, "fn": index,
+                       "args": [encoder.encode(a) for a in args],
+                       "kwargs": {str(k): encoder.encode(v) for k, v in kwargs.items()}}, encoder.blobs)
+            header, blobs = self.wire.read_frame(self.fd_in)
+            if header.get("kind") == "callback_return":
+                return self.values.Decoder(self.registry, self.names, blobs, opaque=True).decode(header["value"])
+            if header.get("kind") == "callback_raise":
+                raise self.wire.rebuild_exception(header["error"]) or RuntimeError(header["error"].get("message"))
+            os._exit(3)  # the caller broke the protocol
+
+        return callback
+
+
+def _is_array(value) -> bool:
+    import numpy as np
+
+    return isinstance(value, np.ndarray)
+
+
+def _warning(caught) -> dict:
+    cls = caught.category
+    return {"category": cls.__name__, "bases": [c.__name__ for c in cls.__mro__ if c.__module__ == "builtins"],
+            "message": str(caught.message)[:2000], "filename": os.path.basename(str(caught.filename)),
+            "lineno": int(caught.lineno or 0)}
+
+
+def main(argv) -> None:
+    config = json.loads(argv[1])
+    wire, values = _load_wire()  # and NumPy, before any limit or lock
+    work = os.path.realpath(config["work"])
+    facts = {"pid": os.getpid(), "readonly": False, "hidden": [], "limits": config["limits"]}
+    if config.get("lock_filesystem"):
+        needed = [*sys.path, os.path.dirname(os.path.abspath(__file__)), config["package_root"], work]
+        failed = _lock_filesystem(work, config.get("hide", []), needed)
+        facts.update(readonly=not failed, hidden=config.get("hide", []), readonly_failed=failed)
+    _set_limits(config["limits"])
+    os.chdir(work)
+    os.environ["HOME"] = os.environ["TMPDIR"] = work
+    os.umask(0o077)
+    if config.get("user"):
+        _drop_privileges(config["user"])
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    facts.update(uid=os.getuid(), gid=os.getgid())
+    worker = Worker(config, wire, values)
+    if worker.hello(facts):
+        worker.serve()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,252 @@
+"""The sandbox wire format, part 1: frames, array buffers and exceptions as plain data.
+
+Between the grader's tests and the sandboxed submission only plain data crosses, never
+pickle. A *frame* is ``MAGIC``, two lengths, a JSON header, then the arrays the header
+refers to, each one ``.npy`` blob that is read back with ``allow_pickle=False``; anything
+else is a ``WireError``. Values inside the header are described in ``wire_values``.
+
+Arrays keep their memory sharing across the boundary. Each side gives every *root*
+buffer that crossed a handle (held weakly, in a ``Registry``), and an array is sent as
+its data plus its place in its root (byte offset and strides). A result that is a view of
+an argument therefore comes back as a view of the caller's argument, an argument changed
+in place is changed in place for the caller too, and two results that share memory in
+the sandbox share it for the caller.
+
+An exception crosses as its builtin base classes, message, simple ``args``, traceback
+lines and the last line of the graded package that ran (``describe_exception``); the
+other side raises the nearest builtin class again (``rebuild_exception``).
+
+This module and ``wire_values`` import only the standard library and NumPy (and each
+other, relatively): the sandbox loads them from a copy, never through ``diloco``.
+"""
+
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import os
+import select
+import struct
+import time
+import traceback
+import weakref
+
+import numpy as np
+
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # NumPy < 2
+    byte_bounds = np.byte_bounds
+
+MAGIC = b"DLW1"
+MAX_HEADER = 64 << 20
+MAX_FRAME = 1 << 30
+MAX_ROOT = 1 << 31
+_ARRAY_KINDS = set("biufcmMUS")
+
+
+class WireError(ValueError):
+    """A frame or value that is not well-formed (or cannot be sent)."""
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def _wait(fd: int, write: bool, deadline: float | None) -> None:
+    timeout = None if deadline is None else deadline - time.monotonic()
+    if timeout is not None and timeout <= 0:
+        raise TimeoutError
+    ready = select.select([], [fd], [], timeout) if write else select.select([fd], [], [], timeout)
+    if not any(ready):
+        raise TimeoutError
+
+
+def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
+    chunks, left = [], size
+    while left:
+        _wait(fd, False, deadline)
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the other end closed the channel")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def write_frame(fd: int, header: dict, blobs: list[bytes], deadline: float | None = None) -> None:
+    """Send one frame; ``TimeoutError`` when the reader stops reading before ``deadline``."""
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    parts = [MAGIC, struct.pack("<QI", len(text), len(blobs)), text]
+    for blob in blobs:
+        parts += [struct.pack("<Q", len(blob)), blob]
+    view = memoryview(b"".join(parts))
+    while view:
+        _wait(fd, True, deadline)
+        view = view[os.write(fd, view[:1 << 20]):]
+
+
+def read_frame(fd: int, deadline: float | None = None) -> tuple[dict, list[bytes]]:
+    """One frame: ``(header, blobs)``. ``WireError`` if malformed, ``EOFError``, ``TimeoutError``."""
+    head = _read_exact(fd, len(MAGIC) + 12, deadline)
+    if head[:len(MAGIC)] != MAGIC:
+        raise WireError(f"not a frame of the sandbox wire format (starts {head[:16]!r})")
+    size, count = struct.unpack("<QI", head[len(MAGIC):])
+    if size > MAX_HEADER or count > MAX_FRAME // 8:
+        raise WireError(f"frame too large ({size} header bytes, {count} arrays)")
+    try:
+        header = json.loads(_read_exact(fd, size, deadline).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise WireError(f"the frame's header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise WireError("the frame's header is not a JSON object")
+    blobs, total = [], size
+    for _ in range(count):
+        (length,) = struct.unpack("<Q", _read_exact(fd, 8, deadline))
+        total += length
+        if total > MAX_FRAME:
+            raise WireError(f"frame larger than {MAX_FRAME} bytes")
+        blobs.append(_read_exact(fd, length, deadline))
+    return header, blobs
+
+
+# --------------------------------------------------------------------------- array roots
+
+
+class _Holder:
+    """Keeps a root alive behind a flat uint8 view of its bytes (see ``_flat_bytes``)."""
+
+    def __init__(self, root: np.ndarray, low: int, size: int):
+        self.root = root
+        self.__array_interface__ = {"data": (low, not root.flags.writeable), "shape": (size,),
+                                    "typestr": "|u1", "version": 3}
+
+
+def _root(array: np.ndarray) -> np.ndarray:
+    """The array at the end of ``array``'s chain of bases (through our own byte views)."""
+    while True:
+        base = array.base
+        if isinstance(base, np.ndarray):
+            array = base
+        elif isinstance(base, _Holder):
+            array = base.root
+        else:
+            return array
+
+
+def _flat_bytes(root: np.ndarray) -> np.ndarray:
+    if root.dtype == np.uint8 and root.ndim == 1 and root.flags.c_contiguous:
+        return root
+    low, high = byte_bounds(root)
+    return np.asarray(_Holder(root, low, high - low))
+
+
+class Registry:
+    """Root buffers that crossed the boundary, by handle, held weakly (one per side)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self._count = 0
+        self._by_id: dict[int, tuple[weakref.ref, str]] = {}
+        self._by_handle: dict[str, weakref.ref] = {}
+
+    def handle(self, root: np.ndarray) -> str:
+        entry = self._by_id.get(id(root))
+        if entry is not None and entry[0]() is root:
+            return entry[1]
+        self._count += 1
+        handle = f"{self.prefix}{self._count}"
+        self.adopt(handle, root)
+        return handle
+
+    def adopt(self, handle: str, root: np.ndarray) -> None:
+        key = id(root)
+
+        def forget(ref, key=key, handle=handle):
+            if self._by_id.get(key, (None,))[0] is ref:
+                del self._by_id[key]
+            if self._by_handle.get(handle) is ref:
+                del self._by_handle[handle]
+
+        ref = weakref.ref(root, forget)
+        self._by_id[key] = (ref, handle)
+        self._by_handle[handle] = ref
+
+    def root(self, handle: str) -> np.ndarray | None:
+        ref = self._by_handle.get(handle)
+        return None if ref is None else ref()
+
+
+def _blob(array: np.ndarray) -> bytes:
+    if array.dtype.kind not in _ARRAY_KINDS:
+        raise WireError(f"an array of dtype {array.dtype} cannot cross (only numbers, bools and strings)")
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _load(blob) -> np.ndarray:
+    try:
+        array = np.load(io.BytesIO(blob), allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - any failure is a malformed blob
+        raise WireError(f"an array blob does not load: {exc}") from None
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in _ARRAY_KINDS:
+        raise WireError("an array blob holds a dtype that may not cross")
+    return array
+
+
+# --------------------------------------------------------------------------- exceptions
+
+_SIMPLE = (str, int, float, bool, type(None))
+
+
+def describe_exception(exc: BaseException, package_dir: str = "", skip: int = 1) -> dict:
+    """``exc`` as plain data; ``skip`` leading frames (the sandbox's own) are left out."""
+    cls = type(exc)
+    try:
+        message = str(exc)[:20000]
+    except Exception:  # noqa: BLE001 - a broken __str__ must not stop the reply
+        message = f"<{cls.__name__} whose message cannot be shown>"
+    frames = traceback.extract_tb(exc.__traceback__)[skip:]
+    where = ""
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if package_dir and path.startswith(package_dir + os.sep):
+            name = "diloco/" + os.path.relpath(path, package_dir)
+            where = f"{name}:{frame.lineno}: {(frame.line or '').strip()}"
+            break
+    lines = [line.rstrip() for chunk in traceback.format_list(frames[-20:]) for line in chunk.splitlines()]
+    return {
+        "type": cls.__name__,
+        "bases": [c.__name__ for c in cls.__mro__ if c.__module__ == "builtins"],
+        "message": message,
+        "args": list(exc.args) if all(type(a) in _SIMPLE for a in exc.args) else None,
+        "traceback": lines + [f"{cls.__name__}: {message[:2000]}"],
+        "where": where,
+        "notes": [str(note)[:500] for note in getattr(exc, "__notes__", [])][:5],
+    }
+
+
+def rebuild_exception(error: dict) -> Exception | None:
+    """The nearest builtin ``Exception`` class of ``error``, raised again with its message.
+
+    ``None`` when there is none (``SystemExit``, ``KeyboardInterrupt``): the caller
+    decides what that means. ``WireError`` when ``error`` is malformed.
+    """
+    if type(error) is not dict or type(error.get("bases")) is not list or type(error.get("message")) is not str:
+        raise WireError("a malformed exception")
+    for name in error["bases"]:
+        cls = getattr(builtins, name, None) if type(name) is str else None
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            break
+    else:
+        return None
+    message, args = error["message"], error.get("args")
+    try:
+        exc = cls(*args) if type(args) is list and all(type(a) in _SIMPLE for a in args) else cls(message)
+        if str(exc) != message:
+            exc = cls(message)
+    except Exception:  # noqa: BLE001 - a class whose constructor wants other arguments
+        exc = Exception(message)
+    return exc
