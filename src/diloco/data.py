@@ -41,12 +41,18 @@ DIGITS_PROVENANCE = (
 
 
 class Dataset(NamedTuple):
-    """A train/test split: ``x_*`` float (n, d), ``y_*`` int64 (n,)."""
+    """A train/test split: ``x_*`` float (n, d), ``y_*`` int64 (n,).
+
+    ``encode`` is None for features the model reads as they are; for the character-level
+    task (``diloco.text``) the ``x_*`` are index windows and ``encode`` (a ``OneHot``)
+    turns a batch of them into model inputs: pass it to the trainers as ``encode=``.
+    """
 
     x_train: np.ndarray
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
+    encode: object = None
 
     @property
     def num_classes(self) -> int:

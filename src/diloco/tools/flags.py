@@ -81,8 +81,9 @@ def add_execution_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_data_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data")
-    group.add_argument("--data", default="digits", metavar="digits|mnist1d|PATH.npz",
+    group.add_argument("--data", default="digits", metavar="digits|mnist1d|shakespeare|PATH.npz",
                        help="built-in digits (default), MNIST-1D (the 'mnist1d' extra; generated locally, cached), "
+                            "Tiny Shakespeare next-character prediction (bundled; --context), "
                             "or an .npz with arrays x, y and optionally x_test, y_test")
     group.add_argument("--split-seed", type=int, default=0,
                        help="seed of the train/test split when the data has no test part (0)")
@@ -167,14 +168,14 @@ def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
             data = load_npz_dataset(spec, test_fraction=args.test_fraction, seed=args.split_seed)
             info = {"name": Path(spec).stem, "path": str(Path(spec).resolve())}
         else:
-            raise CliError(f"--data must be digits, mnist1d or a path to an .npz file, got {spec!r}")
+            raise CliError(f"--data must be digits, mnist1d, shakespeare or a path to an .npz file, got {spec!r}")
     except FileNotFoundError as exc:
         raise CliError(f"--data: {exc}") from None
     except ImportError as exc:
         raise CliError(str(exc)) from None
     except (TypeError, ValueError) as exc:
         raise CliError(f"--data: {exc}") from None
-    data = Dataset(data.x_train.astype(dtype), data.y_train, data.x_test.astype(dtype), data.y_test)
+    data = data._replace(x_train=data.x_train.astype(dtype), x_test=data.x_test.astype(dtype))
     info.update(num_train=len(data.y_train), num_test=len(data.y_test), num_features=data.x_train.shape[1],
                 num_classes=data.num_classes, split_seed=args.split_seed)
     return data, info
