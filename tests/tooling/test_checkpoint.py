@@ -67,7 +67,7 @@ def test_restored_generator_spawns_the_same_children_and_draws_the_same_numbers(
     rng.spawn(3)
     record = json.loads(json.dumps(generator_state(rng)))  # it survives JSON
     again = restore_generator(record)
-    for a, b in zip(rng.spawn(4), again.spawn(4)):
+    for a, b in zip(rng.spawn(4), again.spawn(4), strict=True):
         assert np.array_equal(a.standard_normal(8), b.standard_normal(8))
     assert np.array_equal(rng.integers(0, 2**62, 6), again.integers(0, 2**62, 6))
 
@@ -81,7 +81,8 @@ def test_the_spawn_count_is_what_bit_generator_state_misses():
     assert rng.bit_generator.state == before
     naive = np.random.default_rng(7)
     naive.bit_generator.state = rng.bit_generator.state  # the stream position alone
-    assert not np.array_equal(naive.spawn(1)[0].random(4), restore_generator(generator_state(rng)).spawn(1)[0].random(4))
+    restored = restore_generator(generator_state(rng))
+    assert not np.array_equal(naive.spawn(1)[0].random(4), restored.spawn(1)[0].random(4))
 
 
 @pytest.mark.parametrize("name", ["MT19937", "Philox", "SFC64", "PCG64DXSM"])
@@ -106,7 +107,7 @@ def test_round_trip_is_exact(tmp_path, algo, dtype):
     for key, value in saved["params"].items():
         assert loaded.params[key].dtype == value.dtype and np.array_equal(loaded.params[key], value)
     assert [s.step for s in loaded.worker_states] == [s.step for s in saved["states"]]
-    for got, want in zip(loaded.worker_states, saved["states"]):
+    for got, want in zip(loaded.worker_states, saved["states"], strict=True):
         assert all(np.array_equal(got.m[k], want.m[k]) and np.array_equal(got.v[k], want.v[k]) for k in want.m)
     if algo == "diloco":
         assert all(np.array_equal(loaded.outer_state.momentum[k], saved["outer"].momentum[k]) for k in want.m)
@@ -248,8 +249,8 @@ def test_a_damaged_checkpoint_is_refused_saying_which_and_why(tmp_path, damage):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"config": CONFIG.replace(rounds=6)}, "made with another config: rounds 5 (checkpoint) vs 6"),
-    ({"config": CONFIG.replace(inner={"lr": 0.5})}, "inner.lr 0.001 (checkpoint) vs 0.5"),
+    ({"config": CONFIG.replace(rounds=6)}, "made with another config (checkpoint -> this run): rounds 5 -> 6"),
+    ({"config": CONFIG.replace(inner={"lr": 0.5})}, "inner.lr 0.001 -> 0.5"),
     ({"fingerprint": data_fingerprint(np.zeros((3, 2)), np.array([0, 1, 0]))}, "made on other data"),
     ({"algo": "sync"}, "it is a 'diloco' checkpoint, not 'sync'"),
 ])

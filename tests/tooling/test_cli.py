@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diloco.tools import studies
-from diloco.tools.cli import main
 from diloco.data import load_npz_dataset
+from diloco.tools import commands, studies
+from diloco.tools.cli import main
 from diloco.tools.runs import HISTORY_FIELDS, read_jsonl
 
 TINY = ["--rounds", "2", "-H", "3", "-K", "2", "--hidden-sizes", "8", "--batch-size", "8", "-q"]
@@ -141,7 +141,7 @@ X, Y = np.zeros((10, 4)), np.arange(10) % 2
     (["compare", "--data", "no/such/file.npz"], "no such file: no/such/file.npz"),
     (["compare", "--data", "imagenet"], "--data must be digits, mnist1d or a path"),
     (["train", "--config", "no/such/config.json"], "config file not found"),
-    (["compare", *TINY, "-K", "5000"], "cannot train diloco"),
+    (["compare", *TINY, "-K", "5000"], "K=5000 workers but only 1438 training examples"),
 ])
 def test_usage_errors_print_one_line_and_exit_2(argv, message, tmp_path, capsys):
     status, out, err = run_cli([*argv, "--runs-dir", tmp_path], capsys)
@@ -195,17 +195,17 @@ def test_not_an_npz(tmp_path, capsys):
 def test_ctrl_c_keeps_what_was_written(tmp_path, capsys, monkeypatch):
     """A KeyboardInterrupt in the baseline's third round: DiLoCo's four rounds and the
     baseline's two finished rounds stay on disk, config and environment are intact."""
-    real_sync = studies.TRAINERS["sync"]
+    real_train = commands.train_resumable
 
-    def interrupted_sync(x, y, config, *, on_round=None, **kwargs):
+    def interrupted_sync(algo, *args, on_round=None, **kwargs):
         def on_round_then_interrupt(record):
-            if record["round"] == 3:
+            if algo == "sync" and record["round"] == 3:
                 raise KeyboardInterrupt
             on_round(record)
 
-        return real_sync(x, y, config, on_round=on_round_then_interrupt, **kwargs)
+        return real_train(algo, *args, on_round=on_round_then_interrupt, **kwargs)
 
-    monkeypatch.setitem(studies.TRAINERS, "sync", interrupted_sync)
+    monkeypatch.setattr(commands, "train_resumable", interrupted_sync)
     argv = ["compare", "--rounds", "4", "-H", "2", "-K", "2", "--hidden-sizes", "8", "-q", "--runs-dir", tmp_path]
     status, _, err = run_cli(argv, capsys)
     assert status == 130 and "interrupted" in err

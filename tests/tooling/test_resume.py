@@ -10,6 +10,7 @@ picked by the clock) and resume it with ``diloco train --resume``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -23,7 +24,7 @@ import pytest
 
 from diloco import DiLoCoConfig, train_diloco, train_synchronous_baseline
 from diloco.data import load_digits_split
-from diloco.tools.checkpoint import list_checkpoints, load_checkpoint
+from diloco.tools.runs import read_jsonl
 from diloco.tools.training import train_resumable
 
 DATA = load_digits_split(0)
@@ -108,3 +109,228 @@ def test_the_fast_engine_resumes_bit_identically_too(algo, iid, dtype, layout, t
     for stop in range(1, config.rounds):
         assert_same_run(train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval,
                                         resume_from=copies[stop]), want)
+
+
+# --- a real process, killed with SIGKILL, resumed with --resume ------------------------------
+
+KILLER = '''
+"""python kill_at.py POINT ROUND diloco-args...: run `diloco`, SIGKILL itself at POINT of round ROUND."""
+import os, signal, sys
+
+import diloco.tools.training as training
+from diloco.tools import checkpoint
+from diloco.tools.cli import main
+
+point, at = sys.argv[1], int(sys.argv[2])
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def checkpoint_round(path):
+    name = os.path.basename(path)
+    return int(name.split("round")[1][:6]) if "-round" in name and name.endswith((".npz", ".json")) else None
+
+
+if point == "after-checkpoint":  # checkpoint ROUND is complete on disk, the next round not begun
+    real_save = checkpoint.save_checkpoint
+
+    def save(directory, algo, round_index, *args, **kwargs):
+        path = real_save(directory, algo, round_index, *args, **kwargs)
+        if round_index == at:
+            die()
+        return path
+
+    training.save_checkpoint = save
+elif point in ("mid-npz", "between-files"):  # the .npz written but not renamed / renamed, manifest not
+    real_replace = os.replace
+    suffix = ".npz" if point == "mid-npz" else ".json"
+
+    def replace(source, target, *args, **kwargs):
+        if checkpoint_round(str(target)) == at and str(target).endswith(suffix):
+            die()
+        return real_replace(source, target, *args, **kwargs)
+
+    os.replace = replace
+elif point == "mid-history":  # half of round ROUND's history line written
+    real_write = os.write
+    lines = []
+
+    def write(fd, data):
+        if data.startswith(b'{"algo"'):
+            lines.append(data)
+            if len(lines) == at:
+                real_write(fd, data[: len(data) // 2])
+                die()
+        return real_write(fd, data)
+
+    os.write = write
+elif point == "mid-round":  # inside round ROUND, half-way through its inner steps
+    import diloco.sharding as sharding
+    steps_per_round = int(os.environ["STEPS_PER_ROUND"])
+    calls = [0]
+
+    def counting(real):
+        def step(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == (at - 1) * steps_per_round + steps_per_round // 2:
+                die()
+            return real(*args, **kwargs)
+        return step
+
+    sharding.local_train_step = counting(sharding.local_train_step)  # DiLoCo's workers
+    training.model_backward = counting(training.model_backward)      # the baseline's steps
+else:
+    raise SystemExit(f"unknown point {point}")
+sys.exit(main(sys.argv[3:]))
+'''
+
+SMALL = ["-K", "2", "-H", "3", "--rounds", "4", "--hidden-sizes", "8", "--batch-size", "8", "-q", "--no-plots"]
+RUNS = {
+    "diloco-iid-f64": ["train", "--algo", "diloco", *SMALL, "--checkpoint-every", "1"],
+    "sync-noniid-f32": ["train", "--algo", "sync", *SMALL, "--noniid", "--dtype", "float32", "--checkpoint-every", "2"],
+    "compare": ["compare", *SMALL, "--checkpoint-every", "1"],
+    "fast-engine": ["train", "--algo", "diloco", *SMALL, "--engine", "fast", "--checkpoint-every", "1"],
+}
+KILLS = [
+    ("diloco-iid-f64", "after-checkpoint", 2),
+    ("diloco-iid-f64", "mid-round", 3),
+    ("diloco-iid-f64", "mid-npz", 2),
+    ("diloco-iid-f64", "between-files", 3),
+    ("diloco-iid-f64", "mid-history", 2),
+    ("sync-noniid-f32", "mid-round", 4),
+    ("sync-noniid-f32", "between-files", 2),
+    ("compare", "mid-round", 2),  # in the baseline's round 2: DiLoCo is complete, the baseline half-way
+    ("fast-engine", "after-checkpoint", 1),
+]
+
+
+def _checkpoint_names(run_dir: Path) -> list:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+def _left_after_checkpoint(run_dir, at):
+    assert max(int(name[-11:-5]) for name in _checkpoint_names(run_dir) if name.endswith(".json")) == at
+
+
+def _left_mid_npz(run_dir, at):
+    assert any(name.startswith(f".diloco-round{at:06d}.npz.") for name in _checkpoint_names(run_dir))
+
+
+def _left_between_files(run_dir, at):
+    names = _checkpoint_names(run_dir)
+    assert any(name.endswith(f"round{at:06d}.npz") for name in names)
+    assert not any(name.endswith(f"round{at:06d}.json") for name in names)
+
+
+def _left_mid_history(run_dir, at):
+    assert not (run_dir / "history.jsonl").read_bytes().endswith(b"\n")  # a torn last line
+
+
+def _left_mid_round(run_dir, at):
+    assert read_jsonl(run_dir / "history.jsonl")[-1]["round"] == at - 1  # round `at` had begun, not ended
+
+
+LEFT_BEHIND = {"after-checkpoint": _left_after_checkpoint, "mid-npz": _left_mid_npz,
+               "between-files": _left_between_files, "mid-history": _left_mid_history, "mid-round": _left_mid_round}
+
+
+def diloco_process(*argv, env_extra=None, **popen) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, *map(str, argv)], capture_output=True, text=True, timeout=120, env=env,
+                          **popen)
+
+
+def finished_run(run_dir: Path, algos) -> tuple[dict, list]:
+    """The final params of each algorithm and the history without its clock readings."""
+    params = {}
+    for algo in algos:
+        with np.load(run_dir / f"params-{algo}.npz") as saved:
+            params[algo] = {key: saved[key] for key in saved.files}
+    history = [{k: v for k, v in record.items() if k != "time"}
+               for record in read_jsonl(run_dir / "history.jsonl")]
+    return params, history
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Each run of ``RUNS``, never stopped: what every resumed run must reproduce exactly."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            folder = tmp_path_factory.mktemp(f"clean-{name}")
+            done = diloco_process("-m", "diloco", *RUNS[name], "--runs-dir", folder)
+            assert done.returncode == 0, done.stderr
+            cache[name] = finished_run(only_folder(folder), _algos(name))
+        return cache[name]
+
+    return get
+
+
+def only_folder(parent: Path) -> Path:
+    (folder,) = [p for p in parent.iterdir() if p.is_dir()]
+    return folder
+
+
+def _algos(name: str) -> tuple:
+    return ("diloco", "sync") if name == "compare" else (RUNS[name][RUNS[name].index("--algo") + 1],)
+
+
+@pytest.mark.parametrize("name, point, at", KILLS)
+def test_sigkill_then_resume_is_bit_identical(name, point, at, tmp_path, uninterrupted):
+    script = tmp_path / "kill_at.py"
+    script.write_text(KILLER)
+    runs_dir = tmp_path / "runs"
+    killed = diloco_process(script, point, at, *RUNS[name], "--runs-dir", runs_dir,
+                            env_extra={"STEPS_PER_ROUND": "6"})  # K * H calls per round in both paths
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    run_dir = only_folder(runs_dir)
+    LEFT_BEHIND[point](run_dir, at)  # the kill struck where it was meant to
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "running"  # what a kill leaves
+    command = RUNS[name][0]
+    resumed = diloco_process("-m", "diloco", command, "--resume", run_dir, "-q", "--no-plots")
+    assert resumed.returncode == 0, resumed.stderr
+    params, history = finished_run(run_dir, _algos(name))
+    want_params, want_history = uninterrupted(name)
+    assert history == want_history
+    for algo, want in want_params.items():
+        assert list(params[algo]) == list(want)
+        for key in want:
+            assert np.array_equal(params[algo][key], want[key]), (algo, key)
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert not [p for p in run_dir.rglob("*.tmp")]
+
+
+def test_sigkill_from_outside_at_a_moment_picked_by_the_clock(tmp_path):
+    """Not at a chosen line of code: the process is killed whenever it is, twice, and resumed twice."""
+    argv = ["-K", "2", "-H", "10", "--rounds", "40", "--hidden-sizes", "16", "-q", "--no-plots",
+            "--checkpoint-every", "3"]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    runs_dir = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "diloco", "train", *argv, "--runs-dir", str(runs_dir)], env=env)
+    for attempt in range(2):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = list(runs_dir.glob("*/checkpoints/*.json"))
+            if found and max(int(p.stem[-6:]) for p in found) >= 6 * (attempt + 1):
+                break
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        if attempt == 0:
+            proc = subprocess.Popen([sys.executable, "-m", "diloco", "train", "--resume",
+                                     str(only_folder(runs_dir)), "-q", "--no-plots"], env=env)
+    run_dir = only_folder(runs_dir)
+    resumed = diloco_process("-m", "diloco", "train", "--resume", run_dir, "-q", "--no-plots")
+    assert resumed.returncode == 0, resumed.stderr
+    clean = diloco_process("-m", "diloco", "train", *argv, "--runs-dir", tmp_path / "clean")
+    assert clean.returncode == 0, clean.stderr
+    assert _same(finished_run(run_dir, ["diloco"]), finished_run(only_folder(tmp_path / "clean"), ["diloco"]))
+
+
+def _same(got, want) -> bool:
+    (got_params, got_history), (want_params, want_history) = got, want
+    return got_history == want_history and all(
+        np.array_equal(got_params[a][k], want_params[a][k]) for a in want_params for k in want_params[a])

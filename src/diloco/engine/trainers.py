@@ -160,7 +160,8 @@ def train_diloco_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_e
         if on_round is not None:
             on_round(record)
         if on_state is not None:
-            on_state(round_index, lambda: _saved_state(flat, global_params, m, v, step, rng, history, outer_momentum))
+            on_state(round_index, lambda step=step: _saved_state(flat, global_params, m, v, step, rng, history,
+                                                                 outer_momentum))
     return TrainResult(unpack(global_params, flat), history)
 
 
@@ -215,5 +216,5 @@ def train_synchronous_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *
         if on_round is not None:
             on_round(record)
         if on_state is not None:
-            on_state(round_index, lambda: _saved_state(flat, stack.params[0], m, v, step, rng, history))
+            on_state(round_index, lambda step=step: _saved_state(flat, stack.params[0], m, v, step, rng, history))
     return TrainResult(unpack(stack.params[0], flat), history)

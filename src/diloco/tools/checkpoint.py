@@ -47,7 +47,8 @@ from diloco.tools.runs import atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint",
-    "list_checkpoints", "latest_checkpoint", "data_fingerprint", "generator_state", "restore_generator",
+    "list_checkpoints", "latest_checkpoint", "config_changes", "data_fingerprint", "generator_state",
+    "restore_generator",
 ]
 
 FORMAT = "diloco-checkpoint"
@@ -245,13 +246,13 @@ def _prune(directory: Path, algo: str, keep: int) -> None:
 
 # --- reading ---------------------------------------------------------------------------------
 
-def _config_differences(saved: DiLoCoConfig, expected: DiLoCoConfig) -> list[str]:
-    saved_dict, expected_dict = saved.to_dict(), expected.to_dict()
-    inner_saved, inner_expected = saved_dict.pop("inner"), expected_dict.pop("inner")
-    changes = [f"{key} {saved_dict[key]!r} (checkpoint) vs {expected_dict[key]!r}"
-               for key in expected_dict if saved_dict[key] != expected_dict[key]]
-    changes += [f"inner.{key} {inner_saved[key]!r} (checkpoint) vs {inner_expected[key]!r}"
-                for key in inner_expected if inner_saved[key] != inner_expected[key]]
+def config_changes(old: DiLoCoConfig, new: DiLoCoConfig) -> list[str]:
+    """``"field old -> new"`` for every field that differs (``inner.lr`` style for AdamW's)."""
+    before, after = old.to_dict(), new.to_dict()
+    inner_before, inner_after = before.pop("inner"), after.pop("inner")
+    changes = [f"{key} {before.get(key)!r} -> {after[key]!r}" for key in after if before.get(key) != after[key]]
+    changes += [f"inner.{key} {inner_before.get(key)!r} -> {inner_after[key]!r}" for key in inner_after
+                if inner_before.get(key) != inner_after[key]]
     return changes
 
 
@@ -371,9 +372,9 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
     except (TypeError, ValueError) as exc:
         raise refuse(f"corrupted manifest: invalid config ({exc})") from None
     if config is not None:
-        differences = _config_differences(saved_config, config)
-        if differences:
-            raise refuse("made with another config: " + "; ".join(differences))
+        changes = config_changes(saved_config, config)
+        if changes:
+            raise refuse("made with another config (checkpoint -> this run): " + "; ".join(changes))
     if fingerprint is not None and manifest["data_fingerprint"] != fingerprint:
         raise refuse("made on other data (the data fingerprint differs)")
     npz_path = path.with_name(manifest["npz"])

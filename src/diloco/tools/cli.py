@@ -3,8 +3,9 @@
 Each sub-command module contributes its parsers through ``add_parsers(subparsers)``,
 setting ``func`` (a callable taking the parsed arguments and returning an exit status).
 The modules are imported explicitly here; they depend on ``diloco.tools.errors``, never
-on this module, so there is no import cycle. Usage errors exit with status 2 and print
-one line.
+on this module, so there is no import cycle. Usage errors and faults (``OSError``,
+``MemoryError``) exit with status 2 and print one line; a diverged run exits with 3,
+Ctrl-C with 130 and SIGTERM, handled like Ctrl-C, with 143.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 
 from diloco.tools import commands, grading, workspace
 from diloco.tools.errors import CliError, Parser
+from diloco.tools.faults import Terminated, describe_os_error, sigterm_as_interrupt
 
 __all__ = ["main", "build_parser", "CliError"]
 
@@ -37,13 +39,23 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with sigterm_as_interrupt():
+            return int(args.func(args) or 0)
     except CliError as exc:
         print(f"diloco {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.status
+    except Terminated:
+        print(f"diloco {args.command}: terminated (SIGTERM); files already written are kept", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"diloco {args.command}: interrupted; files already written are kept", file=sys.stderr)
         return 130
+    except OSError as exc:  # a fault no command turned into a CliError: still one line, never a traceback
+        print(f"diloco {args.command}: error: {describe_os_error(exc)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"diloco {args.command}: error: out of memory", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -9,10 +9,22 @@
 Every command writes a run folder (see ``diloco.tools.runs``) and, unless ``--no-plots``,
 PNG plots (``diloco.tools.plots``). The flags live in ``diloco.tools.flags``. User
 errors raise ``CliError``: one line, exit status 2.
+
+``train`` and ``compare`` train through ``diloco.tools.training.train_resumable`` (the
+milestone functions, or the fast engine with ``--engine fast``): a checkpoint every
+``--checkpoint-every`` rounds and after the last, the final parameters as
+``params-<algo>.npz``, the divergence guard, and ``--resume RUN_DIR``
+(``diloco.tools.resume``). Everything that can be checked runs before the run folder is
+made (``diloco.tools.preflight``); after that, every early end leaves a truthful
+``summary.json`` status (``diloco.tools.faults``). See docs/failure-and-recovery.md.
 """
 
 from __future__ import annotations
 
+import io
+import math
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,20 +36,27 @@ from diloco.data import Dataset
 from diloco.evaluation import communication_savings
 from diloco.loop import num_values
 from diloco.tools.errors import CliError
+from diloco.tools.family_run import check_family, family_summary, print_family, run_with_family
+from diloco.tools.faults import describe_os_error, quiet_numpy, run_outcome
 from diloco.tools.flags import (
+    DEFAULT_MAX_LOSS,
     add_config_flags,
     add_data_flags,
     add_execution_flags,
     add_output_flags,
+    add_recovery_flags,
     build_config,
     load_dataset,
 )
-from diloco.tools.runs import HistoryWriter, create_run_dir, environment_record, write_json
+from diloco.tools.preflight import check_run
+from diloco.tools.resume import CHECKPOINT_DIR, plan_resume
+from diloco.tools.runs import HistoryWriter, atomic_write_bytes, create_run_dir, environment_record, write_json
 from diloco.tools.studies import STUDIES, TRAINERS, format_bytes, trainer
 from diloco.tools.threads import ThreadsUnavailable, blas_threads, choose_threads
+from diloco.tools.training import train_resumable
 
 __all__ = ["add_parsers", "run_compare", "run_train", "progress_factory", "check_plotting", "start_run",
-           "resolve_trainer", "thread_limit"]
+           "resolve_trainer", "thread_limit", "max_loss_flag"]
 
 _ALGO_NAMES = {"diloco": "DiLoCo", "sync": "sync"}
 
@@ -49,14 +68,14 @@ def add_parsers(subparsers) -> None:
         "compare", help="DiLoCo against the synchronous baseline at equal compute (make demo)",
         description="Train DiLoCo and the synchronous data-parallel baseline at equal compute and compare "
                     "held-out loss, accuracy and bytes communicated.")
-    for add in (add_config_flags, add_data_flags, add_execution_flags, add_output_flags):
+    for add in (add_config_flags, add_data_flags, add_execution_flags, add_recovery_flags, add_output_flags):
         add(compare)
     compare.set_defaults(func=run_compare)
 
     train = subparsers.add_parser("train", help="one run of DiLoCo or of the synchronous baseline",
                                   description="Train one model and write a run folder.")
-    train.add_argument("--algo", choices=sorted(TRAINERS), default="diloco", help="diloco (default) or sync")
-    for add in (add_config_flags, add_data_flags, add_execution_flags, add_output_flags):
+    train.add_argument("--algo", choices=sorted(TRAINERS), help="diloco (default) or sync")
+    for add in (add_config_flags, add_data_flags, add_execution_flags, add_recovery_flags, add_output_flags):
         add(train)
     train.set_defaults(func=run_train)
 
@@ -72,6 +91,7 @@ def add_parsers(subparsers) -> None:
                        help="inner-steps study: steps per worker, a multiple of every H (400)")
     for add in (add_config_flags, add_data_flags, add_execution_flags, add_output_flags):
         add(study)
+    add_recovery_flags(study, resume=False)
     study.set_defaults(func=run_study_command)
 
 
@@ -101,9 +121,15 @@ def check_plotting(args) -> None:
 
 
 def resolve_trainer(algo: str, config: DiLoCoConfig):
-    """``studies.trainer(algo, config.engine)``, a ``CliError`` when the engine is absent."""
+    """``studies.trainer(algo, config.engine)``; a ``CliError`` when the engine is absent or
+    does not run a mechanism ``config`` asks for (checked before anything is written)."""
     try:
-        return trainer(algo, config.engine)
+        train = trainer(algo, config.engine)
+        if config.engine == "fast":
+            from diloco.mechanisms import check_fast_engine
+
+            check_fast_engine(config, algo)
+        return train
     except ValueError as exc:
         raise CliError(f"--engine {config.engine}: {exc}") from None
 
@@ -119,17 +145,48 @@ def thread_limit(args, config: DiLoCoConfig, data: Dataset):
         raise CliError(str(exc) if requested is None else f"--threads: {exc}") from None
 
 
-def start_run(args, command: str, name: str, config: DiLoCoConfig, data_info: dict, extra: dict | None = None):
-    run_dir = create_run_dir(args.runs_dir, args.name or name)
-    write_json(run_dir / "config.json", {"command": command, **(extra or {}), "config": config.to_dict(),
-                                         "data": data_info})
-    write_json(run_dir / "environment.json", environment_record(seed=config.seed))
-    return run_dir, HistoryWriter(run_dir / "history.jsonl")
+def max_loss_flag(args, default: float | None = DEFAULT_MAX_LOSS) -> float | None:
+    """``--max-loss`` as the guard takes it: ``default`` if not given (a resumed run's value), None for 'off'."""
+    value = getattr(args, "max_loss", None)
+    value = default if value is None else value
+    return None if value is None or math.isinf(value) else value
 
 
-def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryWriter, make_bar):
-    train = resolve_trainer(algo, config)
-    bar = None if make_bar is None else make_bar(total=config.rounds, desc=f"{_ALGO_NAMES[algo]:<7}",
+def start_run(args, command: str, name: str, config: DiLoCoConfig, data_info: dict, extra: dict | None = None,
+              *, guard=None):
+    """Make the run folder and write ``config.json``, ``environment.json`` and a ``"running"`` summary.
+
+    If any of that fails (read-only or full disk, a name too long), the half-made folder is
+    removed and the ``OSError`` becomes a ``CliError``: no orphan folder is left behind.
+    """
+    runs_dir = Path(args.runs_dir)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise CliError(f"--runs-dir {args.runs_dir} is a file, not a folder")
+    if len((args.name or name).encode()) > 200:  # + the time stamp must stay under the usual 255-byte limit
+        raise CliError(f"--name must be at most 200 bytes, got {len((args.name or name).encode())}")
+    try:
+        run_dir = create_run_dir(runs_dir, args.name or name)
+    except OSError as exc:
+        raise CliError(f"cannot create a run folder under --runs-dir {args.runs_dir}: "
+                       f"{exc.strerror or exc}") from None
+    try:
+        write_json(run_dir / "config.json", {"command": command, **(extra or {}), "config": config.to_dict(),
+                                             "data": data_info})
+        write_json(run_dir / "environment.json", environment_record(seed=config.seed))
+        write_json(run_dir / "summary.json", {"command": command, "status": "running", "pid": os.getpid()})
+        history = HistoryWriter(run_dir / "history.jsonl", guard=guard)
+    except (OSError, MemoryError) as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        reason = describe_os_error(exc) if isinstance(exc, OSError) else "out of memory"
+        raise CliError(f"{reason} (the run folder was removed)") from None
+    return run_dir, history
+
+
+def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryWriter, make_bar, run_dir: Path,
+               *, start=None, checkpoint_every=None, max_loss=None, family=None):
+    """Train ``algo`` with checkpoints in ``run_dir/checkpoints``; save ``params-<algo>.npz``."""
+    done = start.round if start is not None else 0
+    bar = None if make_bar is None else make_bar(total=config.rounds, initial=done, desc=f"{_ALGO_NAMES[algo]:<7}",
                                                  unit="round", leave=True)
 
     def after(record):
@@ -137,16 +194,23 @@ def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryW
             bar.set_postfix(acc=f"{record['eval_accuracy']:.3f}", loss=f"{record['eval_loss']:.3f}")
             bar.update(1)
 
-    start = time.perf_counter()
+    previous = [r["time"] for r in history.for_algo(algo) if r.get("time") is not None]
+    clock = time.perf_counter()
+    def resumable(on_round):
+        return train_resumable(algo, data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test,
+                               checkpoint_dir=run_dir / CHECKPOINT_DIR, checkpoint_every=checkpoint_every,
+                               resume_from=start, max_loss=max_loss, on_round=on_round)
+
     try:
-        result = train(data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test,
-                       on_round=history.callback(algo, after=after))
-    except (TypeError, ValueError) as exc:  # e.g. more workers than training examples
-        raise CliError(f"cannot train {algo}: {exc}") from None
+        result = run_with_family(algo, family, config, data, history.callback(
+            algo, after=after, time_offset=previous[-1] if previous else 0.0), resumable)
     finally:
         if bar is not None:
             bar.close()
-    return result, time.perf_counter() - start
+    buffer = io.BytesIO()
+    np.savez(buffer, **result.params)
+    atomic_write_bytes(run_dir / f"params-{algo}.npz", buffer.getvalue())
+    return result, time.perf_counter() - clock
 
 
 def _algo_summary(algo: str, records: list, seconds, num_params: int | None) -> dict:
@@ -164,12 +228,10 @@ def _algo_summary(algo: str, records: list, seconds, num_params: int | None) -> 
     }
 
 
-def _interrupted(run_dir: Path, command: str, history: HistoryWriter, algos) -> None:
-    """Ctrl-C: record what finished; every file already written stays as it is."""
-    write_json(run_dir / "summary.json", {
-        "command": command, "status": "interrupted",
-        "algorithms": {algo: _algo_summary(algo, history.for_algo(algo), None, None) for algo in algos},
-    })
+def _summary(command: str, status: str, history: HistoryWriter, algos, **fields) -> dict:
+    """``summary.json`` of a run that did not complete: what finished, and why it stopped."""
+    return {"command": command, "status": status, **fields,
+            "algorithms": {algo: _algo_summary(algo, history.for_algo(algo), None, None) for algo in algos}}
 
 
 def _print_table(summary: dict, savings_factor: float) -> None:
@@ -192,45 +254,90 @@ def _savings(config: DiLoCoConfig, num_params: int) -> dict:
 
 # --- the commands ---------------------------------------------------------------------------
 
-def _run_algorithms(args, command: str, algos: tuple) -> int:
+def _new_run(args, command: str, algos: tuple) -> dict:
+    """Everything checked, then the run folder made: the state a fresh run starts from."""
     config = build_config(args)
     for algo in algos:
         resolve_trainer(algo, config)  # an absent engine fails before anything is written
+    family = check_family(args, command, algos, config)
     check_plotting(args)
-    make_bar = progress_factory(args.quiet)
     data, data_info = load_dataset(args, config.dtype)
+    check_run(config, data)  # classes, K against n, memory, the library's own checks
     threads, limit = thread_limit(args, config, data)
+    max_loss = max_loss_flag(args)
     name = f"{command}-{'-'.join(algos) if command == 'train' else data_info['name']}"
     run_dir, history = start_run(args, command, name, config, data_info,
-                                  {"algorithms": list(algos), "blas_threads": threads})
+                                 {"algorithms": list(algos), "blas_threads": threads,
+                                  "checkpoint_every": args.checkpoint_every, "max_loss": max_loss})
+    return dict(run_dir=run_dir, config=config, data=data, data_info=data_info, history=history, limit=limit,
+                starts={}, checkpoint_every=args.checkpoint_every, max_loss=max_loss, algos=algos, family=family)
+
+
+def _resumed_run(args, command: str, algos: tuple) -> dict:
+    """A stopped run's folder, checked (``plan_resume``), its history cut back to its checkpoints."""
+    plan = plan_resume(args, command, algos)
+    for algo in plan.algos:
+        resolve_trainer(algo, plan.config)
+    check_plotting(args)
+    threads, limit = thread_limit(args, plan.config, plan.data)
+    history = HistoryWriter(plan.run_dir / "history.jsonl")
+    history.restart(plan.history)
+    resumed_from = {algo: start.round if start else 0 for algo, start in plan.starts.items()}
+    write_json(plan.run_dir / "summary.json", {"command": command, "status": "running", "pid": os.getpid(),
+                                               "resumed_from": resumed_from})
+    if not args.quiet:
+        for note in plan.notes:
+            print(note)
+        print(f"resuming {plan.run_dir}: " + ", ".join(f"{a} after round {c.round if c else 0}"
+                                                        for a, c in plan.starts.items()))
+    every = args.checkpoint_every or plan.saved.get("checkpoint_every")
+    return dict(run_dir=plan.run_dir, config=plan.config, data=plan.data, data_info=plan.data_info, history=history,
+                limit=limit, starts=plan.starts, checkpoint_every=every,
+                max_loss=max_loss_flag(args, plan.saved.get("max_loss", DEFAULT_MAX_LOSS)), algos=plan.algos,
+                family=check_family(args, command, plan.algos, plan.config))
+
+
+def _run_algorithms(args, command: str, algos: tuple) -> int:
+    make_bar = progress_factory(args.quiet)
+    run = _resumed_run(args, command, algos) if args.resume else _new_run(args, command, algos)
+    run_dir, config, data, data_info, history = (run[k] for k in ("run_dir", "config", "data", "data_info",
+                                                                   "history"))
+    algos = run["algos"]
     if not args.quiet:
         print(f"{data_info['name']}: {data_info['num_train']} train / {data_info['num_test']} held-out examples; "
               f"K={config.num_workers} workers, H={config.inner_steps} inner steps, {config.rounds} rounds "
               f"({config.total_steps} steps per worker, batch {config.batch_size})")
     results, seconds = {}, {}
-    try:
-        with limit:
-            for algo in algos:
-                results[algo], seconds[algo] = _train_one(algo, config, data, history, make_bar)
-    except KeyboardInterrupt:
-        _interrupted(run_dir, command, history, algos)
-        raise
-    num_params = num_values(next(iter(results.values())).params)
-    savings = _savings(config, num_params)
-    summary = {
-        "command": command, "status": "completed", "data": data_info,
-        "algorithms": {algo: _algo_summary(algo, history.for_algo(algo), seconds[algo], num_params)
-                       for algo in algos},
-        "communication": savings,
-    }
-    write_json(run_dir / "summary.json", summary)
-    plots = []
-    if not args.no_plots:
-        from diloco.tools.plots import save_run_plots
 
-        plots = save_run_plots({algo: history.for_algo(algo) for algo in algos}, run_dir,
-                               title=f"{data_info['name']}, K={config.num_workers}, H={config.inner_steps}")
+    def stopped(status: str, reason: str, extra: dict) -> None:
+        write_json(run_dir / "summary.json", _summary(command, status, history, algos, reason=reason, **extra))
+
+    with run_outcome(stopped), quiet_numpy(), run["limit"]:
+        for algo in algos:
+            results[algo], seconds[algo] = _train_one(
+                algo, config, data, history, make_bar, run_dir, start=run["starts"].get(algo),
+                checkpoint_every=run["checkpoint_every"], max_loss=run["max_loss"], family=run["family"])
+        num_params = num_values(next(iter(results.values())).params)
+        savings = _savings(config, num_params)
+        family_extra, savings = family_summary(run["family"], config, {a: history.for_algo(a) for a in algos},
+                                               num_params, savings)
+        summary = {
+            "command": command, "status": "completed", "data": data_info,
+            "algorithms": {algo: _algo_summary(algo, history.for_algo(algo), seconds[algo], num_params)
+                           for algo in algos},
+            "communication": savings,
+            "params": {algo: f"params-{algo}.npz" for algo in algos},
+            **family_extra,
+        }
+        write_json(run_dir / "summary.json", summary)
+        plots = []
+        if not args.no_plots:
+            from diloco.tools.plots import save_run_plots
+
+            plots = save_run_plots({algo: history.for_algo(algo) for algo in algos}, run_dir,
+                                   title=f"{data_info['name']}, K={config.num_workers}, H={config.inner_steps}")
     _print_table(summary, savings["savings_factor"])
+    print_family(family_extra)
     if "diloco" in algos:
         print(f"DiLoCo all-reduces {savings['sync_all_reduces'] // savings['diloco_all_reduces']}x less often than "
               f"the synchronous baseline: {savings['savings_factor']:.0f}x fewer bytes per worker")
@@ -243,4 +350,4 @@ def run_compare(args) -> int:
 
 
 def run_train(args) -> int:
-    return _run_algorithms(args, "train", (args.algo,))
+    return _run_algorithms(args, "train", (args.algo or "diloco",))

@@ -8,7 +8,11 @@ __all__ = ["CliError", "Parser"]
 
 
 class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
+    """A user error or a fault: printed as one line, exit status ``status`` (2 unless said)."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
 
 
 class Parser(argparse.ArgumentParser):

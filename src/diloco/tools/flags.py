@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from diloco.config import DiLoCoConfig
@@ -22,11 +23,11 @@ from diloco.data import (
     load_npz_dataset,
 )
 from diloco.tools.errors import CliError
-from diloco.tools.paper_flags import add_mechanism_flags, add_text_flags, load_text_dataset, mechanism_changes
 from diloco.tools.family_flags import add_family_flags
+from diloco.tools.paper_flags import add_mechanism_flags, add_text_flags, load_text_dataset, mechanism_changes
 
-__all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "add_config_flags", "add_data_flags", "add_execution_flags",
-           "add_output_flags", "build_config", "load_dataset"]
+__all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "DATA_DEFAULTS", "DEFAULT_MAX_LOSS", "add_config_flags", "add_data_flags",
+           "add_execution_flags", "add_output_flags", "add_recovery_flags", "build_config", "load_dataset"]
 
 # Flags of DiLoCoConfig fields: (flag(s), argparse options). Inner AdamW fields follow.
 CONFIG_FLAGS = {
@@ -79,19 +80,65 @@ def add_execution_flags(parser: argparse.ArgumentParser) -> None:
                             "see docs/cli.md)")
 
 
+# The data flags' defaults. The flags themselves default to None, so a resumed run can tell
+# a flag the user gave (which must agree with the run's data) from one left alone.
+DATA_DEFAULTS = {"data": "digits", "split_seed": 0, "test_fraction": 0.2}
+
+# A training or held-out cross-entropy above this is divergence (--max-loss). Chance level
+# is ln(C), 2.3 for 10 classes; a mean of 1000 puts e^-1000 on the right class, which no
+# run that is learning reaches, while a diverging one passes it within a round or two.
+DEFAULT_MAX_LOSS = 1000.0
+
+
 def add_data_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data")
-    group.add_argument("--data", default="digits", metavar="digits|mnist1d|shakespeare|PATH.npz",
+    group.add_argument("--data", metavar="digits|mnist1d|shakespeare|PATH.npz",
                        help="built-in digits (default), MNIST-1D (the 'mnist1d' extra; generated locally, cached), "
                             "Tiny Shakespeare next-character prediction (bundled; --context), "
                             "or an .npz with arrays x, y and optionally x_test, y_test")
-    group.add_argument("--split-seed", type=int, default=0,
+    group.add_argument("--split-seed", type=int,
                        help="seed of the train/test split when the data has no test part (0)")
-    group.add_argument("--test-fraction", type=float, default=0.2,
+    group.add_argument("--test-fraction", type=float,
                        help="held-out fraction when the data has no test part (0.2)")
     group.add_argument("--cache-dir", metavar="DIR",
                        help="where generated MNIST-1D is cached ($DILOCO_CACHE_DIR or ~/.cache/diloco)")
     add_text_flags(group)  # --context, --eval-windows of --data shakespeare
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}")
+    return value
+
+
+def _max_loss(text: str) -> float:
+    if text.strip().lower() in ("off", "none"):
+        return math.inf  # no threshold (None is kept for "not given")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number or 'off', got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number or 'off', got {text!r}")
+    return value
+
+
+def add_recovery_flags(parser: argparse.ArgumentParser, *, resume: bool = True) -> None:
+    """``--max-loss`` and, for ``train`` and ``compare``, ``--checkpoint-every`` and ``--resume``."""
+    group = parser.add_argument_group("failure and recovery (docs/failure-and-recovery.md)")
+    if resume:
+        group.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+                           help="checkpoint every N rounds into the run folder (the last round is always "
+                                "checkpointed)")
+        group.add_argument("--resume", metavar="RUN_DIR",
+                           help="continue the run in RUN_DIR from its newest checkpoint, bit-identically")
+    group.add_argument("--max-loss", type=_max_loss, metavar="LOSS",
+                       help=f"a training or held-out loss above LOSS stops the run as diverged "
+                            f"({DEFAULT_MAX_LOSS:g}; 'off' disables)")
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -121,6 +168,8 @@ def _read_config_file(path: str) -> dict:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CliError(f"cannot read config file {path}: {exc}") from None
+    except RecursionError:
+        raise CliError(f"cannot read config file {path}: JSON nested too deeply") from None
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
         data = data["config"]  # a run folder's config.json
     if not isinstance(data, dict):
@@ -128,10 +177,10 @@ def _read_config_file(path: str) -> dict:
     return data
 
 
-def build_config(args, defaults: dict | None = None) -> DiLoCoConfig:
-    """The config from (in increasing priority) the defaults, ``--config`` and the flags."""
+def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | None = None) -> DiLoCoConfig:
+    """The config from (in increasing priority) the defaults (or ``base``), ``--config`` and the flags."""
     try:
-        config = DiLoCoConfig(**(defaults or {}))
+        config = base if base is not None else DiLoCoConfig(**(defaults or {}))
         if getattr(args, "config", None):
             data = _read_config_file(args.config)
             merged = {**config.to_dict(), **data}
@@ -153,11 +202,19 @@ def build_config(args, defaults: dict | None = None) -> DiLoCoConfig:
 
 
 def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
-    """The dataset named by ``--data`` (cast to ``dtype``) and a description for config.json."""
-    spec = args.data
+    """The dataset named by ``--data`` (cast to ``dtype``) and a description for config.json.
+
+    The description records what ``--resume`` needs to load the same data again.
+    """
+    spec, split_seed, test_fraction = (DATA_DEFAULTS[name] if getattr(args, name, None) is None
+                                       else getattr(args, name) for name in ("data", "split_seed", "test_fraction"))
+    if split_seed < 0:
+        raise CliError(f"--split-seed must be a non-negative int, got {split_seed}")
+    if not (math.isfinite(test_fraction) and 0 < test_fraction < 1):
+        raise CliError(f"--test-fraction must be strictly between 0 and 1, got {test_fraction}")
     try:
         if spec == "digits":
-            data = load_digits_split(seed=args.split_seed, test_fraction=args.test_fraction)
+            data = load_digits_split(seed=split_seed, test_fraction=test_fraction)
             info = {"name": "digits", "provenance": DIGITS_PROVENANCE}
         elif spec == "mnist1d":
             data = load_mnist1d(cache_dir=args.cache_dir)
@@ -165,7 +222,7 @@ def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
         elif spec == "shakespeare":
             data, info = load_text_dataset(args)
         elif spec.endswith(".npz") or Path(spec).exists():
-            data = load_npz_dataset(spec, test_fraction=args.test_fraction, seed=args.split_seed)
+            data = load_npz_dataset(spec, test_fraction=test_fraction, seed=split_seed)
             info = {"name": Path(spec).stem, "path": str(Path(spec).resolve())}
         else:
             raise CliError(f"--data must be digits, mnist1d, shakespeare or a path to an .npz file, got {spec!r}")
@@ -175,7 +232,11 @@ def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
         raise CliError(str(exc)) from None
     except (TypeError, ValueError) as exc:
         raise CliError(f"--data: {exc}") from None
+    except OSError as exc:
+        raise CliError(f"--data: cannot read {exc.filename or spec}: {exc.strerror or exc}") from None
+    except MemoryError:
+        raise CliError(f"--data: {spec} does not fit in memory") from None
     data = data._replace(x_train=data.x_train.astype(dtype), x_test=data.x_test.astype(dtype))
     info.update(num_train=len(data.y_train), num_test=len(data.y_test), num_features=data.x_train.shape[1],
-                num_classes=data.num_classes, split_seed=args.split_seed)
+                num_classes=data.num_classes, split_seed=split_seed, test_fraction=test_fraction)
     return data, info

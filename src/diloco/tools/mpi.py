@@ -187,7 +187,14 @@ def main(argv=None) -> int:
     import warnings
 
     from diloco.tools.errors import CliError, Parser
-    from diloco.tools.flags import add_config_flags, add_data_flags, build_config, load_dataset
+    from diloco.tools.flags import (
+        DEFAULT_MAX_LOSS,
+        add_config_flags,
+        add_data_flags,
+        add_recovery_flags,
+        build_config,
+        load_dataset,
+    )
     from diloco.tools.runs import atomic_write_bytes, write_json
     from diloco.tools.training import Diverged
 
@@ -198,9 +205,10 @@ def main(argv=None) -> int:
     parser.add_argument("--save-params", metavar="FILE.npz", help="rank 0 saves the final global params here")
     parser.add_argument("--round-timeout", type=_positive, default=600.0, metavar="SECONDS",
                         help="a rank waiting longer than this in a round's all-reduce aborts the job (600)")
-    parser.add_argument("--max-loss", type=_positive, metavar="LOSS",
-                        help="a training or held-out loss above LOSS counts as divergence (off)")
+    add_recovery_flags(parser, resume=False)  # --max-loss
     args = parser.parse_args(argv)
+    max_loss = DEFAULT_MAX_LOSS if args.max_loss is None else args.max_loss
+    max_loss = None if np.isinf(max_loss) else max_loss
     comm = MPI.COMM_WORLD
     try:
         config = build_config(args, defaults={"num_workers": comm.size})
@@ -224,7 +232,7 @@ def main(argv=None) -> int:
             warnings.simplefilter("ignore", RuntimeWarning)
             result = train_diloco_mpi(data.x_train, data.y_train, config, comm, x_eval=data.x_test,
                                       y_eval=data.y_test, on_round=report, round_timeout=args.round_timeout,
-                                      max_loss=args.max_loss)
+                                      max_loss=max_loss)
     except Diverged as exc:  # every rank sees the same record: all stop here, no abort needed
         if comm.rank == 0:
             print(f"diloco.tools.mpi: error: {exc}", file=sys.stderr)

@@ -50,13 +50,17 @@ def require_matplotlib():
 
 
 def save_figure(fig, path) -> Path:
-    """Render ``fig`` to a PNG file with the Agg canvas."""
+    """Render ``fig`` to a PNG file with the Agg canvas, written atomically (never a 0-byte PNG)."""
+    import io
+
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    path = Path(path)
+    from diloco.tools.runs import atomic_write_bytes
+
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=110)
-    return path
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    return atomic_write_bytes(path, buffer.getvalue())
 
 
 def _label(name: str) -> str:

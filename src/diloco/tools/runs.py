@@ -126,12 +126,19 @@ def atomic_write_bytes(path, data: bytes) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(partial, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(partial)
+        if isinstance(exc, OSError) and exc.filename != str(path):
+            raise _naming(exc, path) from exc
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _naming(exc: OSError, path: Path) -> OSError:
+    """The same error, naming the file the caller asked for (not a temporary name, not none)."""
+    return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def atomic_write_text(path, text: str) -> Path:
@@ -251,9 +258,11 @@ class JsonlWriter:
                 written = 0
                 while written < len(line):
                     written += os.write(fd, line[written:])
-            except BaseException:
+            except BaseException as exc:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, start)
+                if isinstance(exc, OSError) and exc.filename is None:
+                    raise _naming(exc, self.path) from exc
                 raise
         finally:
             os.close(fd)

@@ -1,14 +1,30 @@
-"""``diloco study NAME``: one of the paper's ablations over several seeds."""
+"""``diloco study NAME``: one of the paper's ablations over several seeds.
+
+Every variant is checked (``diloco.tools.preflight``) before the run folder is made; every
+round of every run passes the divergence guard (``check_record``, through the history
+writer); an early end leaves a ``summary.json`` status (``diloco.tools.faults``); the
+files are written atomically, ``results.jsonl`` one whole line per finished run.
+"""
 
 from __future__ import annotations
 
 import json
 
-from diloco.tools.commands import check_plotting, progress_factory, resolve_trainer, start_run, thread_limit
+from diloco.tools.commands import (
+    check_plotting,
+    max_loss_flag,
+    progress_factory,
+    resolve_trainer,
+    start_run,
+    thread_limit,
+)
 from diloco.tools.errors import CliError
+from diloco.tools.faults import quiet_numpy, run_outcome
 from diloco.tools.flags import build_config, load_dataset
-from diloco.tools.runs import write_json
+from diloco.tools.preflight import check_run
+from diloco.tools.runs import JsonlWriter, atomic_write_text, write_json
 from diloco.tools.studies import STUDIES, default_engine, markdown_table, mean_curves, run_study, summarise
+from diloco.tools.training import check_record
 
 __all__ = ["run_study_command"]
 
@@ -32,18 +48,31 @@ def run_study_command(args) -> int:
         variants = study.variants(config, values)
     except ValueError as exc:
         raise CliError(f"--values: {exc}") from None
-    for algo in {variant.algo for variant in variants}:
-        resolve_trainer(algo, config)
+    if getattr(args, "engine", None) is None and config.engine == "fast":
+        try:  # the default engine runs every variant, or the study falls back to the reference
+            for variant in variants:
+                resolve_trainer(variant.algo, config.replace(**variant.changes))
+        except CliError:
+            config = config.replace(engine="reference")
+    for variant in variants:
+        resolve_trainer(variant.algo, config.replace(**variant.changes))
     check_plotting(args)
     make_bar = progress_factory(args.quiet)
     data, data_info = load_dataset(args, config.dtype)
+    for variant in variants:
+        check_run(config.replace(**variant.changes), data, checkpointing=False, label=f"variant {variant.label}")
     threads, limit = thread_limit(args, config, data)
+    max_loss = max_loss_flag(args)
     seeds = list(range(config.seed, config.seed + args.seeds))
     spec = {"study": study.name, "title": study.title, "claim": study.claim, "values": list(values),
-            "seeds": seeds, "variants": [v._asdict() for v in variants], "blas_threads": threads}
-    run_dir, history = start_run(args, "study", f"study-{study.name}", config, data_info, spec)
-    results_path = run_dir / "results.jsonl"
-    results_path.touch()
+            "seeds": seeds, "variants": [v._asdict() for v in variants], "blas_threads": threads,
+            "max_loss": max_loss}
+
+    def guard(record):
+        check_record(record, record["algo"], max_loss, context=f"variant {record['variant']}, seed {record['seed']}")
+
+    run_dir, history = start_run(args, "study", f"study-{study.name}", config, data_info, spec, guard=guard)
+    results = JsonlWriter(run_dir / "results.jsonl")
     if not args.quiet:
         print(f"study {study.name}: {len(variants)} variants x {len(seeds)} seeds on {data_info['name']}; "
               f"claim: {study.claim}")
@@ -55,43 +84,42 @@ def run_study_command(args) -> int:
             bar.set_postfix_str(f"{variant.label} seed {seed}")
 
     def on_run_end(outcome):
+        results.write_line(outcome)
         finished.append(outcome)
-        with results_path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(outcome) + "\n")
         if bar is not None:
             bar.update(1)
 
+    def stopped(status: str, reason: str, extra: dict) -> None:
+        write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": status,
+                                              "reason": reason, **extra, "runs_completed": len(finished),
+                                              "rows": summarise(finished) if finished else []})
+
     try:
-        with limit:
+        with run_outcome(stopped), quiet_numpy(), limit:
             run_study(study, config, data, seeds, values, history=history, on_run_start=on_run_start,
                       on_run_end=on_run_end)
-    except KeyboardInterrupt:
-        write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": "interrupted",
-                                              "runs_completed": len(finished), "rows": summarise(finished)
-                                              if finished else []})
-        raise
-    except (TypeError, ValueError) as exc:
-        raise CliError(f"study {study.name}: {exc}") from None
+            rows = summarise(finished)
+            write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": "completed",
+                                                  "claim": study.claim, "seeds": seeds, "rows": rows})
+            table = markdown_table(rows)
+            base = {k: v for k, v in config.to_dict().items() if k != "inner"}
+            atomic_write_text(run_dir / "study.md", (
+                f"# Study {study.name}: {study.title}\n\nClaim tested: {study.claim}.\n\n"
+                f"Data: {data_info['name']} ({data_info['num_train']} train / {data_info['num_test']} held-out). "
+                f"Seeds: {seeds}. Base config: `{json.dumps(base)}`, "
+                f"inner AdamW `{json.dumps(config.inner.to_dict())}`.\n\n"
+                f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n{table}"))
+            if not args.no_plots:
+                from diloco.tools.plots import plot_curves, plot_study, save_figure
+
+                save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), run_dir / "study.png")
+                x_axis = "bytes" if study.name == "inner-steps" else "step"
+                save_figure(plot_curves(mean_curves(history.records), x=x_axis,
+                                        title=f"{study.title}: mean over {len(seeds)} seeds"),
+                            run_dir / "study_curves.png")
     finally:
         if bar is not None:
             bar.close()
-    rows = summarise(finished)
-    write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": "completed",
-                                          "claim": study.claim, "seeds": seeds, "rows": rows})
-    table = markdown_table(rows)
-    base = {k: v for k, v in config.to_dict().items() if k != "inner"}
-    (run_dir / "study.md").write_text(
-        f"# Study {study.name}: {study.title}\n\nClaim tested: {study.claim}.\n\n"
-        f"Data: {data_info['name']} ({data_info['num_train']} train / {data_info['num_test']} held-out). "
-        f"Seeds: {seeds}. Base config: `{json.dumps(base)}`, inner AdamW `{json.dumps(config.inner.to_dict())}`.\n\n"
-        f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n{table}", encoding="utf-8")
-    if not args.no_plots:
-        from diloco.tools.plots import plot_curves, plot_study, save_figure
-
-        save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), run_dir / "study.png")
-        x_axis = "bytes" if study.name == "inner-steps" else "step"
-        save_figure(plot_curves(mean_curves(history.records), x=x_axis,
-                                title=f"{study.title}: mean over {len(seeds)} seeds"), run_dir / "study_curves.png")
     print(table, end="")
     print(f"run folder: {run_dir}")
     return 0

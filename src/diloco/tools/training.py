@@ -67,18 +67,22 @@ class Diverged(ArithmeticError):
         What went wrong, e.g. ``"training loss nan"``.
     step : int or None
         Inner step (1-based, within the round) when known.
+    context : str or None
+        Which run, when there are several (a study's variant and seed).
     """
 
-    def __init__(self, algo: str, round_index: int, worker, quantity: str, step: int | None = None):
+    def __init__(self, algo: str, round_index: int, worker, quantity: str, step: int | None = None,
+                 context: str | None = None):
         self.algo, self.round, self.worker, self.quantity, self.step = algo, round_index, worker, quantity, step
+        self.context = context
         where = f"round {round_index}" + (f", step {step}" if step is not None else "")
         who = f"worker {worker}" if worker is not None else "all workers"
         name = {"diloco": "DiLoCo", "sync": "the synchronous baseline"}.get(algo, algo)
-        super().__init__(f"{name} diverged in {where}, {who}: {quantity}")
+        super().__init__(f"{context + ': ' if context else ''}{name} diverged in {where}, {who}: {quantity}")
 
     def as_dict(self) -> dict:
         return {"algo": self.algo, "round": self.round, "step": self.step, "worker": self.worker,
-                "quantity": self.quantity, "message": str(self)}
+                "quantity": self.quantity, "context": self.context, "message": str(self)}
 
 
 def _finite(params) -> str | None:
@@ -96,12 +100,21 @@ def _check_loss(algo, round_index, worker, loss, max_loss, step=None, what="trai
         raise Diverged(algo, round_index, worker, f"{what} {loss:.6g} exceeds max_loss {max_loss:g}", step)
 
 
-def check_record(record: dict, algo: str, max_loss: float | None = None) -> None:
+def check_record(record: dict, algo: str, max_loss: float | None = None, *, context: str | None = None) -> None:
     """The guard on a finished round's record alone (for trainers this driver does not run).
 
     Raises ``Diverged`` if a worker's loss, the pseudo-gradient norm or the held-out loss is
-    not finite, or a loss exceeds ``max_loss``.
+    not finite, or a loss exceeds ``max_loss``; ``context`` names the run in the message.
     """
+    try:
+        _check_record(record, algo, max_loss)
+    except Diverged as exc:
+        if context is None:
+            raise
+        raise Diverged(exc.algo, exc.round, exc.worker, exc.quantity, exc.step, context) from None
+
+
+def _check_record(record: dict, algo: str, max_loss: float | None) -> None:
     round_index = record.get("round")
     for worker, loss in enumerate(record.get("worker_losses") or []):
         _check_loss(algo, round_index, worker, float(loss if loss is not None else math.nan), max_loss)
@@ -137,7 +150,7 @@ def _check_diloco_round(round_index, params, worker_states, record, max_loss) ->
 def _replay_round(round_index, start_rng, params, worker_states, shards, config, error) -> Diverged:
     """A round raised (a milestone check met a NaN half-way): find the worker, from a copy."""
     worker_rngs = restore_generator(start_rng).spawn(config.num_workers)
-    for worker, ((x_k, y_k), state, rng_k) in enumerate(zip(shards, worker_states, worker_rngs)):
+    for worker, ((x_k, y_k), state, rng_k) in enumerate(zip(shards, worker_states, worker_rngs, strict=True)):
         try:
             _, state, losses = inner_train_worker(params, state, x_k, y_k, config.inner_steps, config.batch_size,
                                                   config.inner, rng_k)
@@ -181,7 +194,7 @@ def _sync_rounds(start, config, shards, x_eval, y_eval, save, on_round, max_loss
         losses = np.empty((config.num_workers, config.inner_steps))
         for step in range(config.inner_steps):
             grads = []
-            for worker, ((x_k, y_k), rng_k) in enumerate(zip(shards, worker_rngs)):
+            for worker, ((x_k, y_k), rng_k) in enumerate(zip(shards, worker_rngs, strict=True)):
                 x_batch, y_batch = sample_worker_batch(x_k, y_k, config.batch_size, rng_k)
                 logits, cache = model_forward(params, x_batch)
                 if not np.isfinite(logits.sum()):
@@ -221,7 +234,7 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
     checkpoint_every : int >= 1, optional
         With ``checkpoint_dir``: a checkpoint after every this many rounds; the last round
         is always checkpointed (the final params and states). Default: only the last.
-    resume_from : path, optional
+    resume_from : path or Checkpoint, optional
         A checkpoint folder (its newest checkpoint of ``algo``) or a manifest. Training
         continues after its round; the checkpoint must have been made with this exact
         ``config`` and data, else ``CheckpointError``. ``checkpoint_dir`` defaults to the
@@ -260,6 +273,8 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
     config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, None)
     fingerprint = data_fingerprint(x, y, x_eval, y_eval)
     if resume_from is not None:
+        if isinstance(resume_from, Checkpoint):  # loaded already: read it again, verified against this run
+            resume_from = resume_from.path
         checkpoint = load_checkpoint(resume_from, algo=algo, config=config, fingerprint=fingerprint)
         start = checkpoint._asdict()
         if checkpoint_dir is None:
