@@ -16,7 +16,7 @@ and recovery in them would make every learner write and be graded on I/O code. S
 driver composes the same public pieces in the same order instead: ``prepare_training``,
 ``init_adamw_state``, ``init_outer_optimizer``, ``run_diloco_round`` (milestone 25) and
 ``finish_record`` for DiLoCo; per step ``sample_worker_batch``, ``model_forward``,
-``cross_entropy_loss``, ``model_backward``, ``average_params`` and ``adamw_step`` for the
+``cross_entropy_loss``, ``model_backward``, ``average_params`` and ``scheduled_adamw_step`` for the
 baseline, whose round is not a milestone of its own. ``tests/tooling/test_resume.py``
 proves it bit-identical to the two milestone trainers, so the two cannot drift apart.
 
@@ -35,8 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from diloco._validation import milestone
-from diloco.adamw import adamw_step, init_adamw_state
+from diloco.adamw import init_adamw_state
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record, run_diloco_round
+from diloco.mechanisms import scheduled_adamw_step
 from diloco.model import cross_entropy_loss, model_backward, model_forward
 from diloco.outer import init_outer_optimizer
 from diloco.params import average_params
@@ -163,21 +164,24 @@ def _replay_round(round_index, start_rng, params, worker_states, shards, config,
 
 
 @milestone  # a trainer's depth: the milestones it calls skip their checks, as inside train_diloco
-def _diloco_rounds(start: Checkpoint | dict, config, shards, x_eval, y_eval, save, on_round, max_loss):
+def _diloco_rounds(start: Checkpoint | dict, config, shards, x_eval, y_eval, save, on_round, max_loss, encode=None):
     params, outer_state, worker_states = start["params"], start["outer_state"], start["worker_states"]
     rng, history = start["rng"], start["history"]
+    starts = [params] * config.num_workers if config.drop_prob > 0 else None  # dropped workers carry on
     for round_index in range(start["round"] + 1, config.rounds + 1):
         rng_at_start = generator_state(rng)
         try:
-            new_params, new_outer, new_states, record = run_diloco_round(
-                params, outer_state, worker_states, shards, config, rng)
+            result = run_diloco_round(params, outer_state, worker_states, shards, config, rng, encode=encode,
+                                      worker_starts=starts)
+            new_params, new_outer, new_states, record = result[:4]
+            starts = None if starts is None else result.worker_starts
         except (ValueError, FloatingPointError) as exc:
             if any(_finite(s.m) or _finite(s.v) for s in worker_states) or _finite(params):
                 raise  # the inputs were already bad: not a divergence of this round
             raise _replay_round(round_index, rng_at_start, params, worker_states, shards, config, exc) from None
         _check_diloco_round(round_index, new_params, new_states, record, max_loss)
         params, outer_state, worker_states = new_params, new_outer, new_states
-        finish_record(record, round_index, config, params, x_eval, y_eval, history)
+        finish_record(record, round_index, config, params, x_eval, y_eval, history, encode=encode)
         _check_eval("diloco", record, max_loss)
         if on_round is not None:  # first the history, then the checkpoint: a resume never skips a record
             on_round(record)
@@ -186,7 +190,7 @@ def _diloco_rounds(start: Checkpoint | dict, config, shards, x_eval, y_eval, sav
 
 
 @milestone  # as inside train_synchronous_baseline: checked once, by prepare_training and the loader
-def _sync_rounds(start, config, shards, x_eval, y_eval, save, on_round, max_loss):
+def _sync_rounds(start, config, shards, x_eval, y_eval, save, on_round, max_loss, encode=None):
     """The baseline, as ``train_synchronous_baseline`` computes it, with a guard after every step."""
     params, (state,), rng, history = start["params"], start["worker_states"], start["rng"], start["history"]
     for round_index in range(start["round"] + 1, config.rounds + 1):
@@ -196,6 +200,8 @@ def _sync_rounds(start, config, shards, x_eval, y_eval, save, on_round, max_loss
             grads = []
             for worker, ((x_k, y_k), rng_k) in enumerate(zip(shards, worker_rngs, strict=True)):
                 x_batch, y_batch = sample_worker_batch(x_k, y_k, config.batch_size, rng_k)
+                if encode is not None:  # the character-level task: one-hot windows, batch by batch
+                    x_batch = encode(x_batch, next(iter(params.values())).dtype)
                 logits, cache = model_forward(params, x_batch)
                 if not np.isfinite(logits.sum()):
                     raise Diverged("sync", round_index, worker, "the logits overflowed (not finite)", step + 1)
@@ -205,13 +211,13 @@ def _sync_rounds(start, config, shards, x_eval, y_eval, save, on_round, max_loss
                 key = _finite(grads[-1])
                 if key is not None:
                     raise Diverged("sync", round_index, worker, f"gradient[{key!r}] is not finite", step + 1)
-            params, state = adamw_step(params, state, average_params(grads), config.inner)
+            params, state = scheduled_adamw_step(params, state, average_params(grads), config)
             key = _finite(params)
             if key is not None:
                 raise Diverged("sync", round_index, None, f"parameter {key!r} is not finite after the AdamW step",
                                step + 1)
         record = round_record(losses.mean(axis=1), params, config)
-        finish_record(record, round_index, config, params, x_eval, y_eval, history)
+        finish_record(record, round_index, config, params, x_eval, y_eval, history, encode=encode)
         _check_eval("sync", record, max_loss)
         if on_round is not None:
             on_round(record)
@@ -221,7 +227,7 @@ def _sync_rounds(start, config, shards, x_eval, y_eval, save, on_round, max_loss
 
 def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=None, y_eval=None,
                     checkpoint_dir=None, checkpoint_every: int | None = None, resume_from=None,
-                    max_loss: float | None = None, on_round=None, on_checkpoint=None) -> TrainResult:
+                    max_loss: float | None = None, on_round=None, on_checkpoint=None, encode=None) -> TrainResult:
     """Train ``algo`` ("diloco" or "sync") with checkpoints, resume and a divergence guard.
 
     Parameters
@@ -270,7 +276,12 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
     for name, hook in (("on_round", on_round), ("on_checkpoint", on_checkpoint)):
         if hook is not None and not callable(hook):
             raise TypeError(f"{name} must be callable, got {type(hook).__name__}")
-    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, None)
+    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, None, encode=encode)
+    if resume_from is not None and (config.drop_prob > 0 or config.outer_optimizer == "adam"):
+        raise ValueError("resume is not supported with drop_prob > 0 or outer_optimizer='adam': the dropped "
+                         "workers' own parameters and outer Adam's second moment are not in the checkpoints")
+    if encode is not None and config.engine == "fast":
+        raise ValueError("engine 'fast' does not take encode= (the character-level task): use engine 'reference'")
     fingerprint = data_fingerprint(x, y, x_eval, y_eval)
     if resume_from is not None:
         if isinstance(resume_from, Checkpoint):  # loaded already: read it again, verified against this run
@@ -300,7 +311,7 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
         return _fast_rounds(algo, x, y, config, x_eval, y_eval, start if resume_from is not None else None, due,
                             save, on_round, max_loss)
     rounds = _diloco_rounds if algo == "diloco" else _sync_rounds
-    return rounds(start, config, shards, x_eval, y_eval, save, on_round, max_loss)
+    return rounds(start, config, shards, x_eval, y_eval, save, on_round, max_loss, encode)
 
 
 def _fast_rounds(algo, x, y, config, x_eval, y_eval, start, due, save, on_round, max_loss) -> TrainResult:
