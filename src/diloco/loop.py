@@ -89,6 +89,9 @@ class RoundRecord(TypedDict, total=False):
         workers' own pseudo-gradients (None for one worker).
     allreduce_seconds : float
         MPI only: wall time this rank spent in the round's all-reduce.
+    mpi_bytes_sent : int
+        ``diloco.family`` on MPI only: the bytes this rank handed MPI for other ranks in
+        the round (its share of the reduce-scatter and all-gather of payloads).
     peak_sync_bytes, bytes_per_step : float
         ``diloco.family`` only: the largest single synchronisation of the round (one
         fragment's, with Streaming DiLoCo) and ``bytes_sent / inner_steps``.
@@ -124,6 +127,7 @@ class RoundRecord(TypedDict, total=False):
     sim_cumulative_seconds: float
     sim_utilization: float
     sim_step_time: float
+    mpi_bytes_sent: int
 
 
 RoundCallback = Callable[[RoundRecord], None]

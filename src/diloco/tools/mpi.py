@@ -186,7 +186,10 @@ def main(argv=None) -> int:
         return 2
     import warnings
 
+    from diloco.family import FamilyConfig
+    from diloco.family.mpi_family import train_family_mpi
     from diloco.tools.errors import CliError, Parser
+    from diloco.tools.family_flags import build_family
     from diloco.tools.flags import (
         DEFAULT_MAX_LOSS,
         add_config_flags,
@@ -213,9 +216,12 @@ def main(argv=None) -> int:
     try:
         config = build_config(args, defaults={"num_workers": comm.size})
         data, _ = load_dataset(args, config.dtype)
+        family = build_family(args)  # --comm-dtype, --fragments, --eager, ...: diloco.family.mpi_family
+        if family != FamilyConfig():
+            family.check_against(config)
         if config.num_workers != comm.size:
             raise CliError(f"-K {config.num_workers} does not match the {comm.size} MPI processes")
-    except CliError as exc:
+    except (CliError, ValueError) as exc:
         if comm.rank == 0:
             print(f"diloco.tools.mpi: error: {exc}", file=sys.stderr)
         return 2
@@ -230,9 +236,13 @@ def main(argv=None) -> int:
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):  # the guard's message replaces NumPy's
             warnings.simplefilter("ignore", RuntimeWarning)
-            result = train_diloco_mpi(data.x_train, data.y_train, config, comm, x_eval=data.x_test,
-                                      y_eval=data.y_test, on_round=report, round_timeout=args.round_timeout,
-                                      max_loss=max_loss)
+            if family != FamilyConfig():  # no round timeout or divergence guard on this path
+                result = train_family_mpi(data.x_train, data.y_train, config, comm, family, x_eval=data.x_test,
+                                          y_eval=data.y_test, on_round=report)
+            else:
+                result = train_diloco_mpi(data.x_train, data.y_train, config, comm, x_eval=data.x_test,
+                                          y_eval=data.y_test, on_round=report, round_timeout=args.round_timeout,
+                                          max_loss=max_loss)
     except Diverged as exc:  # every rank sees the same record: all stop here, no abort needed
         if comm.rank == 0:
             print(f"diloco.tools.mpi: error: {exc}", file=sys.stderr)

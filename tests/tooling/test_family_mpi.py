@@ -1,0 +1,105 @@
+"""The family on real MPI ranks (diloco.family.mpi_family): equal to the simulation, bytes counted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
+
+from diloco import DiLoCoConfig  # noqa: E402
+from diloco.data import load_digits_split  # noqa: E402
+from diloco.family import FamilyConfig, train_family  # noqa: E402
+
+# Each rank trains, then rank 0 writes every rank's record of bytes sent and the params.
+SCRIPT = """
+import json, sys
+import numpy as np
+from mpi4py import MPI
+from diloco import DiLoCoConfig
+from diloco.data import load_digits_split
+from diloco.family import FamilyConfig
+from diloco.family.mpi_family import train_family_mpi
+
+comm = MPI.COMM_WORLD
+config = DiLoCoConfig.from_dict(json.loads(sys.argv[1]))
+family = FamilyConfig.from_dict(json.loads(sys.argv[2]))
+data = load_digits_split(seed=0)
+result = train_family_mpi(data.x_train, data.y_train, config, comm, family, x_eval=data.x_test, y_eval=data.y_test)
+sent = comm.gather([r["mpi_bytes_sent"] for r in result.history])
+if comm.rank == 0:
+    np.savez(sys.argv[3] + ".npz", **result.params)
+    json.dump({"sent": sent, "history": result.history}, open(sys.argv[3] + ".json", "w"))
+"""
+
+
+def mpiexec() -> str:
+    beside = Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if found is None:
+        pytest.fail("mpi4py is installed but no mpiexec was found (the mpich wheel provides one)")
+    return found
+
+
+def run(processes: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([mpiexec(), "-n", str(processes), sys.executable, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+CASES = {
+    "fp4 blocks, 3 fragments": FamilyConfig(comm_dtype="fp4", comm_block=8, fragments=3, overlap=1, mix=0.5),
+    "int8 per tensor, pruned, error feedback": FamilyConfig(comm_dtype="int8", comm_block=0, sign_prune=0.5,
+                                                            error_feedback=True),
+    "raw float64, 2 fragments": FamilyConfig(fragments=2),
+    "eager, bfloat16": FamilyConfig(eager=True, comm_dtype="bfloat16"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_real_ranks_compute_the_simulation_bit_for_bit_and_send_the_modelled_bytes(name, tmp_path):
+    family, processes = CASES[name], 3
+    config = DiLoCoConfig(num_workers=processes, inner_steps=4, rounds=2, hidden_sizes=(8, 8), iid=False, seed=3)
+    (tmp_path / "run.py").write_text(SCRIPT, encoding="utf-8")
+    done = run(processes, "run.py", json.dumps(config.to_dict()), json.dumps(family.to_dict()), "out",
+               cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    data = load_digits_split(seed=0)
+    simulated = train_family(data.x_train, data.y_train, config, family, x_eval=data.x_test, y_eval=data.y_test)
+    with np.load(tmp_path / "out.npz") as params:
+        for key, value in simulated.params.items():
+            assert params[key].tobytes() == value.tobytes(), key
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert [r["eval_loss"] for r in report["history"]] == [r["eval_loss"] for r in simulated.history]
+    sent = np.array(report["sent"])  # (ranks, rounds): bytes each rank's send buffers held for others
+    model = np.array([r["bytes_sent"] for r in simulated.history])
+    assert np.all(sent > 0)
+    if family.sign_prune == 0:  # equal payloads on every rank: the model's mean is exact
+        np.testing.assert_allclose(sent.mean(axis=0), model, rtol=1e-12)
+    else:  # sparse payloads differ per rank and unit: within a few bytes
+        np.testing.assert_allclose(sent.mean(axis=0), model, rtol=0.02)
+
+
+def test_the_mpi_command_takes_the_family_flags(tmp_path):
+    flags = ("--rounds", "2", "-H", "4", "--hidden-sizes", "8,8", "--seed", "2", "--comm-dtype", "fp4",
+             "--fragments", "2", "--overlap", "1")
+    done = run(2, "-m", "diloco.tools.mpi", *flags, "--save-params", "params.npz", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    data = load_digits_split(seed=0)
+    config = DiLoCoConfig(num_workers=2, inner_steps=4, rounds=2, hidden_sizes=(8, 8), seed=2)
+    family = FamilyConfig(comm_dtype="fp4", fragments=2, overlap=1)
+    simulated = train_family(data.x_train, data.y_train, config, family)
+    with np.load(tmp_path / "params.npz") as params:
+        assert all(params[k].tobytes() == v.tobytes() for k, v in simulated.params.items())
+
+
+def test_a_family_setting_that_does_not_fit_is_one_line_and_exit_2(tmp_path):
+    done = run(2, "-m", "diloco.tools.mpi", "--fragments", "3", "--rounds", "1", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "diloco.tools.mpi: error: fragments (3) must not exceed the model's layers (2, from hidden_sizes (128,))"]
