@@ -14,6 +14,8 @@
   profile's examples it runs with the ``examples(fraction)`` marker (``helpers.HALF_EXAMPLES``,
   ``helpers.FEW_EXAMPLES``), and this file applies the settings at collection, through
   Hypothesis' public ``settings`` decorator (which may wrap a ``@given`` test).
+* ``DILOCO_TEST_SANDBOX=1 pytest tests`` runs the suite as the grader does: every public
+  diloco function a test calls runs in a sandbox process (``diloco.tools.proxy``).
 * In a learner workspace, the property tests of a milestone that is still a stub (or
   that needs one) do not shrink or explain their failing example: every example fails the
   same way, with the stub's NotImplementedError, and shrinking it only costs seconds.
@@ -21,6 +23,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -30,6 +33,11 @@ from hypothesis import HealthCheck, Phase, is_hypothesis_test, settings
 from hypothesis.errors import InvalidArgument
 
 sys.path.insert(0, str(Path(__file__).parent))  # `import strategies`, `import helpers`
+
+if os.environ.get("DILOCO_TEST_SANDBOX"):  # the grader's mode: every diloco function runs in a sandbox
+    from diloco.tools.proxy import install_for_suite
+
+    install_for_suite()
 
 PROFILE = "ci"
 NO_SHRINK_PROFILE = "ci-noshrink"

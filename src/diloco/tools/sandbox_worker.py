@@ -140,6 +140,7 @@ class Worker:
         self.pid = os.getpid()
         self.names = None
         self.table, self.snapshots, self.call_id = [], {}, None
+        self.call_args, self.call_kwargs = [], {}
 
     def send(self, header: dict, blobs=()) -> None:
         if os.getpid() != self.pid:  # a child the submission forked never speaks for the sandbox
@@ -186,8 +187,8 @@ class Worker:
                        "message": f"the sandbox could not take the arguments of {header.get('fn')}: "
                                   f"{type(exc).__name__}: {exc}"[:4000]})
             return
-        self.table = decoder.objects
-        self.snapshots = {k: values.snapshot(obj) for k, obj in enumerate(self.table) if _is_array(obj)}
+        self.table, self.call_args, self.call_kwargs = decoder.objects, args, kwargs
+        self._snapshot()
         errstate = {key: (mode if mode in _ERR_MODES else "warn")
                     for key, mode in dict(header.get("errstate") or {}).items()
                     if key in ("divide", "over", "under", "invalid")}
@@ -214,17 +215,32 @@ class Worker:
             return
         self.send(reply, encoder.blobs)
 
+    def _snapshot(self) -> None:
+        self.snapshots = {k: self.values.snapshot(obj) for k, obj in enumerate(self.table) if _is_array(obj)}
+
     def _callback(self, index: int):
-        """Stands in for the caller's callable ``index`` (say ``on_round``): asks the caller to run it."""
+        """Stands in for the caller's callable ``index`` (say ``on_round``): asks the caller to run it.
+
+        Both sides bring the call's arguments up to date first (the caller sees this side's
+        Generator state and arrays, this side sees what the callable changed), as they
+        would be, shared, in one process.
+        """
 
         def callback(*args, **kwargs):
             encoder = self.values.Encoder(self.registry, self.names, args=self.table, snapshots=self.snapshots)
-            self.send({"kind": "callback", "id": self.call_id, "fn": index,
-                       "args": [encoder.encode(a) for a in args],
-                       "kwargs": {str(k): encoder.encode(v) for k, v in kwargs.items()}}, encoder.blobs)
+            header = {"kind": "callback", "id": self.call_id, "fn": index,
+                      "after": [encoder.encode(a) for a in self.call_args],
+                      "after_kw": {k: encoder.encode(v) for k, v in self.call_kwargs.items()},
+                      "args": [encoder.encode(a) for a in args],
+                      "kwargs": {str(k): encoder.encode(v) for k, v in kwargs.items()}}
+            self.send(header, encoder.blobs)
             header, blobs = self.wire.read_frame(self.fd_in)
+            decoder = self.values.Decoder(self.registry, self.names, blobs, args=self.table, opaque=True)
+            for item in [*header.get("after", []), *header.get("after_kw", {}).values()]:
+                decoder.decode(item)
+            self._snapshot()
             if header.get("kind") == "callback_return":
-                return self.values.Decoder(self.registry, self.names, blobs, opaque=True).decode(header["value"])
+                return decoder.decode(header["value"])
             if header.get("kind") == "callback_raise":
                 raise self.wire.rebuild_exception(header["error"]) or RuntimeError(header["error"].get("message"))
             os._exit(3)  # the caller broke the protocol
