@@ -44,6 +44,19 @@ def small_model(dtype=np.float64):
     return params, x, y
 
 
+def big_held_out_set(n=1031):
+    """``small_model``'s MLP and n rows (1031, a prime: no chunk size divides it); the last
+    7 rows are scaled up and all labelled 0, so a chunked mean that drops or down-weights
+    a short last chunk is visibly off."""
+    params, _, _ = small_model()
+    rng = np.random.default_rng(n)
+    x = rng.normal(0.0, 1.0, (n, 3))
+    x[-7:] *= 5.0
+    y = rng.integers(0, 3, size=n)
+    y[-7:] = 0
+    return params, x, y
+
+
 def ring_bytes(num_params, num_workers, bytes_per_value):
     """Bytes one worker sends in one ring all-reduce: reduce-scatter then all-gather."""
     return 2 * (num_workers - 1) / num_workers * num_params * bytes_per_value
@@ -84,6 +97,14 @@ def test_evaluate_loss_is_a_mean_not_a_sum():
     params, x, y = small_model()
     first, second = evaluate_loss(params, x[:2], y[:2]), evaluate_loss(params, x[2:], y[2:])
     assert_close(evaluate_loss(params, x, y), (2 * first + 4 * second) / 6, rtol=1e-12, what="loss of all rows")
+
+
+@pytest.mark.m28
+def test_evaluate_loss_on_a_held_out_set_larger_than_any_chunk():
+    """The mean over all 1031 rows: not a mean of per-chunk means, no row left out."""
+    params, x, y = big_held_out_set()
+    assert_close(evaluate_loss(params, x, y), oracle_loss(params, x, y), rtol=1e-12,
+                 what="loss of 1031 held-out rows")
 
 
 @pytest.mark.m28
@@ -167,6 +188,15 @@ def test_classification_accuracy_ignores_row_order(case, seed):
     params, x, y = case
     perm = np.random.default_rng(seed).permutation(len(y))
     assert classification_accuracy(params, x[perm], y[perm]) == classification_accuracy(params, x, y)
+
+
+@pytest.mark.m29
+def test_classification_accuracy_on_a_held_out_set_larger_than_any_chunk():
+    """Correct rows over all 1031 rows: not a mean of per-chunk accuracies, no row left out."""
+    params, x, y = big_held_out_set()
+    correct = int(np.sum(np.argmax(oracle_forward(params, x)[0], axis=1) == y))
+    assert classification_accuracy(params, x, y) == correct / 1031, (
+        f"expected {correct}/1031 = {correct / 1031}, got {classification_accuracy(params, x, y)}")
 
 
 @pytest.mark.m29

@@ -18,6 +18,7 @@ algorithms provably see the same mini-batches once both match their references.
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -138,10 +139,72 @@ def plain_adamw_training(x, y, config):
     return params, state, losses
 
 
+def assert_outer_step(result, params, outer, worker_params, config):
+    """``result`` took one outer step from ``params`` on the plain mean of ``worker_params``."""
+    mean_worker = numpy_mean(worker_params)
+    delta = {key: params[key] - mean_worker[key] for key in params}  # old minus new
+    lr, mu = config.outer_lr, config.outer_momentum
+    momentum = {key: mu * outer.momentum[key] + delta[key] for key in params}
+    if config.nesterov:
+        expected = {key: params[key] - lr * (delta[key] + mu * momentum[key]) for key in params}
+    else:
+        expected = {key: params[key] - lr * momentum[key] for key in params}
+    assert_params_close(result.outer_state.momentum, momentum, rtol=1e-10, atol=1e-13, what="outer momentum")
+    assert_params_close(result.global_params, expected, rtol=1e-10, atol=1e-13, what="new global params")
+    norm = np.sqrt(sum(np.sum(d * d) for d in delta.values()))
+    assert_close(result.record["pseudo_grad_norm"], norm, rtol=1e-10, what="pseudo_grad_norm")
+
+
 def assert_history_equal(got, expected, what="history"):
     assert len(got) == len(expected), f"{what}: {len(got)} records vs {len(expected)}"
     for i, (a, b) in enumerate(zip(got, expected, strict=True)):
         assert a == b, f"{what}[{i}] differs:\n  {a}\n  {b}"
+
+
+def assert_same_run(got, expected, what):
+    """Two TrainResults with bit-identical params and equal histories."""
+    for key in expected.params:
+        assert np.array_equal(got.params[key], expected.params[key]), f"{what}: params[{key!r}] differ"
+    assert_history_equal(got.history, expected.history, what=f"{what}: history")
+
+
+def snapshotting_callback(rng):
+    """``(seen, on_round)``: on_round keeps a deep copy of each record when it is called, and
+    how many child streams the run's generator ``rng`` had spawned by then."""
+    seen = []
+
+    def on_round(record):
+        seen.append((copy.deepcopy(record), rng.bit_generator.seed_seq.n_children_spawned))
+
+    return seen, on_round
+
+
+def check_on_round_timing(train):
+    """``train(x, y, config, **kw)`` calls on_round with each finished record right after its round."""
+    x, y = tiny_data(8, num_examples=31)  # 31 = 11 + 10 + 10: unequal shards too
+    x_eval, y_eval = tiny_data(9, num_examples=12)
+    config = tiny_config(num_workers=3, inner_steps=2, rounds=3)
+    rng = np.random.default_rng(config.seed)
+    seen, on_round = snapshotting_callback(rng)
+    result = train(x, y, config, x_eval=x_eval, y_eval=y_eval, rng=rng, on_round=on_round)
+    assert [spawned for _, spawned in seen] == [3, 6, 9], (
+        "on_round(record of round r) must be called once per round, right after round r and before round r + 1 "
+        f"spawns its 3 worker streams; the generator had spawned {[spawned for _, spawned in seen]} streams "
+        "at the calls")
+    assert [record for record, _ in seen] == result.history, (
+        "on_round must receive the finished record (round, step, cumulative_bytes and the eval fields filled "
+        "in), and it must not change after the call")
+
+
+def check_given_generator_wins(train):
+    """``train(..., rng=default_rng(7))`` with ``config.seed = 0`` is the run with ``config.seed = 7``."""
+    x, y = tiny_data(3, num_examples=25)
+    config = tiny_config(num_workers=3, rounds=3, seed=0)
+    given_rng = train(x, y, config, rng=np.random.default_rng(7))
+    assert_same_run(given_rng, train(x, y, config.replace(seed=7)),
+                    "rng=default_rng(7) (config.seed 0) vs config.seed 7: everything must come from the given rng")
+    own = train(x, y, config)
+    assert not np.array_equal(own.params["W1"], given_rng.params["W1"]), "the given generator was ignored"
 
 
 def num_values(params):
@@ -208,17 +271,29 @@ def test_round_takes_one_outer_momentum_step_on_old_minus_new(nesterov, warm):
     config = tiny_config(num_workers=3, inner_steps=3, outer_lr=0.7, outer_momentum=0.9, nesterov=nesterov)
     result = run_diloco_round(params, outer, states, shards, config, np.random.default_rng(99))
     workers = independent_workers(params, states, shards, config, np.random.default_rng(99))
-    mean_worker = numpy_mean([w[0] for w in workers])
-    delta = {key: params[key] - mean_worker[key] for key in params}  # old minus new
-    momentum = {key: 0.9 * outer.momentum[key] + delta[key] for key in params}
-    if nesterov:
-        expected = {key: params[key] - 0.7 * (delta[key] + 0.9 * momentum[key]) for key in params}
-    else:
-        expected = {key: params[key] - 0.7 * momentum[key] for key in params}
-    assert_params_close(result.outer_state.momentum, momentum, rtol=1e-10, atol=1e-13, what="outer momentum")
-    assert_params_close(result.global_params, expected, rtol=1e-10, atol=1e-13, what="new global params")
-    norm = np.sqrt(sum(np.sum(d * d) for d in delta.values()))
-    assert_close(result.record["pseudo_grad_norm"], norm, rtol=1e-10, what="pseudo_grad_norm")
+    assert_outer_step(result, params, outer, [w[0] for w in workers], config)
+
+
+@pytest.mark.m25
+@pytest.mark.parametrize("shard_sizes", [(6, 5, 5), (9, 4, 1, 2)], ids=["16-over-3", "skewed"])
+def test_round_with_unequal_shards_counts_every_worker_once(shard_sizes):
+    """n not divisible by K (as iid_shard_dataset cuts it), or very unequal shards: with the
+    default (IID) config the pseudo-gradient is the plain mean over the K workers, whatever
+    their shard sizes (not weighted by n_k), and so is inner_loss over the per-worker means."""
+    num_workers = len(shard_sizes)
+    params, outer, states, shards = round_inputs(13, num_workers, warm=True, shard_sizes=shard_sizes)
+    assert [len(y_k) for _, y_k in shards] == list(shard_sizes)
+    config = tiny_config(num_workers=num_workers, inner_steps=3, batch_size=4)  # > some shards: with replacement
+    result = run_diloco_round(params, outer, states, shards, config, np.random.default_rng(21))
+    workers = independent_workers(params, states, shards, config, np.random.default_rng(21))
+    assert_outer_step(result, params, outer, [w[0] for w in workers], config)
+    worker_means = [float(losses.mean()) for _, _, losses in workers]
+    assert_close(result.record["worker_losses"], worker_means, rtol=1e-10, what="worker_losses (one mean each)")
+    assert_close(result.record["inner_loss"], np.mean(worker_means), rtol=1e-10,
+                 what="inner_loss (the plain mean over the workers)")
+    assert len(result.worker_states) == num_workers, f"expected {num_workers} worker states"
+    for k, (got, (_, want, _)) in enumerate(zip(result.worker_states, workers, strict=True)):
+        assert_params_close(got.m, want.m, rtol=1e-10, atol=1e-13, what=f"worker {k} AdamW m")
 
 
 @pytest.mark.m25
@@ -390,16 +465,24 @@ def test_train_diloco_history_and_evaluation():
 def test_train_diloco_same_seed_is_bit_identical_and_a_new_seed_differs():
     x, y = tiny_data(3)
     config = tiny_config(rounds=3)
-    first, second = train_diloco(x, y, config), train_diloco(x, y, config)
-    for key in first.params:
-        assert np.array_equal(first.params[key], second.params[key]), f"params[{key!r}] differ for the same seed"
-    assert_history_equal(first.history, second.history)
-    given_rng = train_diloco(x, y, config, rng=np.random.default_rng(config.seed))
-    assert all(np.array_equal(given_rng.params[k], first.params[k]) for k in first.params), (
-        "rng=None must mean default_rng(config.seed)"
-    )
+    first = train_diloco(x, y, config)
+    assert_same_run(train_diloco(x, y, config), first, "the same seed twice")
+    assert_same_run(train_diloco(x, y, config, rng=np.random.default_rng(config.seed)), first,
+                    "rng=None must mean default_rng(config.seed)")
     other = train_diloco(x, y, config.replace(seed=1))
     assert not np.array_equal(other.params["W1"], first.params["W1"]), "a different seed must give a different run"
+
+
+@pytest.mark.m26
+def test_train_diloco_draws_everything_from_the_given_generator():
+    """A generator seeded apart from config.seed: shards, init and every round's worker
+    streams come from it (re-seeding from config.seed for the rounds is a mistake)."""
+    check_given_generator_wins(train_diloco)
+
+
+@pytest.mark.m26
+def test_train_diloco_on_round_sees_each_record_when_its_round_ends():
+    check_on_round_timing(train_diloco)
 
 
 @pytest.mark.m26
@@ -458,6 +541,9 @@ def test_train_synchronous_baseline_matches_hand_worked_fixture():
     _check_fixture_history(result.history, fixture["expected"]["history"])
 
 
+CASE_FIELDS = ("seed", "K", "H", "rounds", "batch", "n")
+
+
 def m27_reference_cases():
     """The stored runs of an independent data-parallel loop (tests/fixtures/README.md)."""
     with np.load(FIXTURES / "m27_reference.npz") as stored:
@@ -465,7 +551,7 @@ def m27_reference_cases():
         return [
             pytest.param(tuple(case), {key.split("/", 1)[1]: stored[key] for key in stored.files
                                        if key.startswith(f"case{i}/")},
-                         id="seed{}-K{}-H{}-rounds{}-batch{}".format(*case))
+                         id="-".join(f"{name}{value}" for name, value in zip(CASE_FIELDS, case, strict=False)))
             for i, case in enumerate(cases)
         ]
 
@@ -473,14 +559,17 @@ def m27_reference_cases():
 @pytest.mark.m27
 @pytest.mark.parametrize("case, expected", m27_reference_cases())
 def test_baseline_averages_the_workers_gradients_into_one_adamw_step(case, expected):
-    """Same shards, init and per-worker streams as DiLoCo; one AdamW step on the mean gradient."""
-    seed, num_workers, inner_steps, rounds, batch_size = case
-    x, y = tiny_data(seed)
+    """Same shards, init and per-worker streams as DiLoCo; one AdamW step on the plain mean of
+    the K gradients, also when n is not divisible by K (shards of unequal size)."""
+    seed, num_workers, inner_steps, rounds, batch_size, num_examples = case
+    x, y = tiny_data(seed, num_examples=num_examples)
     config = tiny_config(num_workers=num_workers, inner_steps=inner_steps, rounds=rounds, batch_size=batch_size,
                          seed=seed)
     result = train_synchronous_baseline(x, y, config)
-    record_losses = expected.pop("worker_losses")
-    assert_params_close(result.params, expected, rtol=1e-10, atol=1e-12, what="baseline params")
+    record_losses = expected["worker_losses"]
+    assert_params_close(result.params, {key: value for key, value in expected.items() if key != "worker_losses"},
+                        rtol=1e-10, atol=1e-12, what="baseline params")
+    assert len(result.history) == rounds, f"expected {rounds} records, got {len(result.history)}"
     for r, (record, losses) in enumerate(zip(result.history, record_losses, strict=True)):
         assert_close(record["worker_losses"], losses, rtol=1e-10, what=f"record {r} worker_losses")
         assert_close(record["inner_loss"], losses.mean(), rtol=1e-10, what=f"record {r} inner_loss")
@@ -522,11 +611,21 @@ def test_baseline_ignores_the_outer_optimizer_and_is_deterministic():
     config = tiny_config()
     first = train_synchronous_baseline(x, y, config)
     second = train_synchronous_baseline(x, y, config.replace(outer_lr=0.1, outer_momentum=0.0, nesterov=False))
-    for key in first.params:
-        assert np.array_equal(first.params[key], second.params[key]), "the baseline has no outer optimizer"
-    assert_history_equal(first.history, second.history)
+    assert_same_run(second, first, "the baseline has no outer optimizer")
     other = train_synchronous_baseline(x, y, config.replace(seed=3))
     assert not np.array_equal(other.params["W1"], first.params["W1"]), "a different seed must give a different run"
+
+
+@pytest.mark.m27
+def test_baseline_draws_everything_from_the_given_generator():
+    """A generator seeded apart from config.seed: shards, init and every round's worker
+    streams come from it (re-seeding from config.seed for the steps is a mistake)."""
+    check_given_generator_wins(train_synchronous_baseline)
+
+
+@pytest.mark.m27
+def test_baseline_on_round_sees_each_record_when_its_round_ends():
+    check_on_round_timing(train_synchronous_baseline)
 
 
 @pytest.mark.m27

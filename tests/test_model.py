@@ -214,6 +214,22 @@ def test_relu_zero_and_0d_input(dtype):
 
 
 @pytest.mark.m02
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relu_keeps_infinities_and_the_largest_floats(dtype):
+    """relu accepts non-finite input: relu(inf) = inf, relu(-inf) = 0, and the largest finite
+    floats pass through (or clip to 0) exactly. ``x * (x > 0)`` gives -inf * 0 = nan, and
+    ``(x + |x|) / 2`` gives inf - inf = nan and overflows 2 * max to inf."""
+    big = np.finfo(dtype).max
+    x = np.array([[np.inf, -np.inf, big], [-big, 1.5, -2.0]], dtype=dtype)
+    with np.errstate(all="ignore"):  # the warnings are the learner's business; the values are not
+        y = relu(x)
+    assert y.dtype == dtype, f"expected dtype {np.dtype(dtype)}, got {y.dtype}"
+    assert not np.isnan(y).any(), f"relu made NaN out of infinities: {y}"
+    np.testing.assert_array_equal(y, np.array([[np.inf, 0.0, big], [0.0, 1.5, 0.0]], dtype=dtype),
+                                  err_msg="relu of [[inf, -inf, max], [-max, 1.5, -2]]")
+
+
+@pytest.mark.m02
 @pytest.mark.parametrize("bad", [[1.0, -2.0], 3.0, np.array([1, -2])])
 def test_relu_rejects_non_float_arrays(bad):
     with pytest.raises(TypeError, match="x"):
@@ -619,6 +635,23 @@ def test_backward_is_gradient_of_the_mean_not_the_sum():
     tripled = np.concatenate([x, x, x])
     grads_thrice = model_backward(params, model_forward(params, tripled)[1], np.tile(labels, 3))
     assert_params_close(grads_thrice, grads_once, rtol=1e-10, atol=1e-15, what="grads of the tripled batch")
+
+
+@pytest.mark.m06
+def test_backward_on_a_batch_larger_than_any_chunk():
+    """1031 rows (a prime: 4 chunks of 256 and 7 left over, 1 chunk of 1024 and 7 left over):
+    still the gradient of the mean over every row, checked against central differences.
+    Averaging per-chunk means, or dropping the last partial chunk, is off by far more."""
+    rng = np.random.default_rng(1031)
+    params = random_mlp(rng, (3, 4, 3))
+    x = rng.standard_normal((1031, 3))
+    x[-7:] *= 4.0  # the leftover rows differ from the rest, so losing or down-weighting them shows
+    labels = rng.integers(0, 3, size=1031)
+    _, hidden = oracle_forward(params, x)
+    assert np.abs(hidden[0]).min() > 1e-4, "test data sits on a ReLU kink; pick another seed"
+    grads = model_backward(params, model_forward(params, x)[1], labels)
+    assert_params_close(grads, finite_difference_grads(params, x, labels), rtol=1e-6, atol=1e-8,
+                        what="grads of 1031 rows vs central differences")
 
 
 @pytest.mark.m06

@@ -245,6 +245,33 @@ def test_noniid_shard_dataset_fills_empty_workers():
 
 
 @pytest.mark.m17
+def test_noniid_shard_dataset_unsorted_labels_and_an_empty_worker():
+    """Labels in no particular order (classes first seen in the order 2, 0, 1), and a
+    Dirichlet draw that leaves worker 1 with nothing: it must take one example from the
+    largest shard, worker 3, and every other example stays where the draw put it."""
+    y = np.array([2, 0, 1, 2, 0, 1, 1, 2, 0, 2, 1])
+    x = np.column_stack([np.arange(11.0), np.linspace(-1.0, 1.0, 11)])
+    # The documented draws, class by class in increasing label order, checked against NumPy
+    # itself: (permuted rows of the class, cut points floor(cumsum(p)[:-1] * n_c)).
+    rng = np.random.default_rng(17)
+    for rows, permuted, cuts in (([1, 4, 8], [1, 8, 4], [0, 0, 1]),  # class 0: 0 | 0 | 1 | 2 rows
+                                 ([2, 5, 6, 10], [5, 2, 10, 6], [2, 2, 2]),  # class 1: 2 | 0 | 0 | 2
+                                 ([0, 3, 7, 9], [0, 7, 3, 9], [1, 1, 3])):  # class 2: 1 | 0 | 2 | 1
+        assert rng.permutation(np.array(rows)).tolist() == permuted
+        assert np.floor(np.cumsum(rng.dirichlet([0.5] * 4))[:-1] * len(rows)).astype(int).tolist() == cuts
+    # So the draw gives worker 0 rows {5, 2, 0}, worker 1 none, worker 2 {1, 7, 3} and worker 3
+    # {8, 4, 10, 6, 9}, the largest, which gives one of its rows to worker 1.
+    shards = noniid_shard_dataset(x, y, 4, np.random.default_rng(17), alpha=0.5)
+    ids = [set(i.tolist()) for i in check_partition(shards, x, y, 4)]
+    assert ids[0] == {5, 2, 0} and ids[2] == {1, 7, 3}, (
+        f"workers 0 and 2 keep their Dirichlet rows {{0, 2, 5}} and {{1, 3, 7}}, got {sorted(ids[0])} and "
+        f"{sorted(ids[2])} (are the classes taken in increasing order, each class's own rows permuted?)")
+    assert len(ids[1]) == 1 and ids[1] | ids[3] == {8, 4, 10, 6, 9}, (
+        f"the empty worker 1 takes one row from the largest shard, worker 3 ({{4, 6, 8, 9, 10}}); "
+        f"got worker 1 {sorted(ids[1])}, worker 3 {sorted(ids[3])}")
+
+
+@pytest.mark.m17
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_noniid_shard_dataset_is_pure_and_reproducible(dtype):
     x = np.column_stack([np.arange(24.0), np.ones(24)]).astype(dtype)
@@ -319,6 +346,17 @@ def test_sample_worker_batch_with_replacement_when_batch_exceeds_shard():
     np.testing.assert_array_equal(y_batch, ids)
     counts = np.bincount(ids, minlength=3)
     assert np.all(counts > 50), f"with replacement every row should be drawn about 100 times, got {counts}"
+
+
+@pytest.mark.m18
+def test_sample_worker_batch_larger_than_the_shard_draws_each_row_independently():
+    """7 rows from a shard of 3 (two copies and a remainder): ``rng.integers(0, n, 7)``,
+    every row drawn on its own, not the shard repeated or permutations stacked."""
+    assert np.random.default_rng(5).integers(0, 3, size=7).tolist() == [2, 2, 0, 2, 1, 1, 1]  # NumPy's draw
+    x, y = np.column_stack([np.arange(3.0), [0.5, -1.0, 2.0]]), np.array([4, 5, 6])
+    x_batch, y_batch = sample_worker_batch(x, y, 7, np.random.default_rng(5))
+    assert row_ids(x_batch).tolist() == [2, 2, 0, 2, 1, 1, 1], f"rows drawn: {row_ids(x_batch).tolist()}"
+    np.testing.assert_array_equal(y_batch, [6, 6, 4, 6, 5, 5, 5], err_msg="y_batch")
 
 
 @pytest.mark.m18

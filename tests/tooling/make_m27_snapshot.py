@@ -29,15 +29,19 @@ from test_loop import layer_sizes_for, tiny_config, tiny_data  # noqa: E402
 
 SNAPSHOT = TESTS / "fixtures" / "m27_reference.npz"
 
-# (seed, num_workers, inner_steps, rounds, batch_size): K from 1 to 3, batches smaller and
-# larger than a shard (with and without replacement).
+# (seed, num_workers, inner_steps, rounds, batch_size, num_examples): K from 1 to 4, batches
+# smaller and larger than a shard (with and without replacement), and n not divisible by K
+# (shards of unequal size, whose gradients still count once each).
 CASES = [
-    (0, 1, 1, 1, 1),
-    (1, 2, 2, 2, 4),
-    (2, 3, 3, 2, 9),
-    (3, 3, 1, 2, 2),
-    (4, 2, 3, 1, 7),
-    (5, 1, 2, 2, 5),
+    (0, 1, 1, 1, 1, 24),
+    (1, 2, 2, 2, 4, 24),
+    (2, 3, 3, 2, 9, 24),
+    (3, 3, 1, 2, 2, 24),
+    (4, 2, 3, 1, 7, 24),
+    (5, 1, 2, 2, 5, 24),
+    (6, 3, 2, 2, 4, 25),
+    (7, 4, 1, 3, 5, 22),
+    (8, 2, 2, 2, 12, 23),
 ]
 
 
@@ -67,8 +71,8 @@ def reference_baseline(x, y, config):
 
 def build_snapshot() -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {"cases": np.array(json.dumps(CASES))}
-    for i, (seed, num_workers, inner_steps, rounds, batch_size) in enumerate(CASES):
-        x, y = tiny_data(seed)
+    for i, (seed, num_workers, inner_steps, rounds, batch_size, num_examples) in enumerate(CASES):
+        x, y = tiny_data(seed, num_examples=num_examples)
         config = tiny_config(num_workers=num_workers, inner_steps=inner_steps, rounds=rounds,
                              batch_size=batch_size, seed=seed)
         params, losses = reference_baseline(x, y, config)

@@ -51,6 +51,8 @@ from diloco.tools.flags import (
 from diloco.tools.preflight import check_run
 from diloco.tools.resume import CHECKPOINT_DIR, plan_resume
 from diloco.tools.runs import HistoryWriter, atomic_write_bytes, create_run_dir, environment_record, write_json
+from diloco.tools.paper_flags import add_paper_study_flags
+from diloco.tools.paper_studies import PAPER_STUDIES
 from diloco.tools.studies import STUDIES, TRAINERS, format_bytes, trainer
 from diloco.tools.threads import ThreadsUnavailable, blas_threads, choose_threads
 from diloco.tools.training import train_resumable
@@ -82,13 +84,16 @@ def add_parsers(subparsers) -> None:
     study = subparsers.add_parser(
         "study", help="one of the paper's ablations over several seeds (mean, 95%% interval)",
         description="Ablations at small scale: " + "; ".join(f"{s.name}: {s.title}" for s in STUDIES.values()))
-    study.add_argument("study", choices=sorted(STUDIES), metavar="NAME", help=", ".join(sorted(STUDIES)))
+    names = sorted(STUDIES) + sorted(PAPER_STUDIES)  # the paper's artefacts: diloco.tools.paper_command
+    study.add_argument("study", choices=names, metavar="NAME", help=", ".join(names))
     study.add_argument("--seeds", type=int, default=3, help="seeds per variant, from --seed on (3)")
     study.add_argument("--values", metavar="V1,V2,...",
                        help="values to sweep: H for inner-steps, K for workers, alphas for noniid, "
                             "optimizers (nesterov,fedavg,momentum) for outer-optimizer")
     study.add_argument("--total-steps", type=int,
-                       help="inner-steps study: steps per worker, a multiple of every H (400)")
+                       help="inner-steps study: steps per worker, a multiple of every H (400); paper studies: "
+                            "the budget, steps per worker (shakespeare 1000, mnist1d 2000)")
+    add_paper_study_flags(study)
     for add in (add_config_flags, add_data_flags, add_execution_flags, add_output_flags):
         add(study)
     add_recovery_flags(study, resume=False)

@@ -23,6 +23,7 @@ from diloco.tools.faults import quiet_numpy, run_outcome
 from diloco.tools.flags import build_config, load_dataset
 from diloco.tools.preflight import check_run
 from diloco.tools.runs import JsonlWriter, atomic_write_text, write_json
+from diloco.tools.paper_studies import PAPER_STUDIES
 from diloco.tools.studies import STUDIES, default_engine, markdown_table, mean_curves, run_study, summarise
 from diloco.tools.training import check_record
 
@@ -30,6 +31,10 @@ __all__ = ["run_study_command"]
 
 
 def run_study_command(args) -> int:
+    if args.study in PAPER_STUDIES:  # the paper's tables and figures: diloco.tools.paper_command
+        from diloco.tools.paper_command import run_paper_study
+
+        return run_paper_study(args)
     study = STUDIES[args.study]
     defaults = {"engine": default_engine(), **study.base}  # the fast engine unless --engine reference
     config = build_config(args, defaults)
