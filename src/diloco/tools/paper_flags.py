@@ -13,7 +13,7 @@ import argparse
 from diloco.tools.errors import CliError
 
 __all__ = ["MECHANISM_FLAGS", "add_mechanism_flags", "mechanism_changes", "add_text_flags", "load_text_dataset",
-           "encode_kwargs"]
+           "encode_kwargs", "add_paper_study_flags"]
 
 MECHANISM_FLAGS = {
     "lr_schedule": (("--lr-schedule",), {"choices": ("constant", "cosine"),
@@ -81,3 +81,13 @@ def encode_kwargs(data) -> dict:
     the fast engine take no ``encode``)."""
     encode = getattr(data, "encode", None)
     return {} if encode is None else {"encode": encode}
+
+
+def add_paper_study_flags(study_parser) -> None:
+    """``--export`` and ``--tune-seeds`` of the paper studies (``diloco study table2`` ...)."""
+    group = study_parser.add_argument_group("paper studies (table2, fig4, fig6, table3, fig8, fig9)")
+    group.add_argument("--export", metavar="DIR",
+                       help="also write the summary and plot as DIR/<study>-<data>.json and .png "
+                            "(docs/assets/results for the results page)")
+    group.add_argument("--tune-seeds", type=int, default=1, metavar="N",
+                       help="fig6: seeds on which each outer optimizer's lr is tuned, from 1000 on (1)")
