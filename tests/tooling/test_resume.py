@@ -24,6 +24,7 @@ import pytest
 
 from diloco import DiLoCoConfig, train_diloco, train_synchronous_baseline
 from diloco.data import load_digits_split
+from diloco.tools.checkpoint import list_checkpoints
 from diloco.tools.runs import read_jsonl
 from diloco.tools.training import train_resumable
 
@@ -80,6 +81,55 @@ def test_resuming_from_every_round_boundary_is_bit_identical(algo, iid, dtype, t
                               resume_from=tmp_path / f"after{stop}", on_round=seen.append)
         assert_same_run(got, want)
         assert seen == want.history[stop:]  # only the remaining rounds are trained and reported
+
+
+# The paper's mechanisms (diloco.mechanisms) change what the state holds or how a step is
+# taken: an lr schedule and clipping (the step count), outer Adam (a second moment and a step),
+# dropped outer gradients (each worker's own start and the run rng's draws), size weights.
+MECHANISMS = {
+    "cosine-clip": dict(lr_schedule="cosine", warmup_steps=4, clip_norm=0.5),
+    "outer-adam": dict(outer_optimizer="adam", outer_lr=0.01),
+    "drops": dict(drop_prob=0.4),
+    "size-weights-similarity": dict(iid=False, shard_weighting="size", record_similarity=True),
+}
+
+
+@pytest.mark.parametrize("algo", ["diloco", "sync"])
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_mechanisms_are_carried_and_resumed_bit_identically(algo, mechanism, tmp_path):
+    config, (x, y, x_eval, y_eval) = tiny_config().replace(**MECHANISMS[mechanism]), data("float64")
+    want = MILESTONE_TRAINERS[algo](x, y, config, x_eval=x_eval, y_eval=y_eval)
+    copies = {}
+
+    def keep_a_copy(manifest: Path, round_index: int) -> None:
+        copies[round_index] = tmp_path / f"after{round_index}"
+        copies[round_index].mkdir()
+        for path in (manifest, manifest.with_suffix(".npz")):
+            shutil.copy(path, copies[round_index] / path.name)
+
+    got = train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, checkpoint_dir=tmp_path / "run",
+                          checkpoint_every=1, on_checkpoint=keep_a_copy)
+    assert_same_run(got, want)
+    for stop in range(1, config.rounds):
+        assert_same_run(train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval,
+                                        resume_from=copies[stop]), want)
+
+
+@pytest.mark.parametrize("algo", ["diloco", "sync"])
+def test_the_character_level_task_resumes_bit_identically(algo, tmp_path):
+    from diloco.text import OneHot, char_windows
+
+    ids = np.random.default_rng(3).integers(0, 5, 400)
+    x, y = char_windows(ids, 3)
+    encode = OneHot(5, 3)
+    config = tiny_config(dtype="float32").replace(num_workers=2)
+    kwargs = dict(x_eval=x[-40:], y_eval=y[-40:], encode=encode)
+    want = MILESTONE_TRAINERS[algo](x[:-40], y[:-40], config, **kwargs)
+    train_resumable(algo, x[:-40], y[:-40], config, checkpoint_dir=tmp_path, checkpoint_every=2, **kwargs)
+    for manifest in list_checkpoints(tmp_path, algo)[1:]:  # keep only round 2's checkpoint
+        manifest.unlink()
+        manifest.with_suffix(".npz").unlink()
+    assert_same_run(train_resumable(algo, x[:-40], y[:-40], config, resume_from=tmp_path, **kwargs), want)
 
 
 FAST_CASES = [(algo, iid, dtype, layout) for algo, iid, dtype in CASES for layout in ("stacked", "per-worker")

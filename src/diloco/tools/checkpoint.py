@@ -5,12 +5,15 @@ A checkpoint taken after round ``r`` is two files in a checkpoint folder::
     <algo>-round000004.npz    the arrays (np.savez, no pickles)
     <algo>-round000004.json   the manifest, written last
 
-The ``.npz`` holds the global params (``params.W1``, ...), DiLoCo's outer momentum
-(``outer.W1``, ...) and every worker's AdamW moments (``worker3.m.W1``,
-``worker3.v.W1``, ...; the baseline has one shared state, ``worker0``). The manifest
-holds the format version, the algorithm, the round, the config, a fingerprint of the
-data, every AdamW step count, the run generator's state, the history so far, each
-array's shape and dtype, and the SHA-256 and size of the ``.npz``.
+The ``.npz`` holds the global params (``params.W1``, ...), DiLoCo's outer state
+(``outer.momentum.W1``, ..., and for outer Adam ``outer.second_moment.W1``, ...), every
+worker's AdamW moments (``worker3.m.W1``, ``worker3.v.W1``, ...; the baseline has one
+shared state, ``worker0``) and, when outer gradients can be dropped
+(``config.drop_prob > 0``), where each worker starts its next round (``start3.W1``, ...).
+The manifest holds the format version, the algorithm, the round, the config, a
+fingerprint of the data, every AdamW step count and the outer step count, the run
+generator's state, the history so far, each array's shape and dtype, and the SHA-256 and
+size of the ``.npz``.
 
 The run generator's state is two things. ``bit_generator.state`` is the stream's
 position, but ``Generator.spawn`` (one call per round) does not move it: it counts
@@ -72,9 +75,12 @@ class Checkpoint(NamedTuple):
     params : dict of str -> ndarray
         The global parameters after ``round`` rounds.
     outer_state : OuterState or None
-        DiLoCo's outer momentum; None for the baseline.
+        DiLoCo's outer optimizer state; None for the baseline.
     worker_states : list of AdamWState
         K states for DiLoCo (carried across rounds), one shared state for the baseline.
+    worker_starts : list of K dicts, or None
+        DiLoCo with ``config.drop_prob > 0``: the params each worker starts its next round
+        from (its own, if its outer gradient was dropped); None otherwise.
     rng : numpy.random.Generator
         The run generator, positioned for round ``round + 1``.
     history : list of dict
@@ -90,6 +96,7 @@ class Checkpoint(NamedTuple):
     params: dict
     outer_state: OuterState | None
     worker_states: list
+    worker_starts: list | None
     rng: np.random.Generator
     history: list
     data_fingerprint: str
@@ -194,7 +201,7 @@ def latest_checkpoint(directory, algo: str) -> Path | None:
 
 
 def save_checkpoint(directory, algo: str, round_index: int, config: DiLoCoConfig, params, outer_state,
-                    worker_states, rng, history, fingerprint: str, *, keep: int = 2) -> Path:
+                    worker_states, rng, history, fingerprint: str, *, worker_starts=None, keep: int = 2) -> Path:
     """Write the checkpoint after ``round_index`` rounds; return its manifest.
 
     The ``.npz`` is written (atomically) first, then the manifest; only then are older
@@ -206,10 +213,14 @@ def save_checkpoint(directory, algo: str, round_index: int, config: DiLoCoConfig
     _check_algo(algo)
     arrays = {f"params.{key}": value for key, value in params.items()}
     if outer_state is not None:
-        arrays.update({f"outer.{key}": value for key, value in outer_state.momentum.items()})
+        arrays.update({f"outer.momentum.{key}": value for key, value in outer_state.momentum.items()})
+        if outer_state.second_moment is not None:
+            arrays.update({f"outer.second_moment.{key}": value for key, value in outer_state.second_moment.items()})
     for worker, state in enumerate(worker_states):
         arrays.update({f"worker{worker}.m.{key}": value for key, value in state.m.items()})
         arrays.update({f"worker{worker}.v.{key}": value for key, value in state.v.items()})
+    for worker, start in enumerate(worker_starts or []):
+        arrays.update({f"start{worker}.{key}": value for key, value in start.items()})
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     blob = buffer.getvalue()
@@ -221,6 +232,9 @@ def save_checkpoint(directory, algo: str, round_index: int, config: DiLoCoConfig
         "config": config.to_dict(), "data_fingerprint": fingerprint,
         "worker_steps": [int(state.step) for state in worker_states],
         "has_outer_state": outer_state is not None,
+        "outer_step": int(outer_state.step) if outer_state is not None else 0,
+        "has_second_moment": outer_state is not None and outer_state.second_moment is not None,
+        "has_worker_starts": worker_starts is not None,
         "rng": generator_state(rng),
         "arrays": {name: {"shape": list(value.shape), "dtype": str(value.dtype)} for name, value in arrays.items()},
         "npz": f"{stem}.npz", "npz_bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
@@ -272,7 +286,8 @@ def _read_manifest(path: Path) -> dict:
         raise refuse(f"wrong format version {manifest.get('version')!r}; this diloco reads version "
                      f"{FORMAT_VERSION}")
     expected_types = {"algo": str, "round": int, "config": dict, "data_fingerprint": str, "worker_steps": list,
-                      "has_outer_state": bool, "rng": dict, "arrays": dict, "npz": str, "npz_bytes": int,
+                      "has_outer_state": bool, "outer_step": int, "has_second_moment": bool,
+                      "has_worker_starts": bool, "rng": dict, "arrays": dict, "npz": str, "npz_bytes": int,
                       "sha256": str, "history": list}
     for key, kind in expected_types.items():
         if not isinstance(manifest.get(key), kind) or (kind is int and isinstance(manifest.get(key), bool)):
@@ -393,6 +408,8 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
         raise refuse(f"corrupted manifest: round {round_index} outside 1..{saved_config.rounds}")
     if len(steps) != num_states or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
         raise refuse(f"corrupted manifest: worker_steps must be {num_states} non-negative ints")
+    if manifest["outer_step"] < 0:
+        raise refuse("corrupted manifest: outer_step must be a non-negative int")
     if len(manifest["history"]) != round_index or not all(isinstance(r, dict) for r in manifest["history"]):
         raise refuse(f"corrupted manifest: the history must hold {round_index} records")
     params = _group(arrays, "params.")
@@ -401,21 +418,24 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
         raise refuse(f"the params must be {layout}, got {list(params)}")
     worker_states = []
     for worker, step in enumerate(steps):
-        m, v = _group(arrays, f"worker{worker}.m."), _group(arrays, f"worker{worker}.v.")
-        if list(m) != layout or list(v) != layout:
-            raise refuse(f"worker {worker}'s AdamW moments do not match the params' keys")
-        worker_states.append(AdamWState(step, m, v))
+        worker_states.append(AdamWState(step, _group(arrays, f"worker{worker}.m."),
+                                        _group(arrays, f"worker{worker}.v.")))
+    groups = [s.m for s in worker_states] + [s.v for s in worker_states]
     outer_state = None
     if manifest["has_outer_state"]:
-        outer_state = OuterState(_group(arrays, "outer."))
-        if list(outer_state.momentum) != layout:
-            raise refuse("the outer momentum does not match the params' keys")
-    for group in [outer_state.momentum if outer_state else params] + [s.m for s in worker_states]:
-        if any(group[key].shape != params[key].shape for key in layout):
-            raise refuse("the optimizer states' shapes do not match the params'")
+        second = _group(arrays, "outer.second_moment.") if manifest["has_second_moment"] else None
+        outer_state = OuterState(_group(arrays, "outer.momentum."), second, manifest["outer_step"])
+        groups += [outer_state.momentum] + ([second] if second is not None else [])
+    worker_starts = None
+    if manifest["has_worker_starts"]:
+        worker_starts = [_group(arrays, f"start{worker}.") for worker in range(len(steps))]
+        groups += worker_starts
+    for group in groups:
+        if list(group) != layout or any(group[key].shape != params[key].shape for key in layout):
+            raise refuse("an optimizer state's keys or shapes do not match the params'")
     try:
         rng = restore_generator(manifest["rng"])
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise refuse(f"corrupted manifest: the generator state cannot be restored ({exc})") from None
-    return Checkpoint(manifest["algo"], round_index, saved_config, params, outer_state, worker_states, rng,
-                      manifest["history"], manifest["data_fingerprint"], path)
+    return Checkpoint(manifest["algo"], round_index, saved_config, params, outer_state, worker_states, worker_starts,
+                      rng, manifest["history"], manifest["data_fingerprint"], path)

@@ -37,7 +37,7 @@ import numpy as np
 from diloco._validation import milestone
 from diloco.adamw import init_adamw_state
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record, run_diloco_round
-from diloco.mechanisms import scheduled_adamw_step
+from diloco.mechanisms import scheduled_adamw_step, train_worker, uses_plain_worker
 from diloco.model import cross_entropy_loss, model_backward, model_forward
 from diloco.outer import init_outer_optimizer
 from diloco.params import average_params
@@ -148,13 +148,18 @@ def _check_diloco_round(round_index, params, worker_states, record, max_loss) ->
         raise Diverged("diloco", round_index, None, f"global parameter {key!r} is not finite after the outer step")
 
 
-def _replay_round(round_index, start_rng, params, worker_states, shards, config, error) -> Diverged:
+def _replay_round(round_index, start_rng, starts, worker_states, shards, config, encode, error) -> Diverged:
     """A round raised (a milestone check met a NaN half-way): find the worker, from a copy."""
     worker_rngs = restore_generator(start_rng).spawn(config.num_workers)
-    for worker, ((x_k, y_k), state, rng_k) in enumerate(zip(shards, worker_states, worker_rngs, strict=True)):
+    plain = uses_plain_worker(config, encode)
+    for worker, ((x_k, y_k), state, rng_k, start_k) in enumerate(
+            zip(shards, worker_states, worker_rngs, starts, strict=True)):
         try:
-            _, state, losses = inner_train_worker(params, state, x_k, y_k, config.inner_steps, config.batch_size,
-                                                  config.inner, rng_k)
+            if plain:
+                _, state, losses = inner_train_worker(start_k, state, x_k, y_k, config.inner_steps,
+                                                      config.batch_size, config.inner, rng_k)
+            else:
+                _, state, losses = train_worker(start_k, state, x_k, y_k, config, rng_k, encode=encode)
         except (ValueError, FloatingPointError) as exc:
             return Diverged("diloco", round_index, worker, f"inner training failed: {exc}")
         bad = np.flatnonzero(~np.isfinite(losses))
@@ -165,9 +170,10 @@ def _replay_round(round_index, start_rng, params, worker_states, shards, config,
 
 @milestone  # a trainer's depth: the milestones it calls skip their checks, as inside train_diloco
 def _diloco_rounds(start: Checkpoint | dict, config, shards, x_eval, y_eval, save, on_round, max_loss, encode=None):
+    """``train_diloco``'s loop (milestone 26), from ``start``, with the guard and checkpoints."""
     params, outer_state, worker_states = start["params"], start["outer_state"], start["worker_states"]
     rng, history = start["rng"], start["history"]
-    starts = [params] * config.num_workers if config.drop_prob > 0 else None  # dropped workers carry on
+    starts = start["worker_starts"]  # where each worker starts: None unless outer gradients can be dropped
     for round_index in range(start["round"] + 1, config.rounds + 1):
         rng_at_start = generator_state(rng)
         try:
@@ -178,14 +184,15 @@ def _diloco_rounds(start: Checkpoint | dict, config, shards, x_eval, y_eval, sav
         except (ValueError, FloatingPointError) as exc:
             if any(_finite(s.m) or _finite(s.v) for s in worker_states) or _finite(params):
                 raise  # the inputs were already bad: not a divergence of this round
-            raise _replay_round(round_index, rng_at_start, params, worker_states, shards, config, exc) from None
+            raise _replay_round(round_index, rng_at_start, starts or [params] * config.num_workers, worker_states,
+                                shards, config, encode, exc) from None
         _check_diloco_round(round_index, new_params, new_states, record, max_loss)
         params, outer_state, worker_states = new_params, new_outer, new_states
         finish_record(record, round_index, config, params, x_eval, y_eval, history, encode=encode)
         _check_eval("diloco", record, max_loss)
         if on_round is not None:  # first the history, then the checkpoint: a resume never skips a record
             on_round(record)
-        save(round_index, params, outer_state, worker_states, rng, history)
+        save(round_index, params, outer_state, worker_states, rng, history, starts)
     return TrainResult(params, history)
 
 
@@ -277,9 +284,6 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
         if hook is not None and not callable(hook):
             raise TypeError(f"{name} must be callable, got {type(hook).__name__}")
     config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, None, encode=encode)
-    if resume_from is not None and (config.drop_prob > 0 or config.outer_optimizer == "adam"):
-        raise ValueError("resume is not supported with drop_prob > 0 or outer_optimizer='adam': the dropped "
-                         "workers' own parameters and outer Adam's second moment are not in the checkpoints")
     if encode is not None and config.engine == "fast":
         raise ValueError("engine 'fast' does not take encode= (the character-level task): use engine 'reference'")
     fingerprint = data_fingerprint(x, y, x_eval, y_eval)
@@ -294,16 +298,18 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
         num_states = config.num_workers if algo == "diloco" else 1
         start = {"round": 0, "params": params, "rng": rng, "history": [],
                  "outer_state": init_outer_optimizer(params) if algo == "diloco" else None,
-                 "worker_states": [init_adamw_state(params) for _ in range(num_states)]}
+                 "worker_states": [init_adamw_state(params) for _ in range(num_states)],
+                 "worker_starts": [params] * config.num_workers if algo == "diloco" and config.drop_prob > 0
+                 else None}
 
     def due(round_index) -> bool:
         return checkpoint_dir is not None and (
             round_index == config.rounds or (checkpoint_every is not None and round_index % checkpoint_every == 0))
 
-    def save(round_index, params, outer_state, worker_states, rng, history):
+    def save(round_index, params, outer_state, worker_states, rng, history, worker_starts=None):
         if due(round_index):
             path = save_checkpoint(Path(checkpoint_dir), algo, round_index, config, params, outer_state,
-                                   worker_states, rng, history, fingerprint)
+                                   worker_states, rng, history, fingerprint, worker_starts=worker_starts)
             if on_checkpoint is not None:
                 on_checkpoint(path, round_index)
 
