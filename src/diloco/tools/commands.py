@@ -203,6 +203,7 @@ def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryW
     clock = time.perf_counter()
     def resumable(on_round):
         return train_resumable(algo, data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test,
+                               encode=data.encode,
                                checkpoint_dir=run_dir / CHECKPOINT_DIR, checkpoint_every=checkpoint_every,
                                resume_from=start, max_loss=max_loss, on_round=on_round)
 
@@ -224,6 +225,8 @@ def _algo_summary(algo: str, records: list, seconds, num_params: int | None) -> 
         "rounds_completed": len(records),
         "eval_loss": last.get("eval_loss"),
         "eval_accuracy": last.get("eval_accuracy"),
+        "eval_perplexity": last.get("eval_perplexity"),
+        "eval_bits": last.get("eval_bits"),
         "best_eval_accuracy": max((r["eval_accuracy"] for r in records), default=None),
         "inner_loss": last.get("inner_loss"),
         "all_reduces": sum(r["all_reduces"] for r in records),
@@ -240,13 +243,15 @@ def _summary(command: str, status: str, history: HistoryWriter, algos, **fields)
 
 
 def _print_table(summary: dict, savings_factor: float) -> None:
-    header = (f"{'algorithm':<10}{'held-out loss':>14}{'held-out acc':>13}{'all-reduces':>13}"
-              f"{'bytes/worker':>14}{'savings':>9}{'wall s':>8}")
+    text = summary.get("data", {}).get("name") == "shakespeare"  # the char-LM: perplexity and bits per char
+    header = (f"{'algorithm':<10}{'held-out loss':>14}" + (f"{'perplexity':>11}{'bits/char':>10}" if text else "")
+              + f"{'held-out acc':>13}{'all-reduces':>13}{'bytes/worker':>14}{'savings':>9}{'wall s':>8}")
     print(header)
     print("-" * len(header))
     for algo, row in summary["algorithms"].items():
         factor = savings_factor if algo == "diloco" else 1.0
-        print(f"{_ALGO_NAMES[algo]:<10}{row['eval_loss']:>14.4f}{row['eval_accuracy']:>13.4f}"
+        lm = f"{row['eval_perplexity']:>11.3f}{row['eval_bits']:>10.3f}" if text else ""
+        print(f"{_ALGO_NAMES[algo]:<10}{row['eval_loss']:>14.4f}{lm}{row['eval_accuracy']:>13.4f}"
               f"{row['all_reduces']:>13d}{format_bytes(row['bytes_sent_per_worker']):>14}"
               f"{factor:>8.0f}x{row['wall_seconds']:>8.1f}")
 
@@ -267,6 +272,9 @@ def _new_run(args, command: str, algos: tuple) -> dict:
     family = check_family(args, command, algos, config)
     check_plotting(args)
     data, data_info = load_dataset(args, config.dtype)
+    if data.encode is not None and config.engine == "fast":
+        raise CliError("--engine fast does not run --data shakespeare (its one-hot batches are built per step): "
+                       "use --engine reference")
     check_run(config, data)  # classes, K against n, memory, the library's own checks
     threads, limit = thread_limit(args, config, data)
     max_loss = max_loss_flag(args)

@@ -24,7 +24,8 @@ per-data defaults in ``TASKS``. NumPy only; the command is ``diloco.tools.paper_
 from __future__ import annotations
 
 import time
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
 from diloco.mechanisms import check_fast_engine
