@@ -23,7 +23,6 @@ import os
 import re
 import resource
 import sys
-import tempfile
 import types
 import warnings
 
@@ -57,7 +56,7 @@ def _blocked(path: str) -> str | None:
     return None
 
 
-def _expose(libc, needed: list, staging: str) -> None:
+def _expose(libc, needed: list) -> None:
     """Make the folders ``needed`` reachable for the sandbox user when a private folder (say
     ``/root``, holding the interpreter) is on their way: an empty, passable tmpfs covers that
     folder, and the needed folders are bind-mounted back inside it. The rest stays hidden."""
@@ -68,17 +67,13 @@ def _expose(libc, needed: list, staging: str) -> None:
         top = _blocked(path)
         if top is not None:
             covers.setdefault(top, []).append(path)
-    for i, (top, paths) in enumerate(covers.items()):
-        stages = []
-        for j, path in enumerate(paths):
-            stage = os.path.join(staging, f"stage-{i}-{j}")
-            os.mkdir(stage, 0o755)
-            _mount(libc, path, stage, None, _MS_BIND | _MS_REC)
-            stages.append((stage, path))
+    for top, paths in covers.items():
+        handles = [(os.open(path, os.O_PATH | os.O_DIRECTORY), path) for path in paths]  # before they vanish
         _mount(libc, "tmpfs", top, "tmpfs", 0, "size=64k,mode=755")
-        for stage, path in stages:
+        for fd, path in handles:
             os.makedirs(path, mode=0o755, exist_ok=True)
-            _mount(libc, stage, path, None, _MS_BIND | _MS_REC)
+            _mount(libc, f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+            os.close(fd)
 
 
 def _lock_filesystem(work: str, hide: list, needed: list) -> list:
@@ -87,7 +82,7 @@ def _lock_filesystem(work: str, hide: list, needed: list) -> list:
     libc = ctypes.CDLL(None, use_errno=True)
     _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below leaks out of this namespace
     _mount(libc, work, work, None, _MS_BIND | _MS_REC)
-    _expose(libc, needed, tempfile.mkdtemp(prefix="stage-", dir=os.path.dirname(os.path.abspath(__file__))))
+    _expose(libc, needed)
     for folder in hide:
         if os.path.isdir(folder):
             _mount(libc, "tmpfs", folder, "tmpfs", 0, "size=4k,mode=000")

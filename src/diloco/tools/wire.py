@@ -89,10 +89,10 @@ def write_frame(fd: int, header: dict, blobs: list[bytes], deadline: float | Non
 
 def read_frame(fd: int, deadline: float | None = None) -> tuple[dict, list[bytes]]:
     """One frame: ``(header, blobs)``. ``WireError`` if malformed, ``EOFError``, ``TimeoutError``."""
-    head = _read_exact(fd, len(MAGIC) + 12, deadline)
-    if head[:len(MAGIC)] != MAGIC:
-        raise WireError(f"not a frame of the sandbox wire format (starts {head[:16]!r})")
-    size, count = struct.unpack("<QI", head[len(MAGIC):])
+    magic = _read_exact(fd, len(MAGIC), deadline)
+    if magic != MAGIC:
+        raise WireError(f"not a frame of the sandbox wire format (starts {magic!r})")
+    size, count = struct.unpack("<QI", _read_exact(fd, 12, deadline))
     if size > MAX_HEADER or count > MAX_FRAME // 8:
         raise WireError(f"frame too large ({size} header bytes, {count} arrays)")
     try:
