@@ -1,10 +1,11 @@
-"""Wire formats for outer gradients: float32, float16, bfloat16, int8 and fp4 (E2M1).
+"""Wire formats for outer gradients: float64, float32, float16, bfloat16, int8 and fp4 (E2M1).
 
 ``encode(x, fmt)`` turns one tensor into codes (and scales); ``decode(encoded, dtype)``
 turns them back into floats of the params' dtype. The float formats round to nearest,
 ties to even; the two integer-like formats share one power-of-two scale per block of
 ``block_size`` consecutive values (``block_size=0``: one scale for the whole tensor)::
 
+    float64               the values as they are (sign pruning at full precision)
     float32 / float16     numpy's cast (round to nearest even), after saturating to the
                           format's largest finite value (no overflow to inf)
     bfloat16              the top 16 bits of a float32, rounded to nearest even by bit
@@ -36,8 +37,8 @@ import numpy as np
 __all__ = ["FORMATS", "BITS", "E2M1_GRID", "Encoded", "encode", "decode", "quantize", "bfloat16_bits",
            "bfloat16_values", "sign_prune_mask", "unit_bounds"]
 
-FORMATS = ("float32", "float16", "bfloat16", "int8", "fp4")
-BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "int8": 8, "fp4": 4}
+FORMATS = ("float64", "float32", "float16", "bfloat16", "int8", "fp4")
+BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16, "int8": 8, "fp4": 4}
 SCALED = ("int8", "fp4")
 # The 8 magnitudes of E2M1 (2 exponent bits, 1 mantissa bit); index i has mantissa bit i & 1.
 E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -58,7 +59,7 @@ class Encoded(NamedTuple):
     unit : int
         Values per unit (scale block), ``>= 1``; the tensor's size for one unit.
     codes : ndarray of shape (kept,)
-        One code per kept value, flat (C) order: float32, float16, uint16 (bfloat16 bits),
+        One code per kept value, flat (C) order: float64, float32, float16, uint16 (bfloat16 bits),
         int8, or uint8 holding an fp4 code ``sign << 3 | magnitude index``.
     exponents : ndarray of shape (units,), int16
         The power-of-two scale exponent of each unit; empty for the float formats.
@@ -207,7 +208,9 @@ def encode(x: np.ndarray, fmt: str, *, block_size: int = 0, keep: np.ndarray | N
         unit_ids = np.arange(flat.size) // unit
     units = unit_bounds(flat.size, unit).size - 1
     exponents = np.zeros(0, dtype=np.int16)
-    if fmt == "float32":
+    if fmt == "float64":
+        codes = values.astype(np.float64)  # exact (float64 params, or float32 ones widened)
+    elif fmt == "float32":
         info = np.finfo(np.float32)
         codes = np.clip(values, info.min, info.max).astype(np.float32)
     elif fmt == "float16":
@@ -229,7 +232,7 @@ def decode(encoded: Encoded, dtype=np.float64) -> np.ndarray:
     """The tensor an ``Encoded`` stands for, in ``dtype`` (the params' dtype); unsent values are 0."""
     dtype = np.dtype(dtype)
     fmt, codes = encoded.fmt, encoded.codes
-    if fmt in ("float32", "float16"):
+    if fmt in ("float64", "float32", "float16"):
         values = codes.astype(dtype)
     elif fmt == "bfloat16":
         values = bfloat16_values(codes, dtype)

@@ -18,7 +18,7 @@ from diloco.family.quantize import BITS, SCALED, Encoded, unit_bounds
 
 __all__ = ["to_bytes", "from_bytes"]
 
-_CODE_DTYPES = {"float32": "<f4", "float16": "<f2", "bfloat16": "<u2", "int8": "i1", "fp4": "u1"}
+_CODE_DTYPES = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "bfloat16": "<u2", "int8": "i1", "fp4": "u1"}
 
 
 def _pack_codes(codes: np.ndarray, fmt: str) -> bytes:

@@ -84,7 +84,10 @@ def add_parsers(subparsers) -> None:
     study = subparsers.add_parser(
         "study", help="one of the paper's ablations over several seeds (mean, 95%% interval)",
         description="Ablations at small scale: " + "; ".join(f"{s.name}: {s.title}" for s in STUDIES.values()))
+    from diloco.tools.family_study import FAMILY_STUDIES  # compression, streaming, bandwidth
+
     names = sorted(STUDIES) + sorted(PAPER_STUDIES)  # the paper's artefacts: diloco.tools.paper_command
+    names += sorted(FAMILY_STUDIES)
     study.add_argument("study", choices=names, metavar="NAME", help=", ".join(names))
     study.add_argument("--seeds", type=int, default=3, help="seeds per variant, from --seed on (3)")
     study.add_argument("--values", metavar="V1,V2,...",
@@ -94,6 +97,8 @@ def add_parsers(subparsers) -> None:
                        help="inner-steps study: steps per worker, a multiple of every H (400); paper studies: "
                             "the budget, steps per worker (shakespeare 1000, mnist1d 2000)")
     add_paper_study_flags(study)
+    study.add_argument("--target-loss", type=float, metavar="LOSS",
+                       help="bandwidth study: the held-out loss whose simulated time is compared (0.5)")
     for add in (add_config_flags, add_data_flags, add_execution_flags, add_output_flags):
         add(study)
     add_recovery_flags(study, resume=False)

@@ -19,6 +19,7 @@ from diloco.tools.commands import (
     thread_limit,
 )
 from diloco.tools.errors import CliError
+from diloco.tools.family_study import FAMILY_STUDIES
 from diloco.tools.faults import quiet_numpy, run_outcome
 from diloco.tools.flags import build_config, load_dataset
 from diloco.tools.preflight import check_run
@@ -31,6 +32,12 @@ __all__ = ["run_study_command"]
 
 
 def run_study_command(args) -> int:
+    if args.study in FAMILY_STUDIES:  # compression, streaming, bandwidth: diloco.tools.family_study
+        from diloco.tools.family_study import run_family_study_command
+
+        return run_family_study_command(args)
+    if getattr(args, "target_loss", None) is not None:
+        raise CliError("--target-loss applies only to the bandwidth study")
     if args.study in PAPER_STUDIES:  # the paper's tables and figures: diloco.tools.paper_command
         from diloco.tools.paper_command import run_paper_study
 

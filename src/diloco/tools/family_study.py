@@ -1,0 +1,327 @@
+"""``diloco study compression|streaming|bandwidth``: the family's claims at small scale.
+
+* ``compression``: the wire format of outer gradients (``--values`` among ``native``,
+  ``float32``, ``bfloat16``, ``float16``, ``int8``, ``fp4``, ``fp4/tensor`` (one scale per
+  tensor), ``fp4+ef`` (error feedback), ``pruneF`` (sign pruning a fraction F) and
+  ``fp4+pruneF``). Claims: 4-bit outer gradients lose nothing (Streaming DiLoCo);
+  pruning half of them costs 0.39% perplexity (DiLoCo, Table 6).
+* ``streaming``: Streaming DiLoCo's ``P:TAU:MIX`` (``P:TAU:MIX:fp4`` with 4-bit outer
+  gradients). Claim: the same quality at P times lower peak bandwidth.
+* ``bandwidth``: sync, DiLoCo, Streaming DiLoCo and eager updates, trained once per
+  seed, then the simulated network (``diloco.family.netsim``) at each bandwidth of
+  ``--values``: simulated time to a target held-out loss (``--target-loss``) and compute
+  utilisation. Claims: streaming and eager hide communication; eager updates close the
+  gap at low bandwidth.
+
+Every arm runs on the reference path (the milestone functions, ``diloco.family``'s
+trainers), 8 workers, 8 rounds of H = 25, hidden layers (64, 64, 64) (four layers, so P
+can be 4) unless the flags say otherwise. The rows reuse ``diloco.tools.studies``'
+statistics (mean and 95% Student-t interval over seeds).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from diloco.family.config import FamilyConfig
+from diloco.family.netsim import parse_bandwidth, simulate
+from diloco.family.trainers import family_trainer
+from diloco.tools.commands import check_plotting, progress_factory, start_run, thread_limit
+from diloco.tools.errors import CliError
+from diloco.tools.family_flags import build_family
+from diloco.tools.flags import build_config, load_dataset
+from diloco.tools.runs import JsonlWriter, atomic_write_text, write_json
+from diloco.tools.studies import Study, format_bytes, mean_curves, mean_interval, summarise, trainer
+
+__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_study", "time_to_target", "run_family_study_command"]
+
+
+class FamilyVariant(NamedTuple):
+    """One arm: a label, ``"diloco"`` or ``"sync"``, config changes and family changes."""
+
+    label: str
+    algo: str
+    changes: dict
+    family: dict
+
+
+def _compression_variants(config, values) -> list:
+    variants = []
+    for value in values:
+        family: dict = {}
+        for part in value.split("+"):
+            if part == "native":
+                continue
+            if part in ("float32", "float16", "bfloat16", "int8", "fp4"):
+                family["comm_dtype"] = part
+            elif part == "fp4/tensor":
+                family.update(comm_dtype="fp4", comm_block=0)
+            elif part == "ef":
+                family["error_feedback"] = True
+            elif part.startswith("prune"):
+                try:
+                    family["sign_prune"] = float(part[len("prune"):])
+                except ValueError:
+                    raise ValueError(f"pruneF needs a fraction, got {part!r}") from None
+            else:
+                raise ValueError(f"unknown compression {part!r}: use native, float32, float16, bfloat16, int8, "
+                                 f"fp4, fp4/tensor, ef, pruneF, joined by +")
+        FamilyConfig(**family)  # validates
+        variants.append(FamilyVariant(value, "diloco", {}, family))
+    return variants
+
+
+def _streaming_variants(config, values) -> list:
+    variants = []
+    for value in values:
+        parts = value.split(":")
+        try:
+            fragments, tau, mix = int(parts[0]), int(parts[1]), float(parts[2])
+        except (IndexError, ValueError):
+            raise ValueError(f"streaming values are P:TAU:MIX or P:TAU:MIX:fp4, got {value!r}") from None
+        family = {"fragments": fragments, "overlap": tau, "mix": mix}
+        if parts[3:] == ["fp4"]:
+            family["comm_dtype"] = "fp4"
+        elif parts[3:]:
+            raise ValueError(f"streaming values are P:TAU:MIX or P:TAU:MIX:fp4, got {value!r}")
+        FamilyConfig(**family).check_against(config)
+        label = "DiLoCo (P=1)" if (fragments, tau, mix) == (1, 0, 1.0) and "comm_dtype" not in family else (
+            f"P={fragments} tau={tau} mix={mix:g}" + (" fp4" if "comm_dtype" in family else ""))
+        variants.append(FamilyVariant(label, "diloco", {}, family))
+    return variants
+
+
+def _bandwidth_variants(config, values) -> list:
+    for value in values:
+        parse_bandwidth(value)  # the values are bandwidths; the arms are fixed
+    tau = max(1, config.inner_steps // 5)
+    return [
+        FamilyVariant("sync", "sync", {}, {}),
+        FamilyVariant("DiLoCo", "diloco", {}, {}),
+        FamilyVariant(f"Streaming P=4 tau={tau} mix=0.5 fp4", "diloco", {},
+                      {"fragments": 4, "overlap": tau, "mix": 0.5, "comm_dtype": "fp4"}),
+        FamilyVariant("eager", "diloco", {}, {"eager": True}),
+        FamilyVariant("DiLoCo mu=0.5", "diloco", {"outer_momentum": 0.5}, {}),
+        FamilyVariant("eager mu=0.5", "diloco", {"outer_momentum": 0.5}, {"eager": True}),
+    ]
+
+
+_BASE = {"rounds": 8, "inner_steps": 25, "hidden_sizes": (64, 64, 64), "engine": "reference"}
+
+FAMILY_STUDIES = {
+    "compression": Study(
+        "compression", "Wire formats of the outer gradients",
+        "4-bit (fp4 E2M1) outer gradients are lossless (Streaming DiLoCo); pruning 50% of the outer gradient "
+        "costs 0.39% perplexity (DiLoCo, Table 6)", "wire format", dict(_BASE),
+        ("native", "float32", "bfloat16", "float16", "int8", "fp4", "fp4/tensor", "fp4+ef", "prune0.5",
+         "prune0.75"), _compression_variants),
+    "streaming": Study(
+        "streaming", "Streaming DiLoCo: fragments P, overlap tau, mixing",
+        "Streaming DiLoCo keeps DiLoCo's quality at P times lower peak bandwidth", "P:tau:mix", dict(_BASE),
+        ("1:0:1", "2:0:1", "4:0:1", "4:5:1", "4:5:0.5", "4:5:0.5:fp4"), _streaming_variants),
+    "bandwidth": Study(
+        "bandwidth", "Simulated time to a target loss against bandwidth",
+        "overlapping communication (Streaming DiLoCo, eager updates) keeps compute busy at low bandwidth; eager "
+        "updates close DiLoCo's gap there", "bandwidth", dict(_BASE),
+        ("100kbit", "1Mbit", "10Mbit", "100Mbit", "1Gbit"), _bandwidth_variants),
+}
+
+
+def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, history=None, on_run_end=None
+                     ) -> list:
+    """Train every arm for every seed; one outcome dict per run (``run_study``'s fields and more)."""
+    results = []
+    for variant in variants:
+        for seed in seeds:
+            run_config = config.replace(**variant.changes, seed=int(seed))
+            run_family = family.replace(**variant.family, bandwidth=None, latency=0.0, step_time=None)
+            train = family_trainer(variant.algo, run_family, trainer(variant.algo, "reference"))
+            on_round = None if history is None else history.callback(variant.algo, variant=variant.label,
+                                                                      seed=int(seed))
+            start = time.perf_counter()
+            result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
+                           y_eval=dataset.y_test, on_round=on_round)
+            last = result.history[-1]
+            outcome = {
+                "variant": variant.label, "algo": variant.algo, "seed": int(seed), "rounds": run_config.rounds,
+                "inner_steps": run_config.inner_steps, "num_workers": run_config.num_workers,
+                "eval_loss": last["eval_loss"], "eval_accuracy": last["eval_accuracy"],
+                "inner_loss": last["inner_loss"],
+                "all_reduces": int(sum(r["all_reduces"] for r in result.history)),
+                "bytes_sent": last["cumulative_bytes"],
+                "peak_sync_bytes": max(r.get("peak_sync_bytes", r["bytes_sent"] / r["all_reduces"])
+                                       for r in result.history),
+                "seconds": time.perf_counter() - start, "family": run_family.to_dict(),
+                "history": [{k: r[k] for k in ("round", "eval_loss", "all_reduces", "bytes_sent", "syncs")
+                             if k in r} for r in result.history],
+            }
+            results.append(outcome)
+            if on_run_end is not None:
+                on_run_end(outcome)
+    return results
+
+
+def time_to_target(history: list, num_workers: int, inner_steps: int, bandwidth: float, latency: float,
+                   step_time: float, target: float) -> tuple[float | None, float]:
+    """``(simulated seconds until the held-out loss first is <= target or None, utilisation)``."""
+    sim = simulate(history, num_workers, inner_steps, bandwidth, latency, step_time)
+    total = sim[-1]["sim_cumulative_seconds"]
+    utilisation = len(history) * inner_steps * step_time / total
+    for record, fields in zip(history, sim, strict=True):
+        if record["eval_loss"] is not None and record["eval_loss"] <= target:
+            return fields["sim_cumulative_seconds"], utilisation
+    return None, utilisation
+
+
+def _compression_table(rows, outcomes) -> str:
+    native = next((r for r in rows if r["variant"] == "native"), rows[0])
+    lines = ["| wire format | held-out accuracy [95% CI] | held-out loss [95% CI] | loss vs native "
+             "| bytes/worker | compression vs native |", "|---|---|---|---:|---:|---:|"]
+    for row in rows:
+        acc, loss = row["eval_accuracy"], row["eval_loss"]
+        change = 100 * (loss["mean"] / native["eval_loss"]["mean"] - 1)
+        lines.append(f"| {row['variant']} | {acc['mean']:.4f} [{acc['low']:.4f}, {acc['high']:.4f}] "
+                     f"| {loss['mean']:.4f} [{loss['low']:.4f}, {loss['high']:.4f}] | {change:+.1f}% "
+                     f"| {format_bytes(row['bytes_sent'])} | {native['bytes_sent'] / row['bytes_sent']:.1f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def _streaming_table(rows, outcomes) -> str:
+    peaks = {}
+    for outcome in outcomes:
+        peaks.setdefault(outcome["variant"], outcome["peak_sync_bytes"])
+    reference = peaks[rows[0]["variant"]]
+    lines = ["| arm | held-out accuracy [95% CI] | held-out loss [95% CI] | peak bytes/sync | peak vs first arm "
+             "| bytes/worker |", "|---|---|---|---:|---:|---:|"]
+    for row in rows:
+        acc, loss, peak = row["eval_accuracy"], row["eval_loss"], peaks[row["variant"]]
+        lines.append(f"| {row['variant']} | {acc['mean']:.4f} [{acc['low']:.4f}, {acc['high']:.4f}] "
+                     f"| {loss['mean']:.4f} [{loss['low']:.4f}, {loss['high']:.4f}] | {format_bytes(peak)} "
+                     f"| {reference / peak:.2f}x lower | {format_bytes(row['bytes_sent'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def bandwidth_rows(outcomes, bandwidths, latency: float, step_time: float, target: float) -> list:
+    """Per arm and bandwidth: mean time to target over the seeds that reach it, and utilisation."""
+    rows = []
+    for label in dict.fromkeys(o["variant"] for o in outcomes):
+        runs = [o for o in outcomes if o["variant"] == label]
+        cells = []
+        for text in bandwidths:
+            bandwidth = parse_bandwidth(text)
+            pairs = [time_to_target(run["history"], run["num_workers"], run["inner_steps"], bandwidth, latency,
+                                    step_time, target) for run in runs]
+            reached = [t for t, _ in pairs if t is not None]
+            cells.append({"bandwidth": text, "reached": len(reached), "runs": len(runs),
+                          "seconds": mean_interval(reached) if reached else None,
+                          "utilization": float(np.mean([u for _, u in pairs]))})
+        rows.append({"variant": label, "cells": cells,
+                     "final_loss": mean_interval([run["eval_loss"] for run in runs])})
+    return rows
+
+
+def _bandwidth_table(rows, bandwidths) -> str:
+    head = "| arm | final held-out loss | " + " | ".join(bandwidths) + " |"
+    lines = [head, "|---|---|" + "---:|" * len(bandwidths)]
+    for row in rows:
+        cells = []
+        for cell in row["cells"]:
+            if cell["seconds"] is None or cell["reached"] < cell["runs"]:
+                cells.append(f"not reached ({cell['reached']}/{cell['runs']})")
+            else:
+                cells.append(f"{cell['seconds']['mean']:.3g} s ({100 * cell['utilization']:.0f}%)")
+        lines.append(f"| {row['variant']} | {row['final_loss']['mean']:.4f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_family_study_command(args) -> int:
+    """``diloco study compression|streaming|bandwidth`` (see the module doc)."""
+    study = FAMILY_STUDIES[args.study]
+    config = build_config(args, study.base)
+    family = build_family(args)
+    if args.total_steps is not None:
+        raise CliError("--total-steps applies only to the inner-steps study")
+    if args.seeds < 1:
+        raise CliError(f"--seeds must be a positive int, got {args.seeds}")
+    values = tuple(v.strip() for v in args.values.split(",") if v.strip()) if args.values else study.default_values
+    if not values:
+        raise CliError("--values must list at least one value")
+    try:
+        variants = study.variants(config, values)
+        for variant in variants:
+            if variant.algo == "diloco":
+                family.replace(**variant.family).check_against(config.replace(**variant.changes))
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"--values: {exc}") from None
+    target = getattr(args, "target_loss", None)
+    if study.name == "bandwidth":
+        if family.step_time is None:
+            family = family.replace(step_time=0.01)  # a fixed compute time: the table is reproducible
+        target = 0.5 if target is None else target
+        if not (math.isfinite(target) and target > 0):
+            raise CliError(f"--target-loss must be a positive number, got {target}")
+    elif target is not None:
+        raise CliError("--target-loss applies only to the bandwidth study")
+    check_plotting(args)
+    make_bar = progress_factory(args.quiet)
+    data, data_info = load_dataset(args, config.dtype)
+    threads, limit = thread_limit(args, config, data)
+    seeds = list(range(config.seed, config.seed + args.seeds))
+    spec = {"study": study.name, "title": study.title, "claim": study.claim, "values": list(values), "seeds": seeds,
+            "variants": [v._asdict() for v in variants], "family": family.to_dict(), "blas_threads": threads,
+            "target_loss": target}
+    run_dir, history = start_run(args, "study", f"study-{study.name}", config, data_info, spec)
+    results = JsonlWriter(run_dir / "results.jsonl")
+    if not args.quiet:
+        print(f"study {study.name}: {len(variants)} arms x {len(seeds)} seeds on {data_info['name']}; "
+              f"claim: {study.claim}")
+    bar = None if make_bar is None else make_bar(total=len(variants) * len(seeds), desc=study.name, unit="run")
+
+    def on_run_end(outcome):
+        results.write_line({k: v for k, v in outcome.items() if k != "history"})
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        with limit:
+            outcomes = run_family_study(variants, config, family, data, seeds, history=history,
+                                        on_run_end=on_run_end)
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"study {study.name}: {exc}") from None
+    finally:
+        if bar is not None:
+            bar.close()
+    rows = summarise(outcomes)
+    summary = {"command": "study", "study": study.name, "status": "completed", "claim": study.claim,
+               "seeds": seeds, "rows": rows}
+    if study.name == "compression":
+        table = _compression_table(rows, outcomes)
+    elif study.name == "streaming":
+        table = _streaming_table(rows, outcomes)
+    else:
+        brows = bandwidth_rows(outcomes, values, family.latency, family.step_time, target)
+        summary["bandwidth"] = brows
+        table = (f"Simulated time to a held-out loss of {target:g} (mean over seeds; compute utilisation of the "
+                 f"whole run in brackets), step time {family.step_time:g} s, latency {family.latency:g} s, "
+                 f"K={config.num_workers}:\n\n" + _bandwidth_table(brows, values))
+    write_json(run_dir / "summary.json", summary)
+    base = {k: v for k, v in config.to_dict().items() if k != "inner"}
+    atomic_write_text(run_dir / "study.md", (
+        f"# Study {study.name}: {study.title}\n\nClaim tested: {study.claim}.\n\n"
+        f"Data: {data_info['name']} ({data_info['num_train']} train / {data_info['num_test']} held-out). "
+        f"Seeds: {seeds}. Base config: `{json.dumps(base)}`; family flags `{json.dumps(family.to_dict())}`.\n\n"
+        f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n{table}"))
+    if not args.no_plots:
+        from diloco.tools.plots import plot_curves, plot_study, save_figure
+
+        save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), run_dir / "study.png")
+        save_figure(plot_curves(mean_curves(history.records), x="bytes" if study.name == "compression" else "step",
+                                title=f"{study.title}: mean over {len(seeds)} seeds"), run_dir / "study_curves.png")
+    print(table, end="")
+    print(f"run folder: {run_dir}")
+    return 0
