@@ -821,3 +821,162 @@ def test_baseline_clips_and_follows_the_inner_lr_schedule():
             params, state = adamw_step(params, state, mean, AdamWConfig(lr=lr, weight_decay=config.inner.weight_decay))
     assert_params_close(result.params, params, rtol=1e-10, atol=1e-13,
                         what="baseline with warmup + cosine lr and gradient clipping")
+
+
+# --------------------------------------------------------------------------- the paper's mechanisms (keyword extensions)
+# Shard-size weights, dropped outer gradients (worker_starts), an input encoder (encode=),
+# and the inner lr schedule and clipping of the baseline: diloco.mechanisms, composed by
+# milestones 25-27. The oracles are written out here from the earlier milestones.
+
+
+class OneHotOracle:
+    """The encoder contract of ``diloco.text.OneHot`` in plain NumPy: windows (b, c) -> (b, c V)."""
+
+    def __init__(self, vocab_size, context):
+        self.vocab_size, self.context = vocab_size, context
+        self.input_width, self.num_features = context, context * vocab_size
+
+    def __call__(self, windows, dtype=np.float64):
+        out = np.zeros((len(windows), self.num_features), dtype=dtype)
+        for j in range(self.context):
+            out[np.arange(len(windows)), j * self.vocab_size + windows[:, j].astype(int)] = 1.0
+        return out
+
+
+def text_like_data(seed, num_examples=30, context=3, vocab_size=4):
+    """Index windows (float32, as diloco.text stores them) and a next 'character' for each."""
+    rng = np.random.default_rng(seed)
+    windows = rng.integers(0, vocab_size, (num_examples, context))
+    labels = (windows.sum(axis=1) + rng.integers(0, 2, num_examples)) % vocab_size
+    labels[:vocab_size] = np.arange(vocab_size)  # every class present
+    return windows.astype(np.float32), labels.astype(np.int64)
+
+
+@pytest.mark.m25
+def test_round_weighs_non_iid_pseudo_gradients_by_shard_size():
+    sizes = (2, 5, 9)
+    params, outer, states, shards = round_inputs(4, 3, shard_sizes=sizes)
+    fedavg = dict(num_workers=3, outer_lr=1.0, outer_momentum=0.0)  # the new model is the workers' average
+    workers = [p for p, _, _ in independent_workers(params, states, shards, tiny_config(**fedavg),
+                                                     np.random.default_rng(6))]
+    weighted = {key: sum(n * w[key] for n, w in zip(sizes, workers, strict=True)) / sum(sizes) for key in params}
+    noniid = run_diloco_round(params, outer, states, shards, tiny_config(iid=False, **fedavg), np.random.default_rng(6))
+    assert_params_close(noniid.global_params, weighted, rtol=1e-10, atol=1e-13,
+                        what="non-IID shards (shard_weighting 'auto'): the average weighted by shard size")
+    for changes in ({"iid": True}, {"iid": False, "shard_weighting": "uniform"}):
+        uniform = run_diloco_round(params, outer, states, shards, tiny_config(**changes, **fedavg),
+                                   np.random.default_rng(6))
+        assert_params_close(uniform.global_params, numpy_mean(workers), rtol=1e-10, atol=1e-13,
+                            what=f"{changes}: the plain average")
+
+
+@pytest.mark.m25
+def test_round_leaves_dropped_outer_gradients_out_and_those_workers_carry_on():
+    num_workers, p = 4, 0.5
+
+    def drops(seed):  # the documented order: spawn the K worker streams, then draw the drops
+        rng = np.random.default_rng(seed)
+        children = rng.spawn(num_workers)
+        return children, np.flatnonzero(rng.random(num_workers) < p).tolist()
+
+    seed = next(s for s in range(100) if 0 < len(drops(s)[1]) < num_workers)
+    children, dropped = drops(seed)
+    params, outer, states, shards = round_inputs(seed, num_workers)
+    own = {key: value + 0.05 for key, value in params.items()}  # worker 1 was dropped last round
+    starts = [params, own, params, params]
+    config = tiny_config(num_workers=num_workers, drop_prob=p, outer_lr=1.0, outer_momentum=0.0)
+    result = run_diloco_round(params, outer, states, shards, config, np.random.default_rng(seed),
+                              worker_starts=starts)
+    assert result.record["dropped_workers"] == dropped
+    workers = [inner_train_worker(start, state, x_k, y_k, config.inner_steps, config.batch_size, config.inner,
+                                  child)[0]
+               for start, state, (x_k, y_k), child in zip(starts, states, shards, children, strict=True)]
+    kept = [k for k in range(num_workers) if k not in dropped]
+    assert_params_close(result.global_params, numpy_mean([workers[k] for k in kept]), rtol=1e-10, atol=1e-13,
+                        what="FedAvg over the workers whose outer gradient arrived")
+    for k in range(num_workers):
+        expected = workers[k] if k in dropped else result.global_params
+        assert_params_close(result.worker_starts[k], expected, rtol=0, atol=0,
+                            what=f"worker {k} starts next round from " + ("its own params" if k in dropped
+                                                                          else "the new global params"))
+
+
+@pytest.mark.m25
+def test_round_with_drops_needs_worker_starts():
+    params, outer, states, shards = round_inputs(1, 2)
+    with pytest.raises(ValueError, match="worker_starts"):
+        run_diloco_round(params, outer, states, shards, tiny_config(drop_prob=0.3), np.random.default_rng(0))
+
+
+@pytest.mark.m26
+def test_train_diloco_with_an_encoder_trains_on_the_encoded_inputs():
+    windows, labels = text_like_data(2)
+    eval_windows, eval_labels = text_like_data(3, num_examples=10)
+    encode = OneHotOracle(4, 3)
+    config = tiny_config(num_workers=3, rounds=2)
+    got = train_diloco(windows, labels, config, x_eval=eval_windows, y_eval=eval_labels, encode=encode)
+    want = train_diloco(encode(windows), labels, config, x_eval=encode(eval_windows), y_eval=eval_labels)
+    assert_params_close(got.params, want.params, rtol=1e-12, atol=1e-15, what="params: windows + encode vs one-hot")
+    for mine, gold in zip(got.history, want.history, strict=True):
+        assert_close(mine["eval_loss"], gold["eval_loss"], rtol=1e-12, what="held-out loss, evaluated encoded")
+
+
+@pytest.mark.m26
+def test_train_diloco_with_drops_carries_worker_starts_from_round_to_round():
+    x, y = tiny_data(5, num_examples=30)
+    config = tiny_config(num_workers=3, rounds=3, drop_prob=0.5, seed=2)
+    result = train_diloco(x, y, config)
+    rng = np.random.default_rng(config.seed)
+    shards = iid_shard_dataset(x, y, 3, rng)
+    params = init_model_params(layer_sizes_for(x, y, config), rng)
+    states, outer, starts = [init_adamw_state(params) for _ in range(3)], init_outer_optimizer(params), [params] * 3
+    for _ in range(config.rounds):
+        params, outer, states, _, starts = run_diloco_round(params, outer, states, shards, config, rng,
+                                                            worker_starts=starts)
+    assert any(record["dropped_workers"] for record in result.history), "this seed drops an outer gradient"
+    assert_params_close(result.params, params, rtol=1e-12, atol=1e-15,
+                        what="train_diloco vs rounds that carry worker_starts (every worker starts at the init)")
+
+
+@pytest.mark.m27
+def test_baseline_with_an_encoder_trains_on_the_encoded_inputs():
+    windows, labels = text_like_data(4)
+    encode = OneHotOracle(4, 3)
+    config = tiny_config(num_workers=2, rounds=2)
+    got = train_synchronous_baseline(windows, labels, config, encode=encode)
+    want = train_synchronous_baseline(encode(windows), labels, config)
+    assert_params_close(got.params, want.params, rtol=1e-12, atol=1e-15, what="params: windows + encode vs one-hot")
+
+
+@pytest.mark.m27
+def test_baseline_clips_and_follows_the_inner_lr_schedule():
+    import math
+
+    from diloco.adamw import adamw_step
+    from diloco.model import model_backward, model_forward
+
+    x, y = tiny_data(6, num_examples=20)
+    config = tiny_config(num_workers=2, inner_steps=3, rounds=2, lr_schedule="cosine", warmup_steps=2, clip_norm=0.5)
+    result = train_synchronous_baseline(x, y, config)
+    rng = np.random.default_rng(config.seed)
+    shards = iid_shard_dataset(x, y, 2, rng)
+    params = init_model_params(layer_sizes_for(x, y, config), rng)
+    state, step, total, peak = init_adamw_state(params), 0, 6, config.inner.lr
+    for _ in range(config.rounds):
+        children = rng.spawn(2)
+        for _ in range(config.inner_steps):
+            grads = []
+            for (x_k, y_k), child in zip(shards, children, strict=True):
+                x_batch, y_batch = sample_worker_batch(x_k, y_k, config.batch_size, child)
+                _, cache = model_forward(params, x_batch)
+                grads.append(model_backward(params, cache, y_batch))
+            mean = {key: (grads[0][key] + grads[1][key]) / 2 for key in params}
+            norm = math.sqrt(sum(float(np.sum(g * g)) for g in mean.values()))
+            coef = 0.5 / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_
+            if coef < 1:
+                mean = {key: g * coef for key, g in mean.items()}
+            step += 1
+            lr = peak * step / 2 if step <= 2 else peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 2) / 4)))
+            params, state = adamw_step(params, state, mean, AdamWConfig(lr=lr, weight_decay=config.inner.weight_decay))
+    assert_params_close(result.params, params, rtol=1e-10, atol=1e-13,
+                        what="baseline with warmup + cosine lr and gradient clipping")
