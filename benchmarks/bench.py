@@ -151,7 +151,7 @@ def measure_threads(repeats: int, log) -> dict:
                         spec = {"impl": "fast", "model": model, "dtype": "float64", "threads": threads}
                         result = run_case(spec)
                         out["training"].setdefault((model, threads, contended), []).append(result)
-        log(f"  threads measured ({'beside a busy process' if contended else 'alone'})")
+        log(f"  threads measured ({'plus a busy process' if contended else 'as is'})")
     return out
 
 

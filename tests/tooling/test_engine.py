@@ -194,6 +194,21 @@ def test_cli_engine_flag_and_study_default(tmp_path, capsys):
     assert saved["config"]["engine"] == "reference"  # compare and train run the milestone functions
 
 
+def test_a_mechanism_the_engine_lacks_is_refused_early_or_studies_fall_back(tmp_path, capsys):
+    config_file = tmp_path / "clip.json"
+    config_file.write_text(json.dumps({"clip_norm": 1.0}))
+    argv = ["train", *TINY, "--engine", "fast", "--config", config_file, "--runs-dir", tmp_path / "t"]
+    status, _, err = _run_cli(argv, capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "clip_norm" in err, err
+    assert not (tmp_path / "t").exists()  # refused before the run folder
+    argv = ["study", "workers", "--values", "1,2", "--seeds", "1", *TINY, "--config", config_file,
+            "--runs-dir", tmp_path / "s"]
+    status, _, err = _run_cli(argv, capsys)
+    assert status == 0, err
+    saved = json.loads(next((tmp_path / "s").glob("*/config.json")).read_text())
+    assert saved["config"]["engine"] == "reference" and saved["config"]["clip_norm"] == 1.0
+
+
 def test_workspace_leaves_the_engine_out_and_asking_for_it_is_one_line(tmp_path, capsys, monkeypatch):
     assert is_reference_only(PACKAGE_DIR / "engine") and is_reference_only(PACKAGE_DIR / "engine" / "stack.py")
     assert is_reference_only(PACKAGE_DIR / "tools" / "mpi.py") and not is_reference_only(PACKAGE_DIR / "loop.py")
@@ -207,3 +222,15 @@ def test_workspace_leaves_the_engine_out_and_asking_for_it_is_one_line(tmp_path,
     assert status == 2 and len(err.strip().splitlines()) == 1, err
     assert "not part of a learner workspace" in err and "--engine reference" in err
     assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written
+
+
+def test_readme_benchmark_summary_matches_results_md():
+    """README's Benchmarks summary is the one `make bench` wrote into benchmarks/results.md."""
+    root = PACKAGE_DIR.parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    results = (root / "benchmarks" / "results.md").read_text(encoding="utf-8")
+    start, end = readme.index("<!-- benchmarks:start"), readme.index("<!-- benchmarks:end -->")
+    block = [line for line in readme[start:end].splitlines()[1:] if line.strip()]
+    assert any(line.startswith("| fast >=") for line in block), "run `make bench` to fill README's summary"
+    for line in block[1:]:  # the first line links to results.md with its date
+        assert line in results, f"README line not in benchmarks/results.md (rerun make bench): {line}"
