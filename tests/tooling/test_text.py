@@ -1,0 +1,90 @@
+"""The character-level task (``diloco.text``, ``--data shakespeare``): windows, the one-hot
+encoder, the held-out tail, perplexity, and the command line printing perplexity."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from diloco.text import (
+    SHAKESPEARE_SHA256,
+    OneHot,
+    bits_per_char,
+    char_windows,
+    load_shakespeare,
+    load_shakespeare_text,
+    perplexity,
+)
+from diloco.tools.cli import main
+
+pytestmark = pytest.mark.tooling
+
+
+def test_windows_are_the_context_and_the_next_character():
+    x, y = char_windows(np.array([5, 1, 4, 2, 3]), 2)
+    assert x.dtype == np.float32 and x.tolist() == [[5, 1], [1, 4], [4, 2]]
+    assert y.tolist() == [4, 2, 3]
+    with pytest.raises(ValueError, match="longer than context"):
+        char_windows(np.array([1, 2]), 2)
+
+
+def test_one_hot_puts_one_block_per_position():
+    encode = OneHot(vocab_size=3, context=2)
+    out = encode(np.array([[2.0, 0.0], [1.0, 1.0]]))
+    assert out.shape == (2, 6) and encode.num_features == 6 and encode.input_width == 2
+    assert out.tolist() == [[0, 0, 1, 1, 0, 0], [0, 1, 0, 0, 1, 0]]
+    assert encode(np.array([[0, 1]]), np.float32).dtype == np.float32
+    for bad in (np.array([[3, 0]]), np.array([[0.5, 0]]), np.array([[-1, 0]])):
+        with pytest.raises(ValueError, match="integer character indices"):
+            encode(bad)
+    with pytest.raises(ValueError, match=r"shape \(b, 2\)"):
+        encode(np.zeros((1, 3)))
+
+
+def test_the_bundled_text_is_the_published_one():
+    text = load_shakespeare_text()
+    assert len(text) == 1_115_394 and len(set(text)) == 65 and text.startswith("First Citizen:")
+    assert SHAKESPEARE_SHA256.startswith("86c4e6aa")
+
+
+def test_the_task_holds_out_the_tail_and_stays_compact():
+    data = load_shakespeare(4, test_fraction=0.1, eval_windows=100)
+    d = data.dataset
+    assert data.encode == OneHot(65, 4) and len(data.vocabulary) == 65
+    cut = round(1_115_394 * 0.9)
+    assert len(d.y_train) == cut - 4, "every training window lies before the cut"
+    assert d.x_test.shape == (100, 4) and d.x_train.dtype == np.float32
+    assert d.x_train.nbytes < 20 * 1024**2, "index windows, never the dense (n, c V) one-hot matrix"
+    text = load_shakespeare_text()
+    first = "".join(data.vocabulary[int(i)] for i in d.x_test[0])
+    assert first == text[cut:cut + 4] and data.vocabulary[int(d.y_test[0])] == text[cut + 4]
+
+
+def test_perplexity_and_bits():
+    assert perplexity(math.log(8.0)) == pytest.approx(8.0)
+    assert bits_per_char(math.log(8.0)) == pytest.approx(3.0)
+
+
+@pytest.mark.slow
+def test_compare_on_shakespeare_prints_perplexity_for_both_algorithms(tmp_path, capsys):
+    argv = ["compare", "--data", "shakespeare", "--rounds", "1", "-H", "2", "-K", "2", "--eval-windows", "64",
+            "--context", "3", "--hidden-sizes", "8", "--no-plots", "-q", "--runs-dir", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("algorithm"))
+    assert "perplexity" in header and "bits/char" in header
+    rows = {}
+    for line in out.splitlines()[out.splitlines().index(header) + 2:]:
+        rows.setdefault(line.split()[0], line.split())  # the table's rows come first
+    for name in ("DiLoCo", "sync"):
+        loss, ppl, bits = (float(v) for v in rows[name][1:4])
+        assert ppl == pytest.approx(math.exp(loss), rel=1e-3) and bits == pytest.approx(loss / math.log(2), rel=1e-3)
+
+
+def test_fast_engine_is_refused_for_the_char_lm(tmp_path, capsys):
+    argv = ["train", "--data", "shakespeare", "--engine", "fast", "--rounds", "1", "--no-plots", "-q",
+            "--runs-dir", str(tmp_path)]
+    assert main(argv) == 2
+    assert "--engine reference" in capsys.readouterr().err
