@@ -30,6 +30,7 @@ import math
 
 import numpy as np
 
+from diloco._validation import check_params
 from diloco.adamw import AdamWState, adam_param_step, adamw_step, bias_correct_moments, update_adam_moments
 from diloco.config import AdamWConfig, DiLoCoConfig
 from diloco.model import Params, cross_entropy_loss, model_backward, model_forward
@@ -48,8 +49,17 @@ COSINE_FLOOR = 0.1
 
 
 def global_norm(params: Params) -> float:
-    """The L2 norm of all the arrays of ``params`` taken together, as a Python float."""
-    return float(np.sqrt(sum(np.sum(value * value) for value in params.values())))
+    """The L2 norm of all the arrays of ``params`` taken together, as a Python float.
+
+    Finite for every finite input: if the sum of squares overflows, the norm is taken of
+    the arrays divided by their largest magnitude, then scaled back.
+    """
+    check_params(params, finite=False)
+    norm = float(np.sqrt(sum(np.sum(value * value) for value in params.values())))
+    if math.isinf(norm) and all(np.isfinite(value).all() for value in params.values()):
+        largest = max(float(np.abs(value).max(initial=0.0)) for value in params.values())
+        norm = largest * float(np.sqrt(sum(np.sum((value / largest) ** 2) for value in params.values())))
+    return norm
 
 
 def inner_lr(config: DiLoCoConfig, step: int) -> float:
@@ -178,12 +188,13 @@ def normalised_weights(shards, config: DiLoCoConfig) -> list[float]:
     return [w / total for w in weights]
 
 
-def check_fast_engine(config: DiLoCoConfig, algo: str) -> None:
+def check_fast_engine(config: DiLoCoConfig, algo: str, executor: str = "the fast engine") -> None:
     """Raise ``ValueError`` naming the mechanisms ``diloco.engine`` does not run.
 
-    The fast engine runs the course's algorithm and shard-size weights; the lr schedule
-    and clipping (both algorithms), outer Adam, dropped outer gradients and the
-    similarity record (DiLoCo) need ``engine="reference"``.
+    The fast engine (and the MPI backend, ``executor="the MPI backend"``) runs the
+    course's algorithm and shard-size weights; the lr schedule and clipping (both
+    algorithms), outer Adam, dropped outer gradients and the similarity record (DiLoCo)
+    need ``engine="reference"``.
     """
     missing = []
     if config.lr_schedule != "constant":
@@ -198,7 +209,7 @@ def check_fast_engine(config: DiLoCoConfig, algo: str) -> None:
         if config.record_similarity:
             missing.append("record_similarity=True")
     if missing:
-        raise ValueError(f"the fast engine does not run {', '.join(missing)}: use engine='reference' (--engine "
+        raise ValueError(f"{executor} does not run {', '.join(missing)}: use engine='reference' (--engine "
                          f"reference), which runs every mechanism")
 
 

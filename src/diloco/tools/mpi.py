@@ -43,6 +43,7 @@ import numpy as np
 from diloco.adamw import init_adamw_state
 from diloco.config import DiLoCoConfig
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record
+from diloco.mechanisms import check_fast_engine, pseudo_grad_weights
 from diloco.model import Params
 from diloco.outer import init_outer_optimizer, nesterov_param_update, update_outer_momentum
 from diloco.params import subtract_params
@@ -127,6 +128,8 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
     from diloco.tools.training import check_record
 
     config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, None)
+    check_fast_engine(config, "diloco", "the MPI backend")  # the course's round and shard-size weights only
+    weights = pseudo_grad_weights(shards, config)  # None: the plain average, as before
     rank = comm.rank
     x_k, y_k = shards[rank]
     state = init_adamw_state(params)
@@ -138,6 +141,8 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
             params, state, x_k, y_k, config.inner_steps, config.batch_size, config.inner, rng_k
         )
         local = _flatten(worker_params)
+        if weights is not None:  # the weighted average: each rank sends w_k theta_k, w_k = n_k / n
+            local = local * (weights[rank] / sum(weights))
         total = np.empty_like(local)
         local_losses = np.zeros(config.num_workers)  # worker k's mean loss in slot k: the sum gathers them
         local_losses[rank] = losses.mean()
@@ -147,7 +152,7 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
                     comm.Iallreduce(local_losses, worker_losses, op=MPI.SUM)]
         _wait(requests, round_timeout, round_index, rank)
         allreduce_seconds = time.perf_counter() - start
-        average = _unflatten(total / config.num_workers, params)
+        average = _unflatten(total / config.num_workers if weights is None else total, params)
         pseudo_grad = subtract_params(params, average)
         outer_state = update_outer_momentum(outer_state, pseudo_grad, config.outer_momentum)
         params = nesterov_param_update(
@@ -216,6 +221,8 @@ def main(argv=None) -> int:
     try:
         config = build_config(args, defaults={"num_workers": comm.size})
         data, _ = load_dataset(args, config.dtype)
+        if data.encode is not None:
+            raise CliError("--data shakespeare needs the reference loop (one-hot batches per step): use diloco train")
         family = build_family(args)  # --comm-dtype, --fragments, --eager, ...: diloco.family.mpi_family
         if family != FamilyConfig():
             family.check_against(config)
