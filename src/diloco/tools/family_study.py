@@ -38,7 +38,8 @@ from diloco.tools.flags import build_config, load_dataset
 from diloco.tools.runs import JsonlWriter, atomic_write_text, write_json
 from diloco.tools.studies import Study, format_bytes, mean_curves, mean_interval, summarise, trainer
 
-__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_study", "time_to_target", "run_family_study_command"]
+__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_study", "time_to_target", "paired_difference",
+           "bandwidth_rows", "run_family_study_command"]
 
 
 class FamilyVariant(NamedTuple):
@@ -178,15 +179,29 @@ def time_to_target(history: list, num_workers: int, inner_steps: int, bandwidth:
     return None, utilisation
 
 
+def paired_difference(outcomes, variant: str, reference: str, field: str) -> dict:
+    """Mean and 95% interval over seeds of ``field(variant) - field(reference)``, seed by seed.
+
+    The arms of a study share each seed's shards, initial model and mini-batches, so the
+    paired difference is far tighter than the difference of the two means' intervals.
+    """
+    ref = {o["seed"]: o[field] for o in outcomes if o["variant"] == reference}
+    return mean_interval([o[field] - ref[o["seed"]] for o in outcomes if o["variant"] == variant])
+
+
+def _difference(d: dict, digits: int = 4) -> str:
+    return f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
+
+
 def _compression_table(rows, outcomes) -> str:
     native = next((r for r in rows if r["variant"] == "native"), rows[0])
-    lines = ["| wire format | held-out accuracy [95% CI] | held-out loss [95% CI] | loss vs native "
-             "| bytes/worker | compression vs native |", "|---|---|---|---:|---:|---:|"]
+    lines = ["| wire format | held-out accuracy [95% CI] | held-out loss [95% CI] | loss minus the first arm's, "
+             "paired [95% CI] | bytes/worker | compression vs the first arm |", "|---|---|---|---|---:|---:|"]
     for row in rows:
         acc, loss = row["eval_accuracy"], row["eval_loss"]
-        change = 100 * (loss["mean"] / native["eval_loss"]["mean"] - 1)
+        diff = paired_difference(outcomes, row["variant"], native["variant"], "eval_loss")
         lines.append(f"| {row['variant']} | {acc['mean']:.4f} [{acc['low']:.4f}, {acc['high']:.4f}] "
-                     f"| {loss['mean']:.4f} [{loss['low']:.4f}, {loss['high']:.4f}] | {change:+.1f}% "
+                     f"| {loss['mean']:.4f} [{loss['low']:.4f}, {loss['high']:.4f}] | {_difference(diff)} "
                      f"| {format_bytes(row['bytes_sent'])} | {native['bytes_sent'] / row['bytes_sent']:.1f}x |")
     return "\n".join(lines) + "\n"
 
@@ -196,13 +211,14 @@ def _streaming_table(rows, outcomes) -> str:
     for outcome in outcomes:
         peaks.setdefault(outcome["variant"], outcome["peak_sync_bytes"])
     reference = peaks[rows[0]["variant"]]
-    lines = ["| arm | held-out accuracy [95% CI] | held-out loss [95% CI] | peak bytes/sync | peak vs first arm "
-             "| bytes/worker |", "|---|---|---|---:|---:|---:|"]
+    lines = ["| arm | held-out accuracy [95% CI] | held-out loss [95% CI] | loss minus the first arm's, paired "
+             "[95% CI] | peak bytes/sync | peak vs first arm | bytes/worker |", "|---|---|---|---|---:|---:|---:|"]
     for row in rows:
         acc, loss, peak = row["eval_accuracy"], row["eval_loss"], peaks[row["variant"]]
+        diff = paired_difference(outcomes, row["variant"], rows[0]["variant"], "eval_loss")
         lines.append(f"| {row['variant']} | {acc['mean']:.4f} [{acc['low']:.4f}, {acc['high']:.4f}] "
-                     f"| {loss['mean']:.4f} [{loss['low']:.4f}, {loss['high']:.4f}] | {format_bytes(peak)} "
-                     f"| {reference / peak:.2f}x lower | {format_bytes(row['bytes_sent'])} |")
+                     f"| {loss['mean']:.4f} [{loss['low']:.4f}, {loss['high']:.4f}] | {_difference(diff)} "
+                     f"| {format_bytes(peak)} | {reference / peak:.2f}x lower | {format_bytes(row['bytes_sent'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -223,6 +239,25 @@ def bandwidth_rows(outcomes, bandwidths, latency: float, step_time: float, targe
         rows.append({"variant": label, "cells": cells,
                      "final_loss": mean_interval([run["eval_loss"] for run in runs])})
     return rows
+
+
+def plot_time_to_target(rows, bandwidths, target: float):
+    """Simulated seconds to the target loss against bandwidth, one line per arm (log-log)."""
+    from diloco.tools.plots import require_matplotlib
+
+    fig = require_matplotlib()(figsize=(6.5, 4.2))
+    ax = fig.add_subplot()
+    rates = [parse_bandwidth(b) for b in bandwidths]
+    for row in rows:
+        seconds = [c["seconds"]["mean"] if c["seconds"] is not None and c["reached"] == c["runs"] else np.nan
+                   for c in row["cells"]]
+        ax.plot(rates, seconds, "o-", label=row["variant"])
+    ax.set(xscale="log", yscale="log", xlabel="bandwidth (bit/s)", ylabel=f"simulated seconds to loss {target:g}",
+           title="Time to target against bandwidth (missing: not reached)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def _bandwidth_table(rows, bandwidths) -> str:
@@ -321,7 +356,10 @@ def run_family_study_command(args) -> int:
 
         save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), run_dir / "study.png")
         save_figure(plot_curves(mean_curves(history.records), x="bytes" if study.name == "compression" else "step",
-                                title=f"{study.title}: mean over {len(seeds)} seeds"), run_dir / "study_curves.png")
+                                title=f"{study.name}: held-out curves, mean over {len(seeds)} seeds"),
+                    run_dir / "study_curves.png")
+        if study.name == "bandwidth":
+            save_figure(plot_time_to_target(summary["bandwidth"], values, target), run_dir / "time_to_target.png")
     print(table, end="")
     print(f"run folder: {run_dir}")
     return 0
