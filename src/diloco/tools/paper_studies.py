@@ -73,8 +73,8 @@ TASKS = {
     "shakespeare": {"hidden_sizes": (128,), "inner": {"lr": 3e-3}, "steps": 1000},
     "mnist1d": {"hidden_sizes": (128,), "inner": {"lr": 1e-3}, "steps": 2000},
 }
-K = 8  # workers, as the paper's main setting
-H = 50  # inner steps of the main setting (the paper's 500, at our 1/100-scale budget)
+K = 8  # workers, as the paper's main setting (the study default; -K changes it)
+H = 50  # inner steps of the main setting (the paper's 500, at our small budgets; -H changes it)
 
 # The paper tunes each outer optimizer's lr over {1, .7, .5, .3, .1}; the grid adds 2 and
 # 3 because outer SGD without momentum takes unit-size steps where momentum takes ~1/(1-mu).
@@ -88,12 +88,13 @@ def _rounds(steps: int, h: int) -> int:
 
 
 def _table2_arms(base: DiLoCoConfig, steps: int) -> list:
-    one = {"num_workers": 1, "inner_steps": H, "rounds": _rounds(steps, H)}
+    k, h = base.num_workers, base.inner_steps
+    one = {"num_workers": 1, "inner_steps": h, "rounds": _rounds(steps, h)}
     return [
         Arm("baseline (1 worker)", "sync", one),
-        Arm("8x batch (sync, K=8)", "sync", {"num_workers": K, "inner_steps": H, "rounds": _rounds(steps, H)}),
-        Arm("8x updates (1 worker, 8x steps)", "sync", {**one, "rounds": 8 * _rounds(steps, H)}),
-        Arm("DiLoCo (K=8, H=50)", "diloco", {"num_workers": K, "inner_steps": H, "rounds": _rounds(steps, H)}),
+        Arm(f"{k}x batch (sync, K={k})", "sync", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)}),
+        Arm(f"{k}x updates (1 worker, {k}x steps)", "sync", {**one, "rounds": k * _rounds(steps, h)}),
+        Arm(f"DiLoCo (K={k}, H={h})", "diloco", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)}),
     ]
 
 
@@ -112,9 +113,13 @@ FIG4_H = (10, 25, 50, 100, 250, 500)
 
 
 def _fig4_arms(base: DiLoCoConfig, steps: int) -> list:
-    arms = [Arm(f"H={h}", "diloco", {"num_workers": K, "inner_steps": h, "rounds": _rounds(steps, h)})
+    k, h_sync = base.num_workers, base.inner_steps
+    arms = [Arm(f"H={h}", "diloco", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)})
             for h in FIG4_H if steps % h == 0 and steps // h >= 2]
-    arms.append(Arm("sync (K=8)", "sync", {"num_workers": K, "inner_steps": H, "rounds": _rounds(steps, H)}))
+    if not arms:
+        raise ValueError(f"no H in {FIG4_H} leaves two rounds or more of {steps} steps per worker")
+    arms.append(Arm(f"sync (K={k})", "sync", {"num_workers": k, "inner_steps": h_sync,
+                                              "rounds": _rounds(steps, h_sync)}))
     return arms
 
 
@@ -137,7 +142,8 @@ OUTER_ARMS = {
 
 
 def _fig6_arms(base: DiLoCoConfig, steps: int) -> list:
-    shared = {"num_workers": K, "inner_steps": H, "rounds": _rounds(steps, H)}
+    h = base.inner_steps
+    shared = {"num_workers": base.num_workers, "inner_steps": h, "rounds": _rounds(steps, h)}
     return [Arm(label, "diloco", {**shared, **changes}) for label, changes in OUTER_ARMS.items()]
 
 
@@ -158,8 +164,9 @@ TABLE3_K = (1, 2, 4, 8, 16)
 def _table3_arms(base: DiLoCoConfig, steps: int) -> list:
     arms = []
     for setting, shards in (("IID", {"iid": True}), (f"non-IID a={base.alpha:g}", {"iid": False})):
-        arms += [Arm(f"{setting} / K={k}", "diloco", {"num_workers": k, "inner_steps": H,
-                                                      "rounds": _rounds(steps, H), **shards}) for k in TABLE3_K]
+        arms += [Arm(f"{setting} / K={k}", "diloco", {"num_workers": k, "inner_steps": base.inner_steps,
+                                                      "rounds": _rounds(steps, base.inner_steps), **shards})
+                 for k in TABLE3_K]
     return arms
 
 
@@ -182,9 +189,10 @@ DROP_P = (0.0, 0.1, 0.3, 0.5)
 def _fig8_arms(base: DiLoCoConfig, steps: int) -> list:
     arms = []
     for setting, shards in (("IID", {"iid": True}), (f"non-IID a={base.alpha:g}", {"iid": False})):
-        arms += [Arm(f"{setting} / p={p:g}", "diloco", {"num_workers": K, "inner_steps": H, "drop_prob": p,
-                                                        "rounds": _rounds(steps, H), "record_similarity": True,
-                                                        **shards}) for p in DROP_P]
+        arms += [Arm(f"{setting} / p={p:g}", "diloco", {"num_workers": base.num_workers, "drop_prob": p,
+                                                        "inner_steps": base.inner_steps, "record_similarity": True,
+                                                        "rounds": _rounds(steps, base.inner_steps), **shards})
+                 for p in DROP_P]
     return arms
 
 
@@ -197,8 +205,9 @@ def _fig8_claims(arms) -> list:
 
 
 def _fig9_arms(base: DiLoCoConfig, steps: int) -> list:
-    one = {"num_workers": 1, "inner_steps": H, "rounds": _rounds(steps, H)}
-    return [Arm("baseline (1 worker)", "sync", one), Arm("DiLoCo (1 worker, H=50)", "diloco", one)]
+    h = base.inner_steps
+    one = {"num_workers": 1, "inner_steps": h, "rounds": _rounds(steps, h)}
+    return [Arm("baseline (1 worker)", "sync", one), Arm(f"DiLoCo (1 worker, H={h})", "diloco", one)]
 
 
 def _fig9_claims(arms) -> list:

@@ -1,0 +1,118 @@
+"""The paper studies: paired statistics and verdicts by hand, the arms of each study, and
+one tiny study end to end (run folder, summary, export)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from diloco import DiLoCoConfig
+from diloco.tools.cli import main
+from diloco.tools.paper_report import (
+    FAILS,
+    HOLDS,
+    PARTLY,
+    combine_verdicts,
+    judge_claims,
+    paired_difference,
+    summarise_arms,
+    verdict,
+)
+from diloco.tools.paper_studies import PAPER_STUDIES, Arm, Claim, arm_engine
+
+pytestmark = pytest.mark.tooling
+
+
+def test_paired_difference_is_the_t_interval_of_the_per_seed_differences():
+    worse, better = [3.0, 5.0, 4.0], [1.0, 2.0, 3.0]  # differences 2, 3, 1: mean 2, sd 1
+    diff = paired_difference(worse, better)
+    assert diff["mean"] == 2.0 and diff["n"] == 3
+    assert diff["half_width"] == pytest.approx(4.303 * 1.0 / np.sqrt(3))
+    unpaired_sd = np.sqrt(np.var(worse, ddof=1) / 3 + np.var(better, ddof=1) / 3)
+    assert diff["half_width"] < 4.303 * unpaired_sd, "pairing removes the noise the arms share"
+    with pytest.raises(ValueError, match="same seeds"):
+        paired_difference([1.0], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("low, mean, expected", [(0.1, 0.5, HOLDS), (-0.1, 0.5, PARTLY), (-0.5, 0.0, FAILS),
+                                                 (-0.9, -0.4, FAILS)])
+def test_verdicts_follow_the_interval(low, mean, expected):
+    assert verdict({"low": low, "mean": mean}) == expected
+
+
+def test_a_claim_holds_only_where_it_holds_on_both_tasks():
+    assert combine_verdicts([HOLDS, HOLDS]) == HOLDS
+    assert combine_verdicts([HOLDS, FAILS]) == PARTLY
+    assert combine_verdicts([PARTLY, FAILS]) == PARTLY
+    assert combine_verdicts([FAILS, FAILS]) == FAILS
+
+
+def outcome(arm, seed, loss, accuracy=0.5):
+    return {"arm": arm, "algo": "diloco", "seed": seed, "num_workers": 2, "inner_steps": 1, "rounds": 1,
+            "steps_per_worker": 1, "eval_loss": loss, "eval_accuracy": accuracy, "eval_perplexity": float(np.exp(loss)),
+            "eval_bits": loss / np.log(2), "best_eval_loss": loss, "all_reduces": 1, "bytes_sent": 0.0,
+            "pseudo_grad_cosine": None, "curve": [[1, loss]], "seconds": 0.0, "engine": "reference"}
+
+
+def test_claims_are_judged_on_the_tasks_metric_seed_by_seed():
+    arms = [Arm("a", "diloco", {}), Arm("b", "diloco", {})]
+    # a is better than b on every seed by 0.1 although the seeds differ by much more
+    outcomes = [outcome("a", s, 1.0 + s) for s in range(3)] + [outcome("b", s, 1.1 + s) for s in range(3)]
+    rows = summarise_arms(outcomes, arms)
+    (judged,) = judge_claims([Claim("a beats b", "a", "b", "paper")], rows, "mnist1d")
+    assert judged["verdict"] == HOLDS and judged["metric_difference"]["mean"] == pytest.approx(0.1)
+    (text,) = judge_claims([Claim("a beats b", "a", "b", "paper")], rows, "shakespeare")
+    expected = np.mean([np.exp(1.1 + s) - np.exp(1.0 + s) for s in range(3)])
+    assert text["metric_difference"]["mean"] == pytest.approx(expected), "the char-LM is judged on perplexity"
+    (reverse,) = judge_claims([Claim("b beats a", "b", "a", "paper")], rows, "mnist1d")
+    assert reverse["verdict"] == FAILS
+
+
+def test_every_study_builds_its_arms_and_claims_at_the_default_budgets():
+    base = DiLoCoConfig()
+    for study in PAPER_STUDIES.values():
+        arms = study.arms(base, 1000)
+        labels = {arm.label for arm in arms}
+        assert len(labels) == len(arms), f"{study.name}: arm labels must be unique"
+        for claim in study.claims(arms):
+            assert {claim.better, claim.worse} <= labels, (study.name, claim)
+        for arm in arms:
+            config = base.replace(**arm.changes)
+            assert config.total_steps == 1000 or arm.label.startswith("8x updates"), (study.name, arm.label)
+    table2 = {a.label: a for a in PAPER_STUDIES["table2"].arms(base, 1000)}
+    assert base.replace(**table2["8x updates (1 worker, 8x steps)"].changes).total_steps == 8000
+    with pytest.raises(ValueError, match="multiple of H=50"):  # -H sets the studies' H
+        PAPER_STUDIES["table2"].arms(base, 1001)
+
+
+def test_arms_run_on_the_fast_engine_only_where_it_runs_them():
+    base = DiLoCoConfig()
+    assert arm_engine(base.replace(drop_prob=0.1), "diloco") == "reference"
+    assert arm_engine(base, "diloco", encode=object()) == "reference"
+    pytest.importorskip("diloco.engine")
+    assert arm_engine(base.replace(iid=False), "diloco") == "fast"
+
+
+@pytest.mark.slow
+def test_a_tiny_study_writes_its_tables_summary_and_export(tmp_path, capsys):
+    export = tmp_path / "export"
+    argv = ["study", "fig9", "--data", "shakespeare", "--seeds", "2", "--total-steps", "4", "-H", "2",
+            "--eval-windows", "32", "--context", "2", "--hidden-sizes", "4", "-q", "--no-plots",
+            "--runs-dir", str(tmp_path), "--export", str(export)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "DiLoCo with one worker beats the 1-worker baseline" in out and "perplexity" in out
+    summary = json.loads((export / "fig9-shakespeare.json").read_text())
+    assert summary["task"] == "shakespeare" and summary["seeds"] == [0, 1] and summary["steps_per_worker"] == 4
+    assert [row["arm"] for row in summary["rows"]] == ["baseline (1 worker)", "DiLoCo (1 worker, H=2)"]
+    assert summary["claims"][0]["verdict"] in (HOLDS, PARTLY, FAILS)
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name.endswith("study-fig9-shakespeare")]
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and (run_dir / "study.md").exists()
+
+
+def test_the_paper_studies_need_a_task_they_are_defined_for(tmp_path, capsys):
+    assert main(["study", "table2", "--data", "digits", "--runs-dir", str(tmp_path), "-q", "--no-plots"]) == 2
+    assert "--data shakespeare or --data mnist1d" in capsys.readouterr().err
