@@ -216,6 +216,7 @@ def adamw_step(params: Params, state: AdamWState, grads: Params, config) -> tupl
     -------
     (new_params, new_state)
     """
+    check_args.adamw_config(config)
     state = update_adam_moments(state, grads, config.beta1, config.beta2)
     m_hat, v_hat = bias_correct_moments(state, config.beta1, config.beta2)
     decayed = decoupled_weight_decay(params, config.lr, config.weight_decay)

@@ -14,10 +14,13 @@ Nesterov momentum with lr 0.7 and momentum 0.9.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from diloco._validation import check_positive_int, check_probability, check_real
+import numpy as np
+
+from diloco._validation import check_nonneg_int, check_positive_int, check_probability, check_real, check_seed
 
 __all__ = ["AdamWConfig", "DiLoCoConfig"]
 
@@ -26,6 +29,17 @@ _ENGINES = ("reference", "fast")
 _LR_SCHEDULES = ("constant", "cosine")
 _SHARD_WEIGHTINGS = ("auto", "uniform", "size")
 _OUTER_OPTIMIZERS = ("sgd", "adam")
+
+
+def _dtype_name(dtype) -> str:
+    """``"float32"`` or ``"float64"`` from a name, a NumPy dtype or a scalar type; ValueError otherwise."""
+    try:
+        name = np.dtype(dtype).name if dtype is not None else None
+    except TypeError:
+        name = None
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+    return name
 
 
 def _field_error(cls_name: str, exc: Exception) -> Exception:
@@ -172,15 +186,15 @@ class DiLoCoConfig:
 
     def __post_init__(self) -> None:
         try:
-            check_positive_int(self.num_workers, "num_workers")
-            check_positive_int(self.inner_steps, "inner_steps")
-            check_positive_int(self.rounds, "rounds")
-            check_positive_int(self.batch_size, "batch_size")
-            if isinstance(self.hidden_sizes, (str, bytes)) or not hasattr(self.hidden_sizes, "__iter__"):
+            sizes = {name: check_positive_int(getattr(self, name), name)
+                     for name in ("num_workers", "inner_steps", "rounds", "batch_size")}
+            if isinstance(self.hidden_sizes, (str, bytes, Mapping, Set)) or not hasattr(self.hidden_sizes, "__iter__"):
                 raise TypeError(f"hidden_sizes must be a tuple of positive ints, got {self.hidden_sizes!r}")
             hidden = tuple(self.hidden_sizes)
             for i, width in enumerate(hidden):
-                check_positive_int(width, f"hidden_sizes[{i}]")
+                if check_positive_int(width, f"hidden_sizes[{i}]") > 2**40:
+                    raise ValueError(f"hidden_sizes[{i}] must be at most 2**40 (no layer that wide fits in memory), "
+                                     f"got {width}")
             outer_lr = check_real(self.outer_lr, "outer_lr", low=0.0, low_open=True)
             outer_momentum = check_probability(self.outer_momentum, "outer_momentum")
             if not isinstance(self.nesterov, bool):
@@ -188,10 +202,8 @@ class DiLoCoConfig:
             if not isinstance(self.iid, bool):
                 raise TypeError(f"iid must be a bool, got {self.iid!r}")
             alpha = check_real(self.alpha, "alpha", low=0.0, low_open=True)
-            if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-                raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
-            if self.dtype not in _DTYPES:
-                raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+            seed = check_seed(self.seed, "seed")
+            dtype = _dtype_name(self.dtype)
             if self.engine not in _ENGINES:
                 raise ValueError(f"engine must be one of {_ENGINES}, got {self.engine!r}")
             if not isinstance(self.inner, AdamWConfig):
@@ -199,8 +211,8 @@ class DiLoCoConfig:
             mechanisms = self._check_mechanisms()
         except (TypeError, ValueError) as exc:
             raise _field_error("DiLoCoConfig", exc) from None
-        for name, value in mechanisms.items():
-            object.__setattr__(self, name, value)
+        for name, value in {**mechanisms, **sizes, "seed": seed, "dtype": dtype}.items():
+            object.__setattr__(self, name, value)  # NumPy ints and dtypes become plain ints and names
         object.__setattr__(self, "hidden_sizes", tuple(int(w) for w in hidden))
         object.__setattr__(self, "outer_lr", outer_lr)
         object.__setattr__(self, "outer_momentum", outer_momentum)
@@ -210,8 +222,7 @@ class DiLoCoConfig:
         """Validate the mechanism fields; return the normalised values."""
         if self.lr_schedule not in _LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {_LR_SCHEDULES}, got {self.lr_schedule!r}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a non-negative int, got {self.warmup_steps!r}")
+        warmup_steps = check_nonneg_int(self.warmup_steps, "warmup_steps")
         if self.warmup_steps and self.lr_schedule == "constant":
             raise ValueError("warmup_steps needs lr_schedule='cosine' (the constant schedule has no warmup)")
         clip = None if self.clip_norm is None else check_real(self.clip_norm, "clip_norm", low=0.0, low_open=True)
@@ -222,6 +233,7 @@ class DiLoCoConfig:
         if not isinstance(self.record_similarity, bool):
             raise TypeError(f"record_similarity must be a bool, got {self.record_similarity!r}")
         return {
+            "warmup_steps": warmup_steps,
             "clip_norm": clip,
             "outer_beta2": check_probability(self.outer_beta2, "outer_beta2"),
             "outer_eps": check_real(self.outer_eps, "outer_eps", low=0.0, low_open=True),

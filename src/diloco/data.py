@@ -16,11 +16,14 @@ from typing import NamedTuple
 import numpy as np
 
 from diloco._validation import (
+    FLOAT_DTYPES,
+    check_fits_in_memory,
     check_float_array,
     check_generator,
     check_labels,
     check_positive_int,
     check_real,
+    check_seed,
 )
 
 __all__ = [
@@ -108,22 +111,42 @@ class Standardizer(NamedTuple):
     std: np.ndarray
 
     @classmethod
-    def fit(cls, x_train: np.ndarray) -> "Standardizer":
+    def fit(cls, x_train: np.ndarray) -> Standardizer:
+        """Mean and spread per column of ``x_train`` (n >= 1 rows, d >= 1 columns).
+
+        Columns of extreme magnitude (beyond 1e100, or below 1e-100 but not zero) are
+        divided by their largest magnitude first, so squares neither overflow nor
+        underflow: features scaled by 1e300 standardise like the same features unscaled.
+        """
         check_float_array(x_train, "x_train", ndim=2)
         if x_train.shape[0] == 0:
             raise ValueError("x_train must hold at least one example to fit a standardizer")
-        std = x_train.std(axis=0)
-        return cls(x_train.mean(axis=0), np.where(std > 0, std, 1.0))
+        if x_train.shape[1] == 0:
+            raise ValueError("x_train must have at least one feature (column) to fit a standardizer")
+        with np.errstate(over="ignore", under="ignore"):  # extreme columns are redone below
+            mean, std = x_train.mean(axis=0), x_train.std(axis=0)
+        magnitude = np.abs(x_train).max(axis=0)
+        extreme = (magnitude > 1e100) | ((magnitude < 1e-100) & (magnitude > 0))
+        if extreme.any():
+            scale = magnitude[extreme]
+            scaled = x_train[:, extreme] / scale
+            mean[extreme], std[extreme] = scale * scaled.mean(axis=0), scale * scaled.std(axis=0)
+        return cls(mean, np.where(std > 0, std, 1.0))
 
     def transform(self, x: np.ndarray) -> np.ndarray:
         check_float_array(x, "x", ndim=2)
         if x.shape[1] != self.mean.shape[0]:
             raise ValueError(f"x must have {self.mean.shape[0]} columns, got shape {x.shape}")
-        return ((x - self.mean) / self.std).astype(x.dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = ((x - self.mean) / self.std).astype(x.dtype)
+        if not np.isfinite(out).all():
+            raise ValueError("x: standardised values overflow the dtype (x lies too far from the fitted mean)")
+        return out
 
 
 def load_digits_split(seed: int = 0, test_fraction: float = 0.2, *, dtype=np.float64) -> Dataset:
     """The digits, split (stratified, seeded) and standardised on the training part only."""
+    seed = check_seed(seed, "seed")
     x, y = load_digits(dtype)
     split = stratified_split(x, y, test_fraction, np.random.default_rng(seed))
     scaler = Standardizer.fit(split.x_train)
@@ -146,6 +169,8 @@ def make_synthetic(num_examples: int, num_features: int, num_classes: int, rng, 
     num_features = check_positive_int(num_features, "num_features")
     num_classes = check_positive_int(num_classes, "num_classes")
     separation = check_real(separation, "separation", low=0.0)
+    check_fits_in_memory(8 * (num_examples + num_classes) * (num_features + 1),
+                         "num_examples, num_features and num_classes", "the data and the class centres")
     check_generator(rng)
     centres = rng.standard_normal((num_classes, num_features)) * separation
     y = rng.permutation(np.arange(num_examples) % num_classes)
@@ -155,7 +180,7 @@ def make_synthetic(num_examples: int, num_features: int, num_classes: int, rng, 
 
 # --- Data for the command line: user archives and MNIST-1D -------------------------------
 
-__all__ += ["NPZ_ARRAYS", "MNIST1D_PROVENANCE", "load_npz_dataset", "default_cache_dir", "load_mnist1d"]
+__all__ += ["npy_header", "NPZ_ARRAYS", "MNIST1D_PROVENANCE", "load_npz_dataset", "default_cache_dir", "load_mnist1d"]
 
 NPZ_ARRAYS = ("x", "y", "x_test", "y_test")
 
@@ -165,12 +190,47 @@ MNIST1D_PROVENANCE = (
 )
 
 
+def npy_header(handle) -> tuple[tuple, np.dtype]:
+    """Shape and dtype of a ``.npy`` stream from its header, without reading (or allocating) the data."""
+    version = np.lib.format.read_magic(handle)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
+    else:
+        raise ValueError(f".npy format version {version} is not one np.savez writes")
+    return shape, dtype
+
+
+def _check_declared_sizes(source: str, names) -> None:
+    """Each array's header must not declare more data than its archive entry holds (a hostile
+    file could otherwise make ``np.load`` try to allocate terabytes)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(source) as archive:
+            for name in names:
+                info = archive.getinfo(f"{name}.npy")
+                with archive.open(info) as handle:
+                    shape, dtype = npy_header(handle)
+                if dtype.hasobject:
+                    raise ValueError(f"{source}: array '{name}' holds Python objects (a pickle); only arrays of "
+                                     f"numbers are read")
+                if int(np.prod(shape, dtype=object)) * dtype.itemsize > info.file_size:
+                    raise ValueError(f"{source}: array '{name}' declares shape {shape} of {dtype}, more data than "
+                                     f"the file holds")
+    except (OSError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{source}: not a readable .npz archive ({exc})") from None
+
+
 def _npz_features(archive, key: str, source: str, dtype) -> np.ndarray:
     x = archive[key]
     if x.dtype.kind not in "fiu":
         raise TypeError(f"{source}: array '{key}' must hold real numbers (float or int), got dtype {x.dtype}")
     if x.ndim < 2:
         raise ValueError(f"{source}: array '{key}' must be 2-D (n, d), got shape {x.shape}")
+    if x.shape[0] == 0 or x.size == 0:
+        raise ValueError(f"{source}: array '{key}' must hold at least one example and one feature, got shape {x.shape}")
     x = x.reshape(x.shape[0], -1).astype(dtype)  # images (n, h, w) become rows (n, h*w)
     if x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"{source}: array '{key}' must hold at least one example and one feature, got shape {x.shape}")
@@ -214,9 +274,17 @@ def load_npz_dataset(path, *, test_fraction: float = 0.2, seed: int = 0, standar
     import os
     import zipfile
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike naming an .npz file, got {type(path).__name__}")
     source = os.fspath(path)
+    if os.path.isdir(source):
+        raise ValueError(f"{source}: is a folder, not an .npz file")
     if not os.path.isfile(source):
         raise FileNotFoundError(f"no such file: {source}")
+    seed = check_seed(seed, "seed")
+    test_fraction = check_real(test_fraction, "test_fraction", low=0.0, high=1.0, low_open=True, high_open=True)
+    if np.dtype(dtype) not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
     try:
         archive = np.load(source, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
@@ -234,6 +302,7 @@ def load_npz_dataset(path, *, test_fraction: float = 0.2, seed: int = 0, standar
             raise ValueError(f"{source}: unknown array(s) {unknown}; allowed are {list(NPZ_ARRAYS)}")
         if ("x_test" in names) != ("y_test" in names):
             raise ValueError(f"{source}: 'x_test' and 'y_test' must be given together")
+        _check_declared_sizes(source, names)
         try:
             x = _npz_features(archive, "x", source, dtype)
             y = _npz_labels(archive, "y", source, x.shape[0], "x")
@@ -285,9 +354,10 @@ def load_mnist1d(*, cache_dir=None, num_samples: int = 5000, seed: int = 42, dty
     from pathlib import Path
 
     num_samples = check_positive_int(num_samples, "num_samples")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    seed = check_seed(seed, "seed")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if cache.exists() and not cache.is_dir():
+        raise ValueError(f"cache_dir {cache} is a file, not a folder")
     path = cache / f"mnist1d-n{num_samples}-seed{seed}.npz"
     if not path.is_file():
         try:

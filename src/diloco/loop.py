@@ -21,7 +21,15 @@ from typing import NamedTuple, TypedDict
 
 import numpy as np
 
-from diloco._validation import check_args, check_float_array, check_generator, check_labels, milestone
+from diloco._validation import (
+    check_args,
+    check_fits_in_memory,
+    check_float_array,
+    check_generator,
+    check_labels,
+    check_params,
+    milestone,
+)
 from diloco.adamw import AdamWState, init_adamw_state
 from diloco.config import DiLoCoConfig
 from diloco.evaluation import classification_accuracy, communication_savings, evaluate_loss
@@ -192,6 +200,7 @@ class TrainResult(NamedTuple):
 
 def num_values(params: Params) -> int:
     """Number of scalars in a parameter dict (what one all-reduce sends per worker)."""
+    check_params(params, finite=False)
     return int(sum(value.size for value in params.values()))
 
 
@@ -204,7 +213,17 @@ def round_record(worker_losses, params: Params, config: DiLoCoConfig, *, pseudo_
     ``config.inner_steps``. Bytes come from ``communication_savings`` (milestone 30) at
     the params' precision.
     """
-    worker_losses = [float(value) for value in worker_losses]
+    check_args.diloco_config(config)
+    check_params(params, finite=False)
+    if isinstance(worker_losses, (str, bytes)) or not hasattr(worker_losses, "__iter__"):
+        raise TypeError(f"worker_losses must be a sequence of floats, got {type(worker_losses).__name__}")
+    try:
+        worker_losses = [float(value) for value in worker_losses]
+    except (TypeError, ValueError):
+        raise TypeError(f"worker_losses must hold real numbers, got {list(worker_losses)[:3]!r}...") from None
+    if len(worker_losses) != config.num_workers:
+        raise ValueError(f"worker_losses must have one entry per worker ({config.num_workers}), "
+                         f"got {len(worker_losses)}")
     itemsize = next(iter(params.values())).dtype.itemsize
     comm = communication_savings(num_values(params), config.num_workers, config.inner_steps, 1,
                                  bytes_per_value=itemsize)
@@ -315,27 +334,38 @@ def run_diloco_round(global_params: Params, outer_state: OuterState, worker_stat
     # END SOLUTION
 
 
-def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode=None):
+def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode=None, on_round=None):
     """The shared start of every trainer: validate, shard, initialise, in one rng order.
 
     Used by ``train_diloco``, ``train_synchronous_baseline`` and the MPI backend, so for
     one seed they all start from the same shards and the same initial model. With
     ``encode``, ``x`` holds index windows of width ``encode.input_width`` and the model's
-    input width is ``encode.num_features``.
+    input width is ``encode.num_features``. ``on_round``, if given, is only checked to be
+    callable (a trainer's callback, refused before any training).
 
     Returns
     -------
     (config, rng, shards, params)
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad data, config, rng or callback; fewer than two classes; a model too large for
+        the memory available.
     """
     config = check_args.diloco_config(config)
     check_float_array(x, "x", ndim=2)
     check_labels(y, "y", n=x.shape[0])
     if y.size == 0:
         raise ValueError("x must hold at least one example")
+    if x.shape[1] == 0:
+        raise ValueError("x must have at least one feature (column), got shape (n, 0)")
     check_args.dataset(x, y, config.num_workers)  # K <= n, checked here: the sharding call is nested
     num_features = x.shape[1] if encode is None else check_args.encoder(encode, x.shape[1])
     if (x_eval is None) != (y_eval is None):
         raise ValueError("x_eval and y_eval must be given together")
+    if on_round is not None and not callable(on_round):
+        raise TypeError(f"on_round must be callable (a function of the round's record), got {type(on_round).__name__}")
     num_classes = int(y.max()) + 1
     if x_eval is not None:
         check_float_array(x_eval, "x_eval", ndim=2)
@@ -344,12 +374,19 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
         check_labels(y_eval, "y_eval", n=x_eval.shape[0])
         if y_eval.size:
             num_classes = max(num_classes, int(y_eval.max()) + 1)
+    if num_classes < 2:
+        raise ValueError("y must hold at least two classes (labels 0 and 1 at least): with one, every accuracy "
+                         "would be a meaningless 1.0")
+    layer_sizes = (num_features, *config.hidden_sizes, num_classes)
+    num_params = sum(a * b + b for a, b in zip(layer_sizes[:-1], layer_sizes[1:], strict=True))
+    check_fits_in_memory(num_params * np.dtype(config.dtype).itemsize * (3 * config.num_workers + 4), "the model",
+                         f"layer sizes {layer_sizes} (C = largest label in y + 1), {num_params:,} parameters, "
+                         f"with K = {config.num_workers} workers' copies and states,")
     rng = np.random.default_rng(config.seed) if rng is None else check_generator(rng)
     if config.iid:
         shards = iid_shard_dataset(x, y, config.num_workers, rng)
     else:
         shards = noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
-    layer_sizes = (num_features, *config.hidden_sizes, num_classes)
     params = init_model_params(layer_sizes, rng, dtype=np.dtype(config.dtype))
     return config, rng, shards, params
 
@@ -433,7 +470,7 @@ def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=N
     TypeError, ValueError
         Bad data, config or rng.
     """
-    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng, encode=encode)
+    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng, encode=encode, on_round=on_round)
     # BEGIN SOLUTION
     worker_states = [init_adamw_state(params) for _ in range(config.num_workers)]
     outer_state = init_outer_optimizer(params)
@@ -483,7 +520,7 @@ def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfi
     TypeError, ValueError
         Bad data, config or rng.
     """
-    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng, encode=encode)
+    config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng, encode=encode, on_round=on_round)
     # BEGIN SOLUTION
     state: AdamWState = init_adamw_state(params)
     dtype = next(iter(params.values())).dtype

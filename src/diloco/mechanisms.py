@@ -55,7 +55,8 @@ def global_norm(params: Params) -> float:
     the arrays divided by their largest magnitude, then scaled back.
     """
     check_params(params, finite=False)
-    norm = float(np.sqrt(sum(np.sum(value * value) for value in params.values())))
+    with np.errstate(over="ignore"):  # an overflow is redone below, scaled
+        norm = float(np.sqrt(sum(np.sum(value * value) for value in params.values())))
     if math.isinf(norm) and all(np.isfinite(value).all() for value in params.values()):
         largest = max(float(np.abs(value).max(initial=0.0)) for value in params.values())
         norm = largest * float(np.sqrt(sum(np.sum((value / largest) ** 2) for value in params.values())))

@@ -164,13 +164,27 @@ def _rewrite_npz(manifest_path: Path, arrays: dict, declared=None) -> None:
     manifest.update(npz_bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest())
     if declared is not None:
         manifest["arrays"] = declared
-    manifest_path.write_text(json.dumps(manifest))
+    _write_forged(manifest_path, manifest)
+
+
+def _write_forged(path: Path, manifest: dict) -> None:
+    """A manifest whose own checksum is recomputed: what a hostile file, not a damaged one, looks like.
+    The deeper checks must refuse it anyway."""
+    manifest["manifest_sha256"] = ckpt._manifest_digest(manifest)
+    path.write_text(json.dumps(manifest))
 
 
 def _edit_manifest(path: Path, **changes) -> None:
     manifest = json.loads(path.read_text())
     manifest.update(changes)
-    path.write_text(json.dumps(manifest))
+    _write_forged(path, manifest)
+
+
+def _damage_manifest(path: Path) -> None:
+    """One digit of the history changed, the manifest otherwise valid JSON: a bit flip on disk."""
+    text = path.read_text()
+    position = text.index('"inner_loss": 0.') + len('"inner_loss": 0.')
+    path.write_text(text[:position] + ("7" if text[position] != "7" else "8") + text[position + 1:])
 
 
 def _npz_arrays(path: Path) -> dict:
@@ -198,7 +212,7 @@ def _huge_header(path: Path) -> None:
     manifest = json.loads(path.read_text())
     manifest["arrays"]["params.W1"]["shape"] = [10**6, 10**6]
     manifest.update(npz_bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest())
-    path.write_text(json.dumps(manifest))
+    _write_forged(path, manifest)
 
 
 DAMAGE = {
@@ -210,6 +224,7 @@ DAMAGE = {
         (lambda b: b[:200] + bytes([b[200] ^ 1]) + b[201:])(p.with_suffix(".npz").read_bytes())),
         "corrupted: the SHA-256 of diloco-round000002.npz does not match"),
     "truncated manifest": (lambda p: p.write_text(p.read_text()[:50]), "corrupted or truncated manifest"),
+    "a changed digit in the manifest": (_damage_manifest, "its SHA-256 (manifest_sha256) does not match its content"),
     "not a manifest": (lambda p: p.write_text("[1, 2]"), "not a diloco checkpoint manifest"),
     "wrong version": (lambda p: _edit_manifest(p, version=99), "wrong format version 99; this diloco reads version 1"),
     "no version": (lambda p: _edit_manifest(p, version=None), "wrong format version None"),

@@ -139,7 +139,7 @@ X, Y = np.zeros((10, 4)), np.arange(10) % 2
     (["study", "inner-steps", "--values", "1,7", "--total-steps", "20"], "multiple of every H"),
     (["study", "workers", "--total-steps", "20"], "--total-steps applies only to the inner-steps study"),
     (["compare", "--data", "no/such/file.npz"], "no such file: no/such/file.npz"),
-    (["compare", "--data", "imagenet"], "--data must be digits, mnist1d or a path"),
+    (["compare", "--data", "imagenet"], "--data must be digits, mnist1d"),
     (["train", "--config", "no/such/config.json"], "config file not found"),
     (["compare", *TINY, "-K", "5000"], "K=5000 workers but only 1438 training examples"),
 ])

@@ -19,8 +19,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 __all__ = [
+    "FLOAT_DTYPES",
     "milestone",
     "call_depth",
+    "check_seed",
+    "available_memory",
+    "check_fits_in_memory",
     "check_generator",
     "check_float_array",
     "check_labels",
@@ -44,6 +48,10 @@ def call_depth() -> int:
     return _DEPTH.get()
 
 
+# Milestone name -> check of its result, registered by ``check_args`` (``result_check``).
+RESULT_CHECKS: dict = {}
+
+
 def milestone(function):
     """Mark a milestone function, so its checks run once per call tree.
 
@@ -51,15 +59,24 @@ def milestone(function):
     called by another milestone runs at depth 2 or more, and its checker skips the
     checks: the outer call has checked what flows in (see ``check_args``). The
     function itself, the learner's code, is what runs either way.
+
+    A direct call's result is checked too, when ``check_args`` registered a check for it:
+    finite inputs whose magnitudes are too large for the dtype can overflow to Inf or
+    NaN, and that must be an error naming the inputs, never a silent result.
     """
 
     @functools.wraps(function)
     def call(*args, **kwargs):
-        token = _DEPTH.set(_DEPTH.get() + 1)
+        depth = _DEPTH.get()
+        token = _DEPTH.set(depth + 1)
         try:
-            return function(*args, **kwargs)
+            result = function(*args, **kwargs)
         finally:
             _DEPTH.reset(token)
+        check = RESULT_CHECKS.get(function.__name__) if depth == 0 else None
+        if check is not None:
+            check(result, *args, **kwargs)
+        return result
 
     return call
 
@@ -109,16 +126,58 @@ def check_real(value, name: str, *, low=None, high=None, low_open=False, high_op
     return value
 
 
+def check_seed(value, name: str = "seed") -> int:
+    """A non-negative integer seed (a Python or NumPy int); returned as a Python int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says a new allocation can get (``MemAvailable``), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import os
+
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_fits_in_memory(num_bytes: int, name: str, what: str) -> None:
+    """Refuse a size whose arrays cannot be allocated, before NumPy fails with an unclear message.
+
+    ``num_bytes`` is a Python int (no overflow); refused beyond ``2**63`` bytes, or beyond
+    the memory available when the platform says how much that is.
+    """
+    limit = available_memory()
+    if num_bytes >= 2**63 or (limit is not None and num_bytes > limit):
+        need = f"{num_bytes / 1e9:.3g} GB" if num_bytes < 10**30 else f"about 1e{len(str(num_bytes)) - 1} bytes"
+        have = "" if limit is None else f", {limit / 1e9:.3g} GB available"
+        raise ValueError(f"{name} is too large: {what} needs {need} of memory{have}")
+
+
 def check_probability(value, name: str) -> float:
     """A value in [0, 1)."""
     return check_real(value, name, low=0.0, high=1.0, high_open=True)
 
 
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # float16 loses too much, longdouble is not portable
+
+
 def check_float_array(x, name: str, *, ndim: int | None = None, finite: bool = True) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
-    if x.dtype.kind != "f":
-        raise TypeError(f"{name} must have a floating dtype (float32 or float64), got {x.dtype}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float32 or float64, got {x.dtype}")
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
     # Fast path: a finite sum proves every entry finite; only a NaN/Inf (or an overflowing

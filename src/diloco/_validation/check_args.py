@@ -5,6 +5,14 @@ shows the signature, the docstring, that line and the ``raise``. A checker raise
 ``TypeError`` or ``ValueError`` naming the argument, and returns the few normalised
 values the body needs (a Python float for a learning rate, an int for a size).
 
+Results
+-------
+A direct call's result is checked as well (``result_check``, run by ``milestone``):
+finite inputs too large for their dtype can overflow to Inf or NaN in the arithmetic,
+and a milestone must then raise ``ValueError`` naming those inputs instead of returning
+the overflow. Nested calls skip it, like the argument checks: in training the
+divergence guard of ``diloco.tools.training`` reports a blow-up with its round and worker.
+
 Checks once per call tree
 -------------------------
 Every checker is wrapped by ``checker``. When its milestone was called directly
@@ -19,6 +27,7 @@ round checks each worker's state and shard, for instance).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Set
 
 import numpy as np
 
@@ -27,7 +36,10 @@ import diloco.config as _config
 import diloco.model as _model
 import diloco.outer as _outer
 from diloco._validation import (
+    FLOAT_DTYPES,
+    RESULT_CHECKS,
     call_depth,
+    check_fits_in_memory,
     check_float_array,
     check_generator,
     check_labels,
@@ -71,6 +83,8 @@ def adamw_state(state, params=None, params_name: str = "params", name: str = "st
     check_params(state.m, f"{name}.m")
     check_params(state.v, f"{name}.v")
     check_same_structure(state.m, state.v, f"{name}.m", f"{name}.v")
+    if any(np.any(value < 0) for value in state.v.values()):
+        raise ValueError(f"{name}.v must be >= 0 everywhere (it is a moving average of squared gradients)")
     if params is not None:
         check_same_structure(params, state.m, params_name, f"{name}.m")
     return state
@@ -119,6 +133,14 @@ def shard(x_shard, y_shard, params=None, x_name: str = "x_shard", y_name: str = 
         raise ValueError(f"{x_name} must have shape (n, {params['W1'].shape[0]}) to match W1, got {x_shard.shape}")
 
 
+def finite_sum(weights: list[float]) -> list[float]:
+    """The weights, divided by the largest if their sum overflows (the normalised weights are the same)."""
+    if np.isfinite(sum(weights)):
+        return weights
+    largest = max(weights)
+    return [w / largest for w in weights]
+
+
 def weights(weights, num: int) -> list[float]:
     """Non-negative weights, one per item, not all zero; uniform when None."""
     if weights is None:
@@ -130,7 +152,7 @@ def weights(weights, num: int) -> list[float]:
     weights = [check_real(w, f"weights[{k}]", low=0.0) for k, w in enumerate(weights)]
     if sum(weights) <= 0.0:
         raise ValueError("weights must not all be zero: they are normalised to sum to 1")
-    return weights
+    return finite_sum(weights)
 
 
 def params_list(items, name: str, reference=None, reference_name: str = "") -> None:
@@ -163,14 +185,21 @@ def _sizes(layer_sizes, rng, dtype):
 def init_model_params(layer_sizes, rng, dtype):
     """Returns ``(sizes as ints, dtype as np.dtype)``."""
     check_generator(rng)
-    if isinstance(layer_sizes, (str, bytes)) or not hasattr(layer_sizes, "__len__"):
+    if isinstance(layer_sizes, (str, bytes, Mapping, Set)) or not hasattr(layer_sizes, "__len__"):
         raise TypeError(f"layer_sizes must be a sequence of ints, got {type(layer_sizes).__name__}")
     if len(layer_sizes) < 2:
         raise ValueError(f"layer_sizes must have length >= 2 (d_in, ..., C), got {list(layer_sizes)}")
     sizes = [check_positive_int(s, f"layer_sizes[{i}]") for i, s in enumerate(layer_sizes)]
-    dtype = np.dtype(dtype)
-    if not np.issubdtype(dtype, np.floating):
-        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    if dtype is None:  # np.dtype(None) would quietly mean float64
+        raise TypeError("dtype must be float32 or float64, got None")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    num_params = sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True))
+    check_fits_in_memory(num_params * dtype.itemsize, "layer_sizes", f"a model of {num_params:,} parameters")
     return sizes, dtype
 
 
@@ -201,6 +230,8 @@ def cross_entropy_loss(logits, labels):
     check_float_array(logits, "logits", ndim=2)
     if logits.shape[0] == 0:
         raise ValueError("logits must hold at least one row: the mean over an empty batch is undefined")
+    if logits.shape[1] == 0:
+        raise ValueError("logits must have at least one column (one per class), got shape (n, 0)")
     check_labels(labels, "labels", n=logits.shape[0], num_classes=logits.shape[1])
 
 
@@ -215,7 +246,10 @@ def model_backward(params, cache, labels):
     logits = cache.pre_activations[-1]
     if logits.shape[0] == 0:
         raise ValueError("cache must come from a non-empty batch: the mean loss of zero rows is undefined")
-    check_labels(labels, "labels", n=logits.shape[0], num_classes=logits.shape[1])
+    check_labels(labels, "labels", num_classes=logits.shape[1])
+    if labels.shape[0] != logits.shape[0]:
+        raise ValueError(f"labels must have one entry per row of the batch in cache ({logits.shape[0]}), "
+                         f"got {labels.shape[0]}")
     return num_layers
 
 
@@ -295,7 +329,7 @@ def subtract_params(params_a, params_b):
     check_same_structure(params_a, params_b, "params_a", "params_b")
 
 
-@checker(nested=lambda items, w: [1.0] * len(items) if w is None else [float(v) for v in w])
+@checker(nested=lambda items, w: [1.0] * len(items) if w is None else finite_sum([float(v) for v in w]))
 def average_params(items, w):
     """Returns the weights as a list of floats (all 1.0 when None)."""
     params_list(items, "params_list")
@@ -325,6 +359,8 @@ def sample_worker_batch(x_shard, y_shard, batch_size, rng):
     """Returns ``batch_size`` as an int."""
     shard(x_shard, y_shard)
     batch_size = check_positive_int(batch_size, "batch_size")
+    check_fits_in_memory(batch_size * (x_shard.shape[1] * x_shard.dtype.itemsize + 16), "batch_size",
+                         f"a batch of {batch_size} rows")
     check_generator(rng)
     return batch_size
 
@@ -349,8 +385,11 @@ def local_train_step(params, adam_state, x_batch, y_batch, config):
 def inner_train_worker(params, adam_state, x_shard, y_shard, num_inner_steps, batch_size, config, rng):
     """Returns ``(num_inner_steps, batch_size)`` as ints."""
     num_inner_steps = check_nonneg_int(num_inner_steps, "num_inner_steps")
+    check_fits_in_memory(8 * num_inner_steps, "num_inner_steps", f"the losses of {num_inner_steps} steps")
     batch_size = check_positive_int(batch_size, "batch_size")
     shard(x_shard, y_shard)
+    check_fits_in_memory(batch_size * (x_shard.shape[1] * x_shard.dtype.itemsize + 16), "batch_size",
+                         f"a batch of {batch_size} rows")
     check_generator(rng)
     adamw_config(config)
     num_layers = check_mlp_params(params)
@@ -462,6 +501,10 @@ def evaluate_loss(params, x, y):
 @checker()
 def classification_accuracy(params, x, y):
     eval_data(params, x, y, "x must hold at least one example: accuracy of zero rows is undefined")
+    from diloco.model import model_forward  # here, not at the top: diloco.model imports this module
+
+    logits, _ = model_forward(params, x)  # nested: unchecked, so NaN logits are seen here, not argmax-ed
+    _require_finite("classification_accuracy", "the logits", "params and x", [("", logits)])
 
 
 def _sizes_of(num_params, num_workers, inner_steps, rounds, bytes_per_value, outer_bytes_per_value):
@@ -472,10 +515,161 @@ def _sizes_of(num_params, num_workers, inner_steps, rounds, bytes_per_value, out
 @checker(nested=_sizes_of)
 def communication_savings(num_params, num_workers, inner_steps, rounds, bytes_per_value, outer_bytes_per_value):
     """Returns the six sizes as ints (``outer_bytes_per_value`` defaults to ``bytes_per_value``)."""
-    values = [check_positive_int(v, name) for v, name in (
+    values = [_count(v, name) for v, name in (
         (num_params, "num_params"), (num_workers, "num_workers"), (inner_steps, "inner_steps"),
         (rounds, "rounds"), (bytes_per_value, "bytes_per_value"))]
     outer = values[-1] if outer_bytes_per_value is None else outer_bytes_per_value
-    return (*values, check_positive_int(outer, "outer_bytes_per_value"))
+    return (*values, _count(outer, "outer_bytes_per_value"))
 
 
+def _count(value, name: str) -> int:
+    """A positive int small enough that products of a few stay finite floats."""
+    value = check_positive_int(value, name)
+    if value >= 2**63:
+        raise ValueError(f"{name} must be < 2**63, got {value:.3e}" if value < 10**300 else
+                         f"{name} must be < 2**63, got an int of {len(str(value))} digits")
+    return value
+
+
+
+
+# --- results of direct calls (see the module docstring) ----------------------------------------
+
+def result_check(*names):
+    """Register a check of the result of the milestones ``names`` (direct calls only)."""
+
+    def register(check):
+        for name in names:
+            RESULT_CHECKS[name] = check
+        return check
+
+    return register
+
+
+def _first_non_finite(values) -> str | None:
+    """``"[key]"`` of the first array (or ``""`` for a scalar) holding Inf or NaN, else None."""
+    for key, value in values:
+        array = np.asarray(value)
+        if not np.isfinite(array.sum()) and not np.isfinite(array).all():
+            return key
+    return None
+
+
+def _overflowed(function: str, what: str, inputs: str, hint: str = "") -> ValueError:
+    return ValueError(f"{function}: {what} overflowed to Inf or NaN although {inputs} are finite: their magnitudes "
+                      f"are too large for the dtype{hint}")
+
+
+def _require_finite(function: str, what: str, inputs: str, values, hint: str = "") -> None:
+    key = _first_non_finite(values)
+    if key is not None:
+        raise _overflowed(function, f"{what}{key}", inputs, hint)
+
+
+def _items(params) -> list:
+    return [(f"[{key!r}]", value) for key, value in params.items()]
+
+
+@result_check("model_forward")
+def _forward_result(result, *args, **kwargs):
+    _require_finite("model_forward", "the logits", "params and x", [("", result[0])])
+
+
+@result_check("cross_entropy_loss")
+def _loss_result(result, *args, **kwargs):
+    _require_finite("cross_entropy_loss", "the loss", "the logits", [("", result)],
+                    " (a row's largest minus smallest logit, or the batch's sum of losses, exceeds it)")
+
+
+@result_check("model_backward")
+def _backward_result(result, *args, **kwargs):
+    _require_finite("model_backward", "the gradient", "params, cache and labels", _items(result))
+
+
+@result_check("update_adam_moments")
+def _moments_result(result, *args, **kwargs):
+    _require_finite("update_adam_moments", "the new state.m", "state and grads", _items(result.m))
+    _require_finite("update_adam_moments", "the new state.v", "state and grads", _items(result.v),
+                    " (v accumulates grads ** 2)")
+
+
+@result_check("bias_correct_moments")
+def _bias_result(result, *args, **kwargs):
+    m_hat, v_hat = result
+    _require_finite("bias_correct_moments", "m_hat", "state, beta1 and beta2", _items(m_hat),
+                    " (m / (1 - beta1 ** step) with 1 - beta1 ** step tiny)")
+    _require_finite("bias_correct_moments", "v_hat", "state, beta1 and beta2", _items(v_hat),
+                    " (v / (1 - beta2 ** step) with 1 - beta2 ** step tiny)")
+
+
+@result_check("adam_param_step")
+def _adam_step_result(result, *args, **kwargs):
+    _require_finite("adam_param_step", "the new params", "params, m_hat, v_hat, lr and eps", _items(result))
+
+
+@result_check("nesterov_param_update")
+def _nesterov_result(result, *args, **kwargs):
+    _require_finite("nesterov_param_update", "the new params", "params, outer_grad, outer_state, lr and momentum",
+                    _items(result))
+
+
+@result_check("scale_params")
+def _scale_result(result, *args, **kwargs):
+    _require_finite("scale_params", "params * scalar", "params and scalar", _items(result))
+
+
+@result_check("subtract_params")
+def _subtract_result(result, *args, **kwargs):
+    _require_finite("subtract_params", "params_a - params_b", "params_a and params_b", _items(result))
+
+
+@result_check("average_params")
+def _average_result(result, *args, **kwargs):
+    _require_finite("average_params", "the average", "params_list and weights", _items(result))
+
+
+@result_check("compute_outer_gradient")
+def _outer_gradient_result(result, *args, **kwargs):
+    _require_finite("compute_outer_gradient", "the pseudo-gradient", "global_params and worker_params_list",
+                    _items(result))
+
+
+@result_check("update_outer_momentum")
+def _outer_momentum_result(result, *args, **kwargs):
+    _require_finite("update_outer_momentum", "the new momentum", "outer_state and outer_grad",
+                    _items(result.momentum))
+
+
+_DIVERGED = " (training diverged: lower the learning rate, or standardise the data)"
+
+
+@result_check("local_train_step")
+def _local_step_result(result, *args, **kwargs):
+    new_params, _, loss = result
+    _require_finite("local_train_step", "the loss", "params, adam_state and x_batch", [("", loss)], _DIVERGED)
+    _require_finite("local_train_step", "the new params", "params, adam_state and x_batch", _items(new_params),
+                    _DIVERGED)
+
+
+@result_check("inner_train_worker")
+def _worker_result(result, *args, **kwargs):
+    worker_params, _, losses = result
+    _require_finite("inner_train_worker", "the losses", "params, adam_state and x_shard", [("", losses)], _DIVERGED)
+    _require_finite("inner_train_worker", "the worker's params", "params, adam_state and x_shard",
+                    _items(worker_params), _DIVERGED)
+
+
+@result_check("run_diloco_round")
+def _round_result(result, *args, **kwargs):
+    _require_finite("run_diloco_round", "the new global params", "global_params, the states and the shards",
+                    _items(result[0]), _DIVERGED)
+
+
+@result_check("train_diloco", "train_synchronous_baseline")
+def _train_result(result, *args, **kwargs):
+    _require_finite("training", "the final params", "x and the config", _items(result.params), _DIVERGED)
+
+
+@result_check("evaluate_loss")
+def _evaluate_result(result, *args, **kwargs):
+    _require_finite("evaluate_loss", "the loss", "params and x", [("", result)])

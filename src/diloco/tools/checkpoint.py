@@ -45,6 +45,7 @@ import numpy as np
 
 from diloco.adamw import AdamWState
 from diloco.config import DiLoCoConfig
+from diloco.data import npy_header
 from diloco.outer import OuterState
 from diloco.tools.runs import atomic_write_bytes, atomic_write_text
 
@@ -204,7 +205,8 @@ def save_checkpoint(directory, algo: str, round_index: int, config: DiLoCoConfig
                     worker_states, rng, history, fingerprint: str, *, worker_starts=None, keep: int = 2) -> Path:
     """Write the checkpoint after ``round_index`` rounds; return its manifest.
 
-    The ``.npz`` is written (atomically) first, then the manifest; only then are older
+    The ``.npz`` is written (atomically) first, then the manifest, which carries its own
+SHA-256 besides the ``.npz``'s; only then are older
     checkpoints beyond the newest ``keep`` removed, and leftover temporary files of an
     earlier crash with them.
     """
@@ -240,10 +242,17 @@ def save_checkpoint(directory, algo: str, round_index: int, config: DiLoCoConfig
         "npz": f"{stem}.npz", "npz_bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
         "history": history,
     }
+    manifest["manifest_sha256"] = _manifest_digest(manifest)
     manifest_path = directory / f"{stem}.json"
     atomic_write_text(manifest_path, json.dumps(manifest, indent=1, allow_nan=False) + "\n")
     _prune(directory, algo, keep)
     return manifest_path
+
+
+def _manifest_digest(manifest: dict) -> str:
+    """SHA-256 of the manifest's content without its own checksum (canonical JSON)."""
+    content = {key: value for key, value in manifest.items() if key != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, allow_nan=False).encode()).hexdigest()
 
 
 def _prune(directory: Path, algo: str, keep: int) -> None:
@@ -285,6 +294,12 @@ def _read_manifest(path: Path) -> dict:
     if manifest.get("version") != FORMAT_VERSION:
         raise refuse(f"wrong format version {manifest.get('version')!r}; this diloco reads version "
                      f"{FORMAT_VERSION}")
+    try:
+        intact = manifest.get("manifest_sha256") == _manifest_digest(manifest)
+    except (TypeError, ValueError):  # a value JSON cannot hold again (NaN): not what save_checkpoint wrote
+        intact = False
+    if not intact:
+        raise refuse("corrupted manifest: its SHA-256 (manifest_sha256) does not match its content")
     expected_types = {"algo": str, "round": int, "config": dict, "data_fingerprint": str, "worker_steps": list,
                       "has_outer_state": bool, "outer_step": int, "has_second_moment": bool,
                       "has_worker_starts": bool, "rng": dict, "arrays": dict, "npz": str, "npz_bytes": int,
@@ -295,18 +310,6 @@ def _read_manifest(path: Path) -> dict:
     if "/" in manifest["npz"] or "\\" in manifest["npz"] or manifest["npz"].startswith("."):
         raise refuse(f"corrupted manifest: data file name {manifest['npz']!r}")
     return manifest
-
-
-def _npy_header(handle) -> tuple[tuple, np.dtype]:
-    """Shape and dtype from a ``.npy`` header, without reading (or allocating) the data."""
-    version = np.lib.format.read_magic(handle)
-    if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
-    elif version == (2, 0):
-        shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
-    else:
-        raise ValueError(f".npy format version {version} is not one np.savez writes")
-    return shape, dtype
 
 
 def _read_arrays(npz_path: Path, manifest: dict, dtype: str, refuse) -> dict:
@@ -321,7 +324,7 @@ def _read_arrays(npz_path: Path, manifest: dict, dtype: str, refuse) -> dict:
                 raise refuse(f"wrong arrays in {npz_path.name}: unexpected {extra}, missing {missing}")
             for name, spec in declared.items():
                 with archive.open(f"{name}.npy") as handle:
-                    shape, array_dtype = _npy_header(handle)
+                    shape, array_dtype = npy_header(handle)
                 if array_dtype.hasobject or str(array_dtype) != dtype:
                     raise refuse(f"array {name!r} has dtype {array_dtype}, the config says {dtype}")
                 if list(shape) != spec.get("shape"):

@@ -48,11 +48,11 @@ from diloco.tools.flags import (
     build_config,
     load_dataset,
 )
+from diloco.tools.paper_flags import add_paper_study_flags
+from diloco.tools.paper_studies import PAPER_STUDIES
 from diloco.tools.preflight import check_run
 from diloco.tools.resume import CHECKPOINT_DIR, plan_resume
 from diloco.tools.runs import HistoryWriter, atomic_write_bytes, create_run_dir, environment_record, write_json
-from diloco.tools.paper_flags import add_paper_study_flags
-from diloco.tools.paper_studies import PAPER_STUDIES
 from diloco.tools.studies import STUDIES, TRAINERS, format_bytes, trainer
 from diloco.tools.threads import ThreadsUnavailable, blas_threads, choose_threads
 from diloco.tools.training import train_resumable

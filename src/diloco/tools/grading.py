@@ -364,6 +364,20 @@ def add_parsers(subparsers) -> None:
     parser.set_defaults(func=_cmd_grade)
 
 
+def _seconds(text: str) -> float:
+    """A timeout flag's value: a positive, finite number of seconds (argparse reports anything else)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def _add_arguments(parser) -> None:
     parser.add_argument("--impl", metavar="DIR",
                         help="folder holding the diloco package to grade (src/diloco or diloco); "
@@ -372,7 +386,7 @@ def _add_arguments(parser) -> None:
                         help="folder of milestone tests (default: the suite shipped with this grader)")
     parser.add_argument("--json", metavar="FILE", help="also write Gradescope results.json to FILE")
     parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
-    parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+    parser.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
                         help="time allowed for each wave of tests (default 600)")
     parser.add_argument("--quiet", action="store_true", help="do not print a line per wave")
     parser.add_argument("--trust-submission", action="store_true",
@@ -380,7 +394,7 @@ def _add_arguments(parser) -> None:
                              "score; the report says 'local, not sandboxed'). Default: a sandbox process")
     parser.add_argument("--sandbox-user", default="nobody", metavar="USER",
                         help="account the sandbox runs as when the grader runs as root (default nobody)")
-    parser.add_argument("--call-timeout", type=float, default=120.0, metavar="SECONDS",
+    parser.add_argument("--call-timeout", type=_seconds, default=120.0, metavar="SECONDS",
                         help="time allowed for one call of a graded function in the sandbox (default 120)")
 
 

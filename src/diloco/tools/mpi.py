@@ -40,6 +40,7 @@ import time
 
 import numpy as np
 
+from diloco._validation import milestone
 from diloco.adamw import init_adamw_state
 from diloco.config import DiLoCoConfig
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record
@@ -85,6 +86,7 @@ def _wait(requests, timeout: float | None, round_index: int, rank: int) -> None:
         pause = min(2 * pause, 1e-3)
 
 
+@milestone  # a trainer's depth, as train_diloco: checked once by prepare_training, then the guard watches
 def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *, x_eval=None, y_eval=None,
                      on_round=None, round_timeout: float | None = None, max_loss: float | None = None
                      ) -> TrainResult:
@@ -160,6 +162,8 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
         )
         record = round_record(worker_losses.tolist(), params, config, pseudo_grad=pseudo_grad)
         record["allreduce_seconds"] = allreduce_seconds
+        record["round"] = round_index
+        check_record(record, "diloco", max_loss)  # losses and pseudo-gradient, before evaluating NaN params
         finish_record(record, round_index, config, params, x_eval, y_eval, history)
         check_record(record, "diloco", max_loss)
         if on_round is not None:

@@ -13,10 +13,9 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from diloco._validation import available_memory
 from diloco.config import DiLoCoConfig
 from diloco.data import Dataset
 from diloco.loop import prepare_training
@@ -50,21 +49,6 @@ def estimate_memory(config: DiLoCoConfig, num_features: int, num_classes: int, n
     how = (f"{params:,} parameters x {copies} copies (K={config.num_workers}) + activations, "
            f"{config.dtype}")
     return total, how
-
-
-def available_memory() -> int | None:
-    """Bytes the kernel says a new allocation can get (``MemAvailable``), or None if unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return None
 
 
 def check_run(config: DiLoCoConfig, data: Dataset, *, checkpointing: bool = True, label: str = "") -> None:

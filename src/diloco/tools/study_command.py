@@ -22,9 +22,9 @@ from diloco.tools.errors import CliError
 from diloco.tools.family_study import FAMILY_STUDIES
 from diloco.tools.faults import quiet_numpy, run_outcome
 from diloco.tools.flags import build_config, load_dataset
+from diloco.tools.paper_studies import PAPER_STUDIES
 from diloco.tools.preflight import check_run
 from diloco.tools.runs import JsonlWriter, atomic_write_text, write_json
-from diloco.tools.paper_studies import PAPER_STUDIES
 from diloco.tools.studies import STUDIES, default_engine, markdown_table, mean_curves, run_study, summarise
 from diloco.tools.training import check_record
 

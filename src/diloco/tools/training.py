@@ -343,5 +343,7 @@ def _fast_rounds(algo, x, y, config, x_eval, y_eval, start, due, save, on_round,
         save(round_index, state["params"], state["outer_state"], state["worker_states"], state["rng"],
              state["history"])
 
-    return FAST_TRAINERS[algo](x, y, config, x_eval=x_eval, y_eval=y_eval, on_round=guarded, start=start,
-                               on_state=on_state)
+    # At a trainer's depth, the evaluation the engine runs each round skips its checks, so a
+    # blow-up reaches the guard (and its message) instead of an overflow error from evaluate_loss.
+    return milestone(FAST_TRAINERS[algo])(x, y, config, x_eval=x_eval, y_eval=y_eval, on_round=guarded,
+                                          start=start, on_state=on_state)
