@@ -137,8 +137,9 @@ def _make_workdir(tmp: Path, package_root: Path, sandbox: dict | None) -> _Workd
     shutil.copyfile(Path(__file__).with_name("grade_plugin.py"), tmp / "_diloco_grade_plugin.py")
     (tmp / "pytest.ini").write_text(_PYTEST_INI, encoding="utf-8")
     env = dict(os.environ)
-    first = _GRADER_ROOT if sandbox is not None else package_root
-    env["PYTHONPATH"] = os.pathsep.join([str(first), str(tmp)] + (
+    # The plugin's folder comes first, so no module of the graded folder can stand in for the plugin.
+    code = _GRADER_ROOT if sandbox is not None else package_root
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp), str(code)] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave no __pycache__ in the graded folder
     env.pop("PYTEST_ADDOPTS", None)
