@@ -58,8 +58,9 @@ def run_paper_study(args) -> int:
     tune_seeds = getattr(args, "tune_seeds", 1)
     if isinstance(tune_seeds, bool) or not isinstance(tune_seeds, int) or tune_seeds < 1:
         raise CliError(f"--tune-seeds must be a positive int, got {tune_seeds!r}")
+    values = tuple(v.strip() for v in args.values.split(",") if v.strip()) if getattr(args, "values", None) else None
     try:
-        arms = study.arms(config, steps)
+        arms = study.arms(config, steps, None if study.tune else values)
     except ValueError as exc:
         raise CliError(f"study {study.name}: {exc}") from None
     check_plotting(args)
@@ -71,11 +72,13 @@ def run_paper_study(args) -> int:
     write_json(run_dir / "config.json", {"command": "study", "study": study.name, "task": task, "config":
                                          config.to_dict(), "steps_per_worker": steps, "seeds": seeds,
                                          "tune_seeds": tuning_seeds, "arms": [a._asdict() for a in arms],
+                                         "values": list(values) if values else None,
                                          "data": data_info, "blas_threads": threads})
     write_json(run_dir / "environment.json", environment_record(seed=config.seed))
     results = JsonlWriter(run_dir / "results.jsonl")
     make_bar = progress_factory(args.quiet)
-    total = len(arms) * (len(seeds) + (len(tuning_seeds) * len(study.tune[arms[0].label][1]) if study.tune else 0))
+    grid = len(values) if (study.tune and values) else (len(study.tune[arms[0].label][1]) if study.tune else 0)
+    total = len(arms) * (len(seeds) + len(tuning_seeds) * grid)
     bar = None if make_bar is None else make_bar(total=total, desc=study.name, unit="run")
     if not args.quiet:
         print(f"study {study.name} ({study.reference}) on {task}: {len(arms)} arms x {len(seeds)} seeds, "
@@ -94,7 +97,7 @@ def run_paper_study(args) -> int:
         with limit:
             if study.tune:
                 arms, tuning = tune_outer_lr(study, arms, config, data, tuning_seeds, encode=encode,
-                                             on_run=lambda o: finished(o, "tune"))
+                                             on_run=lambda o: finished(o, "tune"), values=values)
             for arm in arms:
                 for seed in seeds:
                     outcome = run_arm(arm, config, seed, data, encode=encode)

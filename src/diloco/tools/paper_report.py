@@ -146,21 +146,24 @@ def render_paper_table(summaries: dict, order: list) -> str:
     for study in order:
         text = summaries.get((study, "shakespeare"))
         mnist = summaries.get((study, "mnist1d"))
-        reference = (text or mnist)
-        if reference is None:
-            continue
-        for index, claim in enumerate(reference["claims"]):
+        claims, seen = [], set()
+        for summary in (text, mnist):  # every claim either task judged, in first-seen order
+            for claim in [] if summary is None else summary["claims"]:
+                if claim["text"] not in seen:
+                    seen.add(claim["text"])
+                    claims.append((claim, summary["reference"]))
+        for claim, reference in claims:
             cells, verdicts = [], []
             for summary in (text, mnist):
                 judged = None if summary is None else next(
                     (c for c in summary["claims"] if c["text"] == claim["text"]), None)
                 if judged is None:
-                    cells.append("not run")
+                    cells.append("not run (arm not in this task's study)" if summary is not None else "not run")
                     continue
                 diff = judged["metric_difference"]
                 cells.append(f"{_number(judged['better_metric'])} vs {_number(judged['worse_metric'])}; "
                              f"diff {_interval(diff)}: {judged['verdict']}")
                 verdicts.append(judged["verdict"])
-            lines.append(f"| {claim['text']} ({reference['reference']}) | {claim['paper']} | {cells[0]} | {cells[1]} "
+            lines.append(f"| {claim['text']} ({reference}) | {claim['paper']} | {cells[0]} | {cells[1]} "
                          f"| **{combine_verdicts(verdicts)}** |")
     return "\n".join(lines) + "\n"

@@ -60,7 +60,7 @@ class PaperStudy(NamedTuple):
     name: str
     title: str
     reference: str
-    arms: Callable[[DiLoCoConfig, int], list]  # (base config, steps per worker) -> [Arm]
+    arms: Callable  # (base config, steps per worker, values or None) -> [Arm]
     claims: Callable[[list], list]  # (arms) -> [Claim]
     tune: dict | None = None  # fig6: {arm label: (config field, grid)}
 
@@ -81,13 +81,32 @@ H = 50  # inner steps of the main setting (the paper's 500, at our small budgets
 OUTER_GRID = (0.1, 0.3, 0.5, 0.7, 1.0, 2.0, 3.0)
 
 
+def _numbers(values, kind, name: str) -> tuple:
+    """``--values`` as numbers (H, K, p or outer lr); ``()`` when not given."""
+    if not values:
+        return ()
+    try:
+        numbers = tuple(kind(v) for v in values)
+    except ValueError:
+        raise ValueError(f"--values must be {name} values ({kind.__name__}), got {list(values)}") from None
+    if any(v < 0 or (v == 0 and name != "p") for v in numbers):
+        raise ValueError(f"--values: {name} must be positive, got {list(numbers)}")
+    return numbers
+
+
+def _no_values(study: str, values) -> None:
+    if values:
+        raise ValueError(f"study {study} has fixed arms and takes no --values")
+
+
 def _rounds(steps: int, h: int) -> int:
     if steps % h:
         raise ValueError(f"steps per worker ({steps}) must be a multiple of H={h}; set --total-steps")
     return steps // h
 
 
-def _table2_arms(base: DiLoCoConfig, steps: int) -> list:
+def _table2_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
+    _no_values("table2", values)
     k, h = base.num_workers, base.inner_steps
     one = {"num_workers": 1, "inner_steps": h, "rounds": _rounds(steps, h)}
     return [
@@ -112,12 +131,13 @@ def _table2_claims(arms) -> list:
 FIG4_H = (10, 25, 50, 100, 250, 500)
 
 
-def _fig4_arms(base: DiLoCoConfig, steps: int) -> list:
+def _fig4_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
     k, h_sync = base.num_workers, base.inner_steps
+    chosen = _numbers(values, int, "H") or FIG4_H
     arms = [Arm(f"H={h}", "diloco", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)})
-            for h in FIG4_H if steps % h == 0 and steps // h >= 2]
+            for h in chosen if steps % h == 0 and steps // h >= 2]
     if not arms:
-        raise ValueError(f"no H in {FIG4_H} leaves two rounds or more of {steps} steps per worker")
+        raise ValueError(f"no H in {chosen} leaves two rounds or more of {steps} steps per worker")
     arms.append(Arm(f"sync (K={k})", "sync", {"num_workers": k, "inner_steps": h_sync,
                                               "rounds": _rounds(steps, h_sync)}))
     return arms
@@ -125,14 +145,12 @@ def _fig4_arms(base: DiLoCoConfig, steps: int) -> list:
 
 def _fig4_claims(arms) -> list:
     labels = {a.label for a in arms if a.algo == "diloco"}
-    claims = []
-    if {"H=50", "H=500"} <= labels:
-        claims.append(Claim("communicating every 50 steps beats every 500", "H=50", "H=500",
-                            "perplexity rises slowly with H, from H=50 to H=2000 (Fig. 4)"))
-    if {"H=10", "H=50"} <= labels:
-        claims.append(Claim("communicating every 10 steps beats every 50", "H=10", "H=50",
-                            "not tested (Fig. 4 starts at H=50): the trend, extrapolated"))
-    return claims
+    pairs = [("H=50", "H=250", "communicating every 50 steps beats every 250",
+              "perplexity rises slowly with H, from H=50 to H=2000 (Fig. 4)"),
+             ("H=50", "H=500", "communicating every 50 steps beats every 500", "H=50 below H=500 (Fig. 4)"),
+             ("H=10", "H=50", "communicating every 10 steps beats every 50",
+              "not tested (Fig. 4 starts at H=50): the trend, extrapolated")]
+    return [Claim(text, better, worse, paper) for better, worse, text, paper in pairs if {better, worse} <= labels]
 
 
 OUTER_ARMS = {
@@ -143,7 +161,7 @@ OUTER_ARMS = {
 }
 
 
-def _fig6_arms(base: DiLoCoConfig, steps: int) -> list:
+def _fig6_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
     h = base.inner_steps
     shared = {"num_workers": base.num_workers, "inner_steps": h, "rounds": _rounds(steps, h)}
     return [Arm(label, "diloco", {**shared, **changes}) for label, changes in OUTER_ARMS.items()]
@@ -163,38 +181,40 @@ def _fig6_claims(arms) -> list:
 TABLE3_K = (1, 2, 4, 8, 16)
 
 
-def _table3_arms(base: DiLoCoConfig, steps: int) -> list:
+def _table3_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
+    workers = _numbers(values, int, "K") or TABLE3_K
     arms = []
     for setting, shards in (("IID", {"iid": True}), (f"non-IID a={base.alpha:g}", {"iid": False})):
         arms += [Arm(f"{setting} / K={k}", "diloco", {"num_workers": k, "inner_steps": base.inner_steps,
                                                       "rounds": _rounds(steps, base.inner_steps), **shards})
-                 for k in TABLE3_K]
+                 for k in workers]
     return arms
 
 
 def _table3_claims(arms) -> list:
-    claims = []
+    labels, claims = {a.label for a in arms}, []
     for setting in ("IID", arms[-1].label.split(" / ")[0]):
         label = {k: f"{setting} / K={k}" for k in TABLE3_K}
-        claims += [
-            Claim(f"{setting}: 8 workers beat 1 at fixed steps per worker", label[8], label[1],
-                  "perplexity falls as replicas grow from 1 to 8 (Table 3)"),
-            Claim(f"{setting}: 16 workers beat 8", label[16], label[8],
-                  "still falling at 16, with diminishing returns (Table 3)"),
-        ]
+        if {label[8], label[1]} <= labels:
+            claims.append(Claim(f"{setting}: 8 workers beat 1 at fixed steps per worker", label[8], label[1],
+                                "perplexity falls as replicas grow from 1 to 8 (Table 3)"))
+        if {label[16], label[8]} <= labels:
+            claims.append(Claim(f"{setting}: 16 workers beat 8", label[16], label[8],
+                                "still falling at 16, with diminishing returns (Table 3)"))
     return claims
 
 
 DROP_P = (0.0, 0.1, 0.3, 0.5)
 
 
-def _fig8_arms(base: DiLoCoConfig, steps: int) -> list:
+def _fig8_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
+    probabilities = _numbers(values, float, "p") or DROP_P
     arms = []
     for setting, shards in (("IID", {"iid": True}), (f"non-IID a={base.alpha:g}", {"iid": False})):
         arms += [Arm(f"{setting} / p={p:g}", "diloco", {"num_workers": base.num_workers, "drop_prob": p,
                                                         "inner_steps": base.inner_steps, "record_similarity": True,
                                                         "rounds": _rounds(steps, base.inner_steps), **shards})
-                 for p in DROP_P]
+                 for p in probabilities]
     return arms
 
 
@@ -206,7 +226,8 @@ def _fig8_claims(arms) -> list:
     return claims
 
 
-def _fig9_arms(base: DiLoCoConfig, steps: int) -> list:
+def _fig9_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
+    _no_values("fig9", values)
     h = base.inner_steps
     one = {"num_workers": 1, "inner_steps": h, "rounds": _rounds(steps, h)}
     return [Arm("baseline (1 worker)", "sync", one), Arm(f"DiLoCo (1 worker, H={h})", "diloco", one)]
@@ -272,7 +293,7 @@ def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on
 
 
 def tune_outer_lr(study: PaperStudy, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=None,
-                  on_run=None) -> tuple[list, list]:
+                  on_run=None, values=None) -> tuple[list, list]:
     """For each arm of ``study.tune``: run every grid value on ``seeds``; keep the value with
     the lowest mean final held-out loss.
 
@@ -285,6 +306,7 @@ def tune_outer_lr(study: PaperStudy, arms: list, base: DiLoCoConfig, dataset, se
     tuned, tuning = [], []
     for arm in arms:
         field, grid = study.tune[arm.label]
+        grid = _numbers(values, float, "outer lr") or grid
         scores = []
         for value in grid:
             candidate = Arm(arm.label, arm.algo, {**arm.changes, field: value})
