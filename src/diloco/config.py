@@ -20,7 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from diloco._validation import check_nonneg_int, check_positive_int, check_probability, check_real, check_seed
+from diloco._validation import (
+    check_bool,
+    check_nonneg_int,
+    check_positive_int,
+    check_probability,
+    check_real,
+    check_seed,
+)
 
 __all__ = ["AdamWConfig", "DiLoCoConfig"]
 
@@ -197,10 +204,7 @@ class DiLoCoConfig:
                                      f"got {width}")
             outer_lr = check_real(self.outer_lr, "outer_lr", low=0.0, low_open=True)
             outer_momentum = check_probability(self.outer_momentum, "outer_momentum")
-            if not isinstance(self.nesterov, bool):
-                raise TypeError(f"nesterov must be a bool, got {self.nesterov!r}")
-            if not isinstance(self.iid, bool):
-                raise TypeError(f"iid must be a bool, got {self.iid!r}")
+            flags = {"nesterov": check_bool(self.nesterov, "nesterov"), "iid": check_bool(self.iid, "iid")}
             alpha = check_real(self.alpha, "alpha", low=0.0, low_open=True)
             seed = check_seed(self.seed, "seed")
             dtype = _dtype_name(self.dtype)
@@ -211,7 +215,7 @@ class DiLoCoConfig:
             mechanisms = self._check_mechanisms()
         except (TypeError, ValueError) as exc:
             raise _field_error("DiLoCoConfig", exc) from None
-        for name, value in {**mechanisms, **sizes, "seed": seed, "dtype": dtype}.items():
+        for name, value in {**mechanisms, **sizes, **flags, "seed": seed, "dtype": dtype}.items():
             object.__setattr__(self, name, value)  # NumPy ints and dtypes become plain ints and names
         object.__setattr__(self, "hidden_sizes", tuple(int(w) for w in hidden))
         object.__setattr__(self, "outer_lr", outer_lr)
@@ -230,10 +234,10 @@ class DiLoCoConfig:
             raise ValueError(f"shard_weighting must be one of {_SHARD_WEIGHTINGS}, got {self.shard_weighting!r}")
         if self.outer_optimizer not in _OUTER_OPTIMIZERS:
             raise ValueError(f"outer_optimizer must be one of {_OUTER_OPTIMIZERS}, got {self.outer_optimizer!r}")
-        if not isinstance(self.record_similarity, bool):
-            raise TypeError(f"record_similarity must be a bool, got {self.record_similarity!r}")
+        record_similarity = check_bool(self.record_similarity, "record_similarity")
         return {
             "warmup_steps": warmup_steps,
+            "record_similarity": record_similarity,
             "clip_norm": clip,
             "outer_beta2": check_probability(self.outer_beta2, "outer_beta2"),
             "outer_eps": check_real(self.outer_eps, "outer_eps", low=0.0, low_open=True),

@@ -369,6 +369,8 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
     num_classes = int(y.max()) + 1
     if x_eval is not None:
         check_float_array(x_eval, "x_eval", ndim=2)
+        if x_eval.shape[0] == 0:
+            raise ValueError("x_eval must hold at least one example (or pass no held-out data at all)")
         if x_eval.shape[1] != x.shape[1]:
             raise ValueError(f"x_eval must have {x.shape[1]} columns like x, got shape {x_eval.shape}")
         check_labels(y_eval, "y_eval", n=x_eval.shape[0])
@@ -380,8 +382,8 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
     layer_sizes = (num_features, *config.hidden_sizes, num_classes)
     num_params = sum(a * b + b for a, b in zip(layer_sizes[:-1], layer_sizes[1:], strict=True))
     check_fits_in_memory(num_params * np.dtype(config.dtype).itemsize * (3 * config.num_workers + 4), "the model",
-                         f"layer sizes {layer_sizes} (C = largest label in y + 1), {num_params:,} parameters, "
-                         f"with K = {config.num_workers} workers' copies and states,")
+                         f"layer sizes {layer_sizes} (C = largest label in y or y_eval + 1), "
+                         f"{num_params:,} parameters, with K = {config.num_workers} workers' copies and states,")
     rng = np.random.default_rng(config.seed) if rng is None else check_generator(rng)
     if config.iid:
         shards = iid_shard_dataset(x, y, config.num_workers, rng)

@@ -151,7 +151,7 @@ TARGETS = {
         "config": ("diloco_config", lambda: CONFIG), "rng": ("rng", rng)}),
     "train_diloco": (diloco.train_diloco, {
         "x": ("x_train_data", features), "y": ("labels", labels), "config": ("diloco_config", lambda: CONFIG),
-        "on_round": ("callback", lambda: None)}),
+        "x_eval": ("x", features), "y_eval": ("labels", labels), "on_round": ("callback", lambda: None)}),
     "train_synchronous_baseline": (diloco.train_synchronous_baseline, {
         "x": ("x_train_data", features), "y": ("labels", labels), "config": ("diloco_config", lambda: CONFIG),
         "on_round": ("callback", lambda: None)}),
@@ -269,7 +269,9 @@ def _outer_mutations(v) -> list:
 def _cache_mutations(v) -> list:
     return [("a plain tuple", tuple(v)), ("a cache of another batch",
                                           diloco.model_forward(params(), features(5))[1]),
-            ("a cache of one layer", ForwardCache(v.layer_inputs[:1], v.pre_activations[:1])), *NOT_A_THING]
+            ("a cache of one layer", ForwardCache(v.layer_inputs[:1], v.pre_activations[:1])),
+            ("a cache of another model", diloco.model_forward(diloco.init_model_params((3, 5, 2), rng()),
+                                                              features())[1]), *NOT_A_THING]
 
 
 def _labels_mutations(v) -> list:
@@ -549,7 +551,7 @@ CONFIG_FIELDS = {
     "hidden_sizes": [{128: 1}, {128}, "128", 128, (0,), (-5,), (64.0,), (True,), [None], (10**30,)],
     "outer_lr": [0.0, -0.7, math.nan, math.inf, "0.7", None, True],
     "outer_momentum": [1.0, -0.1, 1.5, math.nan, "0.9"],
-    "nesterov": [1, "yes", None, np.bool_(True)],
+    "nesterov": [1, "yes", None, np.float64(1.0)],
     "iid": [0, "no", None],
     "alpha": [0.0, -1.0, math.nan, math.inf, "0.5"],
     "seed": [-1, 1.5, True, "0", None, math.nan, np.float64(3)],
@@ -962,6 +964,15 @@ def test_norms_and_evaluation_at_extreme_magnitudes():
         expect_refusal(target, "params", "params * 1e200 (the logits overflow)",
                        lambda function=function, target=target: function(
                            huge, features() * 1e200, *([labels()] if target != "model_forward" else [])))
+
+
+def test_numpy_bools_are_accepted_wherever_bools_are():
+    _legal("numpy bools")
+    config = DiLoCoConfig(nesterov=np.bool_(False), iid=np.bool_(True), record_similarity=np.bool_(False))
+    assert config == DiLoCoConfig(nesterov=False) and type(config.nesterov) is bool
+    p, state = params(), outer_state()
+    _close(diloco.nesterov_param_update(p, grads(), state, 0.7, 0.9, nesterov=np.bool_(True)),
+           diloco.nesterov_param_update(p, grads(), state, 0.7, 0.9, nesterov=True), rtol=0)
 
 
 def test_zero_inner_steps_and_one_worker_are_legal():

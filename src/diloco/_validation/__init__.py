@@ -23,6 +23,7 @@ __all__ = [
     "milestone",
     "call_depth",
     "check_seed",
+    "check_bool",
     "available_memory",
     "check_fits_in_memory",
     "check_generator",
@@ -124,6 +125,13 @@ def check_real(value, name: str, *, low=None, high=None, low_open=False, high_op
         bound = f"< {high}" if high_open else f"<= {high}"
         raise ValueError(f"{name} must be {bound}, got {value!r}")
     return value
+
+
+def check_bool(value, name: str) -> bool:
+    """A bool (Python's or NumPy's); returned as a Python bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
 
 
 def check_seed(value, name: str = "seed") -> int:

@@ -39,6 +39,7 @@ from diloco._validation import (
     FLOAT_DTYPES,
     RESULT_CHECKS,
     call_depth,
+    check_bool,
     check_fits_in_memory,
     check_float_array,
     check_generator,
@@ -243,6 +244,14 @@ def model_backward(params, cache, labels):
         raise TypeError(f"cache must be the ForwardCache returned by model_forward, got {type(cache).__name__}")
     if len(cache.pre_activations) != num_layers or len(cache.layer_inputs) != num_layers:
         raise ValueError(f"cache must hold {num_layers} layers to match params, got {len(cache.pre_activations)}")
+    for layer in range(num_layers):
+        weight = params[f"W{layer + 1}"]
+        inputs, outputs = cache.layer_inputs[layer], cache.pre_activations[layer]
+        if (getattr(inputs, "ndim", 0) != 2 or getattr(outputs, "ndim", 0) != 2 or inputs.shape[1] != weight.shape[0]
+                or outputs.shape[1] != weight.shape[1] or inputs.shape[0] != outputs.shape[0]):
+            raise ValueError(f"cache must come from model_forward with these params: layer {layer + 1} holds "
+                             f"{getattr(inputs, 'shape', None)} -> {getattr(outputs, 'shape', None)}, W{layer + 1} is "
+                             f"{weight.shape}")
     logits = cache.pre_activations[-1]
     if logits.shape[0] == 0:
         raise ValueError("cache must come from a non-empty batch: the mean loss of zero rows is undefined")
@@ -425,8 +434,7 @@ def nesterov_param_update(params, outer_grad, state, lr, momentum, nesterov):
     outer_state(state, params, "params")
     lr = check_real(lr, "lr", low=0.0, low_open=True)
     momentum = check_probability(momentum, "momentum")
-    if not isinstance(nesterov, bool):
-        raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
+    check_bool(nesterov, "nesterov")
     return lr, momentum
 
 
