@@ -165,12 +165,19 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch
     assert summary["status"] == "diverged" and summary["algorithms"]["diloco"]["rounds_completed"] == 2
 
 
-def test_a_study_names_the_diverged_variant_and_seed(tmp_path, capsys):
+@pytest.mark.parametrize("engine, flags, quantity", [
+    ("reference", ["--lr", "10", "--outer-lr", "50"], "exceeds max_loss 1000"),
+    ("fast", ["--lr", "1e200", "--weight-decay", "0", "--max-loss", "off"], "training loss is nan"),
+])
+def test_a_study_names_the_diverged_variant_and_seed(engine, flags, quantity, tmp_path, capsys):
+    if engine == "fast":
+        pytest.importorskip("diloco.engine")
     argv = ["study", "workers", "--values", "2", "--seeds", "1", "--rounds", "2", "-H", "3", "--hidden-sizes", "8",
-            "--lr", "10", "--outer-lr", "50", "-q", "--no-plots", "--runs-dir", tmp_path]
+            "--engine", engine, *flags, "-q", "--no-plots", "--runs-dir", tmp_path]
     status, _, err = run_cli(argv, capsys)
     line = one_line(err)
     assert status == 3 and line.startswith("diloco study: error: variant K=2, seed 0: DiLoCo diverged in round 1")
+    assert quantity in line
     assert summary_of(only_run_dir(tmp_path))["status"] == "diverged"
 
 

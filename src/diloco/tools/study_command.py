@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from diloco._validation import milestone
 from diloco.tools.commands import (
     check_plotting,
     max_loss_flag,
@@ -108,8 +109,10 @@ def run_study_command(args) -> int:
 
     try:
         with run_outcome(stopped), quiet_numpy(), limit:
-            run_study(study, config, data, seeds, values, history=history, on_run_start=on_run_start,
-                      on_run_end=on_run_end)
+            # At a trainer's depth, as inside train_diloco: the engines' per-round evaluation skips its
+            # checks, so a blow-up reaches the guard (diverged, round and worker) instead of a NaN check.
+            milestone(run_study)(study, config, data, seeds, values, history=history, on_run_start=on_run_start,
+                                 on_run_end=on_run_end)
             rows = summarise(finished)
             write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": "completed",
                                                   "claim": study.claim, "seeds": seeds, "rows": rows})
