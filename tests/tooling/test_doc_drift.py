@@ -194,10 +194,13 @@ def _count(word: str) -> int:
 
 
 def test_notebook_02_quotes_the_seed_count_of_the_results_page():
+    """The seeds docs/results.md's studies run (its `--seeds N` commands, or its "Each study
+    runs N seeds") are the seeds notebook 02 says they run."""
     results = (DOCS / "results.md").read_text(encoding="utf-8")
-    (stated,) = re.findall(r"Each study runs (\d+) seeds \(([\d, ]+)\)", results)
-    seeds = _count(stated[0])
-    assert len(stated[1].split(",")) == seeds
+    counts = {int(n) for n in re.findall(r"--seeds (\d+)", results)}
+    counts |= {_count(n) for n in re.findall(r"Each study runs (\w+) seeds", results)}
+    assert len(counts) == 1, f"docs/results.md states several seed counts: {sorted(counts)}"
+    (seeds,) = counts
     source = (ROOT / "scripts" / "make_notebooks.py").read_text(encoding="utf-8")
     quoted = re.findall(r"results\.md`[^.]*?\b(\w+) seeds", source)
     assert quoted, "notebook 02 no longer quotes docs/results.md's seed count"
