@@ -322,3 +322,18 @@ def test_the_learner_guide_shows_what_the_grader_prints(naive_softmax):
         for line in normalised(block):
             if line.strip() != "...":
                 assert line in table, f"docs/learner-guide.md shows a line the grader does not print:\n{line}"
+
+
+def test_the_report_says_whether_the_graded_code_was_sandboxed(tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text("")
+    (tests / "test_relu.py").write_text(
+        "import numpy as np, pytest\nfrom diloco import relu\n\n"
+        "@pytest.mark.m02\ndef test_relu():\n    assert relu(np.array([-1.0, 2.0])).tolist() == [0.0, 2.0]\n")
+    sandboxed, local = grade(REPO, tests), grade(REPO, tests, sandbox=False)
+    assert sandboxed.result(2).status == local.result(2).status == PASSED
+    assert "\n  (sandboxed (protections: separate process, own session" in grading.format_table(sandboxed)
+    assert "\n  (local, not sandboxed" in grading.format_table(local)
+    assert grading.to_gradescope(sandboxed)["output"] == sandboxed.progress_line()
+    assert "local, not sandboxed" in grading.to_gradescope(local)["output"]

@@ -1,24 +1,31 @@
 """The milestone grader: run the tests of an implementation in dependency order.
 
 ``grade(impl)`` finds the ``diloco`` package in folder ``impl`` and runs the milestone
-tests against it in a subprocess whose ``PYTHONPATH`` starts with that folder (the run
-records ``diloco.__file__`` to prove which package it tested). It runs in *waves*
-following ``diloco.milestones``: a wave holds every milestone whose prerequisites all
-passed; a milestone with a prerequisite that did not pass is *locked* and never run.
-Each milestone ends as one of
+tests against it in *waves* following ``diloco.milestones``: a wave holds every milestone
+whose prerequisites all passed; a milestone with a prerequisite that did not pass is
+*locked* and never run. Each milestone ends as one of
 
 * ``passed``       every test passed;
 * ``not started``  every failure is the stub's ``NotImplementedError``;
 * ``failed``       the first failing check, its message (expected beside got), a rerun command;
 * ``locked``       a prerequisite has not passed, so its tests were not run;
-* ``error``        no test collected, a test module that does not import, or a time-out.
+* ``error``        no test collected, a test module that does not import, a time-out, or a
+                   collected test that never reported an outcome (the run ended early).
+
+By default the graded code runs only in a sandbox (``diloco.tools.sandbox``): each wave's
+pytest process imports the grader's own ``diloco``, whose public functions the plugin
+routes to the sandbox (``diloco.tools.proxy``), so nothing the graded code does can reach
+the tests, the plugin's records or the verdict. ``sandbox=False`` (``--trust-submission``,
+what a workspace's ``make grade`` uses) puts the graded folder first on ``PYTHONPATH``
+instead: quicker, forgeable, and the report says ``local, not sandboxed``.
 
 The tests come from ``--tests DIR``, by default the suite that ships with this grader
 (the repository's ``tests/`` or the copy bundled in an installed wheel), never from the
 graded folder, which is not modified. ``--json`` writes Gradescope's ``results.json``,
-``--junit`` JUnit XML; both are described in ``docs/instructor-guide.md``.
+``--junit`` JUnit XML; both, and the threat model, are described in
+``docs/instructor-guide.md``.
 
-    diloco grade [--impl DIR] [--tests DIR] [--json FILE] [--junit FILE]
+    diloco grade [--impl DIR] [--tests DIR] [--json FILE] [--junit FILE] [--trust-submission]
     python src/diloco/tools/grading.py --impl .   # also works when the package does not import
 """
 

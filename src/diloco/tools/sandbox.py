@@ -170,6 +170,7 @@ class Sandbox:
             os.close(request_r)
             os.close(reply_w)
         self._fd_out, self._fd_in = request_w, reply_r
+        self._reader = wire.Reader(reply_r)
         self.hello, _ = self.exchange({"kind": "hello"}, [], what="importing the graded package")
         return self.hello
 
@@ -179,7 +180,7 @@ class Sandbox:
         try:
             wire.write_frame(self._fd_out, header, blobs, time.monotonic() + limit)
             while True:
-                reply, reply_blobs = wire.read_frame(self._fd_in, time.monotonic() + limit)
+                reply, reply_blobs = wire.read_frame(self._reader, time.monotonic() + limit)
                 if reply.get("kind") != "callback" or on_callback is None:
                     break
                 answer, answer_blobs = on_callback(reply, reply_blobs)

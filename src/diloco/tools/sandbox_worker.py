@@ -129,7 +129,7 @@ class Worker:
 
     def __init__(self, config: dict, wire, values):
         self.wire, self.values = wire, values
-        self.fd_in, self.fd_out = config["fd_in"], config["fd_out"]
+        self.fd_in, self.fd_out = wire.Reader(config["fd_in"]), config["fd_out"]
         self.package_dir = os.path.join(os.path.realpath(config["package_root"]), "diloco")
         self.registry = wire.Registry(config["prefix"])
         self.pid = os.getpid()

@@ -63,16 +63,23 @@ def _wait(fd: int, write: bool, deadline: float | None) -> None:
         raise TimeoutError
 
 
-def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
-    chunks, left = [], size
-    while left:
-        _wait(fd, False, deadline)
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            raise EOFError("the other end closed the channel")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+class Reader:
+    """Buffered reads from a pipe: one frame takes one or two system calls, not one per field."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._buffer = bytearray()
+
+    def exact(self, size: int, deadline: float | None) -> bytes:
+        while len(self._buffer) < size:
+            _wait(self.fd, False, deadline)
+            chunk = os.read(self.fd, max(size - len(self._buffer), 1 << 16))
+            if not chunk:
+                raise EOFError("the other end closed the channel")
+            self._buffer += chunk
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
 
 
 def write_frame(fd: int, header: dict, blobs: list[bytes], deadline: float | None = None) -> None:
@@ -87,27 +94,28 @@ def write_frame(fd: int, header: dict, blobs: list[bytes], deadline: float | Non
         view = view[os.write(fd, view[:1 << 20]):]
 
 
-def read_frame(fd: int, deadline: float | None = None) -> tuple[dict, list[bytes]]:
+def read_frame(source: Reader | int, deadline: float | None = None) -> tuple[dict, list[bytes]]:
     """One frame: ``(header, blobs)``. ``WireError`` if malformed, ``EOFError``, ``TimeoutError``."""
-    magic = _read_exact(fd, len(MAGIC), deadline)
+    reader = source if isinstance(source, Reader) else Reader(source)
+    magic = reader.exact(len(MAGIC), deadline)
     if magic != MAGIC:
         raise WireError(f"not a frame of the sandbox wire format (starts {magic!r})")
-    size, count = struct.unpack("<QI", _read_exact(fd, 12, deadline))
+    size, count = struct.unpack("<QI", reader.exact(12, deadline))
     if size > MAX_HEADER or count > MAX_FRAME // 8:
         raise WireError(f"frame too large ({size} header bytes, {count} arrays)")
     try:
-        header = json.loads(_read_exact(fd, size, deadline).decode("utf-8"))
+        header = json.loads(reader.exact(size, deadline).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise WireError(f"the frame's header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise WireError("the frame's header is not a JSON object")
     blobs, total = [], size
     for _ in range(count):
-        (length,) = struct.unpack("<Q", _read_exact(fd, 8, deadline))
+        (length,) = struct.unpack("<Q", reader.exact(8, deadline))
         total += length
         if total > MAX_FRAME:
             raise WireError(f"frame larger than {MAX_FRAME} bytes")
-        blobs.append(_read_exact(fd, length, deadline))
+        blobs.append(reader.exact(length, deadline))
     return header, blobs
 
 
