@@ -109,13 +109,13 @@ Douillard et al. (2023) report, for language models with 150M-400M parameters:
 
 1. DiLoCo roughly matches synchronous training while communicating $H$ times less;
 2. quality degrades only slowly as the number of inner steps $H$ grows;
-3. an outer **Nesterov** optimizer beats FedAvg (outer SGD with learning rate 1), more so on
-   non-IID data (notebook 03);
+3. an outer **Nesterov** optimizer beats FedAvg (outer SGD with learning rate 1), each optimizer
+   with its outer learning rate tuned (notebook 03 looks at non-IID data);
 4. more workers help at a fixed amount of compute per worker.
 
 Here we test them on the 8x8 digits with a one-hidden-layer MLP, using `diloco.tools.studies`, the code
 behind `diloco study NAME`. The runs are tiny (2 seeds) so the notebook finishes in well under a
-minute; `docs/results.md` has the same studies with 3 seeds at a larger scale. Like `diloco study`,
+minute; `docs/results.md` reruns the paper's tables with 5 seeds on larger tasks. Like `diloco study`,
 the runs use `default_engine()`: the fast engine `diloco.engine` (the same algorithm, equal up to
 rounding) where it is installed, and your own milestone functions in a learner workspace."""),
     ("code", """%matplotlib inline
@@ -176,7 +176,7 @@ display(plot_study(rows, title="workers K at fixed per-worker compute", xlabel="
     ("md", """## Reading the numbers
 
 Two seeds give wide intervals: treat differences smaller than the interval widths as noise.
-`docs/results.md` reports which claims hold at three seeds, including those that do not hold on
+`docs/results.md` reports which claims hold at five seeds, including those that do not hold on
 this small problem, and the commands that reproduce every number."""),
 ]
 
