@@ -75,6 +75,8 @@ def test_compare_with_a_simulated_network_reports_time_and_utilisation(tmp_path,
     (["study", "compression", "--values", "fp3"], "unknown compression 'fp3'"),
     (["study", "streaming", "--values", "9:0:1"], "fragments (9) must not exceed"),
     (["study", "noniid", "--target-loss", "1"], "--target-loss applies only to the bandwidth study"),
+    (["train", "--data", "shakespeare", "--comm-dtype", "fp4"], "not the character-level task's windows"),
+    (["study", "compression", "--data", "shakespeare"], "not the character-level task's windows"),
 ])
 def test_family_usage_errors_are_one_line_exit_2_and_leave_no_run_folder(argv, message, tmp_path, capsys):
     status, out, err = run_cli([*argv, *TINY, "--runs-dir", tmp_path], capsys)

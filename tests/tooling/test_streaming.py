@@ -56,7 +56,7 @@ def test_one_fragment_no_overlap_full_mix_is_diloco_bit_for_bit(digits, dtype, w
     config = DiLoCoConfig(num_workers=workers, inner_steps=5, rounds=3, hidden_sizes=hidden, dtype=dtype, seed=7)
     data = digits
     if dtype == "float32":
-        data = type(digits)(*(a.astype(np.float32) if a.dtype.kind == "f" else a for a in digits))
+        data = digits._replace(x_train=digits.x_train.astype(np.float32), x_test=digits.x_test.astype(np.float32))
     reference = train_diloco(data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test)
     streamed = _train(data, config, FamilyConfig(fragments=1, overlap=0, mix=1.0))
     for key in reference.params:

@@ -27,6 +27,9 @@ __all__ = ["check_family", "run_with_family", "family_summary", "print_family"]
 def check_family(args, command: str, algos, config) -> FamilyConfig:
     """The family settings of a ``train``/``compare`` run, checked against its algorithms."""
     family = build_family(args)
+    if getattr(args, "data", None) == "shakespeare" and not family.algorithm_is_diloco():
+        raise CliError("the family's trainers take feature vectors, not the character-level task's windows: "
+                       "use --data digits, mnist1d or an .npz with --comm-dtype/--fragments/--eager")
     for algo in algos:
         resolve_family_trainer(algo, family, None, strict=command == "train")
     changes_algorithm = "diloco" in algos and not family.algorithm_is_diloco()
@@ -47,6 +50,8 @@ def run_with_family(algo: str, family: FamilyConfig | None, config, data, on_rou
         return resumable(on_round)
     callback = network_callback(family, config, on_round) if family.simulates_network else on_round
     if algo == "diloco" and not family.algorithm_is_diloco():
+        if getattr(data, "encode", None) is not None:
+            raise CliError("the family's trainers do not take an input encoder (the character-level task)")
         train = family_trainer(algo, family.replace(bandwidth=None, latency=0.0, step_time=None), None)
         try:
             return train(data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test,

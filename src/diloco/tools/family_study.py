@@ -279,6 +279,9 @@ def run_family_study_command(args) -> int:
     study = FAMILY_STUDIES[args.study]
     config = build_config(args, study.base)
     family = build_family(args)
+    if getattr(args, "data", None) == "shakespeare":
+        raise CliError("the family's studies take feature vectors, not the character-level task's windows: "
+                       "use --data digits, mnist1d or an .npz")
     if args.total_steps is not None:
         raise CliError("--total-steps applies only to the inner-steps study")
     if args.seeds < 1:
