@@ -293,3 +293,20 @@ def test_protections_are_reported(session, config):
     assert "separate process" in text and "s per call" in text
     if ROOT and config["namespaces"]:
         assert "user nobody" in text and "namespaces" in text and "read-only" in text
+
+
+def test_the_copy_of_the_graded_package_holds_no_links(tmp_path):
+    """A link in a submission could make the root grader copy a secret where the sandbox reads it."""
+    package = tmp_path / "submission" / "diloco"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    secret = tmp_path / "secret"
+    secret.write_text("s")
+    secret.chmod(0o600)
+    (package / "soft.py").symlink_to(secret)
+    os.link(secret, package / "hard.py")
+    folder = tmp_path / "sandbox"
+    folder.mkdir()
+    sandbox.prepare(package.parent, folder, user=None)
+    assert sorted(p.name for p in (folder / "pkg" / "diloco").iterdir()) == ["__init__.py", "sub"]
+    assert secret.stat().st_mode & 0o777 == 0o600

@@ -67,7 +67,7 @@ class GradeReport(NamedTuple):
     def mode_line(self) -> str:
         if self.sandbox:
             return f"sandboxed (protections: {self.sandbox})"
-        return "local, not sandboxed: the graded code ran inside the grading process and could forge its score"
+        return "local, not sandboxed: the graded code ran in the test process"
 
     @property
     def score(self) -> int:

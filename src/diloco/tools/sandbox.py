@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -97,12 +98,14 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
 
 
 def _plain_files_only(directory: str, names: list[str]) -> set[str]:
-    """Copy folders and regular files only: a symlink could point the root grader at a secret."""
+    """Copy folders and regular files only, each with a single name: a symlink or a hard link
+    could point the root grader at a secret it would then copy where the sandbox can read it."""
     skipped = set()
     for name in names:
         path = os.path.join(directory, name)
-        if name == "__pycache__" or name.endswith(".pyc") or os.path.islink(path) or not (
-                os.path.isdir(path) or os.path.isfile(path)):
+        info = os.lstat(path)
+        plain = stat.S_ISDIR(info.st_mode) or (stat.S_ISREG(info.st_mode) and info.st_nlink == 1)
+        if name == "__pycache__" or name.endswith(".pyc") or not plain:
             skipped.add(name)
     return skipped
 
