@@ -353,7 +353,8 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
             from diloco.tools.plots import save_run_plots
 
             plots = save_run_plots({algo: history.for_algo(algo) for algo in algos}, run_dir,
-                                   title=f"{data_info['name']}, K={config.num_workers}, H={config.inner_steps}")
+                                   title=f"{data_info['name']}, K={config.num_workers}, H={config.inner_steps}",
+                                   left="eval_perplexity" if data.encode is not None else "eval_loss")
     _print_table(summary, savings["savings_factor"])
     print_family(family_extra)
     if "diloco" in algos:

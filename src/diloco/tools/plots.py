@@ -67,8 +67,9 @@ def _label(name: str) -> str:
     return {"diloco": "DiLoCo", "sync": "synchronous baseline"}.get(name, name)
 
 
-def plot_curves(histories: dict, *, x: str = "round", title: str = ""):
-    """Held-out loss (left) and accuracy (right) per algorithm, on shared axes.
+def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str = "eval_loss"):
+    """Held-out loss (left; or ``left="eval_perplexity"``, the char-LM's metric) and accuracy
+    (right) per algorithm, on shared axes.
 
     Parameters
     ----------
@@ -97,9 +98,10 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = ""):
             continue
         xs = [r[key] for r in points]
         style = {**styles[name], "label": _label(name), "marker": "o" if len(xs) <= 30 else None, "markersize": 3}
-        ax_loss.plot(xs, [r["eval_loss"] for r in points], **style)
+        ax_loss.plot(xs, [r[left] for r in points], **style)
         ax_acc.plot(xs, [r["eval_accuracy"] for r in points], **style)
-    for ax, ylabel in ((ax_loss, "held-out loss (cross-entropy)"), (ax_acc, "held-out accuracy")):
+    left_label = "held-out perplexity" if left == "eval_perplexity" else "held-out loss (cross-entropy)"
+    for ax, ylabel in ((ax_loss, left_label), (ax_acc, "held-out accuracy")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3, which="both")
@@ -112,13 +114,13 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = ""):
     return fig
 
 
-def save_run_plots(histories: dict, out_dir, *, title: str = "") -> list[Path]:
+def save_run_plots(histories: dict, out_dir, *, title: str = "", left: str = "eval_loss") -> list[Path]:
     """The two plots of a run folder: ``heldout_vs_round.png`` and ``heldout_vs_bytes.png``."""
     out_dir = Path(out_dir)
     paths = []
     for x, name in (("round", "heldout_vs_round.png"), ("bytes", "heldout_vs_bytes.png")):
         suffix = "against round" if x == "round" else "against bytes communicated"
-        fig = plot_curves(histories, x=x, title=f"{title} - {suffix}" if title else suffix)
+        fig = plot_curves(histories, x=x, title=f"{title} - {suffix}" if title else suffix, left=left)
         paths.append(save_figure(fig, out_dir / name))
     return paths
 
