@@ -212,7 +212,7 @@ def test_errstate_exceptions_and_warnings_cross(session):
 def test_what_may_not_cross_fails_the_call(session):
     with pytest.raises(proxy.SandboxError, match="may not leave the sandbox"):
         call("unsendable")
-    with pytest.raises(proxy.SandboxError, match="could not take the arguments"):
+    with pytest.raises(proxy.SandboxError, match="could not call probe.ident with these arguments"):
         call("ident", AdamWState(0, {}, {}))  # the stand-in package has no AdamWState to rebuild it with
     anything = object()  # crosses as a stand-in, and comes back as the caller's own object
     assert call("ident", anything) is anything

@@ -192,14 +192,18 @@ def _probe_sandbox(config: dict, package_root: Path) -> tuple[str, str]:
     return str(hello["file"]), protections(config, hello)
 
 
-def _kill_leftovers(records: list[dict]) -> None:
-    """Kill the process group of every sandbox the wave started (normally gone already)."""
+def _kill_leftovers(records: list[dict], folder: str) -> None:
+    """Kill the process group of every sandbox of the wave still running (normally none: each
+    dies with its test run). A pid counts only while its command line names our sandbox folder."""
     for record in records:
-        if record.get("kind") == "sandbox" and type(record.get("pid")) is int and record["pid"] > 1:
-            try:
-                os.killpg(record["pid"], signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        pid = record.get("pid")
+        if record.get("kind") != "sandbox" or type(pid) is not int or pid <= 1:
+            continue
+        try:
+            if folder.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _run_wave(numbers: list[int], tests_dir: Path, workdir: _Workdir, python: str,
@@ -232,7 +236,8 @@ def _run_wave(numbers: list[int], tests_dir: Path, workdir: _Workdir, python: st
             continue
         if isinstance(record, dict) and isinstance(record.get("kind"), str):
             records.append(record)
-    _kill_leftovers(records)
+    if workdir.sandbox is not None:
+        _kill_leftovers(records, workdir.sandbox["folder"])
     return records, crash
 
 

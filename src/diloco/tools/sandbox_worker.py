@@ -179,7 +179,7 @@ class Worker:
             function = getattr(importlib.import_module(f"diloco.{module}"), name)
         except Exception as exc:  # noqa: BLE001 - the submission's own classes may refuse the values
             self.send({"kind": "refused", "id": self.call_id,
-                       "message": f"the sandbox could not take the arguments of {header.get('fn')}: "
+                       "message": f"the sandbox could not call {header.get('fn')} with these arguments: "
                                   f"{type(exc).__name__}: {exc}"[:4000]})
             return
         self.table, self.call_args, self.call_kwargs = decoder.objects, args, kwargs
