@@ -115,7 +115,9 @@ def run_paper_study(args) -> int:
         "tune_seeds": tuning_seeds, "tuning": tuning, "rows": rows,
         "claims": judge_claims(study.claims(arms), rows, task),
         "seconds": time.perf_counter() - started,
-        "command": "diloco study " + " ".join(getattr(args, "argv", []) or [study.name, "--data", task]),
+        "command": " ".join(["diloco study", study.name, "--data", task, "--seeds", str(args.seeds)]
+                            + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
+                            + (["--values", ",".join(values)] if values else [])),
     }
     write_json(run_dir / "summary.json", summary)
     table = render_arms_table(summary) + "\n" + render_claims_table(summary)
