@@ -42,6 +42,26 @@ def test_verdicts_follow_the_interval(low, mean, expected):
     assert verdict({"low": low, "mean": mean}) == expected
 
 
+@pytest.mark.parametrize("low, mean, high, expected", [(0.01, 0.02, 0.04, HOLDS), (0.01, 0.04, 0.07, PARTLY),
+                                                       (0.03, 0.06, 0.09, FAILS)])
+def test_a_robustness_claim_holds_when_the_relative_cost_stays_under_its_margin(low, mean, high, expected):
+    assert verdict({"low": low, "mean": mean, "high": high}, margin=0.05) == expected
+
+
+def test_a_margin_claim_is_judged_on_the_relative_cost_seed_by_seed():
+    arms = [Arm("p=0", "diloco", {}), Arm("p=0.5", "diloco", {})]
+    # perplexity exp(loss): p=0.5 costs exactly 3% on every seed
+    outcomes = [outcome("p=0", s, 1.0 + s) for s in range(3)]
+    outcomes += [outcome("p=0.5", s, 1.0 + s + np.log(1.03)) for s in range(3)]
+    rows = summarise_arms(outcomes, arms)
+    (judged,) = judge_claims([Claim("drops cost under 5%", "p=0", "p=0.5", "paper", margin=0.05)], rows,
+                             "shakespeare")
+    assert judged["metric_difference"]["mean"] == pytest.approx(0.03) and judged["verdict"] == HOLDS
+    (tight,) = judge_claims([Claim("drops cost under 2%", "p=0", "p=0.5", "paper", margin=0.02)], rows,
+                            "shakespeare")
+    assert tight["verdict"] == FAILS
+
+
 def test_a_claim_holds_only_where_it_holds_on_both_tasks():
     assert combine_verdicts([HOLDS, HOLDS]) == HOLDS
     assert combine_verdicts([HOLDS, FAILS]) == PARTLY

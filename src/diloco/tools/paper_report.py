@@ -44,9 +44,15 @@ def paired_difference(worse: list, better: list) -> dict:
     return mean_interval(np.asarray(worse, dtype=np.float64) - np.asarray(better, dtype=np.float64))
 
 
-def verdict(difference: dict) -> str:
-    """``HOLDS`` when the interval of ``worse - better`` is above 0, ``PARTLY`` when only its
-    mean is, else ``FAILS``."""
+def verdict(difference: dict, margin: float | None = None) -> str:
+    """An ordering: ``HOLDS`` when the interval of ``worse - better`` is above 0, ``PARTLY``
+    when only its mean is, else ``FAILS``. With ``margin`` (a robustness claim on the
+    relative difference): ``HOLDS`` when the interval lies below the margin, ``PARTLY`` when
+    only its mean does, else ``FAILS``."""
+    if margin is not None:
+        if difference["high"] < margin:
+            return HOLDS
+        return PARTLY if difference["mean"] < margin else FAILS
     if difference["low"] > 0:
         return HOLDS
     return PARTLY if difference["mean"] > 0 else FAILS
@@ -96,9 +102,14 @@ def judge_claims(claims: list, rows: list, task: str) -> list:
             continue
         loss = paired_difference(worse["per_seed_eval_loss"], better["per_seed_eval_loss"])
         metric = paired_difference(worse[f"per_seed_{field}"], better[f"per_seed_{field}"])
+        margin = getattr(claim, "margin", None)
+        if margin is not None:  # the relative cost, seed by seed: (worse - better) / better
+            worse_values = np.asarray(worse[f"per_seed_{field}"], dtype=np.float64)
+            better_values = np.asarray(better[f"per_seed_{field}"], dtype=np.float64)
+            metric = mean_interval((worse_values - better_values) / better_values)
         judged.append({**claim._asdict(), "loss_difference": loss, "metric_difference": metric,
                        "better_metric": better[field]["mean"], "worse_metric": worse[field]["mean"],
-                       "verdict": verdict(metric)})
+                       "verdict": verdict(metric, margin)})
     return judged
 
 
@@ -108,6 +119,15 @@ def _number(value: float, digits: int = 3) -> str:
 
 def _interval(stats: dict, digits: int = 3) -> str:
     return f"{_number(stats['mean'], digits)} [{_number(stats['low'], digits)}, {_number(stats['high'], digits)}]"
+
+
+def _difference(claim: dict) -> str:
+    """The paired difference of a claim: absolute, or relative (in %) for a margin claim."""
+    diff = claim["metric_difference"]
+    if claim.get("margin") is None:
+        return _interval(diff)
+    return (f"{100 * diff['mean']:+.1f}% [{100 * diff['low']:+.1f}%, {100 * diff['high']:+.1f}%], "
+            f"margin {100 * claim['margin']:.0f}%")
 
 
 def render_arms_table(summary: dict) -> str:
@@ -129,7 +149,7 @@ def render_claims_table(summary: dict) -> str:
              "|---|---|---:|---:|---|---|"]
     for claim in summary["claims"]:
         lines.append(f"| {claim['text']} | {claim['paper']} | {_number(claim['better_metric'])} "
-                     f"| {_number(claim['worse_metric'])} | {_interval(claim['metric_difference'])} "
+                     f"| {_number(claim['worse_metric'])} | {_difference(claim)} "
                      f"| **{claim['verdict']}** |")
     return "\n".join(lines) + "\n"
 
@@ -160,9 +180,8 @@ def render_paper_table(summaries: dict, order: list) -> str:
                 if judged is None:
                     cells.append("not run (arm not in this task's study)" if summary is not None else "not run")
                     continue
-                diff = judged["metric_difference"]
                 cells.append(f"{_number(judged['better_metric'])} vs {_number(judged['worse_metric'])}; "
-                             f"diff {_interval(diff)}: {judged['verdict']}")
+                             f"diff {_difference(judged)}: {judged['verdict']}")
                 verdicts.append(judged["verdict"])
             lines.append(f"| {claim['text']} ({reference}) | {claim['paper']} | {cells[0]} | {cells[1]} "
                          f"| **{combine_verdicts(verdicts)}** |")
