@@ -122,9 +122,11 @@ def protections(config: dict, hello: dict | None = None) -> str:
         parts.append(f"user {config['user']}")
     else:
         parts.append("grader's own user")
-    limits = config["limits"]
-    parts.append(f"limits: {limits['cpu']} s CPU, {limits['as'] >> 20} MiB memory, {limits['nproc']} processes, "
-                 f"{config['call_timeout']:g} s per call")
+    limits, refused = config["limits"], set(hello.get("limits_refused") or ())
+    shown = [text for name, text in (("cpu", f"{limits['cpu']} s CPU"), ("as", f"{limits['as'] >> 20} MiB memory"),
+                                     ("nproc", f"{limits['nproc']} processes")) if name not in refused]
+    shown.append(f"{config['call_timeout']:g} s per call")
+    parts.append("limits: " + ", ".join(shown))
     return ", ".join(parts)
 
 

@@ -100,14 +100,20 @@ def _lock_filesystem(work: str, hide: list, needed: list) -> list:
     return failed
 
 
-def _set_limits(limits: dict) -> None:
+def _set_limits(limits: dict) -> list:
+    """Apply ``limits``; the names of those this system refused (reported in the hello)."""
+    refused = []
     for name, value in limits.items():
-        which = getattr(resource, f"RLIMIT_{name.upper()}")
-        hard = resource.getrlimit(which)[1]
-        top = value + 5 if name == "cpu" else value  # soft CPU limit: SIGXCPU; hard: SIGKILL
-        if hard != resource.RLIM_INFINITY:
-            value, top = min(value, hard), min(top, hard)
-        resource.setrlimit(which, (value, top))
+        try:
+            which = getattr(resource, f"RLIMIT_{name.upper()}")
+            hard = resource.getrlimit(which)[1]
+            top = value + 5 if name == "cpu" else value  # soft CPU limit: SIGXCPU; hard: SIGKILL
+            if hard != resource.RLIM_INFINITY:
+                value, top = min(value, hard), min(top, hard)
+            resource.setrlimit(which, (value, top))
+        except (AttributeError, ValueError, OSError):
+            refused.append(name)
+    return refused
 
 
 def _drop_privileges(user: str) -> None:
@@ -265,13 +271,16 @@ def main(argv) -> None:
         needed = [*sys.path, os.path.dirname(os.path.abspath(__file__)), config["package_root"], work]
         failed = _lock_filesystem(work, config.get("hide", []), needed)
         facts.update(readonly=not failed, hidden=config.get("hide", []), readonly_failed=failed)
-    _set_limits(config["limits"])
+    facts["limits_refused"] = _set_limits(config["limits"])
     os.chdir(work)
     os.environ["HOME"] = os.environ["TMPDIR"] = work
     os.umask(0o077)
     if config.get("user"):
         _drop_privileges(config["user"])
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    except AttributeError:  # not Linux
+        pass
     facts.update(uid=os.getuid(), gid=os.getgid())
     worker = Worker(config, wire, values)
     if worker.hello(facts):
