@@ -16,9 +16,13 @@ and recovery in them would make every learner write and be graded on I/O code. S
 driver composes the same public pieces in the same order instead: ``prepare_training``,
 ``init_adamw_state``, ``init_outer_optimizer``, ``run_diloco_round`` (milestone 25) and
 ``finish_record`` for DiLoCo; per step ``sample_worker_batch``, ``model_forward``,
-``cross_entropy_loss``, ``model_backward``, ``average_params`` and ``scheduled_adamw_step`` for the
-baseline, whose round is not a milestone of its own. ``tests/tooling/test_resume.py``
-proves it bit-identical to the two milestone trainers, so the two cannot drift apart.
+``cross_entropy_loss``, ``model_backward``, ``average_params`` and
+``scheduled_adamw_step`` for the baseline, whose round is not a milestone of its own.
+``tests/tooling/test_resume.py`` proves it bit-identical to the two milestone trainers,
+with and without the paper's mechanisms, so the two cannot drift apart: a change to
+milestone 26 or 27's composition must be mirrored here, and that test says so. With
+``config.engine = "fast"`` the engine's trainers run instead, handing out their state
+after each round (``on_state``) and taking one back (``start``).
 
 The divergence guard checks, after every DiLoCo round and after every baseline step,
 that the losses, the optimizer states, the pseudo-gradient and the parameters are
