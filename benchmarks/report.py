@@ -179,7 +179,8 @@ def write_report(path: Path, *, training, gaps, peaks, threads, memory, adamw, c
     lines += summary
     lines += ["", "## Training throughput, one BLAS thread", "",
               "One DiLoCo run per case (`train_diloco`, `diloco.engine.train_diloco_fast`, or "
-              "`benchmarks/torch_mlp.py`), after one untimed warm-up run. Rates are per second of the process's "
+              "`benchmarks/torch_mlp.py`), timed from the end of its first round (the warm-up) to the end of the "
+              "last, so set-up stays out. Rates are per second of the process's "
               "CPU time, which on one thread equals wall time on a quiet machine and is not inflated when other "
               "processes share the cores (the wall-clock rate is beside it). GFLOP/s counts the matrix products "
               "only: `F = 2 b (2 sum_l d_{l-1} d_l + sum_{l>=2} d_{l-1} d_l)` per worker-step (forward, weight "

@@ -14,8 +14,12 @@ import numpy as np
 import torch
 
 
-def train_diloco_torch(x: np.ndarray, y: np.ndarray, fields: dict, *, fused: bool, seed: int = 0) -> dict:
-    """Train and return the global params as ``{"W1": ndarray, "b1": ..., ...}``."""
+def train_diloco_torch(x: np.ndarray, y: np.ndarray, fields: dict, *, fused: bool, seed: int = 0,
+                       on_round=None) -> dict:
+    """Train and return the global params as ``{"W1": ndarray, "b1": ..., ...}``.
+
+    ``on_round()``, if given, is called at the end of every round (for timing).
+    """
     torch.set_num_threads(1)
     dtype = torch.float64 if fields["dtype"] == "float64" else torch.float32
     K, H, b = fields["num_workers"], fields["inner_steps"], fields["batch_size"]
@@ -54,4 +58,6 @@ def train_diloco_torch(x: np.ndarray, y: np.ndarray, fields: dict, *, fused: boo
             for index, g in enumerate(global_params):
                 g.grad = g - torch.stack([w[index] for w in workers]).mean(dim=0)
         outer.step()
+        if on_round is not None:
+            on_round()
     return {f"{'W' if i % 2 == 0 else 'b'}{i // 2 + 1}": p.detach().numpy() for i, p in enumerate(global_params)}

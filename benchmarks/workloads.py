@@ -1,10 +1,10 @@
 """The benchmark's models and data, shared by every case.
 
 (a) the demo's model: digits, 64-128-10, batch 32, K = 8, H = 50 (the ``DiLoCoConfig``
-    defaults). Timed over 4 rounds (1,600 worker-steps).
+    defaults). Timed over 3 rounds (1,200 worker-steps) after a warm-up round.
 (b) a wide model: 784-512-512-10, batch 128, K = 8, on 8,192 random 784-feature examples
     of 10 classes (seeded; the speed does not depend on the values). Timed over one round
-    of H = 5 (40 worker-steps, about 16 GFLOP).
+    of H = 5 (40 worker-steps, about 16 GFLOP) after a warm-up round.
 
 FLOPs of one worker-step, counting the matrix products only (the bias adds, ReLU, softmax
 and AdamW are O(b d) or O(P) and left out)::
@@ -21,7 +21,7 @@ import numpy as np
 
 MODELS = {
     "a": {"label": "(a) 64-128-10, batch 32, K=8, H=50", "sizes": (64, 128, 10), "hidden": (128,), "batch": 32,
-          "workers": 8, "H": 50, "rounds": 4},
+          "workers": 8, "H": 50, "rounds": 3},
     "b": {"label": "(b) 784-512-512-10, batch 128, K=8, H=5", "sizes": (784, 512, 512, 10), "hidden": (512, 512),
           "batch": 128, "workers": 8, "H": 5, "rounds": 1},
 }
