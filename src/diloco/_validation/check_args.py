@@ -564,8 +564,11 @@ def _first_non_finite(values) -> str | None:
 
 
 def _overflowed(function: str, what: str, inputs: str, hint: str = "") -> ValueError:
+    # Two causes, both named: inputs too large for the dtype, or (in a learner's code) an
+    # unstable formula such as exp of a large logit where a stable form stays finite.
     return ValueError(f"{function}: {what} overflowed to Inf or NaN although {inputs} are finite: their magnitudes "
-                      f"are too large for the dtype{hint}")
+                      f"are too large for the dtype{hint}, or the computation overflows where a stable form "
+                      "would not")
 
 
 def _require_finite(function: str, what: str, inputs: str, values, hint: str = "") -> None:
