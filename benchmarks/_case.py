@@ -129,8 +129,10 @@ def run_training(spec: dict) -> dict:
         else:
             from diloco.engine import train_diloco_fast as trainer
 
+        options = {"layout": spec["layout"]} if "layout" in spec else {}  # the fast engine's, to compare them
+
         def train():
-            return trainer(x, y, DiLoCoConfig(**fields, rounds=rounds + 1), on_round=on_round).params
+            return trainer(x, y, DiLoCoConfig(**fields, rounds=rounds + 1), on_round=on_round, **options).params
     base_rss = current_rss_mb()  # after the imports and the data
     params = train()
     (wall_0, cpu_0), (wall_1, cpu_1) = marks[0], marks[-1]

@@ -163,6 +163,19 @@ class _nothing:
         return None
 
 
+def measure_layouts(repeats: int, log) -> dict:
+    """The fast engine with each layout forced: ``{(model, dtype, layout): [result per repeat]}``."""
+    out: dict = {}
+    for _ in range(repeats):
+        for model in MODELS:
+            for dtype in ("float64", "float32"):
+                for layout in ("stacked", "per-worker"):
+                    spec = {"impl": "fast", "model": model, "dtype": dtype, "layout": layout}
+                    out.setdefault((model, dtype, layout), []).append(run_case(spec))
+    log("  layouts measured")
+    return out
+
+
 def measure_memory(log) -> dict:
     """Peak RSS of one-round runs as H and K grow (model (a), float64)."""
     out: dict = {"H": {}, "K": {}}
@@ -231,11 +244,13 @@ def main() -> None:
         training, peaks = measure_training(args.repeats, impls, main_src, save_dir, log)
         gaps = compare_params(save_dir, impls)
     threads = measure_threads(max(1, args.repeats // 2), log)
+    layouts = measure_layouts(max(1, args.repeats // 2), log)
     memory = measure_memory(log)
     adamw = measure_adamw(any(i.startswith("torch") for i in impls), log)
     compare = measure_compare(max(1, args.repeats // 2), log)
     summary = write_report(Path(args.out), training=training, gaps=gaps, peaks=peaks, threads=threads,
-                           memory=memory, adamw=adamw, compare=compare, impls=impls, repeats=args.repeats,
+                           memory=memory, adamw=adamw, compare=compare, layouts=layouts, impls=impls,
+                           repeats=args.repeats,
                            seconds=time.time() - started, load=(load_before, os.getloadavg()),
                            main_commit=MAIN_COMMIT)
     log(f"wrote {args.out} in {time.time() - started:.0f} s")
