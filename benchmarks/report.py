@@ -172,6 +172,10 @@ def write_report(path: Path, *, training, gaps, peaks, threads, memory, adamw, c
              f"process, {repeats} interleaved repeats, medians. Do not edit by hand; rerun `make bench`.", "",
              "## Machine", ""]
     lines += _table(("", ""), machine_rows(load, main_commit))
+    if os.environ.get("OPENBLAS_CORETYPE") or os.environ.get("OPENBLAS_L2_SIZE"):
+        lines += ["", "OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE were set, so OpenBLAS ran the kernel named above, "
+                      "which can be slower than the one it would pick itself; to measure that one, run "
+                      "`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE make bench`."]
     lines += ["", "## Targets", ""]
     training_lines, rates = training_section(training, peaks, impls)
     targets, notes = targets_section(rates, training, peaks, compare, memory, impls)
