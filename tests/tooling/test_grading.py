@@ -337,3 +337,6 @@ def test_the_report_says_whether_the_graded_code_was_sandboxed(tmp_path):
     assert "\n  (local, not sandboxed" in grading.format_table(local)
     assert grading.to_gradescope(sandboxed)["output"] == sandboxed.progress_line()
     assert "local, not sandboxed" in grading.to_gradescope(local)["output"]
+    for report, words in ((sandboxed, "sandboxed (protections:"), (local, "local, not sandboxed")):
+        grading_property = ET.fromstring(grading.to_junit_xml(report).split("\n", 1)[1]).find(".//property")
+        assert grading_property.get("name") == "grading" and grading_property.get("value").startswith(words)
