@@ -125,12 +125,45 @@ def bomb():
 '''
 
 
+FAKE_TEXT = '''
+from typing import NamedTuple
+
+
+class OneHot:  # a plain class of the project: crosses as its __dict__
+    def __init__(self, vocab_size, context):
+        self.vocab_size, self.context = vocab_size, context
+        self.input_width, self.num_features = context, context * vocab_size
+
+
+class Window(NamedTuple):
+    start: int
+    stop: int
+
+
+def widths(encoder):
+    return encoder.num_features, encoder, OneHot(2, 5)
+
+
+def unknown():
+    return Window(1, 4)  # the grader's diloco.text has no Window: it cannot be rebuilt there
+
+
+def grow(encoder):
+    encoder.vocab_size += 1
+
+
+def apply(f, x):
+    return f(x) + f.offset
+'''
+
+
 @pytest.fixture(scope="module")
 def config(tmp_path_factory):
     root = tmp_path_factory.mktemp("fake")
     (root / "diloco").mkdir()
     (root / "diloco" / "__init__.py").write_text("")
     (root / "diloco" / "probe.py").write_text(FAKE)
+    (root / "diloco" / "text.py").write_text(FAKE_TEXT)  # same module and class names as the grader's
     folder = tmp_path_factory.mktemp("sandbox")
     return sandbox.prepare(root, folder, user="nobody", call_timeout=10.0, hide=[REFERENCE_PACKAGE])
 
@@ -166,6 +199,30 @@ def test_identity_views_and_in_place_changes_come_back_as_in_process(session):
     assert np.shares_memory(whole, part) and part.tolist() == [2.0, 3.0]
     first, second = call("cached"), call("cached")
     assert np.shares_memory(first, second), "a result cached across calls is one buffer for the caller too"
+
+
+def test_the_projects_records_and_callable_objects_cross(session):
+    from diloco.text import OneHot
+
+    encoder = OneHot(4, 3)
+    width, same, other = proxy.call("text.widths", (encoder,), {})
+    assert width == 12 and same is encoder
+    assert type(other) is OneHot and (other.vocab_size, other.num_features) == (2, 10)
+    with pytest.raises(proxy.SandboxError, match="'text.Window' is not a record class of the project"):
+        proxy.call("text.unknown", (), {})
+    proxy.call("text.grow", (encoder,), {})
+    assert encoder.vocab_size == 5, "a change to a plain object's attributes reaches the caller's object"
+
+    class Shift:  # a test's own callable object: it stays here, its simple attributes travel
+        offset = None
+
+        def __init__(self):
+            self.offset = 10.0
+
+        def __call__(self, x):
+            return x * 2
+
+    assert proxy.call("text.apply", (Shift(), np.arange(3.0)), {}).tolist() == [10.0, 12.0, 14.0]
 
 
 def test_plain_values_keep_their_types(session):

@@ -33,6 +33,7 @@ import atexit
 import builtins
 import importlib
 import inspect
+import sys
 import warnings
 
 import numpy as np
@@ -53,7 +54,7 @@ class _Session:
     def __init__(self, config: dict, notify):
         self.config, self.notify = config, notify
         self.registry = Registry("c")
-        self.names = Names(lambda module: importlib.import_module(f"diloco.{module}"))
+        self.names = Names(lambda module: sys.modules.get(f"diloco.{module}"))
         self.box: Sandbox | None = None
         self.hello: dict = {}
         self.starts, self.broken, self.next_id = 0, "", 0

@@ -219,8 +219,9 @@ class Worker:
     def _snapshot(self) -> None:
         self.snapshots = {k: self.values.snapshot(obj) for k, obj in enumerate(self.table) if _is_array(obj)}
 
-    def _callback(self, index: int):
+    def _callback(self, index: int, attrs: dict):
         """Stands in for the caller's callable ``index`` (say ``on_round``): asks the caller to run it.
+        It carries the callable's simple attributes (an encoder's ``num_features``, say).
 
         Both sides bring the call's arguments up to date first (the caller sees this side's
         Generator state and arrays, this side sees what the callable changed), as they
@@ -246,7 +247,9 @@ class Worker:
                 raise self.wire.rebuild_exception(header["error"]) or RuntimeError(header["error"].get("message"))
             os._exit(3)  # the caller broke the protocol
 
-        return callback
+        stand_in = type("Callback", (), {"__call__": lambda _, *args, **kwargs: callback(*args, **kwargs)})()
+        vars(stand_in).update(attrs)
+        return stand_in
 
 
 def _is_array(value) -> bool:
