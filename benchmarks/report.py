@@ -181,7 +181,7 @@ def write_report(path: Path, *, training, gaps, peaks, threads, memory, adamw, c
     targets, notes = targets_section(rates, training, peaks, compare, memory, impls)
     if notes and load[0][0] + load[1][0] > 1.0:
         notes.append(NOTES["load"])
-    summary = targets + [""] + [f"- {note}" for note in notes]
+    summary = targets + ([""] + [f"- {note}" for note in notes] if notes else [])
     lines += summary
     lines += ["", "## Training throughput, one BLAS thread", "",
               "One DiLoCo run per case (`train_diloco`, `diloco.engine.train_diloco_fast`, or "
