@@ -340,3 +340,12 @@ def test_the_report_says_whether_the_graded_code_was_sandboxed(tmp_path):
     for report, words in ((sandboxed, "sandboxed (protections:"), (local, "local, not sandboxed")):
         grading_property = ET.fromstring(grading.to_junit_xml(report).split("\n", 1)[1]).find(".//property")
         assert grading_property.get("name") == "grading" and grading_property.get("value").startswith(words)
+
+
+@pytest.mark.slow
+def test_the_reference_grades_30_of_30_through_the_sandbox():
+    """Every milestone test passes with the reference running in the sandbox (the proxy is faithful)."""
+    report = grade(REPO)
+    failing = [(r.milestone.label, r.status, r.summary, r.detail[:3]) for r in report.results if not r.passed]
+    assert report.score == 30, failing
+    assert report.sandbox.startswith("separate process")
