@@ -165,7 +165,8 @@ def config(tmp_path_factory):
     (root / "diloco" / "probe.py").write_text(FAKE)
     (root / "diloco" / "text.py").write_text(FAKE_TEXT)  # same module and class names as the grader's
     folder = tmp_path_factory.mktemp("sandbox")
-    return sandbox.prepare(root, folder, user="nobody", call_timeout=10.0, hide=[REFERENCE_PACKAGE])
+    return sandbox.prepare(root, folder, user="nobody", call_timeout=10.0, hide=[REFERENCE_PACKAGE],
+                           cover=[REFERENCE_PACKAGE.parents[1]])
 
 
 @pytest.fixture
@@ -327,6 +328,8 @@ def test_as_root_the_sandbox_runs_locked_in(session, config, tmp_path):
         assert call("write", str(tmp_path.parent / "diloco-sandbox-escape")) in ("OSError", "PermissionError")
         assert call("write", "/tmp/diloco-sandbox-escape") == "OSError"  # read-only, though /tmp is 1777
         assert call("listing", str(REFERENCE_PACKAGE)) in ([], "PermissionError"), "the reference is hidden"
+        shown = call("listing", str(REFERENCE_PACKAGE.parents[1]))  # the checkout: only what Python needs
+        assert "pyproject.toml" not in shown and ".git" not in shown and "tests" not in shown, shown
     assert call("write", "inside") == "written"  # its own folder is writable
     assert call("write", str(REFERENCE_PACKAGE / "model.py")) in ("OSError", "PermissionError")
     assert not Path("/tmp/diloco-sandbox-escape").exists()

@@ -192,6 +192,18 @@ def _probe_sandbox(config: dict, package_root: Path) -> tuple[str, str]:
     return str(hello["file"]), protections(config, hello)
 
 
+def _grader_folders() -> list[Path]:
+    """Covered in the sandbox: the checkout (or bundled suite) this grader comes from, so the
+    graded code cannot read the reference in it (its git history, a build folder ...), and
+    the temporary folder, so it sees none of the files there but its own."""
+    from diloco.tools.regions import suite_root
+
+    try:
+        return [suite_root(), Path(tempfile.gettempdir())]
+    except FileNotFoundError:
+        return [Path(tempfile.gettempdir())]
+
+
 def _kill_leftovers(records: list[dict], folder: str) -> None:
     """Kill the process group of every sandbox of the wave still running (normally none: each
     dies with its test run). A pid counts only while its command line names our sandbox folder."""
@@ -291,7 +303,7 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
             try:
                 config = prepare(package_root, Path(tempfile.mkdtemp(prefix="diloco-sandbox-")), user=sandbox_user,
                                  python=python,
-                                 hide=[_GRADER_ROOT / "diloco", tests_dir, Path(tmp)],
+                                 hide=[_GRADER_ROOT / "diloco", tests_dir, Path(tmp)], cover=_grader_folders(),
                                  limits={"cpu": int(max(timeout, 1))}, call_timeout=call_timeout)
             except KeyError:
                 raise GradingError(f"no user {sandbox_user!r} to run the sandbox as; pass --sandbox-user") from None

@@ -67,12 +67,14 @@ def namespace_flags() -> tuple[str, ...]:
     return ()
 
 
-def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limits=None,
+def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), cover=(), limits=None,
             call_timeout: float = 120.0, python: str | None = None) -> dict:
     """Fill ``folder`` (empty, made by the caller) for a sandbox; the config a ``Sandbox`` takes.
 
     ``package_root`` holds the graded ``diloco`` package; it is copied, so the original
-    is never touched. ``user`` is the account the worker drops to (only as root).
+    is never touched. ``user`` is the account the worker drops to (only as root). With
+    namespaces, the folders ``hide`` are invisible to the sandbox and the folders ``cover``
+    show only what the interpreter needs (say the virtual environment in a checkout).
     """
     import pwd
 
@@ -92,7 +94,8 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
     flags = namespace_flags()
     return {
         "python": python or sys.executable, "folder": str(folder), "package_root": str(folder / "pkg"),
-        "user": user, "uid": uid, "gid": gid, "namespaces": list(flags), "hide": [str(p) for p in hide],
+        "user": user, "uid": uid, "gid": gid, "namespaces": list(flags),
+        "hide": [str(p) for p in hide], "cover": [str(p) for p in cover],
         "limits": {**DEFAULT_LIMITS, **(limits or {})}, "call_timeout": float(call_timeout),
     }
 
@@ -162,7 +165,8 @@ class Sandbox:
         self._log = tempfile.TemporaryFile()  # the grader's own file: the worker cannot redirect it
         worker = {"fd_in": request_r, "fd_out": reply_w, "package_root": config["package_root"], "work": work,
                   "prefix": f"s{self.generation}-", "user": config["user"], "limits": config["limits"],
-                  "hide": config["hide"], "lock_filesystem": bool(config["namespaces"]) and os.geteuid() == 0}
+                  "hide": config["hide"], "cover": config["cover"],
+                  "lock_filesystem": bool(config["namespaces"]) and os.geteuid() == 0}
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work, "TMPDIR": work,
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         command = [*config["namespaces"], config["python"], "-I", "-B",

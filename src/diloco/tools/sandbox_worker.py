@@ -5,8 +5,10 @@ Started only by ``diloco.tools.sandbox.Sandbox``, from a copy in the sandbox fol
 no script folder on ``sys.path``, so nothing of the submission runs before it is meant
 to). While still trusted it locks itself in, in this order:
 
-1. in its own mount namespace (when the launcher made one): hide the grader's folders
-   under empty read-only mounts, then make every mount read-only except its working folder;
+1. in its own mount namespace (when the launcher made one): cover the grader's folders
+   (its checkout or installation, say) with empty mounts, bringing back only what the
+   interpreter needs (its ``sys.path``), hide the reference and the tests entirely, then
+   make every mount read-only except its working folder;
 2. resource limits: CPU seconds, address space, processes, file size, open files, no core;
 3. its working folder (the throw-away folder the launcher made) as cwd and ``HOME``;
 4. drop to the sandbox user (``nobody``) when started as root, and forbid new privileges.
@@ -56,19 +58,18 @@ def _blocked(path: str) -> str | None:
     return None
 
 
-def _expose(libc, needed: list) -> None:
-    """Make the folders ``needed`` reachable for the sandbox user when a private folder (say
-    ``/root``, holding the interpreter) is on their way: an empty, passable tmpfs covers that
-    folder, and the needed folders are bind-mounted back inside it. The rest stays hidden."""
+def _expose(libc, needed: list, cover: list) -> None:
+    """Cover each folder of ``cover``, and each private folder (say ``/root``, holding the
+    interpreter) on the way to a folder of ``needed``, with an empty, passable tmpfs; then
+    bind-mount the ``needed`` folders under it back in place. The rest stays hidden."""
     needed = sorted({os.path.realpath(p) for p in needed if os.path.isdir(p)})
     needed = [p for p in needed if not any(p.startswith(q + "/") for q in needed)]
-    covers: dict = {}
-    for path in needed:
-        top = _blocked(path)
-        if top is not None:
-            covers.setdefault(top, []).append(path)
-    for top, paths in covers.items():
-        handles = [(os.open(path, os.O_PATH | os.O_DIRECTORY), path) for path in paths]  # before they vanish
+    tops = {os.path.realpath(c) for c in cover} | {_blocked(p) for p in needed} - {None}
+    for top in sorted(tops, key=len):
+        inside = [p for p in needed if p == top or p.startswith(top + "/")]
+        if not os.path.isdir(top) or top in inside:  # hidden already, or needed whole
+            continue
+        handles = [(os.open(path, os.O_PATH | os.O_DIRECTORY), path) for path in inside]  # before they vanish
         _mount(libc, "tmpfs", top, "tmpfs", 0, "size=64k,mode=755")
         for fd, path in handles:
             os.makedirs(path, mode=0o755, exist_ok=True)
@@ -76,13 +77,13 @@ def _expose(libc, needed: list) -> None:
             os.close(fd)
 
 
-def _lock_filesystem(work: str, hide: list, needed: list) -> list:
-    """Hide ``hide``, expose ``needed``, remount everything read-only but ``work``; the mounts
-    that failed to become read-only."""
+def _lock_filesystem(work: str, hide: list, cover: list, needed: list) -> list:
+    """Cover ``cover`` but ``needed``, hide ``hide`` entirely, remount everything read-only but
+    ``work``; the mounts that failed to become read-only."""
     libc = ctypes.CDLL(None, use_errno=True)
     _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below leaks out of this namespace
     _mount(libc, work, work, None, _MS_BIND | _MS_REC)
-    _expose(libc, needed)
+    _expose(libc, needed, cover)
     for folder in hide:
         if os.path.isdir(folder):
             _mount(libc, "tmpfs", folder, "tmpfs", 0, "size=4k,mode=000")
@@ -272,7 +273,7 @@ def main(argv) -> None:
     facts = {"pid": os.getpid(), "readonly": False, "hidden": [], "limits": config["limits"]}
     if config.get("lock_filesystem"):
         needed = [*sys.path, os.path.dirname(os.path.abspath(__file__)), config["package_root"], work]
-        failed = _lock_filesystem(work, config.get("hide", []), needed)
+        failed = _lock_filesystem(work, config.get("hide", []), config.get("cover", []), needed)
         facts.update(readonly=not failed, hidden=config.get("hide", []), readonly_failed=failed)
     facts["limits_refused"] = _set_limits(config["limits"])
     os.chdir(work)
