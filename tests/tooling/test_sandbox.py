@@ -15,7 +15,6 @@ import os
 import pwd
 import shutil
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -211,8 +210,10 @@ def test_the_projects_records_and_callable_objects_cross(session):
     assert type(other) is OneHot and (other.vocab_size, other.num_features) == (2, 10)
     with pytest.raises(proxy.SandboxError, match="'text.Window' is not a record class of the project"):
         proxy.call("text.unknown", (), {})
+    encoder.table = table = np.zeros(2)
     proxy.call("text.grow", (encoder,), {})
     assert encoder.vocab_size == 5, "a change to a plain object's attributes reaches the caller's object"
+    assert encoder.table is table
 
     class Shift:  # a test's own callable object: it stays here, its simple attributes travel
         offset = None

@@ -45,7 +45,7 @@ if _SANDBOX:
 
 def pytest_configure(config):
     for number in range(1, 31):
-        config.addinivalue_line("markers", "m%02d: milestone %02d" % (number, number))
+        config.addinivalue_line("markers", f"m{number:02d}: milestone {number:02d}")
     config.addinivalue_line("markers", "tooling: tests of the supporting tools")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     try:  # the suite's profile without shrinking (defined in tests/conftest.py): much faster
@@ -63,7 +63,7 @@ def pytest_sessionstart(session):
             import diloco
             _write({"kind": "import", "file": diloco.__file__})
     except BaseException as exc:  # reported, the run goes on to show collection errors
-        _write({"kind": "import", "error": "%s: %s" % (type(exc).__name__, exc)})
+        _write({"kind": "import", "error": f"{type(exc).__name__}: {exc}"})
 
 
 def pytest_unconfigure(config):
@@ -108,7 +108,7 @@ def _where(exc):
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         if os.path.abspath(frame.filename).startswith(package + os.sep):
             name = "diloco/" + os.path.relpath(frame.filename, package)
-            return "%s:%s: %s" % (name, frame.lineno, (frame.line or "").strip())
+            return f"{name}:{frame.lineno}: {(frame.line or '').strip()}"
     return ""
 
 

@@ -48,8 +48,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from diloco.milestones import MILESTONES, by_number
 from diloco.tools.errors import CliError

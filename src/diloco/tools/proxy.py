@@ -99,7 +99,7 @@ def install(config: dict, notify=None) -> None:
 
     proxies = {}
     modules = [importlib.import_module(f"diloco.{name}") for name in PROXIED_MODULES]
-    for module_name, module in zip(PROXIED_MODULES, modules):
+    for module_name, module in zip(PROXIED_MODULES, modules, strict=True):
         for name in getattr(module, "__all__", ()):
             function = getattr(module, name, None)
             if inspect.isfunction(function) and id(function) not in proxies:

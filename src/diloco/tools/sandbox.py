@@ -50,7 +50,7 @@ class SandboxError(BaseException):
     """The sandboxed call did not give a well-formed answer: the test fails, never passes."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def namespace_flags() -> tuple[str, ...]:
     """The ``unshare`` command line that works here (root: PID, mount, network, IPC), or ``()``."""
     unshare = shutil.which("unshare") or ("/usr/bin/unshare" if os.path.exists("/usr/bin/unshare") else None)

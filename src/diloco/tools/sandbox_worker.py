@@ -42,7 +42,9 @@ def _load_wire():
 
 
 def _mount(libc, source, target, fstype, flags, data=None):
-    encode = (lambda text: None if text is None else text.encode())
+    def encode(text):
+        return None if text is None else text.encode()
+
     if libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno), target)

@@ -332,10 +332,12 @@ class Decoder:
         if tag == "D":
             if len(keys) != len(items):
                 raise WireError("a dict with more keys than values")
-            if target is None or list(target) != keys or any(a is not b for a, b in zip(target.values(), items)):
+            if target is None or list(target) != keys or any(
+                    a is not b for a, b in zip(target.values(), items, strict=True)):
                 value.clear()
-                value.update(zip(keys, items))
-        elif target is None or len(target) != len(items) or any(a is not b for a, b in zip(target, items)):
+                value.update(zip(keys, items, strict=True))
+        elif target is None or len(target) != len(items) or any(
+                a is not b for a, b in zip(target, items, strict=True)):
             value[:] = items
         return value
 
@@ -361,7 +363,8 @@ class Decoder:
         value = object.__new__(cls) if target is None else target  # no __init__: its state comes as data
         self._slot(item, value)
         state = {str(key): self._decode(v) for key, v in item["f"].items()}
-        if vars(value) != state or any(a is not b for a, b in zip(vars(value).values(), state.values())):
+        if list(vars(value)) != list(state) or any(
+                a is not b for a, b in zip(vars(value).values(), state.values(), strict=True)):
             vars(value).clear()
             vars(value).update(state)
         return value
