@@ -151,6 +151,10 @@ def grow(encoder):
     encoder.vocab_size += 1
 
 
+def retable(encoder):
+    encoder.table = encoder.table + 1  # a new array in place of the old one
+
+
 def apply(f, x):
     return f(x) + f.offset
 '''
@@ -210,10 +214,11 @@ def test_the_projects_records_and_callable_objects_cross(session):
     assert type(other) is OneHot and (other.vocab_size, other.num_features) == (2, 10)
     with pytest.raises(proxy.SandboxError, match="'text.Window' is not a record class of the project"):
         proxy.call("text.unknown", (), {})
-    encoder.table = table = np.zeros(2)
     proxy.call("text.grow", (encoder,), {})
     assert encoder.vocab_size == 5, "a change to a plain object's attributes reaches the caller's object"
-    assert encoder.table is table
+    encoder.table = table = np.zeros(2)
+    proxy.call("text.retable", (encoder,), {})
+    assert encoder.table.tolist() == [1.0, 1.0] and table.tolist() == [0.0, 0.0]
 
     class Shift:  # a test's own callable object: it stays here, its simple attributes travel
         offset = None
