@@ -61,7 +61,7 @@ def mlp_gradients(rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Logits, mean cross-entropy and autograd gradients of a 3-4-3 ReLU MLP."""
     sizes = (3, 4, 3)
     params = {}
-    for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
+    for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True), start=1):
         params[f"W{layer}"] = rng.standard_normal((fan_in, fan_out))
         params[f"b{layer}"] = 0.5 * rng.standard_normal(fan_out)
     x = rng.standard_normal((5, sizes[0]))

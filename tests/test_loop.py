@@ -664,7 +664,7 @@ def test_baseline_reaches_95_percent_on_held_out_digits():
     assert accuracy >= 0.95, f"the synchronous baseline reached only {accuracy:.3f} held-out accuracy"
 
 
-# --------------------------------------------------------------------------- the paper's mechanisms (keyword extensions)
+# ------------------------------------------------------------------ the paper's mechanisms (keyword extensions)
 # Shard-size weights, dropped outer gradients (worker_starts), an input encoder (encode=),
 # and the inner lr schedule and clipping of the baseline: diloco.mechanisms, composed by
 # milestones 25-27. The oracles are written out here from the earlier milestones.
@@ -817,7 +817,8 @@ def test_baseline_clips_and_follows_the_inner_lr_schedule():
             if coef < 1:
                 mean = {key: g * coef for key, g in mean.items()}
             step += 1
-            lr = peak * step / 2 if step <= 2 else peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 2) / 4)))
+            cosine = 0.5 * (1 + math.cos(math.pi * (step - 2) / (total - 2)))
+            lr = peak * step / 2 if step <= 2 else peak * (0.1 + 0.9 * cosine)
             params, state = adamw_step(params, state, mean, AdamWConfig(lr=lr, weight_decay=config.inner.weight_decay))
     assert_params_close(result.params, params, rtol=1e-10, atol=1e-13,
                         what="baseline with warmup + cosine lr and gradient clipping")

@@ -532,7 +532,7 @@ def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfi
         losses = np.empty((config.num_workers, config.inner_steps))
         for step in range(config.inner_steps):
             grads = []
-            for worker, ((x_k, y_k), rng_k) in enumerate(zip(shards, worker_rngs)):
+            for worker, ((x_k, y_k), rng_k) in enumerate(zip(shards, worker_rngs, strict=True)):
                 x_batch, y_batch = sample_worker_batch(x_k, y_k, config.batch_size, rng_k)
                 if encode is not None:
                     x_batch = encode(x_batch, dtype)

@@ -76,7 +76,7 @@ def init_model_params(layer_sizes, rng, *, dtype=np.float64) -> Params:
     sizes, dtype = check_args.init_model_params(layer_sizes, rng, dtype)
     # BEGIN SOLUTION
     params: Params = {}
-    for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
+    for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True), start=1):
         std = np.sqrt(2.0 / fan_in)
         params[f"W{layer}"] = (rng.standard_normal((fan_in, fan_out)) * std).astype(dtype)
         params[f"b{layer}"] = np.zeros(fan_out, dtype=dtype)

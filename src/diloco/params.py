@@ -119,7 +119,7 @@ def average_params(params_list, weights=None) -> Params:
     total = sum(weights)
     normalised = [w / total for w in weights]
     return {
-        key: sum(w * params[key] for w, params in zip(normalised, params_list))
+        key: sum(w * params[key] for w, params in zip(normalised, params_list, strict=True))
         for key in params_list[0]
     }
     # END SOLUTION

@@ -57,7 +57,7 @@ def reference_baseline(x, y, config):
         losses = np.zeros((config.num_workers, config.inner_steps))
         for step in range(config.inner_steps):
             grads = []
-            for k, ((x_k, y_k), rng_k) in enumerate(zip(shards, worker_rngs)):
+            for k, ((x_k, y_k), rng_k) in enumerate(zip(shards, worker_rngs, strict=True)):
                 x_batch, y_batch = sample_worker_batch(x_k, y_k, config.batch_size, rng_k)
                 logits, cache = model_forward(params, x_batch)
                 shifted = logits - logits.max(axis=1, keepdims=True)

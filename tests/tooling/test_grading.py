@@ -82,7 +82,8 @@ def test_fresh_workspace_grades_zero(fresh):
     statuses = {t["extra_data"]["state"] for t in fresh["json"]["tests"]}
     assert statuses <= {NOT_STARTED, LOCKED}
     assert fresh["json"]["score"] == 0
-    assert fresh["json"]["output"] == "0/30 passed - next: 01 init_model_params (docs/milestones/01-init-model-params.md)"
+    assert fresh["json"]["output"] == (
+        "0/30 passed - next: 01 init_model_params (docs/milestones/01-init-model-params.md)")
     by_number = {t["extra_data"]["milestone"]: t["extra_data"] for t in fresh["json"]["tests"]}
     for m in MILESTONES:  # exactly the milestones with prerequisites are locked
         assert by_number[m.number]["state"] == (LOCKED if m.depends_on else NOT_STARTED)

@@ -85,7 +85,7 @@ def first_difference(got, expected, path="$"):
     if isinstance(expected, list):
         if len(got) != len(expected):
             return f"{path}: lesson has {len(got)} items, fixture has {len(expected)}"
-        for i, (g, e) in enumerate(zip(got, expected)):
+        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
             diff = first_difference(g, e, f"{path}[{i}]")
             if diff:
                 return diff
@@ -186,7 +186,8 @@ def test_names() -> set[str]:
 def test_lesson_follows_the_template(number, test_names):
     m = by_number(number)
     path = lesson_file(m)
-    assert path.is_file(), f"lesson for milestone {m.label} is missing: write {m.lesson} (see {TEMPLATE.relative_to(ROOT)})"
+    assert path.is_file(), (
+        f"lesson for milestone {m.label} is missing: write {m.lesson} (see {TEMPLATE.relative_to(ROOT)})")
     problems = structure_problems(m, path.read_text(encoding="utf-8"), test_names)
     assert not problems, f"{m.lesson}:\n  " + "\n  ".join(problems)
 

@@ -1,7 +1,6 @@
 """The stored milestone-27 reference runs still come out of their generator."""
 
 import numpy as np
-
 from make_m27_snapshot import SNAPSHOT, build_snapshot
 
 

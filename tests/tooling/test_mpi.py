@@ -49,7 +49,7 @@ def test_mpi_processes_match_the_simulation(processes, tmp_path):
             np.testing.assert_allclose(saved[key], value, rtol=1e-12, atol=1e-13, err_msg=key)
     history = json.loads((tmp_path / "run.json").read_text())["history"]
     assert [r["round"] for r in history] == [1, 2, 3]
-    for got, want in zip(history, expected.history):
+    for got, want in zip(history, expected.history, strict=True):
         assert got["all_reduces"] == want["all_reduces"] == 1
         assert got["bytes_sent"] == want["bytes_sent"]
         np.testing.assert_allclose(got["worker_losses"], want["worker_losses"], rtol=1e-12)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from diloco.milestones import MILESTONES
 from diloco.tools import regions as regions_mod
 from diloco.tools import workspace
 from diloco.tools.cli import main
-from diloco.milestones import MILESTONES
 from diloco.tools.regions import RegionError, solution_regions, stub_source
 from diloco.tools.workspace import create_workspace
 
@@ -156,7 +156,7 @@ def test_readme_milestone_list_matches_the_graph(readme, fresh):
     items = [_ITEM.match(line) for line in text.splitlines()]
     items = [m.groups() for m in items if m]
     assert len(items) == 30
-    for (number, name, lesson, summary, needs), m in zip(items, MILESTONES):
+    for (number, name, lesson, summary, needs), m in zip(items, MILESTONES, strict=True):
         assert (int(number), name, lesson, summary) == (m.number, m.name, m.lesson, m.summary)
         assert needs == (", ".join(f"{d:02d}" for d in m.depends_on) or "-")
     assert workspace.milestone_list_markdown() in text

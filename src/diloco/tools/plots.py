@@ -148,12 +148,12 @@ def plot_study(rows: list, *, title: str = "", xlabel: str = "variant"):
             x = i + (j - (len(group) - 1) / 2) * width
             label = None if row["algo"] in labelled else _label(row["algo"])
             labelled.add(row["algo"])
-            for ax, metric in zip(axes, ("eval_loss", "eval_accuracy")):
+            for ax, metric in zip(axes, ("eval_loss", "eval_accuracy"), strict=True):
                 stats = row[metric]
                 ax.bar([x], [stats["mean"]], width=width * 0.9, color=colours.get(row["algo"], "tab:green"),
                        yerr=[[stats["mean"] - stats["low"]], [stats["high"] - stats["mean"]]], capsize=3,
                        label=label)
-    for ax, ylabel in zip(axes, ("final held-out loss", "final held-out accuracy")):
+    for ax, ylabel in zip(axes, ("final held-out loss", "final held-out accuracy"), strict=True):
         ax.set_xticks(range(len(variants)), variants, rotation=20, ha="right")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"{ylabel} (mean, 95% CI)")

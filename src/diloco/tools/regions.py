@@ -17,8 +17,9 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 from diloco.milestones import MILESTONES, Milestone, stub_message, test_command
 

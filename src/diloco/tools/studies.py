@@ -27,7 +27,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
