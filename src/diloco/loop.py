@@ -60,7 +60,23 @@ __all__ = [
 EVAL_CHUNK = 2048
 
 
-class RoundRecord(TypedDict, total=False):
+class _RoundRecordFields(TypedDict):
+    """The fields every record has (see ``RoundRecord``)."""
+
+    round: int
+    step: int
+    inner_loss: float
+    worker_losses: list
+    all_reduces: int
+    bytes_sent: float
+    cumulative_bytes: float
+    eval_loss: float | None
+    eval_accuracy: float | None
+    eval_perplexity: float | None
+    eval_bits: float | None
+
+
+class RoundRecord(_RoundRecordFields, total=False):
     """One entry of a run's history: one DiLoCo round, or ``inner_steps`` baseline steps.
 
     The single schema of the per-round record, used by the loop, the MPI backend, the run
@@ -113,18 +129,7 @@ class RoundRecord(TypedDict, total=False):
         inner step used (``sim_step_time`` on the first record).
     """
 
-    round: int
-    step: int
-    inner_loss: float
-    worker_losses: list
     pseudo_grad_norm: float
-    all_reduces: int
-    bytes_sent: float
-    cumulative_bytes: float
-    eval_loss: float | None
-    eval_accuracy: float | None
-    eval_perplexity: float | None
-    eval_bits: float | None
     dropped_workers: list
     pseudo_grad_cosine: float | None
     allreduce_seconds: float

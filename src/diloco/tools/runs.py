@@ -39,6 +39,8 @@ from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
+from diloco.loop import RoundRecord
+
 __all__ = [
     "HISTORY_FIELDS",
     "STATUSES",
@@ -56,10 +58,13 @@ __all__ = [
     "git_commit",
 ]
 
-# The fields of every history.jsonl record, in order (docs/cli.md explains each).
+# The fields of every history.jsonl record, in order: the algorithm, every field each
+# ``diloco.loop.RoundRecord`` has (the one schema of a round's record), the DiLoCo-only
+# ``pseudo_grad_norm`` (None for the baseline) and the wall time. Other RoundRecord fields
+# follow where a run has them. docs/cli.md explains each.
 HISTORY_FIELDS = (
-    "algo", "round", "step", "inner_loss", "eval_loss", "eval_accuracy", "all_reduces", "bytes_sent",
-    "cumulative_bytes", "pseudo_grad_norm", "worker_losses", "time",
+    "algo", *(name for name in RoundRecord.__annotations__ if name in RoundRecord.__required_keys__),
+    "pseudo_grad_norm", "time",
 )
 
 # The values of summary.json's "status" (docs/failure-and-recovery.md explains each).
