@@ -36,7 +36,6 @@ import hashlib
 import io
 import json
 import re
-import zipfile
 from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
@@ -45,8 +44,17 @@ import numpy as np
 
 from diloco.adamw import AdamWState
 from diloco.config import DiLoCoConfig
-from diloco.data import npy_header
 from diloco.outer import OuterState
+from diloco.tools.checkpoint_records import data_fingerprint, generator_state, restore_generator
+from diloco.tools.checkpoint_verify import (
+    FORMAT,
+    FORMAT_VERSION,
+    CheckpointError,
+    _manifest_digest,
+    _read_arrays,
+    _read_manifest,
+    config_changes,
+)
 from diloco.tools.runs import atomic_write_bytes, atomic_write_text
 
 __all__ = [
@@ -55,13 +63,7 @@ __all__ = [
     "restore_generator",
 ]
 
-FORMAT = "diloco-checkpoint"
-FORMAT_VERSION = 1
 _NAME = re.compile(r"^(?P<algo>[a-z]+)-round(?P<round>\d{6,})\.json$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message names the file and the reason."""
 
 
 class Checkpoint(NamedTuple):
@@ -102,72 +104,6 @@ class Checkpoint(NamedTuple):
     history: list
     data_fingerprint: str
     path: Path
-
-
-# --- generators --------------------------------------------------------------------------
-
-def _json_state(value):
-    if isinstance(value, dict):
-        return {key: _json_state(item) for key, item in value.items()}
-    if isinstance(value, np.ndarray):
-        return {"ndarray": value.tolist(), "dtype": str(value.dtype)}
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
-
-
-def _array_state(value):
-    if isinstance(value, dict):
-        if set(value) == {"ndarray", "dtype"}:
-            return np.array(value["ndarray"], dtype=np.dtype(value["dtype"]))
-        return {key: _array_state(item) for key, item in value.items()}
-    return value
-
-
-def generator_state(rng: np.random.Generator) -> dict:
-    """A JSON-ready record of ``rng``: its bit generator's state and its seed sequence's spawn count."""
-    seed_seq = rng.bit_generator.seed_seq
-    if not isinstance(seed_seq, np.random.SeedSequence):
-        raise TypeError(f"rng must be seeded by a numpy.random.SeedSequence to be checkpointed, got "
-                        f"{type(seed_seq).__name__}")
-    entropy = seed_seq.entropy
-    return {
-        "bit_generator": type(rng.bit_generator).__name__,
-        "state": _json_state(rng.bit_generator.state),
-        "seed_sequence": {
-            "entropy": [int(e) for e in entropy] if isinstance(entropy, (list, tuple, np.ndarray)) else entropy,
-            "spawn_key": [int(k) for k in seed_seq.spawn_key],
-            "pool_size": int(seed_seq.pool_size),
-            "n_children_spawned": int(seed_seq.n_children_spawned),
-        },
-    }
-
-
-def restore_generator(record: dict) -> np.random.Generator:
-    """The generator ``generator_state`` described: same stream position, same spawn count."""
-    name = record["bit_generator"]
-    bit_generator_class = getattr(np.random, name, None)
-    if not (isinstance(bit_generator_class, type) and issubclass(bit_generator_class, np.random.BitGenerator)):
-        raise ValueError(f"unknown bit generator {name!r}")
-    seq = record["seed_sequence"]
-    seed_seq = np.random.SeedSequence(seq["entropy"], spawn_key=tuple(seq["spawn_key"]),
-                                      pool_size=seq["pool_size"], n_children_spawned=seq["n_children_spawned"])
-    bit_generator = bit_generator_class(seed_seq)
-    bit_generator.state = _array_state(record["state"])
-    return np.random.Generator(bit_generator)
-
-
-def data_fingerprint(*arrays) -> str:
-    """SHA-256 over the dtypes, shapes and bytes of ``arrays`` (None counts as absent)."""
-    digest = hashlib.sha256()
-    for array in arrays:
-        if array is None:
-            digest.update(b"none;")
-            continue
-        array = np.ascontiguousarray(array)
-        digest.update(f"{array.dtype.str}{array.shape};".encode())
-        digest.update(array.tobytes())
-    return digest.hexdigest()
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -249,12 +185,6 @@ SHA-256 besides the ``.npz``'s; only then are older
     return manifest_path
 
 
-def _manifest_digest(manifest: dict) -> str:
-    """SHA-256 of the manifest's content without its own checksum (canonical JSON)."""
-    content = {key: value for key, value in manifest.items() if key != "manifest_sha256"}
-    return hashlib.sha256(json.dumps(content, sort_keys=True, allow_nan=False).encode()).hexdigest()
-
-
 def _prune(directory: Path, algo: str, keep: int) -> None:
     for old in list_checkpoints(directory, algo)[:-keep]:
         old.unlink(missing_ok=True)
@@ -268,80 +198,6 @@ def _prune(directory: Path, algo: str, keep: int) -> None:
 
 
 # --- reading ---------------------------------------------------------------------------------
-
-def config_changes(old: DiLoCoConfig, new: DiLoCoConfig) -> list[str]:
-    """``"field old -> new"`` for every field that differs (``inner.lr`` style for AdamW's)."""
-    before, after = old.to_dict(), new.to_dict()
-    inner_before, inner_after = before.pop("inner"), after.pop("inner")
-    changes = [f"{key} {before.get(key)!r} -> {after[key]!r}" for key in after if before.get(key) != after[key]]
-    changes += [f"inner.{key} {inner_before.get(key)!r} -> {inner_after[key]!r}" for key in inner_after
-                if inner_before.get(key) != inner_after[key]]
-    return changes
-
-
-def _read_manifest(path: Path) -> dict:
-    def refuse(why: str):
-        return CheckpointError(f"checkpoint {path} refused: {why}")
-
-    if not path.is_file():
-        raise refuse("the manifest is missing")
-    try:
-        manifest = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise refuse(f"corrupted or truncated manifest, not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise refuse(f"not a diloco checkpoint manifest (no \"format\": \"{FORMAT}\")")
-    if manifest.get("version") != FORMAT_VERSION:
-        raise refuse(f"wrong format version {manifest.get('version')!r}; this diloco reads version "
-                     f"{FORMAT_VERSION}")
-    try:
-        intact = manifest.get("manifest_sha256") == _manifest_digest(manifest)
-    except (TypeError, ValueError):  # a value JSON cannot hold again (NaN): not what save_checkpoint wrote
-        intact = False
-    if not intact:
-        raise refuse("corrupted manifest: its SHA-256 (manifest_sha256) does not match its content")
-    expected_types = {"algo": str, "round": int, "config": dict, "data_fingerprint": str, "worker_steps": list,
-                      "has_outer_state": bool, "outer_step": int, "has_second_moment": bool,
-                      "has_worker_starts": bool, "rng": dict, "arrays": dict, "npz": str, "npz_bytes": int,
-                      "sha256": str, "history": list}
-    for key, kind in expected_types.items():
-        if not isinstance(manifest.get(key), kind) or (kind is int and isinstance(manifest.get(key), bool)):
-            raise refuse(f"corrupted manifest: field {key!r} missing or not a {kind.__name__}")
-    if "/" in manifest["npz"] or "\\" in manifest["npz"] or manifest["npz"].startswith("."):
-        raise refuse(f"corrupted manifest: data file name {manifest['npz']!r}")
-    return manifest
-
-
-def _read_arrays(npz_path: Path, manifest: dict, dtype: str, refuse) -> dict:
-    """The arrays of the ``.npz``, after checking names, headers and sizes against the manifest."""
-    declared = manifest["arrays"]
-    try:
-        with zipfile.ZipFile(npz_path) as archive:
-            members = {info.filename: info for info in archive.infolist()}
-            expected = {f"{name}.npy" for name in declared}
-            if set(members) != expected:
-                extra, missing = sorted(set(members) - expected), sorted(expected - set(members))
-                raise refuse(f"wrong arrays in {npz_path.name}: unexpected {extra}, missing {missing}")
-            for name, spec in declared.items():
-                with archive.open(f"{name}.npy") as handle:
-                    shape, array_dtype = npy_header(handle)
-                if array_dtype.hasobject or str(array_dtype) != dtype:
-                    raise refuse(f"array {name!r} has dtype {array_dtype}, the config says {dtype}")
-                if list(shape) != spec.get("shape"):
-                    raise refuse(f"array {name!r} has shape {shape}, the manifest says {spec.get('shape')}")
-                if int(np.prod(shape, dtype=np.float64)) * array_dtype.itemsize > members[f"{name}.npy"].file_size:
-                    raise refuse(f"array {name!r} declares shape {shape}, more than its {npz_path.name} entry holds")
-        with np.load(npz_path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in declared}
-    except CheckpointError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise refuse(f"corrupted {npz_path.name} ({exc})") from None
-    for name, value in arrays.items():
-        if not np.isfinite(value).all():
-            raise refuse(f"array {name!r} holds NaN or Inf; a checkpoint is only written after a finite round")
-    return arrays
-
 
 def _group(arrays: dict, prefix: str) -> dict:
     return {name[len(prefix):]: value for name, value in arrays.items() if name.startswith(prefix)}
