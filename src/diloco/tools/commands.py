@@ -7,8 +7,10 @@
   (``diloco.tools.study_command``).
 
 Every command writes a run folder (see ``diloco.tools.runs``) and, unless ``--no-plots``,
-PNG plots (``diloco.tools.plots``). The flags live in ``diloco.tools.flags``. User
-errors raise ``CliError``: one line, exit status 2.
+PNG plots (``diloco.tools.plots``). The flags live in ``diloco.tools.flags``; the steps
+every training command shares (progress bars, threads, ``start_run``) in
+``diloco.tools.run_setup``, re-exported here. User errors raise ``CliError``: one line,
+exit status 2.
 
 ``train`` and ``compare`` train through ``diloco.tools.training.train_resumable`` (the
 milestone functions, or the fast engine with ``--engine fast``): a checkpoint every
@@ -22,10 +24,7 @@ made (``diloco.tools.preflight``); after that, every early end leaves a truthful
 from __future__ import annotations
 
 import io
-import math
 import os
-import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from diloco.evaluation import communication_savings
 from diloco.loop import num_values
 from diloco.tools.errors import CliError
 from diloco.tools.family_run import check_family, family_summary, print_family, run_with_family
-from diloco.tools.faults import describe_os_error, quiet_numpy, run_outcome
+from diloco.tools.faults import quiet_numpy, run_outcome
 from diloco.tools.flags import (
     DEFAULT_MAX_LOSS,
     add_config_flags,
@@ -52,9 +51,16 @@ from diloco.tools.paper_flags import add_paper_study_flags
 from diloco.tools.paper_studies import PAPER_STUDIES
 from diloco.tools.preflight import check_run
 from diloco.tools.resume import CHECKPOINT_DIR, plan_resume
-from diloco.tools.runs import HistoryWriter, atomic_write_bytes, create_run_dir, environment_record, write_json
-from diloco.tools.studies import STUDIES, TRAINERS, format_bytes, trainer
-from diloco.tools.threads import ThreadsUnavailable, blas_threads, choose_threads
+from diloco.tools.run_setup import (
+    check_plotting,
+    max_loss_flag,
+    progress_factory,
+    resolve_trainer,
+    start_run,
+    thread_limit,
+)
+from diloco.tools.runs import HistoryWriter, atomic_write_bytes, write_json
+from diloco.tools.studies import STUDIES, TRAINERS, format_bytes
 from diloco.tools.training import train_resumable
 
 __all__ = ["add_parsers", "run_compare", "run_train", "progress_factory", "check_plotting", "start_run",
@@ -105,92 +111,7 @@ def add_parsers(subparsers) -> None:
     study.set_defaults(func=run_study_command)
 
 
-# --- shared machinery ---------------------------------------------------------------------
-
-def progress_factory(quiet: bool):
-    """A function making progress bars, or making nothing when quiet or not on a terminal."""
-    if quiet or not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        raise CliError("progress bars need tqdm, from the 'cli' extra: pip install 'diloco[cli]' "
-                       "(or pass --quiet)") from None
-    return lambda **kwargs: tqdm(file=sys.stderr, dynamic_ncols=True, **kwargs)
-
-
-def check_plotting(args) -> None:
-    if args.no_plots:
-        return
-    try:
-        from diloco.tools.plots import require_matplotlib
-
-        require_matplotlib()
-    except ImportError as exc:
-        raise CliError(f"{exc} (or pass --no-plots)") from None
-
-
-def resolve_trainer(algo: str, config: DiLoCoConfig):
-    """``studies.trainer(algo, config.engine)``; a ``CliError`` when the engine is absent or
-    does not run a mechanism ``config`` asks for (checked before anything is written)."""
-    try:
-        train = trainer(algo, config.engine)
-        if config.engine == "fast":
-            from diloco.mechanisms import check_fast_engine
-
-            check_fast_engine(config, algo)
-        return train
-    except ValueError as exc:
-        raise CliError(f"--engine {config.engine}: {exc}") from None
-
-
-def thread_limit(args, config: DiLoCoConfig, data: Dataset):
-    """``(threads, context manager)``: the BLAS thread policy (``diloco.tools.threads``) for this run."""
-    requested = getattr(args, "threads", None)
-    layer_sizes = (data.x_train.shape[1], *config.hidden_sizes, data.num_classes)
-    try:
-        threads = choose_threads(layer_sizes, config.batch_size, requested=requested)
-        return threads, blas_threads(threads, required=requested is not None)
-    except (ValueError, ThreadsUnavailable) as exc:
-        raise CliError(str(exc) if requested is None else f"--threads: {exc}") from None
-
-
-def max_loss_flag(args, default: float | None = DEFAULT_MAX_LOSS) -> float | None:
-    """``--max-loss`` as the guard takes it: ``default`` if not given (a resumed run's value), None for 'off'."""
-    value = getattr(args, "max_loss", None)
-    value = default if value is None else value
-    return None if value is None or math.isinf(value) else value
-
-
-def start_run(args, command: str, name: str, config: DiLoCoConfig, data_info: dict, extra: dict | None = None,
-              *, guard=None):
-    """Make the run folder and write ``config.json``, ``environment.json`` and a ``"running"`` summary.
-
-    If any of that fails (read-only or full disk, a name too long), the half-made folder is
-    removed and the ``OSError`` becomes a ``CliError``: no orphan folder is left behind.
-    """
-    runs_dir = Path(args.runs_dir)
-    if runs_dir.exists() and not runs_dir.is_dir():
-        raise CliError(f"--runs-dir {args.runs_dir} is a file, not a folder")
-    if len((args.name or name).encode()) > 200:  # + the time stamp must stay under the usual 255-byte limit
-        raise CliError(f"--name must be at most 200 bytes, got {len((args.name or name).encode())}")
-    try:
-        run_dir = create_run_dir(runs_dir, args.name or name)
-    except OSError as exc:
-        raise CliError(f"cannot create a run folder under --runs-dir {args.runs_dir}: "
-                       f"{exc.strerror or exc}") from None
-    try:
-        write_json(run_dir / "config.json", {"command": command, **(extra or {}), "config": config.to_dict(),
-                                             "data": data_info})
-        write_json(run_dir / "environment.json", environment_record(seed=config.seed))
-        write_json(run_dir / "summary.json", {"command": command, "status": "running", "pid": os.getpid()})
-        history = HistoryWriter(run_dir / "history.jsonl", guard=guard)
-    except (OSError, MemoryError) as exc:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        reason = describe_os_error(exc) if isinstance(exc, OSError) else "out of memory"
-        raise CliError(f"{reason} (the run folder was removed)") from None
-    return run_dir, history
-
+# --- one run ----------------------------------------------------------------------------------
 
 def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryWriter, make_bar, run_dir: Path,
                *, start=None, checkpoint_every=None, max_loss=None, family=None):

@@ -31,10 +31,10 @@ import numpy as np
 from diloco.family.config import FamilyConfig
 from diloco.family.netsim import parse_bandwidth, simulate
 from diloco.family.trainers import family_trainer
-from diloco.tools.commands import check_plotting, progress_factory, start_run, thread_limit
 from diloco.tools.errors import CliError
 from diloco.tools.family_flags import build_family
 from diloco.tools.flags import build_config, load_dataset
+from diloco.tools.run_setup import check_plotting, progress_factory, start_run, thread_limit
 from diloco.tools.runs import JsonlWriter, atomic_write_text, write_json
 from diloco.tools.studies import Study, format_bytes, mean_curves, mean_interval, summarise, trainer
 

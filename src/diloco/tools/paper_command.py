@@ -18,11 +18,11 @@ import time
 import numpy as np
 
 from diloco.config import AdamWConfig
-from diloco.tools.commands import check_plotting, progress_factory, thread_limit
 from diloco.tools.errors import CliError
 from diloco.tools.flags import build_config, load_dataset
 from diloco.tools.paper_report import judge_claims, metric_of, render_arms_table, render_claims_table, summarise_arms
 from diloco.tools.paper_studies import PAPER_STUDIES, TASKS, H, K, run_arm, tune_outer_lr
+from diloco.tools.run_setup import check_plotting, progress_factory, thread_limit
 from diloco.tools.runs import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
 
 __all__ = ["run_paper_study", "plot_paper_study", "TUNE_SEED_BASE"]

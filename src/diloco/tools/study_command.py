@@ -11,7 +11,13 @@ from __future__ import annotations
 import json
 
 from diloco._validation import milestone
-from diloco.tools.commands import (
+from diloco.tools.errors import CliError
+from diloco.tools.family_study import FAMILY_STUDIES
+from diloco.tools.faults import quiet_numpy, run_outcome
+from diloco.tools.flags import build_config, load_dataset
+from diloco.tools.paper_studies import PAPER_STUDIES
+from diloco.tools.preflight import check_run
+from diloco.tools.run_setup import (
     check_plotting,
     max_loss_flag,
     progress_factory,
@@ -19,12 +25,6 @@ from diloco.tools.commands import (
     start_run,
     thread_limit,
 )
-from diloco.tools.errors import CliError
-from diloco.tools.family_study import FAMILY_STUDIES
-from diloco.tools.faults import quiet_numpy, run_outcome
-from diloco.tools.flags import build_config, load_dataset
-from diloco.tools.paper_studies import PAPER_STUDIES
-from diloco.tools.preflight import check_run
 from diloco.tools.runs import JsonlWriter, atomic_write_text, write_json
 from diloco.tools.studies import STUDIES, default_engine, markdown_table, mean_curves, run_study, summarise
 from diloco.tools.training import check_record
