@@ -19,27 +19,32 @@ and never a stray temporary file when Python is still running to remove it. JSON
 grow by appending one whole line per record (``JsonlWriter``); a failed append is cut
 back to the previous length, so the file never ends in a torn line, and ``read_jsonl``
 skips (with a ``TornLineWarning``) a torn last line left by a power cut.
-NumPy only; nothing here imports matplotlib or tqdm.
+NumPy only; nothing here imports matplotlib or tqdm. The atomic writes live in
+``diloco.tools.atomic_files`` and ``environment.json``'s record in
+``diloco.tools.run_environment``; both are re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
-import platform
 import re
-import subprocess
-import sys
-import tempfile
 import time
 import warnings
 from datetime import datetime
-from importlib import metadata
 from pathlib import Path
 
 from diloco.loop import RoundRecord
+from diloco.tools.atomic_files import (
+    _jsonable,
+    _naming,
+    atomic_write_bytes,
+    atomic_write_text,
+    read_json,
+    write_json,
+)
+from diloco.tools.run_environment import environment_record, git_commit
 
 __all__ = [
     "HISTORY_FIELDS",
@@ -69,8 +74,6 @@ HISTORY_FIELDS = (
 
 # The values of summary.json's "status" (docs/failure-and-recovery.md explains each).
 STATUSES = ("running", "completed", "interrupted", "diverged", "failed")
-
-_OPTIONAL_PACKAGES = ("numpy", "tqdm", "matplotlib", "mnist1d", "scipy")
 
 
 class TornLineWarning(UserWarning):
@@ -104,80 +107,6 @@ def create_run_dir(root, name: str) -> Path:
             continue
         return path
     raise FileExistsError(f"could not create a fresh run folder under {root}")
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (best effort: not every platform allows it)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_write_bytes(path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically: temporary file, flush, fsync, ``os.replace``.
-
-    On any failure (``OSError`` such as a full disk, ``MemoryError``, a ``KeyboardInterrupt``)
-    the temporary file is removed and ``path`` keeps its previous content, if it had one.
-    """
-    path = Path(path)
-    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), 0o644)
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
-        if isinstance(exc, OSError) and exc.filename != str(path):
-            raise _naming(exc, path) from exc
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def _naming(exc: OSError, path: Path) -> OSError:
-    """The same error, naming the file the caller asked for (not a temporary name, not none)."""
-    return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
-
-
-def atomic_write_text(path, text: str) -> Path:
-    """``atomic_write_bytes`` of ``text`` encoded as UTF-8."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _jsonable(value):
-    """NaN/Inf become None (JSON has no such numbers); NumPy scalars become Python ones."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # NumPy scalar
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def write_json(path, data) -> Path:
-    """Write ``data`` as indented, strict JSON (NaN/Inf become null), atomically."""
-    return atomic_write_text(path, json.dumps(_jsonable(data), indent=2, allow_nan=False) + "\n")
-
-
-def read_json(path):
-    """Parse a JSON file; ``ValueError`` naming the file if it is not valid JSON."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc})") from None
 
 
 def _parse_line(line: bytes):
@@ -329,45 +258,3 @@ class HistoryWriter(JsonlWriter):
     def for_algo(self, algo: str, **tags) -> list[dict]:
         return [r for r in self.records
                 if r.get("algo") == algo and all(r.get(k) == v for k, v in tags.items())]
-
-
-def git_commit(directory=None) -> str | None:
-    """The commit checked out in ``directory`` (default: where this package lives), or None.
-
-    Read-only (``git rev-parse HEAD``); a ``+dirty`` suffix marks uncommitted changes.
-    """
-    directory = Path(directory) if directory is not None else Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True,
-                                timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=directory,
-                               capture_output=True, text=True, timeout=5, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if not commit:
-        return None
-    return commit + ("+dirty" if dirty else "")
-
-
-def environment_record(seed=None, argv=None) -> dict:
-    """What produced a run: versions, interpreter, platform, seed, command line, commit."""
-    import diloco
-
-    packages = {"diloco": diloco.__version__}
-    for name in _OPTIONAL_PACKAGES:
-        try:
-            packages[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            packages[name] = None
-    return {
-        "created": datetime.now().isoformat(timespec="seconds"),
-        "seed": seed,
-        "argv": list(sys.argv if argv is None else argv),
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "packages": packages,
-        "git_commit": git_commit(),
-    }
