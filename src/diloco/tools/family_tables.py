@@ -100,12 +100,17 @@ def plot_time_to_target(rows, bandwidths, target: float):
     fig = require_matplotlib()(figsize=(6.5, 4.2))
     ax = fig.add_subplot()
     rates = [parse_bandwidth(b) for b in bandwidths]
+    reached_any = False
     for row in rows:
         seconds = [c["seconds"]["mean"] if c["seconds"] is not None and c["reached"] == c["runs"] else np.nan
                    for c in row["cells"]]
+        reached_any = reached_any or bool(np.isfinite(seconds).any())
         ax.plot(rates, seconds, "o-", label=row["variant"])
-    ax.set(xscale="log", yscale="log", xlabel="bandwidth (bit/s)", ylabel=f"simulated seconds to loss {target:g}",
-           title="Time to target against bandwidth (missing: not reached)")
+    # A log axis needs a positive value: when no arm reached the target, say so on a linear one.
+    ax.set(xscale="log", yscale="log" if reached_any else "linear", xlabel="bandwidth (bit/s)",
+           ylabel=f"simulated seconds to loss {target:g}",
+           title="Time to target against bandwidth (missing: not reached)" if reached_any
+           else f"No arm reached loss {target:g} at any bandwidth")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
