@@ -41,7 +41,7 @@ from diloco.tools import wire
 
 __all__ = ["SandboxError", "Sandbox", "prepare", "namespace_flags", "protections"]
 
-_WORKER_FILES = ("sandbox_worker.py", "wire.py", "wire_values.py")
+_WORKER_FILES = ("sandbox_worker.py", "wire.py", "wire_names.py", "wire_values.py", "wire_decode.py")
 _PR_SET_PDEATHSIG = 1
 DEFAULT_LIMITS = {"cpu": 600, "as": 4 << 30, "nproc": 64, "fsize": 256 << 20, "nofile": 256, "core": 0}
 

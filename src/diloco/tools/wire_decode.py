@@ -1,0 +1,279 @@
+"""The sandbox wire format, part 4: JSON items and blobs back to values (``Decoder``).
+
+The mirror of ``wire_values.Encoder``; any flaw in a message is a ``WireError``. Like
+``wire``, it imports only the standard library and NumPy.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+
+import numpy as np
+
+from .wire import _ARRAY_KINDS, MAX_ROOT, Registry, WireError, _flat_bytes, _load, _root, byte_bounds
+from .wire_names import _BIT_GENERATORS, _BUILTIN_TYPES, Names, _kind, _type_name
+
+_PENDING = object()
+_OPAQUE: dict[str, type] = {}
+
+
+class Opaque:
+    """Stands in, in the sandbox, for an argument that cannot cross (say a RandomState subclass)."""
+
+    def __init__(self, type_name: str, text: str):
+        self.type_name, self.text = type_name, text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _opaque(type_name: str, text: str) -> Opaque:
+    short = type_name.rsplit(".", 1)[-1]
+    if not short.isidentifier():
+        short = "Opaque"
+    cls = _OPAQUE.setdefault(short, type(short, (Opaque,), {}))
+    return cls(type_name, text)
+
+
+def _hashable(value):
+    try:
+        hash(value)
+    except TypeError:
+        raise WireError(f"an unhashable dict key or set item of type {_type_name(value)}") from None
+    return value
+
+
+def _write(target: np.ndarray, data: np.ndarray) -> None:
+    """Copy ``data`` into ``target`` when they differ (an in-place change made on the other side)."""
+    if target.tobytes() != data.tobytes() and target.flags.writeable:
+        target[...] = data
+
+
+class Decoder:
+    """JSON items and blobs back to values, mirroring ``Encoder`` (any flaw: ``WireError``).
+
+    ``args`` (the caller reading a reply) are its request's objects, the targets of ``a``;
+    ``make_callable(i)`` (the sandbox reading a request) stands in for the caller's
+    callable ``i``. Without them, ``a``, ``=`` and ``F`` items are refused, and ``O`` items
+    are refused unless ``opaque`` is set.
+    """
+
+    def __init__(self, registry: Registry, names: Names, blobs: list[bytes], *, args=None,
+                 make_callable=None, opaque: bool = False):
+        self.registry, self.names, self.blobs = registry, names, blobs
+        self.args, self.make_callable, self.opaque = args, make_callable, opaque
+        self.objects: list = []
+
+    def decode(self, item):
+        try:
+            return self._decode(item)
+        except WireError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RecursionError,
+                MemoryError) as exc:
+            raise WireError(f"malformed value ({type(exc).__name__}: {exc})") from None
+
+    def _slot(self, item, value=_PENDING) -> int:
+        if item["i"] != len(self.objects):
+            raise WireError(f"object index {item['i']!r} out of order (expected {len(self.objects)})")
+        self.objects.append(value)
+        return item["i"]
+
+    def _target(self, item, kind):
+        if "a" not in item:
+            return None
+        k = item["a"]
+        if self.args is None or type(k) is not int or not 0 <= k < len(self.args):
+            raise WireError(f"a reference to request object {k!r} that does not exist")
+        if not isinstance(self.args[k], kind):
+            raise WireError(f"request object {k} is a {_type_name(self.args[k])}, not a {kind.__name__}")
+        return self.args[k]
+
+    def _decode(self, item):
+        if item is None or type(item) in (bool, int, float, str):
+            return item
+        tag = item["t"]
+        if tag == "@":
+            value = self.objects[item["i"]] if type(item["i"]) is int and item["i"] >= 0 else _PENDING
+            if value is _PENDING:
+                raise WireError(f"a reference to object {item['i']!r} before it is complete")
+            return value
+        if tag == "=":
+            target = self._target(item, object)
+            if target is None:
+                raise WireError("'=' without the request object it refers to")
+            self._slot(item, target)
+            return target
+        if tag in ("D", "L"):
+            return self._container(item, tag)
+        if tag in ("T", "N", "C"):
+            return self._record(item, tag)
+        if tag == "P":
+            return self._plain(item)
+        if tag == "A":
+            index = self._slot(item)
+            self.objects[index] = value = self._array(item)
+            return value
+        if tag in ("G", "R"):
+            return self._generator(item, tag)
+        return self._other(item, tag)
+
+    def _container(self, item, tag):
+        kind = dict if tag == "D" else list
+        target = self._target(item, kind)
+        value = kind() if target is None else target
+        self._slot(item, value)
+        keys = [_hashable(self._decode(k)) for k in item["k"]] if tag == "D" else None
+        items = [self._decode(v) for v in item["v"]]
+        if tag == "D":
+            if len(keys) != len(items):
+                raise WireError("a dict with more keys than values")
+            if target is None or list(target) != keys or any(
+                    a is not b for a, b in zip(target.values(), items, strict=True)):
+                value.clear()
+                value.update(zip(keys, items, strict=True))
+        elif target is None or len(target) != len(items) or any(
+                a is not b for a, b in zip(target, items, strict=True)):
+            value[:] = items
+        return value
+
+    def _record(self, item, tag):
+        index = self._slot(item)
+        if tag == "C":
+            cls = self.names.class_of(item["n"])
+            if not dataclasses.is_dataclass(cls) or type(item["f"]) is not dict:
+                raise WireError(f"{item['n']} is not a config dataclass")
+            value = cls(**{name: self._decode(v) for name, v in item["f"].items()})
+        else:
+            items = [self._decode(v) for v in item["v"]]
+            value = tuple(items) if tag == "T" else self.names.class_of(item["n"])(*items)
+        target = self._target(item, type(value))
+        self.objects[index] = value if target is None else target
+        return self.objects[index]
+
+    def _plain(self, item):
+        cls = self.names.class_of(item["n"])
+        if _kind(cls) != "P" or type(item["f"]) is not dict:
+            raise WireError(f"{item['n']} is not a plain object class")
+        target = self._target(item, cls)
+        value = object.__new__(cls) if target is None else target  # no __init__: its state comes as data
+        self._slot(item, value)
+        state = {str(key): self._decode(v) for key, v in item["f"].items()}
+        if list(vars(value)) != list(state) or any(
+                a is not b for a, b in zip(vars(value).values(), state.values(), strict=True)):
+            vars(value).clear()
+            vars(value).update(state)
+        return value
+
+    def _array(self, item) -> np.ndarray:
+        data = _load(self.blobs[item["b"]])
+        target = self._target(item, np.ndarray)
+        if target is not None:
+            if target.shape != data.shape or target.dtype != data.dtype:
+                raise WireError("an argument array changed shape or dtype")
+            _write(target, data)
+            return target
+        if "h" in item:
+            data = self._view(item, data)
+        if item.get("w") is False:
+            data.flags.writeable = False
+        return data
+
+    def _view(self, item, data: np.ndarray) -> np.ndarray:
+        handle, size, offset, strides = item["h"], item["n"], item["o"], tuple(item["s"])
+        if type(handle) is not str or not all(type(v) is int for v in (size, offset, *strides)):
+            raise WireError("malformed array geometry")
+        root = self.registry.root(handle)
+        if root is not None and byte_bounds(root)[1] - byte_bounds(root)[0] == size:
+            view = np.ndarray(data.shape, data.dtype, buffer=_flat_bytes(root), offset=offset, strides=strides)
+            _write(view, data)
+            return view
+        if not 0 < size <= MAX_ROOT:
+            raise WireError(f"an array buffer of {size} bytes")
+        own = _root(data)
+        low, high = byte_bounds(own)
+        if (high - low, data.__array_interface__["data"][0] - low, data.strides) == (size, offset, strides):
+            self.registry.adopt(handle, own)  # the array is its whole buffer: keep the copy we have
+            return data
+        root = np.zeros(size, np.uint8)
+        self.registry.adopt(handle, root)
+        view = np.ndarray(data.shape, data.dtype, buffer=root, offset=offset, strides=strides)
+        view[...] = data
+        return view
+
+    def _generator(self, item, tag):
+        index = self._slot(item)
+        state = self._decode(item["s"])
+        if tag == "G":
+            target = self._target(item, np.random.Generator)
+            name = state["bit_generator"] if type(state) is dict else None
+            if name not in _BIT_GENERATORS:
+                raise WireError(f"bit generator {name!r} may not cross")
+            seeds = self._seeds(item["q"]) if "q" in item else None
+            if target is None:
+                bit_generator = getattr(np.random, name)(seeds)
+                bit_generator.state = state
+                target = np.random.Generator(bit_generator)
+            elif type(target.bit_generator).__name__ == name:
+                target.bit_generator.state = state
+                mine = getattr(target.bit_generator, "seed_seq", None)
+                if seeds is not None and isinstance(mine, np.random.SeedSequence):
+                    behind = seeds.n_children_spawned - mine.n_children_spawned
+                    if 0 < behind <= 1 << 20:
+                        mine.spawn(behind)  # the other side spawned children: count them here too
+            else:
+                raise WireError("a Generator changed its bit generator")
+        else:
+            target = self._target(item, np.random.RandomState)
+            if target is None:
+                target = np.random.RandomState()
+            target.set_state(state)
+        self.objects[index] = target
+        return target
+
+    def _seeds(self, fields) -> np.random.SeedSequence:
+        entropy = self._decode(fields["entropy"])
+        spawn_key = tuple(int(k) for k in fields["spawn_key"])
+        return np.random.SeedSequence(entropy, spawn_key=spawn_key, pool_size=int(fields["pool_size"]),
+                                      n_children_spawned=int(fields["n_children_spawned"]))
+
+    def _other(self, item, tag):
+        if tag == "S":
+            array = _load(self.blobs[item["b"]])
+            if array.ndim != 0:
+                raise WireError("a scalar blob that is not 0-d")
+            return array[()]
+        if tag == "X":
+            real, imag = item["v"]
+            return complex(float(real), float(imag))
+        if tag == "B":
+            return base64.b64decode(item["v"].encode("ascii"), validate=True)
+        if tag == "E":
+            values = [_hashable(self._decode(v)) for v in item["v"]]
+            return frozenset(values) if item["f"] is True else set(values)
+        if tag == "Y":
+            module, _, name = item["v"].partition(".")
+            found = getattr(np, name, None) if module == "numpy" else _BUILTIN_TYPES.get(name)
+            if module == "builtins" and found is not None:
+                return found
+            if isinstance(found, type) and issubclass(found, np.generic):
+                return found
+            raise WireError(f"type {item['v']!r} may not cross")
+        if tag == "Z":
+            dtype = np.dtype(str(item["v"]))
+            if dtype.kind not in _ARRAY_KINDS or dtype.fields is not None:
+                raise WireError(f"dtype {dtype} may not cross")
+            return dtype
+        if tag == "F" and self.make_callable is not None:
+            index = self._slot(item)
+            attrs = item.get("attrs", {})
+            if type(attrs) is not dict or not all(type(v) in (int, float, str, bool) for v in attrs.values()):
+                raise WireError("a callable's attributes are not plain")
+            self.objects[index] = value = self.make_callable(index, {str(k): v for k, v in attrs.items()})
+            return value
+        if tag == "O" and self.opaque:
+            index = self._slot(item)
+            self.objects[index] = value = _opaque(str(item["type"]), str(item["repr"]))
+            return value
+        raise WireError(f"unknown or forbidden item tag {tag!r}")
