@@ -42,7 +42,7 @@ from diloco.tools.family_tables import (
     time_to_target,
 )
 from diloco.tools.flags import build_config, load_dataset
-from diloco.tools.run_setup import check_plotting, progress_factory, start_run, thread_limit
+from diloco.tools.run_setup import check_plotting, progress_factory, start_run, study_values, thread_limit
 from diloco.tools.runs import JsonlWriter, atomic_write_text, write_json
 from diloco.tools.studies import Study, mean_curves, summarise, trainer
 
@@ -185,11 +185,7 @@ def run_family_study_command(args) -> int:
                        "use --data digits, mnist1d or an .npz")
     if args.total_steps is not None:
         raise CliError("--total-steps applies only to the inner-steps study")
-    if args.seeds < 1:
-        raise CliError(f"--seeds must be a positive int, got {args.seeds}")
-    values = tuple(v.strip() for v in args.values.split(",") if v.strip()) if args.values else study.default_values
-    if not values:
-        raise CliError("--values must list at least one value")
+    values = study_values(args, study.default_values)
     try:
         variants = study.variants(config, values)
         for variant in variants:

@@ -22,7 +22,7 @@ from diloco.tools.errors import CliError
 from diloco.tools.flags import build_config, load_dataset
 from diloco.tools.paper_report import judge_claims, metric_of, render_arms_table, render_claims_table, summarise_arms
 from diloco.tools.paper_studies import PAPER_STUDIES, TASKS, H, K, run_arm, tune_outer_lr
-from diloco.tools.run_setup import check_plotting, progress_factory, thread_limit
+from diloco.tools.run_setup import check_plotting, progress_factory, split_values, thread_limit
 from diloco.tools.runs import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
 
 __all__ = ["run_paper_study", "plot_paper_study", "TUNE_SEED_BASE"]
@@ -58,7 +58,7 @@ def run_paper_study(args) -> int:
     tune_seeds = getattr(args, "tune_seeds", 1)
     if isinstance(tune_seeds, bool) or not isinstance(tune_seeds, int) or tune_seeds < 1:
         raise CliError(f"--tune-seeds must be a positive int, got {tune_seeds!r}")
-    values = tuple(v.strip() for v in args.values.split(",") if v.strip()) if getattr(args, "values", None) else None
+    values = split_values(args.values) if getattr(args, "values", None) else None
     try:
         arms = study.arms(config, steps, None if study.tune else values)
     except ValueError as exc:

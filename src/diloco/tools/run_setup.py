@@ -27,7 +27,8 @@ from diloco.tools.runs import HistoryWriter, create_run_dir, environment_record,
 from diloco.tools.studies import trainer
 from diloco.tools.threads import ThreadsUnavailable, blas_threads, choose_threads
 
-__all__ = ["progress_factory", "check_plotting", "resolve_trainer", "thread_limit", "max_loss_flag", "start_run"]
+__all__ = ["progress_factory", "check_plotting", "resolve_trainer", "thread_limit", "max_loss_flag", "start_run",
+           "split_values", "study_values"]
 
 
 def progress_factory(quiet: bool):
@@ -113,3 +114,18 @@ def start_run(args, command: str, name: str, config: DiLoCoConfig, data_info: di
         reason = describe_os_error(exc) if isinstance(exc, OSError) else "out of memory"
         raise CliError(f"{reason} (the run folder was removed)") from None
     return run_dir, history
+
+
+def split_values(text) -> tuple[str, ...]:
+    """``--values V1,V2,...`` as a tuple of its non-empty, stripped items."""
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def study_values(args, default_values) -> tuple[str, ...]:
+    """A study's ``--values`` (its defaults when not given), once ``--seeds`` is checked positive."""
+    if args.seeds < 1:
+        raise CliError(f"--seeds must be a positive int, got {args.seeds}")
+    values = split_values(args.values) if args.values else default_values
+    if not values:
+        raise CliError("--values must list at least one value")
+    return values

@@ -23,6 +23,7 @@ from diloco.tools.run_setup import (
     progress_factory,
     resolve_trainer,
     start_run,
+    study_values,
     thread_limit,
 )
 from diloco.tools.runs import JsonlWriter, atomic_write_text, write_json
@@ -52,11 +53,7 @@ def run_study_command(args) -> int:
         if args.total_steps < 1:
             raise CliError(f"--total-steps must be a positive int, got {args.total_steps}")
         config = config.replace(inner_steps=1, rounds=args.total_steps)
-    if args.seeds < 1:
-        raise CliError(f"--seeds must be a positive int, got {args.seeds}")
-    values = tuple(v.strip() for v in args.values.split(",") if v.strip()) if args.values else study.default_values
-    if not values:
-        raise CliError("--values must list at least one value")
+    values = study_values(args, study.default_values)
     try:
         variants = study.variants(config, values)
     except ValueError as exc:
