@@ -365,7 +365,7 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
         raise ValueError("x must hold at least one example")
     if x.shape[1] == 0:
         raise ValueError("x must have at least one feature (column), got shape (n, 0)")
-    check_args.dataset(x, y, config.num_workers)  # K <= n, checked here: the sharding call is nested
+    check_args.workers_fit(config.num_workers, x.shape[0])  # checked here: the sharding call is nested
     num_features = x.shape[1] if encode is None else check_args.encoder(encode, x.shape[1])
     if (x_eval is None) != (y_eval is None):
         raise ValueError("x_eval and y_eval must be given together")

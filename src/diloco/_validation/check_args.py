@@ -116,10 +116,15 @@ def diloco_config(config):
 def dataset(x, y, num_workers) -> int:
     check_float_array(x, "x", ndim=2)
     check_labels(y, "y", n=x.shape[0])
+    return workers_fit(num_workers, x.shape[0])
+
+
+def workers_fit(num_workers, num_examples: int) -> int:
+    """``num_workers`` is a positive int no larger than the number of examples."""
     num_workers = check_positive_int(num_workers, "num_workers")
-    if num_workers > x.shape[0]:
+    if num_workers > num_examples:
         raise ValueError(
-            f"num_workers ({num_workers}) must be <= the number of examples ({x.shape[0]}): "
+            f"num_workers ({num_workers}) must be <= the number of examples ({num_examples}): "
             "every worker needs at least one"
         )
     return num_workers
