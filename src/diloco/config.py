@@ -28,14 +28,16 @@ from diloco._validation import (
     check_real,
     check_seed,
 )
+from diloco.config_sections import FamilyConfig
 
-__all__ = ["AdamWConfig", "DiLoCoConfig"]
+__all__ = ["AdamWConfig", "DiLoCoConfig", "OUTER_OPTIMIZER_NAMES"]
 
 _DTYPES = ("float32", "float64")
 _ENGINES = ("reference", "fast")
 _LR_SCHEDULES = ("constant", "cosine")
 _SHARD_WEIGHTINGS = ("auto", "uniform", "size")
-_OUTER_OPTIMIZERS = ("sgd", "adam")
+# The outer optimizers diloco.core.outer.OUTER_OPTIMIZERS implements (a test checks the two agree).
+OUTER_OPTIMIZER_NAMES = ("sgd", "adam")
 
 
 def _dtype_name(dtype) -> str:
@@ -165,6 +167,11 @@ class DiLoCoConfig:
     record_similarity : bool
         Add ``pseudo_grad_cosine`` (mean pairwise cosine between the workers' own
         pseudo-gradients) to every DiLoCo record (False).
+    family : FamilyConfig
+        The nested section of the post-2023 family (``diloco.config_sections``): wire
+        format and error feedback, Streaming DiLoCo's fragments, overlap and mixing, eager
+        updates, the simulated network. The default is plain DiLoCo. The milestone
+        functions ignore it; ``diloco.core`` runs it.
     """
 
     num_workers: int = 8
@@ -190,6 +197,7 @@ class DiLoCoConfig:
     outer_eps: float = 0.1
     drop_prob: float = 0.0
     record_similarity: bool = False
+    family: FamilyConfig = field(default_factory=FamilyConfig)
 
     def __post_init__(self) -> None:
         try:
@@ -212,6 +220,8 @@ class DiLoCoConfig:
                 raise ValueError(f"engine must be one of {_ENGINES}, got {self.engine!r}")
             if not isinstance(self.inner, AdamWConfig):
                 raise TypeError(f"inner must be an AdamWConfig, got {type(self.inner).__name__}")
+            if not isinstance(self.family, FamilyConfig):
+                raise TypeError(f"family must be a FamilyConfig, got {type(self.family).__name__}")
             mechanisms = self._check_mechanisms()
         except (TypeError, ValueError) as exc:
             raise _field_error("DiLoCoConfig", exc) from None
@@ -232,8 +242,8 @@ class DiLoCoConfig:
         clip = None if self.clip_norm is None else check_real(self.clip_norm, "clip_norm", low=0.0, low_open=True)
         if self.shard_weighting not in _SHARD_WEIGHTINGS:
             raise ValueError(f"shard_weighting must be one of {_SHARD_WEIGHTINGS}, got {self.shard_weighting!r}")
-        if self.outer_optimizer not in _OUTER_OPTIMIZERS:
-            raise ValueError(f"outer_optimizer must be one of {_OUTER_OPTIMIZERS}, got {self.outer_optimizer!r}")
+        if self.outer_optimizer not in OUTER_OPTIMIZER_NAMES:
+            raise ValueError(f"outer_optimizer must be one of {OUTER_OPTIMIZER_NAMES}, got {self.outer_optimizer!r}")
         record_similarity = check_bool(self.record_similarity, "record_similarity")
         return {
             "warmup_steps": warmup_steps,
@@ -250,9 +260,11 @@ class DiLoCoConfig:
         return self.rounds * self.inner_steps
 
     def replace(self, **changes: Any) -> DiLoCoConfig:
-        """A copy with some fields changed (validated again). ``inner`` may be a dict."""
+        """A copy with some fields changed (validated again). ``inner`` and ``family`` may be dicts."""
         if isinstance(changes.get("inner"), dict):
             changes["inner"] = dataclasses.replace(self.inner, **changes["inner"])
+        if isinstance(changes.get("family"), dict):
+            changes["family"] = dataclasses.replace(self.family, **changes["family"])
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -280,6 +292,11 @@ class DiLoCoConfig:
             if bad:
                 raise ValueError(f"AdamWConfig: unknown field(s) {bad}; known fields are {sorted(inner_known)}")
             data["inner"] = AdamWConfig(**inner)
+        if "family" in data:
+            family = data["family"]
+            if not isinstance(family, dict):
+                raise TypeError(f"DiLoCoConfig.family must be an object, got {type(family).__name__}")
+            data["family"] = FamilyConfig.from_dict(family)
         if "hidden_sizes" in data and isinstance(data["hidden_sizes"], list):
             data["hidden_sizes"] = tuple(data["hidden_sizes"])
         return cls(**data)

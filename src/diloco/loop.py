@@ -122,7 +122,7 @@ class RoundRecord(_RoundRecordFields, total=False):
     syncs : list of [int, float, int]
         ``diloco.family`` only: per all-reduce of the round, the inner step (1..H) after
         which it starts, the bytes each worker sends, and the overlap tau (inner steps
-        until its result is needed), as ``diloco.family.netsim`` reads them.
+        until its result is needed), as ``diloco.core.netsim`` reads them.
     sim_seconds, sim_cumulative_seconds, sim_utilization, sim_step_time : float
         With a simulated network (``--bandwidth``) only: the round's simulated wall time,
         the run's so far, the fraction of it spent computing, and the compute seconds per

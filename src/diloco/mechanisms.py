@@ -31,10 +31,11 @@ import math
 import numpy as np
 
 from diloco._validation import check_params
-from diloco.adamw import AdamWState, adam_param_step, adamw_step, bias_correct_moments, update_adam_moments
+from diloco.adamw import AdamWState, adamw_step
 from diloco.config import AdamWConfig, DiLoCoConfig
+from diloco.core.outer import copy_outer_state, outer_optimizer
 from diloco.model import Params, cross_entropy_loss, model_backward, model_forward
-from diloco.outer import OuterState, nesterov_param_update, update_outer_momentum
+from diloco.outer import OuterState
 from diloco.sharding import sample_worker_batch
 
 __all__ = [
@@ -128,8 +129,9 @@ def uses_plain_worker(config: DiLoCoConfig, encode=None) -> bool:
 
 
 def train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_shard: np.ndarray,
-                 config: DiLoCoConfig, rng, *, encode=None) -> tuple[Params, AdamWState, np.ndarray]:
-    """``config.inner_steps`` local steps of one worker with the paper's mechanisms.
+                 config: DiLoCoConfig, rng, *, encode=None, steps: int | None = None
+                 ) -> tuple[Params, AdamWState, np.ndarray]:
+    """``steps`` (default ``config.inner_steps``) local steps of one worker with the paper's mechanisms.
 
     For ``h = 1 .. H``: ``(x_b, y_b) = sample_worker_batch(x_shard, y_shard, B, rng)``,
     ``x_b = encode(x_b)`` when an encoder is given, then forward, loss, backward and
@@ -148,15 +150,18 @@ def train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_
     rng : numpy.random.Generator
     encode : callable, keyword-only, optional
         ``encode(x_batch, dtype) -> (b, d_in)`` model inputs (``diloco.text.OneHot``).
+    steps : int, keyword-only, optional
+        How many steps (Streaming DiLoCo stops a worker at its fragments' sync steps).
 
     Returns
     -------
-    (worker_params, adam_state, losses : float64 ndarray of shape (H,))
+    (worker_params, adam_state, losses : float64 ndarray of shape (steps,))
     """
     dtype = next(iter(params.values())).dtype
+    steps = config.inner_steps if steps is None else steps
     worker_params = {key: value.copy() for key, value in params.items()}
-    losses = np.empty(config.inner_steps, dtype=np.float64)
-    for step in range(config.inner_steps):
+    losses = np.empty(steps, dtype=np.float64)
+    for step in range(steps):
         x_batch, y_batch = sample_worker_batch(x_shard, y_shard, config.batch_size, rng)
         if encode is not None:
             x_batch = encode(x_batch, dtype)
@@ -216,46 +221,15 @@ def check_fast_engine(config: DiLoCoConfig, algo: str, executor: str = "the fast
 
 def outer_step(params: Params, pseudo_grad: Params, outer_state: OuterState, config: DiLoCoConfig
                ) -> tuple[Params, OuterState]:
-    """The outer optimizer's step on the pseudo-gradient.
-
-    ``outer_optimizer="sgd"``: PyTorch ``SGD(outer_lr, momentum=mu, nesterov=...)``
-    through milestones 22-23: Nesterov (the paper), heavy ball (``nesterov=False``) or
-    plain SGD (``mu = 0``; with ``lr = 1`` it is FedAvg).
-
-    ``outer_optimizer="adam"``: Adam through milestones 08-10, ``beta1 = outer_momentum``,
-    ``beta2 = outer_beta2``, ``eps = outer_eps`` (large, 0.1 by default, as the paper and
-    FedOpt use for pseudo-gradients), no weight decay::
-
-        m = b1 m + (1 - b1) delta,   v = b2 v + (1 - b2) delta^2,   t = t + 1
-        theta = theta - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+    """The outer optimizer's step on the pseudo-gradient: ``config.outer_optimizer``'s
+    ``update`` in ``diloco.core.outer.OUTER_OPTIMIZERS`` (SGD / heavy ball / Nesterov through
+    milestones 22-23, or Adam through 08-10).
 
     Returns
     -------
     (new_params, new_outer_state)
     """
-    if config.outer_optimizer == "sgd":
-        state = update_outer_momentum(outer_state, pseudo_grad, config.outer_momentum)
-        new_params = nesterov_param_update(params, pseudo_grad, state, config.outer_lr, config.outer_momentum,
-                                           nesterov=config.nesterov)
-        return new_params, state
-    second = outer_state.second_moment
-    if second is None:
-        second = {key: np.zeros_like(value) for key, value in outer_state.momentum.items()}
-    beta1, beta2 = config.outer_momentum, config.outer_beta2
-    state = update_adam_moments(AdamWState(outer_state.step, outer_state.momentum, second), pseudo_grad,
-                                beta1, beta2)
-    m_hat, v_hat = bias_correct_moments(state, beta1, beta2)
-    new_params = adam_param_step(params, m_hat, v_hat, config.outer_lr, config.outer_eps)
-    return new_params, OuterState(state.m, state.v, state.step)
-
-
-def copy_outer_state(outer_state: OuterState) -> OuterState:
-    """A copy of ``outer_state`` sharing no memory with it (the round when every outer
-    gradient was dropped takes no outer step, and returns new arrays all the same)."""
-    second = outer_state.second_moment
-    return OuterState({key: value.copy() for key, value in outer_state.momentum.items()},
-                      None if second is None else {key: value.copy() for key, value in second.items()},
-                      outer_state.step)
+    return outer_optimizer(config).update(params, pseudo_grad, outer_state, config)
 
 
 def draw_dropped(rng, config: DiLoCoConfig) -> list[int]:

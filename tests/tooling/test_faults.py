@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 from test_cli import TINY, only_run_dir, run_cli
 
-from diloco.tools import commands, runs, training
+from diloco.core import sync
+from diloco.tools import commands, runs
 from diloco.tools.runs import JsonlWriter, read_jsonl
 
 QUICK = [*TINY, "--no-plots"]
@@ -142,17 +143,22 @@ def test_nan_divergence_names_round_worker_and_quantity_without_numpy_warnings(t
 
 def test_divergence_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
     """NaN appears in round 3: rounds 1-2 stay in the history and the checkpoints, round 3 nowhere."""
-    real_round = training.run_diloco_round
+    real_outer = sync.outer_optimizer
     calls = []
 
-    def round_going_bad(params, *args, **kwargs):
-        calls.append(None)
-        result = real_round(params, *args, **kwargs)
-        if len(calls) == 3:
-            result.global_params["b1"] = result.global_params["b1"] * np.nan
-        return result
+    def going_bad(config):
+        real = real_outer(config)
 
-    monkeypatch.setattr(training, "run_diloco_round", round_going_bad)
+        def update(params, delta, state, config):
+            calls.append(None)
+            new_params, state = real.update(params, delta, state, config)
+            if len(calls) == 3:
+                new_params["b1"] = new_params["b1"] * np.nan
+            return new_params, state
+
+        return real._replace(update=update)
+
+    monkeypatch.setattr(sync, "outer_optimizer", going_bad)
     status, _, err = run_cli(["train", *QUICK, "--rounds", "4", "--checkpoint-every", "1", "--max-loss", "off",
                               "--runs-dir", tmp_path], capsys)
     line = one_line(err)

@@ -28,11 +28,12 @@ FLAGS = ("--rounds", "3", "-H", "2", "--hidden-sizes", "8", "--batch-size", "8")
 WRAPPER = '''
 import os, signal, sys
 from mpi4py import MPI
+import diloco.core.executors as executors
 import diloco.tools.mpi as backend
 
 mode, failing_rank, failing_round = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 if MPI.COMM_WORLD.rank == failing_rank:
-    real, calls = backend.inner_train_worker, []
+    real, calls = executors.inner_train_worker, []
 
     def faulty(*args, **kwargs):
         calls.append(None)
@@ -44,7 +45,7 @@ if MPI.COMM_WORLD.rank == failing_rank:
             os.kill(os.getpid(), {"stop": signal.SIGSTOP, "kill": signal.SIGKILL}[mode])
         return real(*args, **kwargs)
 
-    backend.inner_train_worker = faulty
+    executors.inner_train_worker = faulty
 sys.exit(backend.main(sys.argv[4:]))
 '''
 
@@ -89,7 +90,7 @@ def test_a_stopped_rank_ends_the_job_after_the_round_timeout(tmp_path):
     """Rank 1 freezes (SIGSTOP) in round 2: rank 0 waits --round-timeout seconds, then aborts."""
     status, out, err, seconds = run_job(tmp_path, 2, "stop", "1", "2", *FLAGS, "--round-timeout", "2")
     assert status != 0
-    assert "rank 0: the all-reduce of round 2 did not complete within 2 s (--round-timeout)" in err
+    assert "rank 0: the all-gather of round 2 did not complete within 2 s (--round-timeout)" in err
     assert "aborting the job" in err
     assert seconds < 60
 

@@ -107,12 +107,12 @@ def test_every_study_builds_its_arms_and_claims_at_the_default_budgets():
         PAPER_STUDIES["table2"].arms(base, 1001)
 
 
-def test_arms_run_on_the_fast_engine_only_where_it_runs_them():
-    base = DiLoCoConfig()
-    assert arm_engine(base.replace(drop_prob=0.1), "diloco") == "reference"
-    assert arm_engine(base, "diloco", encode=object()) == "reference"
+def test_arms_run_on_the_fast_engine_whatever_their_mechanisms_and_task():
     pytest.importorskip("diloco.engine")
-    assert arm_engine(base.replace(iid=False), "diloco") == "fast"
+    base = DiLoCoConfig()
+    assert arm_engine(base.replace(drop_prob=0.1), "diloco") == "fast"
+    assert arm_engine(base, "diloco", encode=object()) == "fast"
+    assert arm_engine(base.replace(iid=False), "sync") == "fast"
 
 
 @pytest.mark.slow

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from diloco.family.comm import CommSpec, exchange_deltas
-from diloco.family.quantize import (
+from diloco.core.comm import CommSpec, exchange_deltas
+from diloco.core.quantize import (
     E2M1_GRID,
     FORMATS,
     bfloat16_bits,

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from diloco import DiLoCoConfig, train_diloco
+from diloco.core.quantize import encode
 from diloco.data import load_digits_split
 from diloco.family import FamilyConfig, train_streaming
-from diloco.family.quantize import encode
 from diloco.family.streaming import fragment_keys, fragment_layers, sync_offsets, sync_steps
 
 
@@ -70,14 +70,6 @@ def test_non_iid_shards_weight_by_shard_size_as_diloco_does(digits):
     reference = train_diloco(digits.x_train, digits.y_train, config)
     streamed = train_streaming(digits.x_train, digits.y_train, config, FamilyConfig())
     assert all(reference.params[k].tobytes() == streamed.params[k].tobytes() for k in reference.params)
-
-
-@pytest.mark.parametrize("change", [{"lr_schedule": "cosine", "warmup_steps": 2}, {"clip_norm": 1.0},
-                                    {"outer_optimizer": "adam"}, {"drop_prob": 0.5}, {"record_similarity": True}])
-def test_the_papers_other_mechanisms_are_refused_not_ignored(digits, change):
-    config = DiLoCoConfig(num_workers=2, inner_steps=4, rounds=1, hidden_sizes=(8,)).replace(**change)
-    with pytest.raises(ValueError, match="do not run " + next(iter(change))):
-        train_streaming(digits.x_train, digits.y_train, config, FamilyConfig(fragments=2))
 
 
 def test_fragments_overlap_and_mixing_each_change_the_result(digits):

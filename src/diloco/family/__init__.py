@@ -17,13 +17,13 @@ settings reduce to DiLoCo bit for bit.
   on real MPI ranks.
 """
 
-from diloco.family.comm import CommSpec, exchange, exchange_deltas
+from diloco.core.comm import CommSpec, exchange, exchange_deltas
+from diloco.core.netsim import NetworkClock, all_reduce_seconds, parse_bandwidth, parse_duration, simulate
+from diloco.core.quantize import FORMATS, Encoded, decode, encode, quantize, sign_prune_mask
 from diloco.family.config import FamilyConfig
 from diloco.family.eager import eager_outer_gradient, train_eager
-from diloco.family.netsim import NetworkClock, all_reduce_seconds, parse_bandwidth, parse_duration, simulate
-from diloco.family.quantize import FORMATS, Encoded, decode, encode, quantize, sign_prune_mask
 from diloco.family.streaming import fragment_keys, fragment_layers, sync_offsets, sync_steps, train_streaming
-from diloco.family.trainers import communication_report, family_trainer, network_callback, train_family, with_network
+from diloco.family.trainers import communication_report, family_trainer, train_family
 from diloco.family.wire import from_bytes, to_bytes
 
 __all__ = [
@@ -32,5 +32,5 @@ __all__ = [
     "train_streaming", "fragment_layers", "fragment_keys", "sync_offsets", "sync_steps",
     "train_eager", "eager_outer_gradient",
     "parse_bandwidth", "parse_duration", "all_reduce_seconds", "NetworkClock", "simulate",
-    "train_family", "family_trainer", "with_network", "network_callback", "communication_report",
+    "train_family", "family_trainer", "communication_report",
 ]

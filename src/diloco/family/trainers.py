@@ -1,17 +1,12 @@
-"""One entry point per algorithm of the family, with the signature of ``train_diloco``.
+"""The family's entry points, with the signature of ``train_diloco``, on the one driver.
 
-``family_trainer(algo, family, base)`` gives a function ``train(x, y, config, *, x_eval,
-y_eval, rng, on_round) -> TrainResult`` for the tools (``diloco train/compare/study``):
-
-* ``algo="diloco"``: ``train_eager`` with ``family.eager``, else ``train_streaming`` (any
-  fragments, overlap, mix and wire format); plain DiLoCo settings return ``base`` itself
-  (the milestone ``train_diloco``, or the fast engine's) unchanged.
-* ``algo="sync"``: ``base`` (the baseline has no outer gradient to compress).
-
-With a simulated network (``family.bandwidth``) every record also gets ``sim_seconds``,
-``sim_cumulative_seconds`` and ``sim_utilization`` (``diloco.family.netsim``); without
-``family.step_time`` the compute time per inner step is measured: the round's wall time
-divided by K H (the K workers run one after another here; evaluation included).
+``family_trainer(algo, family)`` gives a function ``train(x, y, config, *, x_eval, y_eval,
+rng, on_round, max_loss, executor) -> TrainResult`` for the tools (``diloco study``'s
+family studies): the driver (``diloco.core.driver.train``) with ``config.family = family``
+(the baseline keeps only the simulated network of it), the divergence guard and, with a
+simulated network (``family.bandwidth``), the network clock's ``sim_seconds``,
+``sim_cumulative_seconds`` and ``sim_utilization`` on every record
+(``diloco.core.netsim``).
 
 ``communication_report`` is ``communication_savings`` (milestone 30) at the real encoded
 size: the wire format's bytes per value, scales and bitmaps included, taken from the
@@ -20,70 +15,40 @@ run's records.
 
 from __future__ import annotations
 
-import functools
-import time
-
 import numpy as np
 
 from diloco.config import DiLoCoConfig
+from diloco.core.driver import baseline_config, train
+from diloco.core.hooks import Guard, NetworkTimer, callbacks
 from diloco.evaluation import communication_savings
 from diloco.family.config import FamilyConfig
-from diloco.family.eager import train_eager
-from diloco.family.netsim import NetworkClock
-from diloco.family.streaming import train_streaming
 
-__all__ = ["family_trainer", "train_family", "communication_report", "with_network", "network_callback"]
+__all__ = ["family_trainer", "train_family", "communication_report"]
 
 
-def train_family(x, y, config: DiLoCoConfig, family: FamilyConfig | None = None, **kwargs):
-    """``train_eager`` or ``train_streaming`` as ``family`` says (network annotation included)."""
-    family = FamilyConfig() if family is None else family
-    train = functools.partial(train_eager if family.eager else train_streaming, family=family)
-    return with_network(train, family)(x, y, config, **kwargs)
+def train_family(x, y, config: DiLoCoConfig, family: FamilyConfig | None = None, *, on_round=None,
+                 max_loss: float | None = None, executor: str = "reference", **kwargs):
+    """DiLoCo under ``family`` (default ``config.family``): streaming, eager, compression, network clock."""
+    return family_trainer("diloco", config.family if family is None else family)(
+        x, y, config, on_round=on_round, max_loss=max_loss, executor=executor, **kwargs)
 
 
-def network_callback(family: FamilyConfig, config: DiLoCoConfig, on_round=None):
-    """A round callback that adds the simulated network's ``sim_*`` fields, then calls ``on_round``.
+def family_trainer(algo: str, family: FamilyConfig, base=None):
+    """The training function of ``algo`` under ``family`` (``base`` is accepted for old callers, unused)."""
+    if not isinstance(family, FamilyConfig):
+        raise TypeError(f"family must be a FamilyConfig, got {type(family).__name__}")
 
-    Create it right before training starts: without ``family.step_time`` the first
-    round's wall time (divided by K H) is the measured compute time per inner step.
-    """
-    state = {"clock": None, "last": time.perf_counter()}
+    def run(x, y, config, *, x_eval=None, y_eval=None, rng=None, on_round=None, max_loss=None,
+            executor="reference", encode=None):
+        config = config.replace(family=family)
+        if algo == "sync":
+            config = baseline_config(config)
+        hooks = [NetworkTimer(config)] if family.simulates_network else []
+        hooks += [Guard(algo, max_loss), *callbacks(on_round)]
+        return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, rng=rng, encode=encode, executor=executor,
+                     hooks=hooks, sync_fields=algo == "diloco")
 
-    def annotate(record):
-        if state["clock"] is None:
-            step_time = family.step_time
-            if step_time is None:  # measured on the first round
-                step_time = (time.perf_counter() - state["last"]) / (config.num_workers * config.inner_steps)
-            state["clock"] = NetworkClock(config.num_workers, config.inner_steps, family.bandwidth,
-                                          family.latency, max(step_time, 1e-9))
-            record["sim_step_time"] = state["clock"].step_time
-        record.update(state["clock"].advance(record))
-        if on_round is not None:
-            on_round(record)
-
-    return annotate
-
-
-def with_network(train, family: FamilyConfig):
-    """``train`` whose records also carry the simulated network's ``sim_*`` fields."""
-    if not family.simulates_network:
-        return train
-
-    @functools.wraps(train)
-    def simulated(x, y, config, *, on_round=None, **kwargs):
-        return train(x, y, config, on_round=network_callback(family, config, on_round), **kwargs)
-
-    return simulated
-
-
-def family_trainer(algo: str, family: FamilyConfig, base):
-    """The training function of ``algo`` under ``family``; ``base`` is the plain one."""
-    if algo == "diloco" and not family.algorithm_is_diloco():
-        train = functools.partial(train_eager if family.eager else train_streaming, family=family)
-    else:
-        train = base
-    return with_network(train, family)
+    return run
 
 
 def communication_report(history: list, config: DiLoCoConfig, num_params: int) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from diloco.family.quantize import BITS, SCALED, Encoded, unit_bounds
+from diloco.core.quantize import BITS, SCALED, Encoded, unit_bounds
 
 __all__ = ["to_bytes", "from_bytes"]
 

@@ -45,6 +45,7 @@ import numpy as np
 from diloco.adamw import AdamWState
 from diloco.config import DiLoCoConfig
 from diloco.outer import OuterState
+from diloco.tools.checkpoint_extra import pack_extra, unpack_extra
 from diloco.tools.checkpoint_records import data_fingerprint, generator_state, restore_generator
 from diloco.tools.checkpoint_verify import (
     FORMAT,
@@ -91,6 +92,9 @@ class Checkpoint(NamedTuple):
     data_fingerprint : str
     path : pathlib.Path
         The manifest.
+    extra : dict or None
+        The family's state (``diloco.tools.checkpoint_extra``): error-feedback residuals,
+        fragments still to merge, eager outer copies; ``{}`` when there is none.
     """
 
     algo: str
@@ -104,6 +108,7 @@ class Checkpoint(NamedTuple):
     history: list
     data_fingerprint: str
     path: Path
+    extra: dict | None = None
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -138,7 +143,8 @@ def latest_checkpoint(directory, algo: str) -> Path | None:
 
 
 def save_checkpoint(directory, algo: str, round_index: int, config: DiLoCoConfig, params, outer_state,
-                    worker_states, rng, history, fingerprint: str, *, worker_starts=None, keep: int = 2) -> Path:
+                    worker_states, rng, history, fingerprint: str, *, worker_starts=None, extra=None,
+                    keep: int = 2) -> Path:
     """Write the checkpoint after ``round_index`` rounds; return its manifest.
 
     The ``.npz`` is written (atomically) first, then the manifest, which carries its own
@@ -159,6 +165,8 @@ SHA-256 besides the ``.npz``'s; only then are older
         arrays.update({f"worker{worker}.v.{key}": value for key, value in state.v.items()})
     for worker, start in enumerate(worker_starts or []):
         arrays.update({f"start{worker}.{key}": value for key, value in start.items()})
+    extra_arrays, extra_meta = pack_extra(extra or {})
+    arrays.update(extra_arrays)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     blob = buffer.getvalue()
@@ -173,6 +181,7 @@ SHA-256 besides the ``.npz``'s; only then are older
         "outer_step": int(outer_state.step) if outer_state is not None else 0,
         "has_second_moment": outer_state is not None and outer_state.second_moment is not None,
         "has_worker_starts": worker_starts is not None,
+        "extra": extra_meta,
         "rng": generator_state(rng),
         "arrays": {name: {"shape": list(value.shape), "dtype": str(value.dtype)} for name, value in arrays.items()},
         "npz": f"{stem}.npz", "npz_bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
@@ -296,5 +305,9 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
         rng = restore_generator(manifest["rng"])
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise refuse(f"corrupted manifest: the generator state cannot be restored ({exc})") from None
+    try:
+        extra = unpack_extra(arrays, manifest.get("extra"))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise refuse(f"corrupted manifest: the family's state cannot be read ({exc})") from None
     return Checkpoint(manifest["algo"], round_index, saved_config, params, outer_state, worker_states, worker_starts,
-                      rng, manifest["history"], manifest["data_fingerprint"], path)
+                      rng, manifest["history"], manifest["data_fingerprint"], path, extra)

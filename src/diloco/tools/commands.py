@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from diloco.config import DiLoCoConfig
+from diloco.core.driver import baseline_config
 from diloco.data import Dataset
 from diloco.evaluation import communication_savings
 from diloco.loop import num_values
-from diloco.tools.errors import CliError
 from diloco.tools.family_run import check_family, family_summary, print_family, run_with_family
 from diloco.tools.faults import quiet_numpy, run_outcome
 from diloco.tools.flags import (
@@ -116,6 +116,8 @@ def add_parsers(subparsers) -> None:
 def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryWriter, make_bar, run_dir: Path,
                *, start=None, checkpoint_every=None, max_loss=None, family=None):
     """Train ``algo`` with checkpoints in ``run_dir/checkpoints``; save ``params-<algo>.npz``."""
+    if algo == "sync":  # compare: the baseline without DiLoCo's outer-gradient settings
+        config = baseline_config(config)
     done = start.round if start is not None else 0
     bar = None if make_bar is None else make_bar(total=config.rounds, initial=done, desc=f"{_ALGO_NAMES[algo]:<7}",
                                                  unit="round", leave=True)
@@ -198,9 +200,6 @@ def _new_run(args, command: str, algos: tuple) -> dict:
     family = check_family(args, command, algos, config)
     check_plotting(args)
     data, data_info = load_dataset(args, config.dtype)
-    if data.encode is not None and config.engine == "fast":
-        raise CliError("--engine fast does not run --data shakespeare (its one-hot batches are built per step): "
-                       "use --engine reference")
     check_run(config, data)  # classes, K against n, memory, the library's own checks
     threads, limit = thread_limit(args, config, data)
     max_loss = max_loss_flag(args)

@@ -2,24 +2,21 @@
 
 ``add_config_flags`` (``diloco.tools.flags``) calls ``add_family_flags``, so every
 command that takes the experiment's flags takes these too; ``build_family`` turns them
-into a ``FamilyConfig`` (``CliError`` for a user error: one line, exit status 2).
-``resolve_family_trainer`` picks the training function of an algorithm under them.
+into a ``FamilyConfig`` (``CliError`` for a user error: one line, exit status 2), which
+``diloco.tools.flags.build_config`` puts in ``DiLoCoConfig.family``.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from diloco.core.netsim import parse_bandwidth, parse_duration
+from diloco.core.quantize import FORMATS
 from diloco.family.config import PATTERNS, FamilyConfig
-from diloco.family.netsim import parse_bandwidth, parse_duration
-from diloco.family.quantize import FORMATS
-from diloco.family.trainers import family_trainer
 from diloco.tools.errors import CliError
 
-__all__ = ["add_family_flags", "build_family", "resolve_family_trainer", "family_is_default"]
+__all__ = ["add_family_flags", "build_family"]
 
-# Flags that change the DiLoCo algorithm (the baseline has no outer gradient).
-_ALGORITHM_FLAGS = ("comm_dtype", "sign_prune", "error_feedback", "fragments", "overlap", "mix", "eager")
 
 
 def add_family_flags(parser: argparse.ArgumentParser) -> None:
@@ -71,20 +68,3 @@ def build_family(args, defaults: dict | None = None) -> FamilyConfig:
     if not family.simulates_network and (family.latency or family.step_time):
         raise CliError("--latency and --step-time need --bandwidth (they configure the simulated network)")
     return family
-
-
-def family_is_default(family: FamilyConfig) -> bool:
-    return family == FamilyConfig()
-
-
-def resolve_family_trainer(algo: str, family: FamilyConfig, base, *, strict: bool = True):
-    """``family_trainer``; the baseline keeps only the network fields (an error when ``strict``)."""
-    if algo == "sync" and not strict:
-        family = FamilyConfig(bandwidth=family.bandwidth, latency=family.latency, step_time=family.step_time)
-    if algo == "sync":
-        changed = [name for name in _ALGORITHM_FLAGS if getattr(family, name) != getattr(FamilyConfig(), name)]
-        if changed:
-            flags = ", ".join("--" + name.replace("_", "-") for name in changed)
-            raise CliError(f"{flags} change DiLoCo's outer step; the synchronous baseline has none "
-                           f"(use --algo diloco, or compare)")
-    return family_trainer(algo, family, base)

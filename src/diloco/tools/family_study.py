@@ -27,8 +27,9 @@ import math
 import time
 from typing import NamedTuple
 
+from diloco.core.divergence import Diverged
+from diloco.core.netsim import parse_bandwidth
 from diloco.family.config import FamilyConfig
-from diloco.family.netsim import parse_bandwidth
 from diloco.family.trainers import family_trainer
 from diloco.tools.errors import CliError
 from diloco.tools.family_flags import build_family
@@ -41,10 +42,18 @@ from diloco.tools.family_tables import (
     plot_time_to_target,
     time_to_target,
 )
+from diloco.tools.faults import quiet_numpy, run_outcome
 from diloco.tools.flags import build_config, load_dataset
-from diloco.tools.run_setup import check_plotting, progress_factory, start_run, study_values, thread_limit
+from diloco.tools.run_setup import (
+    check_plotting,
+    max_loss_flag,
+    progress_factory,
+    start_run,
+    study_values,
+    thread_limit,
+)
 from diloco.tools.runs import JsonlWriter, atomic_write_text, write_json
-from diloco.tools.studies import Study, mean_curves, summarise, trainer
+from diloco.tools.studies import Study, mean_curves, summarise
 
 __all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_study", "time_to_target", "paired_difference",
            "bandwidth_rows", "run_family_study_command"]
@@ -141,20 +150,26 @@ FAMILY_STUDIES = {
 }
 
 
-def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, history=None, on_run_end=None
-                     ) -> list:
+def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, history=None, on_run_end=None,
+                     max_loss: float | None = None) -> list:
     """Train every arm for every seed; one outcome dict per run (``run_study``'s fields and more)."""
     results = []
     for variant in variants:
         for seed in seeds:
             run_config = config.replace(**variant.changes, seed=int(seed))
             run_family = family.replace(**variant.family, bandwidth=None, latency=0.0, step_time=None)
-            train = family_trainer(variant.algo, run_family, trainer(variant.algo, "reference"))
+            train = family_trainer(variant.algo, run_family)
             on_round = None if history is None else history.callback(variant.algo, variant=variant.label,
                                                                       seed=int(seed))
             start = time.perf_counter()
-            result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
-                           y_eval=dataset.y_test, on_round=on_round)
+            try:
+                result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
+                               y_eval=dataset.y_test, on_round=on_round, max_loss=max_loss,
+                               executor="stacked" if config.engine == "fast" else "reference",
+                               encode=dataset.encode)
+            except Diverged as exc:  # name the run: which arm, which seed
+                raise Diverged(exc.algo, exc.round, exc.worker, exc.quantity, exc.step,
+                               f"variant {variant.label}, seed {seed}") from None
             last = result.history[-1]
             outcome = {
                 "variant": variant.label, "algo": variant.algo, "seed": int(seed), "rounds": run_config.rounds,
@@ -180,9 +195,6 @@ def run_family_study_command(args) -> int:
     study = FAMILY_STUDIES[args.study]
     config = build_config(args, study.base)
     family = build_family(args)
-    if getattr(args, "data", None) == "shakespeare":
-        raise CliError("the family's studies take feature vectors, not the character-level task's windows: "
-                       "use --data digits, mnist1d or an .npz")
     if args.total_steps is not None:
         raise CliError("--total-steps applies only to the inner-steps study")
     values = study_values(args, study.default_values)
@@ -222,12 +234,14 @@ def run_family_study_command(args) -> int:
         if bar is not None:
             bar.update(1)
 
+    def stopped(status: str, reason: str, extra: dict) -> None:
+        write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": status,
+                                              "reason": reason, **extra})
+
     try:
-        with limit:
+        with run_outcome(stopped), quiet_numpy(), limit:
             outcomes = run_family_study(variants, config, family, data, seeds, history=history,
-                                        on_run_end=on_run_end)
-    except (TypeError, ValueError) as exc:
-        raise CliError(f"study {study.name}: {exc}") from None
+                                        on_run_end=on_run_end, max_loss=max_loss_flag(args))
     finally:
         if bar is not None:
             bar.close()

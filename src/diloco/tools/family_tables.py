@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from diloco.family.netsim import parse_bandwidth, simulate
+from diloco.core.netsim import parse_bandwidth, simulate
 from diloco.tools.study_stats import format_bytes, mean_interval
 
 __all__ = ["time_to_target", "paired_difference", "bandwidth_rows", "plot_time_to_target"]

@@ -23,7 +23,7 @@ from diloco.data import (
     load_npz_dataset,
 )
 from diloco.tools.errors import CliError
-from diloco.tools.family_flags import add_family_flags
+from diloco.tools.family_flags import add_family_flags, build_family
 from diloco.tools.paper_flags import add_mechanism_flags, add_text_flags, load_text_dataset, mechanism_changes
 
 __all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "DATA_DEFAULTS", "DEFAULT_MAX_LOSS", "add_config_flags", "add_data_flags",
@@ -186,6 +186,8 @@ def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | Non
             merged = {**config.to_dict(), **data}
             if isinstance(data.get("inner"), dict):
                 merged["inner"] = {**config.inner.to_dict(), **data["inner"]}
+            if isinstance(data.get("family"), dict):
+                merged["family"] = {**config.family.to_dict(), **data["family"]}
             config = DiLoCoConfig.from_dict(merged)
         changes = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name, None) is not None}
         if "hidden_sizes" in changes:
@@ -196,6 +198,9 @@ def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | Non
         if inner:
             changes["inner"] = inner
         changes.update(mechanism_changes(args))
+        family = build_family(args, config.family.to_dict())
+        if family != config.family:
+            changes["family"] = family
         return config.replace(**changes) if changes else config
     except (TypeError, ValueError) as exc:
         raise CliError(f"invalid config: {exc}") from None

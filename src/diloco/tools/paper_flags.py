@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 
+from diloco.config import OUTER_OPTIMIZER_NAMES
 from diloco.tools.errors import CliError
 
 __all__ = ["MECHANISM_FLAGS", "add_mechanism_flags", "mechanism_changes", "add_text_flags", "load_text_dataset",
-           "encode_kwargs", "add_paper_study_flags"]
+           "add_paper_study_flags"]
 
 MECHANISM_FLAGS = {
     "lr_schedule": (("--lr-schedule",), {"choices": ("constant", "cosine"),
@@ -27,7 +28,7 @@ MECHANISM_FLAGS = {
                                                  "help": "pseudo-gradient weights: by shard size, as the paper does "
                                                          "for non-IID data; auto (default) = size for --noniid, "
                                                          "uniform for IID"}),
-    "outer_optimizer": (("--outer-optimizer",), {"choices": ("sgd", "adam"),
+    "outer_optimizer": (("--outer-optimizer",), {"choices": OUTER_OPTIMIZER_NAMES,
                                                  "help": "sgd (default; Nesterov, heavy ball with --no-nesterov, "
                                                          "plain SGD with --outer-momentum 0) or adam (beta1 = "
                                                          "--outer-momentum)"}),
@@ -74,13 +75,6 @@ def load_text_dataset(args):
             "vocab_size": text.encode.vocab_size, "eval_windows": len(text.dataset.y_test),
             "input": f"one-hot index windows, {context} x {text.encode.vocab_size} = {text.encode.num_features} inputs"}
     return text.dataset._replace(encode=text.encode), info
-
-
-def encode_kwargs(data) -> dict:
-    """``{"encode": data.encode}`` for a character-level dataset, else ``{}`` (trainers of
-    the fast engine take no ``encode``)."""
-    encode = getattr(data, "encode", None)
-    return {} if encode is None else {"encode": encode}
 
 
 def add_paper_study_flags(study_parser) -> None:

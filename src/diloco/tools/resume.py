@@ -82,7 +82,15 @@ def _resumed_data(args, saved: dict, config: DiLoCoConfig) -> tuple[Dataset, dic
                 str(value)).resolve()):
             flag = "--" + name.replace("_", "-")
             raise CliError(f"--resume: the run used {flag} {value}; a resumed run keeps its data (drop {flag})")
-    return load_dataset(Namespace(**again, cache_dir=getattr(args, "cache_dir", None)), config.dtype)
+    text = {}
+    if info.get("name") == "shakespeare":  # the character-level task's own settings, as the run made them
+        for name, default in (("context", 6), ("eval_windows", 8192)):
+            value, given = info.get(name, default), getattr(args, name, default)
+            if given not in (default, value):
+                flag = "--" + name.replace("_", "-")
+                raise CliError(f"--resume: the run used {flag} {value}; a resumed run keeps its data (drop {flag})")
+            text[name] = value
+    return load_dataset(Namespace(**again, **text, cache_dir=getattr(args, "cache_dir", None)), config.dtype)
 
 
 def plan_resume(args, command: str, algos: tuple) -> ResumePlan:

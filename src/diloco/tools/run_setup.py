@@ -55,15 +55,10 @@ def check_plotting(args) -> None:
 
 
 def resolve_trainer(algo: str, config: DiLoCoConfig):
-    """``studies.trainer(algo, config.engine)``; a ``CliError`` when the engine is absent or
-    does not run a mechanism ``config`` asks for (checked before anything is written)."""
+    """``studies.trainer(algo, config.engine)``; a ``CliError`` when the engine is absent
+    (checked before anything is written). Every engine runs every mechanism."""
     try:
-        train = trainer(algo, config.engine)
-        if config.engine == "fast":
-            from diloco.mechanisms import check_fast_engine
-
-            check_fast_engine(config, algo)
-        return train
+        return trainer(algo, config.engine)
     except ValueError as exc:
         raise CliError(f"--engine {config.engine}: {exc}") from None
 

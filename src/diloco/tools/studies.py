@@ -25,6 +25,7 @@ NumPy only: progress bars and plots live in the CLI.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import time
@@ -32,6 +33,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
+from diloco.core.driver import train
+from diloco.core.hooks import NetworkTimer, callbacks
 from diloco.loop import train_diloco, train_synchronous_baseline
 from diloco.tools.study_stats import (
     format_bytes,
@@ -76,7 +79,7 @@ def trainer(algo: str, engine: str = "reference") -> Callable:
     if algo not in TRAINERS:
         raise ValueError(f"algo must be one of {sorted(TRAINERS)}, got {algo!r}")
     if engine == "reference":
-        return TRAINERS[algo]
+        return functools.partial(_reference, algo)
     if engine != "fast":
         raise ValueError(f"engine must be 'reference' or 'fast', got {engine!r}")
     if not fast_engine_available():
@@ -85,6 +88,16 @@ def trainer(algo: str, engine: str = "reference") -> Callable:
     from diloco.engine import TRAINERS as FAST_TRAINERS
 
     return FAST_TRAINERS[algo]
+
+
+def _reference(algo: str, x, y, config, **kwargs):
+    """The milestone function of ``algo``, or the one driver on the reference executor when
+    ``config.family`` asks for what the milestones do not run (the family's mechanisms)."""
+    if config.family.algorithm_is_diloco() and not config.family.simulates_network:
+        return TRAINERS[algo](x, y, config, **kwargs)
+    on_round = kwargs.pop("on_round", None)
+    hooks = ([NetworkTimer(config)] if config.family.simulates_network else []) + list(callbacks(on_round))
+    return train(algo, x, y, config, executor="reference", hooks=hooks, **kwargs)
 
 
 class Variant(NamedTuple):

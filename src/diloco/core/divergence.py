@@ -1,13 +1,11 @@
-"""The divergence guard: ``Diverged`` and the checks that raise it.
+"""The divergence guard: ``Diverged``, the checks that raise it, and ``Guard``, the driver's hook.
 
-After every DiLoCo round (``_check_diloco_round``: worker losses, AdamW moments,
-pseudo-gradient norm, global parameters) and after every baseline step, the losses,
-optimizer states, pseudo-gradient and parameters must be finite, and, with
-``max_loss``, no loss may exceed it. ``check_record`` applies the same guard to a
-finished round's record alone, for trainers the resumable driver does not run (the fast
-engine, the studies, ``diloco.tools.mpi``). A failure raises ``Diverged``, which names the
-round (and step), the worker and the quantity. Used by ``diloco.tools.training``, which
-re-exports ``Diverged`` and ``check_record``.
+After every round of every algorithm, on every executor (``Guard``, a hook of
+``diloco.core.driver``): every worker's per-step training loss and the global
+parameters must be finite, the pseudo-gradient norm too (DiLoCo), and, with
+``max_loss``, no loss may exceed it; after the held-out evaluation, the held-out loss.
+``check_record`` applies the record's part of the guard alone. A failure raises
+``Diverged``, which names the round (and step), the worker and the quantity.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import math
 
 import numpy as np
 
-__all__ = ["Diverged", "check_record"]
+__all__ = ["Diverged", "Guard", "check_record"]
 
 
 class Diverged(ArithmeticError):
@@ -98,16 +96,34 @@ def _check_eval(algo, record, max_loss) -> None:
                     what="held-out loss")
 
 
-def _check_diloco_round(round_index, params, worker_states, record, max_loss) -> None:
-    for worker, loss in enumerate(record["worker_losses"]):
-        _check_loss("diloco", round_index, worker, loss, max_loss, what="mean training loss")
-    for worker, state in enumerate(worker_states):
-        for name, moments in (("first moment m", state.m), ("second moment v", state.v)):
-            key = _finite(moments)
-            if key is not None:
-                raise Diverged("diloco", round_index, worker, f"AdamW {name}[{key!r}] is not finite")
-    if not math.isfinite(record["pseudo_grad_norm"]):
-        raise Diverged("diloco", round_index, None, f"pseudo-gradient norm is {record['pseudo_grad_norm']}")
-    key = _finite(params)
-    if key is not None:
-        raise Diverged("diloco", round_index, None, f"global parameter {key!r} is not finite after the outer step")
+class Guard:
+    """The divergence guard: every loss finite (and at most ``max_loss``), the pseudo-gradient
+    norm and the parameters finite after the round, the held-out loss too."""
+
+    def __init__(self, algo: str, max_loss: float | None = None) -> None:
+        self.algo, self.max_loss = algo, max_loss
+
+    def trained(self, record, trained) -> None:
+        params, losses = trained
+        round_index = record["round"]
+        bad = [(int(np.flatnonzero(~np.isfinite(values))[0]), k) for k, values in sorted(losses.items())
+               if not np.isfinite(values).all()]
+        if bad:
+            step, worker = min(bad)
+            raise Diverged(self.algo, round_index, worker, f"training loss is {losses[worker][step]}", step + 1)
+        for worker, loss in enumerate(record["worker_losses"]):
+            if self.max_loss is not None and loss > self.max_loss:
+                raise Diverged(self.algo, round_index, worker,
+                               f"mean training loss {loss:.6g} exceeds max_loss {self.max_loss:g}")
+        norm = record.get("pseudo_grad_norm")
+        if self.algo == "diloco" and (norm is None or not math.isfinite(norm)):
+            raise Diverged(self.algo, round_index, None, f"pseudo-gradient norm is {norm}")
+        key = _finite(params)
+        if key is not None:
+            where = "after the outer step" if self.algo == "diloco" else "after the AdamW step"
+            raise Diverged(self.algo, round_index, None, f"global parameter {key!r} is not finite {where}")
+
+    def finished(self, record, get_state) -> None:
+        check_record(record, self.algo, self.max_loss)
+
+

@@ -1,0 +1,185 @@
+"""``FamilyConfig``: the post-2023 DiLoCo family's settings, a nested section of ``DiLoCoConfig``.
+
+``DiLoCoConfig.family`` holds one (default: every field at its default, which is plain
+DiLoCo), so a run's ``config.json`` records every setting and ``--config`` / ``--resume``
+restore them. It lives here, below ``diloco.config``, because ``diloco.family``'s modules
+import the milestone modules; ``diloco.family.config`` re-exports it.
+
+``CommSpec`` (how outer gradients travel) and the wire ``FORMATS`` live here too, for
+the same reason; ``diloco.core.comm`` and ``diloco.core.quantize`` import them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from diloco._validation import check_nonneg_int, check_positive_int, check_real
+
+__all__ = ["FamilyConfig", "CommSpec", "FORMATS", "PATTERNS"]
+
+# Wire formats of outer gradients (diloco.core.quantize).
+FORMATS = ("float64", "float32", "float16", "bfloat16", "int8", "fp4")
+
+
+class CommSpec(NamedTuple):
+    """How outer gradients travel.
+
+    Attributes
+    ----------
+    fmt : str or None
+        A ``FORMATS`` entry, or None for the params' own dtype (nothing encoded).
+    block_size : int >= 0
+        Values per scale block (0: one scale per tensor).
+    sign_prune : float in [0, 1)
+        Fraction of each tensor's smallest-magnitude entries each worker drops.
+    error_feedback : bool
+        Carry each worker's encoding error into its next outer gradient.
+    """
+
+    fmt: str | None = None
+    block_size: int = 32
+    sign_prune: float = 0.0
+    error_feedback: bool = False
+
+
+
+PATTERNS = ("strided", "sequential")
+
+
+def _field_error(exc: Exception) -> Exception:
+    return type(exc)(f"FamilyConfig.{exc}")
+
+
+@dataclass(frozen=True)
+class FamilyConfig:
+    """Compression, Streaming DiLoCo, eager updates and the simulated network.
+
+    Attributes
+    ----------
+    comm_dtype : str or None
+        Wire format of outer gradients (``quantize.FORMATS``); None = the params' dtype.
+    comm_block : int >= 0
+        Values per scale block of int8/fp4 (and per unit of a payload); 0 = per tensor.
+    sign_prune : float in [0, 1)
+        Fraction of each outer gradient's smallest entries dropped (DiLoCo, Table 6).
+    error_feedback : bool
+        Carry each worker's encoding error into its next outer gradient.
+    fragments : int >= 1
+        P, fragments of Streaming DiLoCo (1 = the whole model at once).
+    pattern : "strided" or "sequential"
+        Which layers form a fragment (Streaming DiLoCo's two patterns).
+    overlap : int >= 0 or None
+        tau, inner steps a fragment's communication overlaps with compute. For eager
+        updates: 0 (no overlap, = DiLoCo) or the default, one whole outer step (H).
+    mix : float in (0, 1]
+        Weight of the received global fragment: ``mix * global + (1 - mix) * local``
+        (the paper's alpha weights the local side: ``alpha_paper = 1 - mix``).
+    eager : bool
+        Eager updates (Kale et al., 2025).
+    bandwidth : float or None
+        Simulated link bandwidth in bit/s (None: no network simulation).
+    latency : float >= 0
+        Simulated latency of one message, seconds.
+    step_time : float > 0 or None
+        Compute seconds per inner step for the simulation; None = measured.
+    """
+
+    comm_dtype: str | None = None
+    comm_block: int = 32
+    sign_prune: float = 0.0
+    error_feedback: bool = False
+    fragments: int = 1
+    pattern: str = "strided"
+    overlap: int | None = None
+    mix: float = 1.0
+    eager: bool = False
+    bandwidth: float | None = None
+    latency: float = 0.0
+    step_time: float | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            if self.comm_dtype is not None and self.comm_dtype not in FORMATS:
+                raise ValueError(f"comm_dtype must be None or one of {FORMATS}, got {self.comm_dtype!r}")
+            check_nonneg_int(self.comm_block, "comm_block")
+            prune = check_real(self.sign_prune, "sign_prune", low=0.0, high=1.0, high_open=True)
+            for name in ("error_feedback", "eager"):
+                if not isinstance(getattr(self, name), bool):
+                    raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            check_positive_int(self.fragments, "fragments")
+            if self.pattern not in PATTERNS:
+                raise ValueError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
+            if self.overlap is not None:
+                check_nonneg_int(self.overlap, "overlap")
+            mix = check_real(self.mix, "mix", low=0.0, high=1.0, low_open=True)
+            if self.eager and self.fragments != 1:
+                raise ValueError("eager updates run on whole-model DiLoCo here: fragments must be 1 with eager")
+            bandwidth = None if self.bandwidth is None else check_real(self.bandwidth, "bandwidth", low=0.0,
+                                                                        low_open=True)
+            latency = check_real(self.latency, "latency", low=0.0)
+            step_time = None if self.step_time is None else check_real(self.step_time, "step_time", low=0.0,
+                                                                        low_open=True)
+        except (TypeError, ValueError) as exc:
+            raise _field_error(exc) from None
+        for name, value in (("sign_prune", prune), ("mix", mix), ("bandwidth", bandwidth), ("latency", latency),
+                            ("step_time", step_time)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def comm(self) -> CommSpec:
+        """The ``CommSpec`` of the wire-format fields."""
+        return CommSpec(self.comm_dtype, self.comm_block, self.sign_prune, self.error_feedback)
+
+    @property
+    def simulates_network(self) -> bool:
+        return self.bandwidth is not None
+
+    def tau(self, inner_steps: int) -> int:
+        """The overlap in inner steps: ``overlap``, or by default 0 (H for eager updates)."""
+        if self.overlap is not None:
+            return self.overlap
+        return inner_steps if self.eager else 0
+
+    def check_against(self, config) -> None:
+        """Raise ``ValueError`` unless these settings fit ``config`` (a ``DiLoCoConfig``).
+
+        P must not exceed the MLP's layers (``len(hidden_sizes) + 1``) nor H; tau < H for
+        Streaming DiLoCo; tau in {0, H} for eager updates. Every other mechanism of
+        ``DiLoCoConfig`` composes with these settings (``diloco.core``).
+        """
+        layers, inner_steps = len(config.hidden_sizes) + 1, config.inner_steps
+        if self.fragments > layers:
+            raise ValueError(f"fragments ({self.fragments}) must not exceed the model's layers ({layers}, "
+                             f"from hidden_sizes {config.hidden_sizes})")
+        if self.fragments > inner_steps:
+            raise ValueError(f"fragments ({self.fragments}) must not exceed inner_steps ({inner_steps})")
+        tau = self.tau(inner_steps)
+        if self.eager and tau not in (0, inner_steps):
+            raise ValueError(f"eager updates overlap one whole outer step: overlap must be 0 or H={inner_steps}, "
+                             f"got {tau}")
+        if not self.eager and tau >= inner_steps:
+            raise ValueError(f"overlap tau ({tau}) must be smaller than inner_steps ({inner_steps})")
+
+    def algorithm_is_diloco(self) -> bool:
+        """True when training is plain DiLoCo (the network fields only annotate records)."""
+        plain = FamilyConfig(bandwidth=self.bandwidth, latency=self.latency, step_time=self.step_time)
+        return dataclasses.replace(self, overlap=self.overlap or None) == plain
+
+    def replace(self, **changes: Any) -> FamilyConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FamilyConfig:
+        """Build from a dict (``DiLoCoConfig.to_dict()["family"]``); unknown keys raise ``ValueError``."""
+        if not isinstance(data, dict):
+            raise TypeError(f"FamilyConfig must be built from an object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"FamilyConfig: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        return cls(**data)

@@ -1,0 +1,178 @@
+"""Executors: how the K workers are stored and stepped, and how they all-reduce. Nothing else.
+
+Every executor offers the same few methods to ``diloco.core.driver``:
+
+* ``load(worker_params, worker_states)``: the workers' parameters and AdamW states
+  (dicts keyed by worker index; the baseline has one shared model, key 0);
+* ``run(rngs, steps)``: ``steps`` inner steps of every local worker, each from its own
+  carried params and AdamW state, worker k drawing its batches from ``rngs[k]``;
+  returns ``{k: losses (steps,)}``;
+* ``run_sync(rngs, steps)``: the synchronous baseline's steps: every worker's gradient,
+  averaged (one all-reduce per step), one AdamW step on the shared model;
+* ``read(keys)`` / ``write(k, params)``: the local workers' parameters of a fragment;
+* ``gather(items)``: the collective, merging a dict keyed by worker index across
+  processes (identity in one process);
+* ``snapshot()``: ``(worker_params, worker_states)`` for checkpoints.
+
+``ReferenceExecutor`` runs the learner's milestone functions (20, or 16-19 with the
+paper's lr schedule, clipping and an input encoder), so the milestones gate what
+``--engine reference`` trains. ``MPIExecutor`` is the same with one worker per rank and
+mpi4py collectives. The stacked executor (flat buffers, batched matmul) is
+``diloco.engine.stacked``, outside learner workspaces.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import numpy as np
+
+from diloco.mechanisms import scheduled_adamw_step, train_worker, uses_plain_worker
+from diloco.model import cross_entropy_loss, model_backward, model_forward
+from diloco.params import average_params
+from diloco.sharding import inner_train_worker, sample_worker_batch
+
+__all__ = ["ReferenceExecutor", "MPIExecutor", "RoundTimeout"]
+
+
+class RoundTimeout(RuntimeError):
+    """A collective did not complete in time: some rank stopped answering."""
+
+
+class ReferenceExecutor:
+    """The K workers as parameter dicts, stepped by the milestone functions, one after another."""
+
+    name = "reference"
+
+    def __init__(self, shards, config, encode=None, workers=None) -> None:
+        self.shards, self.config, self.encode = shards, config, encode
+        self.workers = tuple(range(config.num_workers)) if workers is None else tuple(workers)
+        self.plain = uses_plain_worker(config, encode)
+        self.params: dict = {}
+        self.states: dict = {}
+
+    def load(self, worker_params: dict, worker_states: dict) -> None:
+        self.params = {k: dict(v) for k, v in worker_params.items()}
+        self.states = dict(worker_states)
+
+    def run(self, rngs, steps: int) -> dict:
+        config, losses = self.config, {}
+        for k in self.workers:
+            x_k, y_k = self.shards[k]
+            if self.plain:
+                self.params[k], self.states[k], losses[k] = inner_train_worker(
+                    self.params[k], self.states[k], x_k, y_k, steps, config.batch_size, config.inner, rngs[k])
+            else:
+                self.params[k], self.states[k], losses[k] = train_worker(
+                    self.params[k], self.states[k], x_k, y_k, config, rngs[k], encode=self.encode, steps=steps)
+        return losses
+
+    def _gradient(self, params, k, rng):
+        x_k, y_k = self.shards[k]
+        x_batch, y_batch = sample_worker_batch(x_k, y_k, self.config.batch_size, rng)
+        if self.encode is not None:  # the character-level task: one-hot windows, batch by batch
+            x_batch = self.encode(x_batch, next(iter(params.values())).dtype)
+        logits, cache = model_forward(params, x_batch)
+        return cross_entropy_loss(logits, y_batch), model_backward(params, cache, y_batch)
+
+    def run_sync(self, rngs, steps: int) -> dict:
+        params, state = self.params[0], self.states[0]
+        losses = {k: np.empty(steps) for k in self.workers}
+        for step in range(steps):
+            grads = {}
+            for k in self.workers:
+                losses[k][step], grads[k] = self._gradient(params, k, rngs[k])
+            everyone = self.gather(grads)
+            params, state = scheduled_adamw_step(params, state, average_params([everyone[k] for k in
+                                                                                sorted(everyone)]), self.config)
+        self.params[0], self.states[0] = params, state
+        return losses
+
+    def shared(self) -> dict:
+        """The baseline's one shared model."""
+        return self.params[0]
+
+    def read(self, keys) -> dict:
+        return {k: {key: self.params[k][key] for key in keys} for k in self.workers}
+
+    def write(self, k: int, params: dict) -> None:
+        if k in self.params:
+            self.params[k] = {**self.params[k], **params}
+
+    def gather(self, items: dict) -> dict:
+        return items
+
+
+    def snapshot(self) -> tuple[dict, dict]:
+        return dict(self.params), dict(self.states)
+
+
+class MPIExecutor(ReferenceExecutor):
+    """One worker per MPI rank (worker ``comm.rank``); the collectives are all-gathers in worker order.
+
+    Every rank gathers the kept workers' parameters (or encoded payloads) and combines
+    them in worker order, exactly as one process does, so an MPI run is bit-identical
+    to the single-process run of the same config. A collective waits at most
+    ``timeout`` seconds (``RoundTimeout``), so a rank that stops never hangs the others.
+    """
+
+    name = "mpi"
+
+    def __init__(self, shards, config, comm, encode=None, timeout: float | None = None) -> None:
+        if comm.size != config.num_workers:
+            raise ValueError(f"config.num_workers ({config.num_workers}) must equal the number of MPI processes "
+                             f"({comm.size}); run with mpiexec -n {config.num_workers}")
+        super().__init__(shards, config, encode, workers=(comm.rank,))
+        self.comm, self.timeout = comm, timeout
+        self.collective_seconds = 0.0
+        self.sent_bytes = 0
+
+    def load(self, worker_params: dict, worker_states: dict) -> None:
+        mine = self.workers
+        super().load({k: v for k, v in worker_params.items() if k in mine or k == 0 and len(worker_params) == 1},
+                     {k: v for k, v in worker_states.items() if k in mine or k == 0 and len(worker_states) == 1})
+
+    def run_sync(self, rngs, steps: int) -> dict:
+        shared = self.params.get(0)
+        if shared is None:
+            raise ValueError("the baseline's shared model was not loaded")
+        return super().run_sync(rngs, steps)
+
+    def _wait(self, requests) -> None:
+        from mpi4py import MPI
+
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        pause = 1e-5
+        while not MPI.Request.Testall(requests):  # each Test also drives MPI's progress
+            if deadline is not None and time.monotonic() > deadline:
+                raise RoundTimeout(f"rank {self.comm.rank}: the all-gather of round {getattr(self, 'round_index', 0)} "
+                                   f"did not complete within {self.timeout:g} s (--round-timeout): another rank "
+                                   f"stopped answering")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+
+    def gather(self, items: dict) -> dict:
+        start = time.perf_counter()
+        blob = np.frombuffer(pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+        sizes = np.zeros(self.comm.size, dtype=np.int64)
+        self._wait([self.comm.Iallgather(np.array([blob.size], dtype=np.int64), sizes)])
+        received = np.empty(int(sizes.sum()), dtype=np.uint8)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        self._wait([self.comm.Iallgatherv(blob, [received, sizes, offsets, _byte_type()])])
+        self.sent_bytes += int(blob.size) * (self.comm.size - 1)
+        merged: dict = {}
+        for start_at, size in zip(offsets, sizes, strict=True):
+            merged.update(pickle.loads(received[start_at:start_at + size].tobytes()))
+        self.collective_seconds += time.perf_counter() - start
+        return merged
+
+
+    def snapshot(self) -> tuple[dict, dict]:
+        raise ValueError("the MPI executor writes no checkpoints (run without --checkpoint-every / --resume)")
+
+
+def _byte_type():
+    from mpi4py import MPI
+
+    return MPI.BYTE

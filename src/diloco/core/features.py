@@ -1,0 +1,78 @@
+"""The table of features the one core composes: the composition test's and the docs' single source.
+
+Every ``Feature`` is a flag of ``diloco train`` and the ``DiLoCoConfig`` change it makes.
+``tests/tooling/test_core.py`` runs every feature, on every executor (reference, stacked,
+MPI) and for both algorithms, and proves each cell one of two things:
+
+* **it works**: the stacked executor equals the reference within 1e-10 relative
+  (float64), the MPI executor equals it bit for bit, and the feature changes the result
+  (no silent no-op);
+* **it is refused by design, in one line, before any work**: only the synchronous
+  baseline refuses, and only what configures an outer gradient it does not have.
+
+``docs/architecture.md`` shows ``render_matrix()``, generated from the same table.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["Feature", "FEATURES", "EXECUTOR_NAMES", "cell", "render_matrix"]
+
+EXECUTOR_NAMES = ("reference", "stacked", "mpi")
+
+
+class Feature(NamedTuple):
+    """One flag: its ``DiLoCoConfig`` changes (``family`` a dict of ``FamilyConfig`` changes)."""
+
+    name: str
+    flag: str
+    changes: dict
+    diloco_only: bool = False
+    hook: str | None = None  # a driver hook rather than a config field
+
+
+FEATURES = (
+    Feature("lr schedule", "--lr-schedule cosine --warmup-steps 1", {"lr_schedule": "cosine", "warmup_steps": 1}),
+    Feature("gradient clipping", "--clip-norm 0.05", {"clip_norm": 0.05}),
+    Feature("non-IID shards", "--noniid --alpha 0.3", {"iid": False, "alpha": 0.3}),
+    Feature("float32", "--dtype float32", {"dtype": "float32"}),
+    Feature("character-level LM", "--data shakespeare", {}, hook="encode"),
+    Feature("outer Adam", "--outer-optimizer adam", {"outer_optimizer": "adam", "outer_lr": 0.05}, True),
+    Feature("heavy-ball outer momentum", "--no-nesterov", {"nesterov": False}, True),
+    Feature("outer lr", "--outer-lr 0.3", {"outer_lr": 0.3}, True),
+    Feature("shard-size weights", "--shard-weighting size", {"shard_weighting": "size"}, True),
+    Feature("dropped outer gradients", "--drop-prob 0.5", {"drop_prob": 0.5}, True),
+    Feature("similarity record", "--record-similarity", {"record_similarity": True}, True),
+    Feature("fp4 wire format", "--comm-dtype fp4", {"family": {"comm_dtype": "fp4"}}, True),
+    Feature("int8 + error feedback", "--comm-dtype int8 --error-feedback",
+            {"family": {"comm_dtype": "int8", "error_feedback": True}}, True),
+    Feature("sign pruning", "--sign-prune 0.5", {"family": {"sign_prune": 0.5}}, True),
+    Feature("streaming fragments", "--fragments 2", {"family": {"fragments": 2}}, True),
+    Feature("overlap tau", "--fragments 2 --overlap 1", {"family": {"fragments": 2, "overlap": 1}}, True),
+    Feature("mixing", "--fragments 2 --mix 0.5", {"family": {"fragments": 2, "mix": 0.5}}, True),
+    Feature("eager updates", "--eager", {"family": {"eager": True}}, True),
+    Feature("divergence guard", "--max-loss", {}, hook="guard"),
+    Feature("checkpoint and resume", "--checkpoint-every / --resume", {}, hook="resume"),
+    Feature("network clock", "--bandwidth 1Mbit", {"family": {"bandwidth": 1e6, "step_time": 0.01}}, hook="clock"),
+)
+
+
+def cell(feature: Feature, algo: str, executor: str) -> str:
+    """``"works"``, ``"refused"`` (by design: the baseline has no outer gradient) or
+    ``"not offered"`` (the MPI executor writes no checkpoints)."""
+    if algo == "sync" and feature.diloco_only:
+        return "refused"
+    if executor == "mpi" and feature.hook == "resume":
+        return "not offered"
+    return "works"
+
+
+def render_matrix() -> str:
+    """The feature-by-executor matrix as a Markdown table (``docs/architecture.md``)."""
+    header = ["feature", "flag"] + [f"{algo} / {ex}" for algo in ("diloco", "sync") for ex in EXECUTOR_NAMES]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for feature in FEATURES:
+        cells = [cell(feature, algo, ex) for algo in ("diloco", "sync") for ex in EXECUTOR_NAMES]
+        lines.append(f"| {feature.name} | `{feature.flag}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,279 @@
+"""Wire formats for outer gradients: float64, float32, float16, bfloat16, int8 and fp4 (E2M1).
+
+``encode(x, fmt)`` turns one tensor into codes (and scales); ``decode(encoded, dtype)``
+turns them back into floats of the params' dtype. The float formats round to nearest,
+ties to even; the two integer-like formats share one power-of-two scale per block of
+``block_size`` consecutive values (``block_size=0``: one scale for the whole tensor)::
+
+    float64               the values as they are (sign pruning at full precision)
+    float32 / float16     numpy's cast (round to nearest even), after saturating to the
+                          format's largest finite value (no overflow to inf)
+    bfloat16              the top 16 bits of a float32, rounded to nearest even by bit
+                          manipulation (``bfloat16_bits``)
+    int8                  q = rint(x / s) in [-127, 127],   s = 2^ceil(log2(amax / 127))
+    fp4 (E2M1)            q = the nearest of +-{0, .5, 1, 1.5, 2, 3, 4, 6} to x / s
+                          (ties to the even code), s = 2^ceil(log2(amax / 6))
+
+with ``amax`` the block's largest magnitude. The scale is a power of two stored as one
+byte, its exponent (as in the OCP Microscaling formats' E8M0 scales): ``x / s`` and
+``q * s`` are exact, so a decoded tensor encodes to itself (idempotence), and because
+``amax / s <= qmax`` no code ever saturates. An all-zero block gets the smallest scale
+and decodes to zeros; exponents are clamped to [-127, 127] (values below ``2^-127``
+round to zero, values above ``qmax * 2^127`` saturate).
+
+Sparse payloads (``keep``, from ``sign_prune_mask``) carry a bitmap of the kept
+positions and codes for the kept values only. The payload of a tensor is the
+concatenation of its *units* (one unit per scale block; for the float formats a unit is
+a block of ``block_size`` values, or the tensor): ``[bitmap][scale][codes]`` per unit,
+fp4 codes two per byte. ``Encoded.nbytes`` is that size and equals ``len(to_bytes(e))``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from diloco.config_sections import FORMATS
+
+__all__ = ["FORMATS", "BITS", "E2M1_GRID", "Encoded", "encode", "decode", "quantize", "bfloat16_bits",
+           "bfloat16_values", "sign_prune_mask", "unit_bounds"]
+
+BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16, "int8": 8, "fp4": 4}
+SCALED = ("int8", "fp4")
+# The 8 magnitudes of E2M1 (2 exponent bits, 1 mantissa bit); index i has mantissa bit i & 1.
+E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+_QMAX = {"int8": 127.0, "fp4": 6.0}
+_EXP_MIN, _EXP_MAX = -127, 127
+_BF16_MAX = float(np.array([0x7F7F0000], dtype=np.uint32).view(np.float32)[0])  # 3.3895e38
+
+
+class Encoded(NamedTuple):
+    """One tensor on the wire.
+
+    Attributes
+    ----------
+    fmt : str
+        One of ``FORMATS``.
+    shape : tuple of int
+        The tensor's shape.
+    unit : int
+        Values per unit (scale block), ``>= 1``; the tensor's size for one unit.
+    codes : ndarray of shape (kept,)
+        One code per kept value, flat (C) order: float64, float32, float16, uint16 (bfloat16 bits),
+        int8, or uint8 holding an fp4 code ``sign << 3 | magnitude index``.
+    exponents : ndarray of shape (units,), int16
+        The power-of-two scale exponent of each unit; empty for the float formats.
+    keep : ndarray of bool of shape (size,) or None
+        Kept positions of a sparse payload; None when dense.
+    """
+
+    fmt: str
+    shape: tuple
+    unit: int
+    codes: np.ndarray
+    exponents: np.ndarray
+    keep: np.ndarray | None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on the wire: per unit, bitmap + scale byte + packed codes."""
+        lengths = np.diff(unit_bounds(self.size, self.unit))
+        kept = lengths if self.keep is None else _per_unit(self.keep, self.unit)
+        total = np.ceil(kept * BITS[self.fmt] / 8).sum()
+        if self.fmt in SCALED:
+            total += lengths.size
+        if self.keep is not None:
+            total += np.ceil(lengths / 8).sum()
+        return int(total)
+
+
+def unit_bounds(size: int, unit: int) -> np.ndarray:
+    """Flat offsets ``[0, unit, 2 unit, ..., size]`` of the units of a tensor of ``size`` values."""
+    return np.append(np.arange(0, size, unit), size) if size else np.zeros(1, dtype=np.int64)
+
+
+def _per_unit(keep: np.ndarray, unit: int) -> np.ndarray:
+    """Number of kept values in each unit."""
+    starts = unit_bounds(keep.size, unit)[:-1]
+    return np.add.reduceat(keep.astype(np.int64), starts) if keep.size else np.zeros(0, dtype=np.int64)
+
+
+def _check(x, name: str = "x") -> np.ndarray:
+    if not isinstance(x, np.ndarray) or not np.issubdtype(x.dtype, np.floating):
+        raise TypeError(f"{name} must be a floating numpy array, got {type(x).__name__}")
+    if x.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} must be finite (a pseudo-gradient with NaN or inf cannot be encoded)")
+    return x
+
+
+def _check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    return fmt
+
+
+def bfloat16_bits(x: np.ndarray) -> np.ndarray:
+    """bfloat16 codes (uint16) of ``x``, rounded to nearest even, saturated at +-3.39e38.
+
+    float64 input first goes to float32 with *round to odd* (truncate, then set the last
+    bit if anything was dropped), which makes the two roundings equal one correct rounding
+    to bfloat16. Then, on the float32 bits ``b``: ``(b + 0x7FFF + ((b >> 16) & 1)) >> 16``.
+    """
+    x = np.clip(x, -_BF16_MAX, _BF16_MAX)
+    single = x.astype(np.float32)
+    if x.dtype != np.float32:
+        back = single.astype(x.dtype)
+        inexact = back != x
+        away = np.abs(back) > np.abs(x)  # rounded away from zero: step one ulp back
+        single = np.where(away, np.nextafter(single, np.float32(0)), single)
+        bits = single.view(np.uint32) | inexact.astype(np.uint32)
+    else:
+        bits = single.view(np.uint32)
+    rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return ((bits + rounding) >> np.uint32(16)).astype(np.uint16)
+
+
+def bfloat16_values(codes: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """The floats of bfloat16 codes (uint16): the code is the top half of a float32."""
+    return (codes.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(dtype)
+
+
+def _exponents(values: np.ndarray, unit_ids: np.ndarray, units: int, qmax: float) -> np.ndarray:
+    """Per unit, ``ceil(log2(amax / qmax))`` clamped to [-127, 127]; amax 0 gives -127."""
+    amax = np.zeros(units, dtype=np.float64)
+    np.maximum.at(amax, unit_ids, np.abs(values).astype(np.float64))
+    exponents = np.full(units, _EXP_MIN, dtype=np.int64)
+    positive = amax > 0
+    mantissa, exponent = np.frexp(amax[positive] / qmax)  # value = mantissa * 2^exponent, mantissa in [.5, 1)
+    exponents[positive] = np.where(mantissa == 0.5, exponent - 1, exponent)
+    return np.clip(exponents, _EXP_MIN, _EXP_MAX).astype(np.int16)
+
+
+def _fp4_codes(scaled: np.ndarray) -> np.ndarray:
+    """E2M1 codes of ``scaled`` (= x / s, |scaled| <= 6 up to clipping), ties to even."""
+    magnitude = np.minimum(np.abs(scaled), 6.0)
+    high = np.clip(np.searchsorted(E2M1_GRID, magnitude), 1, 7)
+    low = high - 1
+    below, above = magnitude - E2M1_GRID[low], E2M1_GRID[high] - magnitude
+    index = np.where(above < below, high, low)
+    tie = above == below
+    index = np.where(tie, np.where(low % 2 == 0, low, high), index)
+    sign = np.signbit(scaled).astype(np.uint8) << 3
+    return (sign | index.astype(np.uint8)).astype(np.uint8)
+
+
+def encode(x: np.ndarray, fmt: str, *, block_size: int = 0, keep: np.ndarray | None = None) -> Encoded:
+    """Encode one tensor for the wire.
+
+    Parameters
+    ----------
+    x : ndarray, float32 or float64, finite
+    fmt : one of ``FORMATS``
+    block_size : int >= 0, keyword-only
+        Values per scale block (and per unit); 0 = the whole tensor is one block.
+    keep : ndarray of bool shaped like ``x``, or None, keyword-only
+        Positions to send (a sparse payload); None sends every value.
+
+    Returns
+    -------
+    Encoded
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``x`` not a finite float array, unknown ``fmt``, negative ``block_size``, ``keep``
+        of another shape.
+    """
+    x = _check(x)
+    _check_format(fmt)
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 0:
+        raise ValueError(f"block_size must be a non-negative int, got {block_size!r}")
+    flat = x.ravel()
+    unit = int(block_size) if block_size else max(flat.size, 1)
+    if keep is not None:
+        keep = np.asarray(keep)
+        if keep.dtype != bool or keep.shape != x.shape:
+            raise ValueError(f"keep must be a bool array of shape {x.shape}, got {keep.dtype} {keep.shape}")
+        keep = keep.ravel().copy()
+        values = flat[keep]
+        unit_ids = np.flatnonzero(keep) // unit
+    else:
+        values = flat
+        unit_ids = np.arange(flat.size) // unit
+    units = unit_bounds(flat.size, unit).size - 1
+    exponents = np.zeros(0, dtype=np.int16)
+    if fmt == "float64":
+        codes = values.astype(np.float64)  # exact (float64 params, or float32 ones widened)
+    elif fmt == "float32":
+        info = np.finfo(np.float32)
+        codes = np.clip(values, info.min, info.max).astype(np.float32)
+    elif fmt == "float16":
+        info = np.finfo(np.float16)
+        codes = np.clip(values, info.min, info.max).astype(np.float16)
+    elif fmt == "bfloat16":
+        codes = bfloat16_bits(values)
+    else:
+        exponents = _exponents(values, unit_ids, units, _QMAX[fmt])
+        scaled = np.ldexp(values, -exponents[unit_ids].astype(np.int32))  # exact: a power of two
+        if fmt == "int8":
+            codes = np.clip(np.rint(scaled), -127, 127).astype(np.int8)
+        else:
+            codes = _fp4_codes(scaled)
+    return Encoded(fmt, tuple(x.shape), unit, codes, exponents, keep)
+
+
+def decode(encoded: Encoded, dtype=np.float64) -> np.ndarray:
+    """The tensor an ``Encoded`` stands for, in ``dtype`` (the params' dtype); unsent values are 0."""
+    dtype = np.dtype(dtype)
+    fmt, codes = encoded.fmt, encoded.codes
+    if fmt in ("float64", "float32", "float16"):
+        values = codes.astype(dtype)
+    elif fmt == "bfloat16":
+        values = bfloat16_values(codes, dtype)
+    else:
+        unit_ids = (np.arange(encoded.size) if encoded.keep is None else np.flatnonzero(encoded.keep)) // encoded.unit
+        if fmt == "int8":
+            magnitudes = codes.astype(dtype)
+        else:
+            magnitudes = E2M1_GRID[codes & 7].astype(dtype)
+            magnitudes = np.where((codes >> 3) == 1, -magnitudes, magnitudes)
+        values = np.ldexp(magnitudes, encoded.exponents[unit_ids].astype(np.int32)).astype(dtype)
+    if encoded.keep is None:
+        return values.reshape(encoded.shape)
+    out = np.zeros(encoded.size, dtype=dtype)
+    out[encoded.keep] = values
+    return out.reshape(encoded.shape)
+
+
+def quantize(x: np.ndarray, fmt: str, *, block_size: int = 0, keep: np.ndarray | None = None) -> np.ndarray:
+    """``decode(encode(x, ...), x.dtype)``: what a receiver gets for ``x``."""
+    return decode(encode(x, fmt, block_size=block_size, keep=keep), x.dtype)
+
+
+def sign_prune_mask(x: np.ndarray, fraction: float) -> np.ndarray:
+    """Keep-mask dropping the ``floor(fraction * size)`` smallest magnitudes of ``x``.
+
+    The trim step of TIES-merging (Yadav et al., 2023), whose sign-based pruning the DiLoCo
+    paper applies to outer gradients (its Table 6). Ties in magnitude drop the later index.
+
+    Returns
+    -------
+    ndarray of bool shaped like ``x``
+    """
+    x = _check(x)
+    if not (isinstance(fraction, (int, float, np.floating)) and 0.0 <= float(fraction) < 1.0):
+        raise ValueError(f"fraction must be in [0, 1), got {fraction!r}")
+    flat = np.abs(x.ravel())
+    dropped = int(np.floor(float(fraction) * flat.size))
+    keep = np.ones(flat.size, dtype=bool)
+    if dropped:
+        order = np.argsort(-flat, kind="stable")  # largest first, earlier index first among equals
+        keep[order[flat.size - dropped:]] = False
+    return keep.reshape(x.shape)

@@ -1,0 +1,104 @@
+"""When what synchronises: the sync schedule of every algorithm, as data.
+
+A round is H inner steps. ``round_plan(config, keys, round_index)`` lists, in order, the
+inner steps ``h`` (1..H) after which something happens, and what: fragment syncs
+(``SyncEvent``). Merges of received fragments fall due ``tau`` steps after their sync
+(``merge_step``) and may cross into the next round; the driver keeps them pending.
+
+* DiLoCo: one fragment (the whole model), synced after step H, tau = 0.
+* Streaming DiLoCo (Douillard et al., 2025): the L layers in P fragments (``strided`` or
+  ``sequential``); fragment p syncs when the run's step t satisfies
+  ``(t - t_p) mod H == 0`` with ``t_p = floor(p H / P)``, so after step ``t_p`` of every
+  round (step H for p = 0).
+* Eager updates (Kale et al., 2025): the whole model after step H, with the eager rule
+  (``diloco.core.sync``); with tau = 0 it is DiLoCo.
+* The synchronous baseline: no parameter syncs; the executor averages the gradients
+  every step (``Executor.run_sync``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from diloco.config_sections import PATTERNS
+from diloco.model import Params
+
+__all__ = ["SyncEvent", "fragment_layers", "fragment_keys", "sync_offsets", "sync_steps", "round_plan",
+           "merge_step", "event_steps"]
+
+
+class SyncEvent(NamedTuple):
+    """Fragment ``fragment`` (its parameter ``keys``) synchronises after inner step ``h`` of the round."""
+
+    h: int
+    fragment: int
+    keys: tuple
+
+
+def fragment_layers(num_layers: int, fragments: int, pattern: str = "strided") -> list[list[int]]:
+    """The 1-based layers of each fragment.
+
+    >>> fragment_layers(4, 2)
+    [[1, 3], [2, 4]]
+    >>> fragment_layers(4, 2, "sequential")
+    [[1, 2], [3, 4]]
+    """
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    if not 1 <= fragments <= num_layers:
+        raise ValueError(f"fragments must be between 1 and the number of layers ({num_layers}), got {fragments}")
+    layers = list(range(1, num_layers + 1))
+    if pattern == "strided":
+        return [layers[p::fragments] for p in range(fragments)]
+    return [list(chunk) for chunk in np.array_split(layers, fragments)]
+
+
+def fragment_keys(params: Params, fragments: int, pattern: str = "strided") -> list[tuple[str, ...]]:
+    """The parameter keys (``W_l``, ``b_l``) of each fragment of an MLP's params."""
+    num_layers = len(params) // 2
+    return [tuple(key for layer in group for key in (f"W{layer}", f"b{layer}"))
+            for group in fragment_layers(num_layers, fragments, pattern)]
+
+
+def sync_offsets(fragments: int, inner_steps: int) -> list[int]:
+    """``t_p = floor(p H / P)`` for p = 0..P-1 (needs P <= H, so the offsets differ)."""
+    if fragments > inner_steps:
+        raise ValueError(f"fragments ({fragments}) must not exceed inner_steps ({inner_steps})")
+    return [(p * inner_steps) // fragments for p in range(fragments)]
+
+
+def sync_steps(fragment: int, fragments: int, inner_steps: int, total_steps: int) -> list[int]:
+    """The 1-based inner steps ``t <= total_steps`` at which ``fragment`` synchronises."""
+    offset = sync_offsets(fragments, inner_steps)[fragment]
+    return [t for t in range(1, total_steps + 1) if (t - offset) % inner_steps == 0]
+
+
+def round_plan(config, keys: list[tuple[str, ...]]) -> list[SyncEvent]:
+    """The fragment syncs of one round, in the order they happen (by step, then fragment).
+
+    ``keys`` are the fragments' parameter keys (``fragment_keys``); the plan is the same
+    every round.
+    """
+    inner_steps = config.inner_steps
+    offsets = sync_offsets(len(keys), inner_steps)
+    events = [SyncEvent(offset if offset > 0 else inner_steps, p, tuple(k))
+              for p, (k, offset) in enumerate(zip(keys, offsets, strict=True))]
+    return sorted(events, key=lambda e: (e.h, e.fragment))
+
+
+def merge_step(round_index: int, h: int, config) -> int:
+    """The run's step (1-based, over all rounds) at which a sync after step h of the round is merged."""
+    tau = config.family.tau(config.inner_steps)
+    if config.family.eager:
+        tau = 0  # eager updates apply their result at once (the overlap is in the rule itself)
+    return (round_index - 1) * config.inner_steps + h + tau
+
+
+def event_steps(plan: list[SyncEvent], pending_steps, round_index: int, inner_steps: int) -> list[int]:
+    """The steps h of the round after which the driver stops the inner loop (a sync or a merge), ascending."""
+    first = (round_index - 1) * inner_steps
+    due = {event.h for event in plan}
+    due.update(step - first for step in pending_steps if first < step <= first + inner_steps)
+    return sorted(due)

@@ -1,0 +1,133 @@
+"""One synchronisation of a fragment: drop, weights, compress, aggregate, outer step, merge.
+
+``sync_fragment`` is the only place where the workers' parameters become a new global
+model, on every executor and for every algorithm of ``diloco.core`` but the synchronous
+baseline (which averages gradients inside ``Executor.run_sync``):
+
+1. **drop**: ``diloco.mechanisms.draw_dropped`` (``drop_prob``) from the run's generator;
+   a dropped worker's outer gradient is left out, and it carries on from its own params;
+2. **weights**: ``pseudo_grad_weights`` (uniform, or shard sizes), over the kept workers;
+3. **compress and aggregate**: ``diloco.core.comm.all_reduce`` through the executor's
+   collective (``gather``), with error feedback;
+4. **outer step**: ``diloco.core.outer`` (one state per fragment);
+5. **merge**: the received fragment replaces (``mix = 1``) or mixes into the kept
+   workers' copies, ``tau`` steps later (``diloco.core.schedule.merge_step``).
+
+Eager updates (tau > 0) replace steps 4-5 by the eager rule (``eager_sync``): each worker
+applies its own fresh outer gradient and the others' one round late, on its own outer
+copy.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from diloco.core.comm import all_reduce
+from diloco.core.outer import copy_outer_state, outer_optimizer
+from diloco.mechanisms import draw_dropped, mean_pairwise_cosine
+from diloco.model import Params
+from diloco.params import average_params, scale_params, subtract_params
+
+__all__ = ["SyncResult", "sync_fragment", "eager_outer_gradient", "eager_sync", "merge_fragment"]
+
+
+class SyncResult(NamedTuple):
+    """What one fragment sync hands back to the driver."""
+
+    global_params: Params
+    outer_state: object
+    delta: Params
+    received: Params
+    targets: tuple
+    bytes_sent: float
+    dropped: list
+    cosine: float | None
+    residuals: dict
+
+
+def _kept_weights(weights, kept) -> dict | None:
+    return None if weights is None else {k: weights[k] for k in kept}
+
+
+def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, config, rng, weights, residuals: dict,
+                  ) -> SyncResult:
+    """Synchronise fragment ``keys`` (steps 1-4 of the module doc); the merge is the driver's, later."""
+    num_workers = config.num_workers
+    dropped = draw_dropped(rng, config)  # [] unless drop_prob > 0
+    kept = [k for k in range(num_workers) if k not in dropped]
+    local = executor.read(keys)
+    sub_global = {key: global_params[key] for key in keys}
+    cosine = None
+    if config.record_similarity:
+        everyone = executor.gather(local)
+        cosine = mean_pairwise_cosine(sub_global, [everyone[k] for k in sorted(everyone)])
+    if not kept:  # every outer gradient was dropped: nothing reached the server, no outer step
+        delta = {key: np.zeros_like(value) for key, value in sub_global.items()}
+        received = {key: value.copy() for key, value in sub_global.items()}
+        return SyncResult({**global_params, **received}, copy_outer_state(outer_state), delta, received, (), 0.0,
+                          dropped, cosine, residuals)
+    ex = all_reduce({k: v for k, v in local.items() if k in kept}, config.family.comm,
+                    {k: residuals.get(k, {}) for k in local if k in kept}, _kept_weights(weights, kept),
+                    global_params=sub_global, gather=executor.gather)
+    received, new_outer = outer_optimizer(config).update(sub_global, ex.delta, outer_state, config)
+    new_residuals = {**residuals, **ex.residuals}
+    return SyncResult({**global_params, **received}, new_outer, ex.delta, received, tuple(kept), ex.bytes_sent,
+                      dropped, cosine, new_residuals)
+
+
+def merge_fragment(local: Params, received: Params, mix: float) -> Params:
+    """``mix * received + (1 - mix) * local`` per array; at ``mix = 1`` an exact copy of ``received``."""
+    if mix == 1.0:
+        return {key: value.copy() for key, value in received.items()}
+    return {key: mix * value + (1.0 - mix) * local[key] for key, value in received.items()}
+
+
+def eager_outer_gradient(local_now: Params, local_previous: Params | None, global_previous: Params | None,
+                         share: float) -> Params:
+    """``w_k Delta_k^(t) + (Delta^(t-1) - w_k Delta_k^(t-1))``; the bracket is 0 in round 1.
+
+    Parameters
+    ----------
+    local_now : dict
+        This worker's fresh outer gradient ``Delta_k^(t)``.
+    local_previous, global_previous : dict or None
+        ``Delta_k^(t-1)`` and the all-reduced ``Delta^(t-1)``; None before round 2.
+    share : float in (0, 1]
+        ``w_k``, the worker's weight in the average: ``1/K``, or its shard's share with
+        shard-size weights (``diloco.mechanisms.normalised_weights``).
+    """
+    own = scale_params(local_now, share)
+    if global_previous is None:
+        return own
+    others = subtract_params(global_previous, scale_params(local_previous, share))
+    return {key: own[key] + others[key] for key in own}
+
+
+def eager_sync(eager: dict, executor, config, weights, shares, residuals: dict) -> tuple[dict, object, dict]:
+    """One eager update of every local worker (tau = H); returns ``(eager state, exchange, residuals)``.
+
+    ``eager`` holds ``thetas``, ``outer`` (each worker's outer copy and state, by worker
+    index), ``previous_local`` and ``previous_global``.
+    """
+    keys = tuple(next(iter(eager["thetas"].values())))
+    local = executor.read(keys)
+    deltas = {k: subtract_params(eager["thetas"][k], local[k]) for k in local}
+    ex = all_reduce(deltas, config.family.comm, {k: residuals.get(k, {}) for k in local},
+                    None if weights is None else dict(enumerate(weights)), gather=executor.gather)
+    update = outer_optimizer(config).update
+    thetas, outer, previous = {}, {}, {}
+    for k in local:
+        applied = eager_outer_gradient(deltas[k], eager["previous_local"].get(k), eager["previous_global"], shares[k])
+        thetas[k], outer[k] = update(eager["thetas"][k], applied, eager["outer"][k], config)
+        executor.write(k, thetas[k])
+        previous[k] = deltas[k]
+    state = {"thetas": thetas, "outer": outer, "previous_local": previous, "previous_global": ex.delta}
+    return state, ex, {**residuals, **ex.residuals}
+
+
+def eager_consensus(thetas: dict, executor, weights) -> Params:
+    """The workers' average of their outer copies (what is evaluated; never communicated in training)."""
+    everyone = executor.gather(thetas)
+    return average_params([everyone[k] for k in sorted(everyone)], weights)

@@ -1,0 +1,165 @@
+"""The stacked executor: the K workers in flat, preallocated buffers, stepped with batched matmul.
+
+The same ``Executor`` methods as ``diloco.core.executors.ReferenceExecutor``, so the one
+driver (``diloco.core.driver``) runs every algorithm and mechanism on it. Only storage
+and stepping differ:
+
+* the K workers' parameters and AdamW moments are ``(K, P)`` buffers
+  (``diloco.engine.flat``); in the *stacked* layout the K workers take each step
+  together (``WorkerStack`` with S = K models, one AdamW pass over the buffer); in the
+  *per-worker* layout one ``(1, P)`` model steps each worker in turn
+  (``choose_layout``);
+* the baseline is one model seeing the K batches as K groups (S = 1, G = K);
+* the lr schedule, clipping (per worker, by its global norm) and an input encoder (the
+  character-level task's one-hot windows, encoded into the batch buffer) run here too.
+
+The random draws are the milestones': worker k draws each batch from its child
+generator with ``sample_worker_batch``'s rule, so for a seed the stacked executor sees
+the reference executor's batches and ends within rounding of it (the tests allow 1e-10
+relative in float64).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from diloco.adamw import AdamWState
+from diloco.engine.flat import flat_layout, layer_views, pack, unpack
+from diloco.engine.optim import adamw_scratch, adamw_update
+from diloco.engine.stack import WorkerStack
+from diloco.engine.trainers import choose_layout
+from diloco.mechanisms import inner_lr
+
+__all__ = ["StackedExecutor", "draw_batch"]
+
+
+def draw_batch(shard, batch_size: int, rng, x_out: np.ndarray, y_out: np.ndarray, encode=None) -> None:
+    """Fill ``x_out`` (b, d) and ``y_out`` (b,) with a mini-batch drawn as ``sample_worker_batch`` draws it."""
+    x_k, y_k = shard
+    n = y_k.shape[0]
+    idx = rng.choice(n, size=batch_size, replace=False) if batch_size <= n else rng.integers(0, n, size=batch_size)
+    if encode is None:
+        np.take(x_k, idx, axis=0, out=x_out, mode="clip")  # idx is in range: no buffering
+    else:
+        x_out[...] = encode(x_k[idx], x_out.dtype)
+    np.take(y_k, idx, out=y_out, mode="clip")
+
+
+class StackedExecutor:
+    """K workers as rows of ``(K, P)`` buffers (see the module doc)."""
+
+    name = "stacked"
+
+    def __init__(self, shards, config, encode=None, layout: str = "auto") -> None:
+        self.config, self.encode = config, encode
+        self.workers = tuple(range(config.num_workers))
+        self.dtype = np.dtype(config.dtype)
+        self.shards = [(np.ascontiguousarray(x_k, dtype=self.dtype if encode is None else x_k.dtype),
+                        np.ascontiguousarray(y_k, dtype=np.intp)) for x_k, y_k in shards]
+        self.layout_name = layout
+        self.flat = None
+
+    def load(self, worker_params: dict, worker_states: dict) -> None:
+        first = next(iter(worker_params.values()))
+        self.flat = flat_layout(first)
+        K, P, b = self.config.num_workers, self.flat.size, self.config.batch_size
+        self.sync_model = len(worker_params) == 1 and 0 in worker_params and len(worker_states) == 1
+        rows = 1 if self.sync_model else K
+        self.params = np.empty((rows, P), dtype=self.dtype)
+        self.m, self.v = np.empty((rows, P), dtype=self.dtype), np.empty((rows, P), dtype=self.dtype)
+        for k in range(rows):
+            pack(worker_params[k], self.params[k], self.flat)
+            pack(worker_states[k].m, self.m[k], self.flat)
+            pack(worker_states[k].v, self.v[k], self.flat)
+        self.step = int(worker_states[0].step)
+        if self.sync_model:
+            self.stack = WorkerStack(self.flat, 1, K, b, self.dtype)
+            self.stacked = True
+        else:
+            self.stacked = choose_layout(K, P, self.layout_name, itemsize=self.dtype.itemsize) == "stacked"
+            self.stack = WorkerStack(self.flat, K if self.stacked else 1, 1, b, self.dtype)
+        self.scratch = adamw_scratch(self.stack.params.size, self.dtype)
+
+    def _inner(self, step: int):
+        config = self.config
+        if config.lr_schedule == "constant":
+            return config.inner
+        return dataclasses.replace(config.inner, lr=inner_lr(config, step))
+
+    def _clip(self, grads: np.ndarray) -> None:
+        """Clip each row of ``grads`` to ``clip_norm`` (``clip_by_global_norm``'s rule, per worker)."""
+        clip = self.config.clip_norm
+        if clip is None:
+            return
+        norms = np.sqrt(np.einsum("ij,ij->i", grads, grads))
+        coef = clip / (norms + 1e-6)
+        scale = np.where(coef < 1.0, coef, 1.0).astype(grads.dtype)
+        grads *= scale[:, None]
+
+    def _update(self, rows: slice) -> None:
+        self._clip(self.stack.grads)
+        adamw_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, self.step + 1,
+                     self._inner(self.step + 1), self.scratch)
+
+    def run(self, rngs, steps: int) -> dict:
+        K, b, stack = self.config.num_workers, self.config.batch_size, self.stack
+        losses = np.empty((K, steps))
+        if self.stacked:
+            stack.params[...] = self.params
+            for h in range(steps):
+                for k in range(K):
+                    draw_batch(self.shards[k], b, rngs[k], stack.x[k], stack.labels[k], self.encode)
+                losses[:, h] = stack.loss_and_grads()[:, 0]
+                self._update(slice(0, K))
+                self.step += 1
+            self.params[...] = stack.params
+        else:
+            first = self.step
+            for k in range(K):
+                self.step = first
+                stack.params[0] = self.params[k]
+                for h in range(steps):
+                    draw_batch(self.shards[k], b, rngs[k], stack.x[0], stack.labels[0], self.encode)
+                    losses[k, h] = stack.loss_and_grads()[0, 0]
+                    self._update(slice(k, k + 1))
+                    self.step += 1
+                self.params[k] = stack.params[0]
+        return {k: losses[k] for k in range(K)}
+
+    def run_sync(self, rngs, steps: int) -> dict:
+        K, b, stack = self.config.num_workers, self.config.batch_size, self.stack
+        losses = np.empty((K, steps))
+        stack.params[...] = self.params
+        for h in range(steps):
+            for k in range(K):
+                rows = slice(k * b, (k + 1) * b)
+                draw_batch(self.shards[k], b, rngs[k], stack.x[0, rows], stack.labels[0, rows], self.encode)
+            losses[:, h] = stack.loss_and_grads()[0]
+            self._update(slice(0, 1))
+            self.step += 1
+        self.params[...] = stack.params
+        return {k: losses[k] for k in range(K)}
+
+    def shared(self) -> dict:
+        return unpack(self.params[0], self.flat)
+
+    def read(self, keys) -> dict:
+        views = layer_views(self.params, self.flat)
+        return {k: {key: views[key][k] for key in keys} for k in self.workers}
+
+    def write(self, k: int, params: dict) -> None:
+        views = layer_views(self.params, self.flat)
+        for key, value in params.items():
+            views[key][k] = value
+
+    def gather(self, items: dict) -> dict:
+        return items
+
+
+    def snapshot(self) -> tuple[dict, dict]:
+        rows = range(self.params.shape[0])
+        params = {k: unpack(self.params[k], self.flat) for k in rows}
+        states = {k: AdamWState(self.step, unpack(self.m[k], self.flat), unpack(self.v[k], self.flat)) for k in rows}
+        return params, states

@@ -1,0 +1,70 @@
+"""The family's part of a checkpoint: ``RunState.extra`` as named arrays and a JSON record.
+
+``RunState.extra`` (``diloco.core.driver``) holds what DiLoCo's family carries across
+rounds besides the params, optimizer states and generator: each worker's error-feedback
+residuals, the fragments received but not yet merged (Streaming DiLoCo with overlap), and
+the eager workers' outer copies. ``pack_extra`` turns it into ``(arrays, meta)`` for the
+``.npz`` and the manifest; ``unpack_extra`` inverts it.
+"""
+
+from __future__ import annotations
+
+from diloco.outer import OuterState
+
+__all__ = ["pack_extra", "unpack_extra"]
+
+
+def _put(arrays: dict, prefix: str, params: dict) -> None:
+    arrays.update({f"{prefix}.{key}": value for key, value in params.items()})
+
+
+def _take(arrays: dict, prefix: str) -> dict:
+    return {name[len(prefix) + 1:]: value for name, value in arrays.items() if name.startswith(prefix + ".")}
+
+
+def pack_extra(extra: dict) -> tuple[dict, dict]:
+    """``(arrays, meta)`` of ``extra`` (arrays named ``extra.*``)."""
+    arrays, meta = {}, {"residuals": [], "pending": []}
+    for k, residual in sorted(extra.get("residuals", {}).items()):
+        if residual:
+            meta["residuals"].append(int(k))
+            _put(arrays, f"extra.residual{k}", residual)
+    for i, (step, received, targets) in enumerate(extra.get("pending", [])):
+        meta["pending"].append({"step": int(step), "targets": [int(t) for t in targets]})
+        _put(arrays, f"extra.pending{i}", received)
+    eager = extra.get("eager")
+    if eager is not None:
+        meta["eager"] = {"workers": sorted(int(k) for k in eager["thetas"]),
+                         "outer_steps": {str(k): int(s.step) for k, s in eager["outer"].items()},
+                         "second_moment": any(s.second_moment is not None for s in eager["outer"].values()),
+                         "previous": sorted(int(k) for k in eager["previous_local"]),
+                         "has_global": eager["previous_global"] is not None}
+        for k in eager["thetas"]:
+            _put(arrays, f"extra.theta{k}", eager["thetas"][k])
+            _put(arrays, f"extra.outer{k}.m", eager["outer"][k].momentum)
+            if eager["outer"][k].second_moment is not None:
+                _put(arrays, f"extra.outer{k}.v", eager["outer"][k].second_moment)
+        for k, delta in eager["previous_local"].items():
+            _put(arrays, f"extra.previous{k}", delta)
+        if eager["previous_global"] is not None:
+            _put(arrays, "extra.previous_global", eager["previous_global"])
+    return arrays, meta
+
+
+def unpack_extra(arrays: dict, meta: dict | None) -> dict:
+    """The ``RunState.extra`` that ``pack_extra`` wrote (``{}`` for a checkpoint without one)."""
+    if not meta:
+        return {}
+    extra = {"residuals": {k: _take(arrays, f"extra.residual{k}") for k in meta.get("residuals", [])},
+             "pending": [(item["step"], _take(arrays, f"extra.pending{i}"), tuple(item["targets"]))
+                         for i, item in enumerate(meta.get("pending", []))]}
+    eager = meta.get("eager")
+    if eager is not None:
+        outer = {}
+        for k in eager["workers"]:
+            second = _take(arrays, f"extra.outer{k}.v") if eager["second_moment"] else None
+            outer[k] = OuterState(_take(arrays, f"extra.outer{k}.m"), second, eager["outer_steps"][str(k)])
+        extra["eager"] = {"thetas": {k: _take(arrays, f"extra.theta{k}") for k in eager["workers"]}, "outer": outer,
+                          "previous_local": {k: _take(arrays, f"extra.previous{k}") for k in eager["previous"]},
+                          "previous_global": _take(arrays, "extra.previous_global") if eager["has_global"] else None}
+    return extra

@@ -1,0 +1,204 @@
+"""The one training core: the driver against the learner's loops, and the composition matrix.
+
+* On the reference executor with default settings the driver is milestone 26 / 27 bit
+  for bit.
+* Every feature of ``diloco.core.features.FEATURES``, for both algorithms, on every
+  executor: it works (stacked within 1e-10 relative of the reference in float64, MPI
+  bit for bit, and the feature changes the result), or it is refused by design in one
+  line before any work. The table is the docs' matrix too.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diloco import DiLoCoConfig, train_diloco, train_synchronous_baseline
+from diloco.core.divergence import Diverged
+from diloco.core.driver import check_algorithm, train
+from diloco.core.features import FEATURES, cell, render_matrix
+from diloco.core.hooks import Guard, NetworkTimer
+from diloco.data import load_digits_split
+from diloco.text import OneHot, char_windows
+from diloco.tools.training import train_resumable
+
+BASE = DiLoCoConfig(num_workers=2, inner_steps=4, rounds=2, hidden_sizes=(8, 8), batch_size=8, seed=1)
+ALGOS = ("diloco", "sync")
+
+
+def _digits():
+    data = load_digits_split(seed=0)
+    return data.x_train[:241], data.y_train[:241], data.x_test[:60], data.y_test[:60]  # unequal shards
+
+
+def _chars():
+    ids = np.random.default_rng(3).integers(0, 6, 300)
+    x, y = char_windows(ids, 3)
+    return x[:240], y[:240], x[240:], y[240:]
+
+
+def _config(feature):
+    changes = dict(feature.changes)
+    family = changes.pop("family", None)
+    config = BASE.replace(**changes)
+    return config.replace(family=family) if family else config
+
+
+def _run(feature, algo, executor="reference", **kwargs):
+    config = _config(feature)
+    x, y, x_eval, y_eval = _chars() if feature.hook == "encode" else _digits()
+    encode = OneHot(6, 3) if feature.hook == "encode" else None
+    hooks = [NetworkTimer(config)] if feature.hook == "clock" else []
+    return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor=executor, hooks=hooks,
+                 **kwargs)
+
+
+def _flat(params) -> np.ndarray:
+    return np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in params.values()])
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_the_driver_is_the_learners_loop_bit_for_bit(algo):
+    x, y, x_eval, y_eval = _digits()
+    learner = train_diloco if algo == "diloco" else train_synchronous_baseline
+    want = learner(x, y, BASE, x_eval=x_eval, y_eval=y_eval)
+    got = train(algo, x, y, BASE, x_eval=x_eval, y_eval=y_eval)
+    assert all(got.params[k].tobytes() == want.params[k].tobytes() for k in want.params)
+    assert got.history == want.history
+
+
+def test_the_matrix_in_the_docs_is_the_table_the_tests_run():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert render_matrix() in page, "docs/architecture.md: regenerate the matrix with diloco.core.features"
+
+
+CELLS = [(f, algo) for f in FEATURES for algo in ALGOS]
+
+
+@pytest.mark.parametrize("feature, algo", CELLS, ids=[f"{f.name}-{a}" for f, a in CELLS])
+def test_every_feature_works_on_reference_and_stacked_or_is_refused_in_one_line(feature, algo):
+    if cell(feature, algo, "reference") == "refused":
+        with pytest.raises(ValueError) as caught:
+            check_algorithm(algo, _config(feature))
+        message = str(caught.value)
+        assert "\n" not in message and "no outer gradient" in message
+        assert feature.changes and any(name.split("=")[0] in message for name in _names(feature)), message
+        x, y, *_ = _digits()
+        with pytest.raises(ValueError, match="no outer gradient"):  # the driver refuses before any work
+            train(algo, x, y, _config(feature), hooks=[_NoWork()])
+        return
+    if feature.hook in ("guard", "resume"):
+        pytest.skip("a hook, tested below on every executor")
+    reference = _run(feature, algo)
+    stacked = _run(feature, algo, "stacked")
+    rtol = 1e-5 if _config(feature).dtype == "float32" else 1e-10
+    np.testing.assert_allclose(_flat(stacked.params), _flat(reference.params), rtol=rtol, atol=rtol * 1e-2)
+    np.testing.assert_allclose([r["eval_loss"] for r in stacked.history],
+                               [r["eval_loss"] for r in reference.history], rtol=rtol)
+    assert set(stacked.history[-1]) == set(reference.history[-1])
+    if feature.hook == "encode":
+        return  # another task: nothing to compare it with
+    plain = train(algo, *_digits()[:2], BASE, x_eval=_digits()[2], y_eval=_digits()[3])
+    changed = not np.array_equal(_flat(reference.params), _flat(plain.params))
+    new_fields = set(reference.history[-1]) - set(plain.history[-1])
+    assert changed or new_fields, f"{feature.flag} had no effect on {algo}"
+
+
+def _names(feature):
+    changes = dict(feature.changes)
+    return list(changes.pop("family", {}) or {}) + list(changes)
+
+
+class _NoWork:
+    def trained(self, record, trained):
+        raise AssertionError("a refused configuration trained")
+
+
+@pytest.mark.parametrize("executor", ["reference", "stacked"])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_the_guard_stops_every_algorithm_on_every_executor(algo, executor):
+    x, y, x_eval, y_eval = _digits()
+    config = BASE.replace(inner={"lr": 10.0, "weight_decay": 0.0}, rounds=3)
+    with pytest.raises(Diverged, match="exceeds max_loss 2|not finite|is nan|is inf"):
+        train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, executor=executor, hooks=[Guard(algo, 2.0)])
+
+
+RESUMED = [("diloco", {}), ("sync", {}), ("diloco", {"family": {"comm_dtype": "int8", "error_feedback": True}}),
+           ("diloco", {"family": {"fragments": 2, "overlap": 1, "mix": 0.5}}), ("diloco", {"family": {"eager": True}}),
+           ("diloco", {"drop_prob": 0.5}), ("diloco", {"outer_optimizer": "adam", "outer_lr": 0.05})]
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+@pytest.mark.parametrize("algo, changes", RESUMED, ids=[f"{a}-{json.dumps(c)}" for a, c in RESUMED])
+def test_resume_from_every_round_is_bit_identical_for_every_algorithm(algo, changes, engine, tmp_path):
+    changes = dict(changes)
+    family = changes.pop("family", None)
+    config = BASE.replace(rounds=3, engine=engine, **changes)
+    config = config.replace(family=family) if family else config
+    x, y, x_eval, y_eval = _digits()
+    copies = {}
+
+    def keep(manifest, round_index):
+        copies[round_index] = tmp_path / f"after{round_index}"
+        copies[round_index].mkdir()
+        for path in (manifest, manifest.with_suffix(".npz")):
+            shutil.copy(path, copies[round_index] / path.name)
+
+    want = train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, checkpoint_dir=tmp_path / "run",
+                           checkpoint_every=1, on_checkpoint=keep)
+    for stop in (1, 2):
+        got = train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, resume_from=copies[stop])
+        assert all(got.params[k].tobytes() == want.params[k].tobytes() for k in want.params), stop
+        assert got.history == want.history
+
+
+# --- MPI: one job runs every cell, each rank compares with nothing; the test compares bytes ---
+
+SCRIPT = """
+import json, sys
+import numpy as np
+from mpi4py import MPI
+from diloco.core.driver import train
+from diloco.core.features import FEATURES, cell
+sys.path.insert(0, sys.argv[2])
+import test_core as t
+
+out = {}
+for feature in FEATURES:
+    for algo in t.ALGOS:
+        if cell(feature, algo, "mpi") != "works" or feature.hook in ("guard", "resume"):
+            continue
+        result = t._run(feature, algo, "mpi", comm=MPI.COMM_WORLD, timeout=60)
+        out[f"{feature.name}|{algo}"] = [np.concatenate([v.ravel() for v in result.params.values()]).tobytes().hex(),
+                                          [r["eval_loss"] for r in result.history]]
+if MPI.COMM_WORLD.rank == 0:
+    json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.slow
+def test_every_feature_on_real_mpi_ranks_is_the_single_process_run_bit_for_bit(tmp_path):
+    pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
+    from test_mpi import mpiexec
+
+    (tmp_path / "run.py").write_text(SCRIPT, encoding="utf-8")
+    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "run.py", "out.json", str(Path(__file__).parent)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())
+    expected = {f"{f.name}|{a}" for f in FEATURES for a in ALGOS
+                if cell(f, a, "mpi") == "works" and f.hook not in ("guard", "resume")}
+    assert set(got) == expected
+    for key, (params_hex, losses) in got.items():
+        name, algo = key.split("|")
+        feature = next(f for f in FEATURES if f.name == name)
+        want = _run(feature, algo)
+        flat = np.concatenate([v.ravel() for v in want.params.values()])
+        assert flat.tobytes().hex() == params_hex, key
+        assert losses == [r["eval_loss"] for r in want.history], key

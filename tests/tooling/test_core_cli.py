@@ -1,0 +1,137 @@
+"""The one core through the command line: each bug of the old per-capability loops, as a regression test.
+
+Before the core (see the issue "One training core"): family runs had no divergence
+guard, a killed family run resumed as plain DiLoCo, ``--engine fast`` silently fell back
+with family flags, ``--data shakespeare`` refused the fast engine, the baseline silently
+ignored DiLoCo's flags, and a char-LM run with a non-default ``--context`` could not be
+resumed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from cli_helpers import TINY, only_run_dir, run_cli
+
+from diloco.engine import stacked
+from diloco.tools.runs import read_jsonl
+
+
+def _summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _history(run_dir):
+    return read_jsonl(run_dir / "history.jsonl")
+
+
+@pytest.mark.parametrize("flags", [["--comm-dtype", "fp4"], ["--comm-dtype", "int8"], ["--fragments", "2"],
+                                   ["--eager"]])
+def test_a_family_run_that_diverges_stops_with_the_guard(flags, tmp_path, capsys):
+    status, _, err = run_cli(["train", *TINY, *flags, "--lr", "10", "--outer-lr", "50", "--max-loss", "2",
+                              "--runs-dir", tmp_path], capsys)
+    assert status == 3, err
+    assert "diverged in round" in err and len(err.strip().splitlines()) == 1
+    assert _summary(only_run_dir(tmp_path))["status"] == "diverged"
+
+
+def test_a_family_study_has_the_guard_too(tmp_path, capsys):
+    status, _, err = run_cli(["study", "compression", "--values", "fp4", "--seeds", "1", *TINY, "--lr", "10",
+                              "--outer-lr", "50", "--max-loss", "2", "--runs-dir", tmp_path], capsys)
+    assert status == 3 and "diverged" in err, err
+
+
+def test_a_stopped_family_run_resumes_as_the_family_run_bit_for_bit(tmp_path, capsys):
+    flags = ["--comm-dtype", "fp4", "--error-feedback", "--fragments", "2", "--overlap", "1", "--mix", "0.5"]
+    argv = ["train", *TINY, "--rounds", "4", *flags, "--checkpoint-every", "1"]
+    assert run_cli([*argv, "--runs-dir", tmp_path / "whole"], capsys)[0] == 0
+    whole = only_run_dir(tmp_path / "whole")
+    saved = json.loads((whole / "config.json").read_text())["config"]
+    assert saved["family"]["comm_dtype"] == "fp4" and saved["family"]["fragments"] == 2
+    # The same run, stopped after round 2 (its checkpoints cut back), then resumed without a flag.
+    assert run_cli([*argv, "--runs-dir", tmp_path / "cut"], capsys)[0] == 0
+    cut = only_run_dir(tmp_path / "cut")
+    for name in ("diloco-round000003", "diloco-round000004"):
+        for suffix in (".json", ".npz"):
+            (cut / "checkpoints" / f"{name}{suffix}").unlink(missing_ok=True)
+    lines = (cut / "history.jsonl").read_text().splitlines(keepends=True)
+    (cut / "history.jsonl").write_text("".join(lines[:2]))
+    status, _, err = run_cli(["train", "--resume", cut, "-q", "--no-plots"], capsys)
+    assert status == 0, err
+    drop = ("time",)
+    got = [{k: v for k, v in r.items() if k not in drop} for r in _history(cut)]
+    want = [{k: v for k, v in r.items() if k not in drop} for r in _history(whole)]
+    assert got == want
+    with np.load(cut / "params-diloco.npz") as a, np.load(whole / "params-diloco.npz") as b:
+        assert all(a[k].tobytes() == b[k].tobytes() for k in b.files)
+        num_values = sum(b[k].size for k in b.files)
+    # fp4 on the wire after the resume, not plain float64 (8 bytes a value; with K = 2 one
+    # sync of everything costs 8 N bytes): well under one byte a value per round.
+    assert all(r["bytes_sent"] < num_values for r in got[2:])
+
+
+def test_config_json_reproduces_a_family_run(tmp_path, capsys):
+    argv = ["train", *TINY, "--comm-dtype", "int8", "--eager"]
+    assert run_cli([*argv, "--runs-dir", tmp_path / "a"], capsys)[0] == 0
+    first = only_run_dir(tmp_path / "a")
+    status, _, err = run_cli(["train", "--config", first / "config.json", "-q", "--no-plots",
+                              "--runs-dir", tmp_path / "b"], capsys)
+    assert status == 0, err
+    second = only_run_dir(tmp_path / "b")
+    strip = [{k: v for k, v in r.items() if k != "time"} for r in _history(first)]
+    assert [{k: v for k, v in r.items() if k != "time"} for r in _history(second)] == strip
+
+
+@pytest.mark.parametrize("flags", [["--comm-dtype", "fp4"], ["--fragments", "2"], ["--eager"],
+                                   ["--data", "shakespeare", "--context", "3", "--eval-windows", "64"]])
+def test_engine_fast_runs_the_stacked_executor_for_every_flag(flags, tmp_path, capsys, monkeypatch):
+    calls = []
+    real = stacked.StackedExecutor.run
+
+    def counted(self, *args, **kwargs):
+        calls.append(None)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(stacked.StackedExecutor, "run", counted)
+    status, _, err = run_cli(["train", *TINY, *flags, "--engine", "fast", "--runs-dir", tmp_path / "f"], capsys)
+    assert status == 0, err
+    assert calls, "--engine fast did not run the stacked executor"
+    fast = _history(only_run_dir(tmp_path / "f"))
+    status, _, err = run_cli(["train", *TINY, *flags, "--runs-dir", tmp_path / "r"], capsys)
+    assert status == 0, err
+    reference = _history(only_run_dir(tmp_path / "r"))
+    np.testing.assert_allclose([r["eval_loss"] for r in fast], [r["eval_loss"] for r in reference], rtol=1e-10)
+
+
+@pytest.mark.parametrize("flags, name", [(["--drop-prob", "0.5"], "drop_prob"),
+                                         (["--outer-optimizer", "adam"], "outer_optimizer"),
+                                         (["--record-similarity"], "record_similarity"),
+                                         (["--comm-dtype", "fp4"], "comm_dtype"),
+                                         (["--outer-lr", "0.3"], "outer_lr")])
+def test_the_baseline_refuses_every_outer_gradient_flag_the_same_way(flags, name, tmp_path, capsys):
+    status, _, err = run_cli(["train", "--algo", "sync", *TINY, *flags, "--runs-dir", tmp_path], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "the synchronous baseline has no outer gradient" in err and name in err
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_compare_trains_the_baseline_without_dilocos_flags(tmp_path, capsys):
+    status, _, err = run_cli(["compare", *TINY, "--drop-prob", "0.5", "--runs-dir", tmp_path], capsys)
+    assert status == 0, err
+    records = _history(only_run_dir(tmp_path))
+    assert any("dropped_workers" in r for r in records if r["algo"] == "diloco")
+    assert not any("dropped_workers" in r for r in records if r["algo"] == "sync")
+
+
+def test_a_char_lm_run_with_its_own_context_resumes(tmp_path, capsys):
+    argv = ["train", *TINY, "--data", "shakespeare", "--context", "3", "--eval-windows", "64",
+            "--checkpoint-every", "1", "--runs-dir", tmp_path]
+    assert run_cli(argv, capsys)[0] == 0
+    run_dir = only_run_dir(tmp_path)
+    (run_dir / "checkpoints" / "diloco-round000002.json").unlink()
+    status, _, err = run_cli(["train", "--resume", run_dir, "-q", "--no-plots"], capsys)
+    assert status == 0, err
+    status, _, err = run_cli(["train", "--resume", run_dir, "--context", "4", "-q", "--no-plots"], capsys)
+    assert status == 2 and "--context 3" in err
