@@ -37,7 +37,7 @@ _ENGINES = ("reference", "fast")
 _LR_SCHEDULES = ("constant", "cosine")
 _SHARD_WEIGHTINGS = ("auto", "uniform", "size")
 # The outer optimizers diloco.core.outer.OUTER_OPTIMIZERS implements (a test checks the two agree).
-OUTER_OPTIMIZER_NAMES = ("sgd", "adam")
+OUTER_OPTIMIZER_NAMES = ("sgd", "adam", "lion")
 
 
 def _dtype_name(dtype) -> str:
@@ -153,10 +153,11 @@ class DiLoCoConfig:
         Weights of the workers' pseudo-gradients: ``"size"`` weighs each by its shard's
         number of examples, as the paper does for non-IID data; ``"auto"`` (default) is
         ``"size"`` for non-IID shards and ``"uniform"`` for IID ones.
-    outer_optimizer : "sgd" or "adam"
+    outer_optimizer : "sgd", "adam" or "lion"
         ``"sgd"`` (default): SGD with ``outer_momentum`` and ``nesterov`` (Nesterov, heavy
         ball, or plain SGD at momentum 0). ``"adam"``: Adam with ``beta1 =
-        outer_momentum``, ``outer_beta2`` and ``outer_eps``.
+        outer_momentum``, ``outer_beta2`` and ``outer_eps``. ``"lion"``: Lion with ``beta1
+        = outer_momentum`` and ``beta2 = outer_beta2`` (``diloco.core.outer``).
     outer_beta2 : float in [0, 1)
         Outer Adam's second-moment decay (0.999).
     outer_eps : float > 0

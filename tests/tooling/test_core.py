@@ -202,3 +202,24 @@ def test_every_feature_on_real_mpi_ranks_is_the_single_process_run_bit_for_bit(t
         flat = np.concatenate([v.ravel() for v in want.params.values()])
         assert flat.tobytes().hex() == params_hex, key
         assert losses == [r["eval_loss"] for r in want.history], key
+
+
+def test_the_config_names_exactly_the_registered_outer_optimizers():
+    from diloco.config import OUTER_OPTIMIZER_NAMES
+    from diloco.core.outer import OUTER_OPTIMIZERS
+
+    assert set(OUTER_OPTIMIZER_NAMES) == set(OUTER_OPTIMIZERS)
+
+
+def test_outer_lion_by_hand():
+    """theta -= lr sign(b1 m + (1 - b1) delta); m = b2 m + (1 - b2) delta, b1 = 0.9, b2 = 0.999."""
+    from diloco.core.outer import OUTER_OPTIMIZERS
+    from diloco.outer import OuterState
+
+    config = BASE.replace(outer_optimizer="lion", outer_lr=0.1)
+    params, delta = {"w": np.array([1.0, 1.0, 1.0])}, {"w": np.array([0.5, -2.0, 0.01])}
+    state = OuterState({"w": np.array([0.0, 0.0, -1.0])})
+    new, state = OUTER_OPTIMIZERS["lion"].update(params, delta, state, config)
+    # signs: 0.05 > 0, -0.2 < 0, -0.9 + 0.001 < 0
+    np.testing.assert_array_equal(new["w"], [0.9, 1.1, 1.1])
+    np.testing.assert_allclose(state.momentum["w"], [0.0005, -0.002, -0.999 + 0.00001], rtol=1e-12)

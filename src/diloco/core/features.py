@@ -39,6 +39,7 @@ FEATURES = (
     Feature("float32", "--dtype float32", {"dtype": "float32"}),
     Feature("character-level LM", "--data shakespeare", {}, hook="encode"),
     Feature("outer Adam", "--outer-optimizer adam", {"outer_optimizer": "adam", "outer_lr": 0.05}, True),
+    Feature("outer Lion", "--outer-optimizer lion", {"outer_optimizer": "lion", "outer_lr": 0.01}, True),
     Feature("heavy-ball outer momentum", "--no-nesterov", {"nesterov": False}, True),
     Feature("outer lr", "--outer-lr 0.3", {"outer_lr": 0.3}, True),
     Feature("shard-size weights", "--shard-weighting size", {"shard_weighting": "size"}, True),

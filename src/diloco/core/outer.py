@@ -13,6 +13,9 @@ updates (one state per worker), on the reference, stacked and MPI executors.
 * ``"adam"``: Adam through milestones 08-10 with ``beta1 = outer_momentum``,
   ``beta2 = outer_beta2`` and a large ``eps = outer_eps`` (0.1, as the paper and FedOpt
   use for pseudo-gradients), no weight decay.
+* ``"lion"``: Lion (Chen et al., 2023, arXiv 2302.06675) on the pseudo-gradient, with
+  ``beta1 = outer_momentum`` and ``beta2 = outer_beta2``, no weight decay:
+  ``theta -= lr sign(b1 m + (1 - b1) delta)``, then ``m = b2 m + (1 - b2) delta``.
 """
 
 from __future__ import annotations
@@ -54,9 +57,17 @@ def _adam_update(params: Params, delta: Params, state: OuterState, config) -> tu
     return new_params, OuterState(moments.m, moments.v, moments.step)
 
 
+def _lion_update(params: Params, delta: Params, state: OuterState, config) -> tuple[Params, OuterState]:
+    beta1, beta2, lr = config.outer_momentum, config.outer_beta2, config.outer_lr
+    m = state.momentum
+    new_params = {k: params[k] - lr * np.sign(beta1 * m[k] + (1.0 - beta1) * delta[k]) for k in params}
+    return new_params, OuterState({k: beta2 * m[k] + (1.0 - beta2) * delta[k] for k in m}, None, state.step + 1)
+
+
 OUTER_OPTIMIZERS: dict[str, OuterOptimizer] = {
     "sgd": OuterOptimizer(init_outer_optimizer, _sgd_update),
     "adam": OuterOptimizer(init_outer_optimizer, _adam_update),
+    "lion": OuterOptimizer(init_outer_optimizer, _lion_update),
 }
 
 
