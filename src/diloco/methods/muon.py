@@ -163,7 +163,8 @@ def newton_schulz(matrix: np.ndarray, steps: int = 5, *, eps: float = 1e-7,
     eps = check_real(eps, "eps", low=0.0)
     a, b, c = (check_real(value, f"coefficients[{i}]") for i, value in enumerate(coefficients))
     tall = matrix.shape[0] > matrix.shape[1]
-    x = matrix.T if tall else matrix
+    # C order first, so G and G^T take the same sums and products (bit for bit).
+    x = np.ascontiguousarray(matrix.T if tall else matrix)
     x = x / (float(np.linalg.norm(x)) + eps)  # Frobenius norm: every singular value <= 1
     for _ in range(steps):
         gram = x @ x.T

@@ -42,7 +42,7 @@ from diloco._validation import check_float_array, check_params, check_positive_i
 from diloco.model import Params
 
 __all__ = ["TRANSFORMS", "MAX_DCT_CHUNK", "SparseConfig", "SparsePayload", "ErrorFeedbackState", "kept_per_chunk",
-           "dct_matrix", "chunked_dct", "chunked_idct", "topk_mask", "encode_sparse", "decode_sparse",
+           "chunk_lengths", "dct_matrix", "chunked_dct", "chunked_idct", "topk_mask", "encode_sparse", "decode_sparse",
            "encoded_nbytes", "to_bytes", "from_bytes", "init_error_feedback", "compress_with_feedback"]
 
 TRANSFORMS = ("none", "dct")
@@ -52,26 +52,13 @@ _LEVELS = np.array([-1.0, -1.0 / 3.0, 1.0 / 3.0, 1.0])
 
 @dataclass(frozen=True)
 class SparseConfig:
-    """How a tensor is sparsified.
+    """How a tensor is sparsified (validated at construction; errors name the field)."""
 
-    Attributes
-    ----------
-    chunk : int >= 1
-        C, values per chunk (SparseLoCo uses 4096; DeMo 64-by-64 blocks).
-    density : float in (0, 1]
-        Fraction of each chunk sent (SparseLoCo: 1-3%).
-    bits : None or 2
-        None sends values at the dtype's width; 2 sends 2-bit codes and one scale per chunk.
-    transform : ``"none"`` (SparseLoCo) or ``"dct"`` (DeMo; ``chunk <= MAX_DCT_CHUNK``)
-    decay : float in [0, 1]
-        beta, the decay of the error-feedback buffer (DeMo's momentum); 1 is plain error feedback.
-    """
-
-    chunk: int = 4096
-    density: float = 0.02
-    bits: int | None = None
-    transform: str = "none"
-    decay: float = 1.0
+    chunk: int = 4096         # C >= 1, values per chunk (SparseLoCo 4096; DeMo 64-by-64 blocks)
+    density: float = 0.02     # in (0, 1], the fraction of each chunk sent (SparseLoCo: 1-3%)
+    bits: int | None = None   # None: values at the dtype's width; 2: 2-bit codes + one scale per chunk
+    transform: str = "none"   # "none" (SparseLoCo) or "dct" (DeMo; chunk <= MAX_DCT_CHUNK)
+    decay: float = 1.0        # beta in [0, 1], the error-feedback buffer's decay (DeMo's momentum)
 
     def __post_init__(self) -> None:
         try:
@@ -91,43 +78,30 @@ class SparseConfig:
 
 
 class SparsePayload(NamedTuple):
-    """One tensor's sparse payload (what ``to_bytes`` serialises).
+    """One tensor's sparse payload (what ``to_bytes`` serialises)."""
 
-    Attributes
-    ----------
-    shape : tuple of int
-    dtype : str, ``"float32"`` or ``"float64"``
-    config : SparseConfig
-    indices : ndarray of int64, shape (kept,)
-        Positions inside their chunk, chunk by chunk, ascending inside a chunk.
-    values : ndarray of shape (kept,)
-        The kept values (of ``dtype``), or their 2-bit codes (uint8 in 0..3).
-    scales : ndarray of shape (chunks,) of ``dtype``; empty without quantisation
-    """
-
-    shape: tuple
-    dtype: str
+    shape: tuple            # the tensor's shape
+    dtype: str              # "float32" or "float64"
     config: SparseConfig
-    indices: np.ndarray
-    values: np.ndarray
-    scales: np.ndarray
+    indices: np.ndarray     # (kept,) int64: positions inside their chunk, chunk by chunk, ascending
+    values: np.ndarray      # (kept,) the kept values of dtype, or their 2-bit codes (uint8 in 0..3)
+    scales: np.ndarray      # (chunks,) of dtype with 2-bit codes; empty otherwise
 
 
 class ErrorFeedbackState(NamedTuple):
-    """Immutable error-feedback state of one worker.
+    """Immutable error-feedback state of one worker."""
 
-    Attributes
-    ----------
-    residual : dict of str -> ndarray
-        e, what has not been sent yet (DeMo: the momentum), shaped and typed like the params.
-    """
+    residual: Params  # e, what has not been sent yet (DeMo: the momentum), shaped and typed like the params
 
-    residual: Params
+
+def chunk_lengths(size: int, chunk: int) -> np.ndarray:
+    """The lengths of the runs of ``chunk`` values of a tensor of ``size`` values (the last may be shorter)."""
+    return np.diff(np.append(np.arange(0, size, chunk), size)) if size else np.zeros(0, np.int64)
 
 
 def kept_per_chunk(size: int, config: SparseConfig) -> np.ndarray:
     """``k_L = min(L, max(1, ceil(density L)))`` for every chunk length L of a tensor of ``size`` values."""
-    lengths = np.diff(np.append(np.arange(0, size, config.chunk), size)) if size else np.zeros(0, np.int64)
+    lengths = chunk_lengths(size, config.chunk)
     return np.array([min(n, max(1, math.ceil(round(config.density * n, 9)))) for n in lengths], dtype=np.int64)
 
 
@@ -191,10 +165,8 @@ def topk_mask(x: np.ndarray, config: SparseConfig) -> np.ndarray:
 def encode_sparse(x: np.ndarray, config: SparseConfig) -> SparsePayload:
     """The payload of ``x``: top-k per chunk (of its DCT with ``transform="dct"``), 2-bit codes if asked.
 
-    Raises
-    ------
-    TypeError, ValueError
-        ``x`` not a finite float32/float64 array, ``config`` not a SparseConfig.
+    Raises ``TypeError`` or ``ValueError`` for ``x`` not a finite float32/float64 array,
+    or ``config`` not a SparseConfig.
     """
     check_float_array(x, "x")
     if not isinstance(config, SparseConfig):
@@ -228,7 +200,7 @@ def decode_sparse(payload: SparsePayload) -> np.ndarray:
 
 
 def _index_bits(chunk: int) -> int:
-    return (chunk - 1).bit_length()  # ceil(log2 C); 0 bits when C = 1
+    return (chunk - 1).bit_length()  # ceil(log2 C); 0 when C = 1
 
 
 def encoded_nbytes(size: int, config: SparseConfig, dtype) -> int:
@@ -264,10 +236,8 @@ def to_bytes(payload: SparsePayload) -> bytes:
 def from_bytes(buffer: bytes, shape, config: SparseConfig, dtype) -> SparsePayload:
     """Parse the bytes of one tensor's payload (the inverse of ``to_bytes``).
 
-    Raises
-    ------
-    ValueError
-        ``buffer`` is not exactly ``encoded_nbytes`` long, or holds a position outside its chunk.
+    Raises ``ValueError`` when ``buffer`` is not exactly ``encoded_nbytes`` long or holds a
+    position outside its chunk.
     """
     shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
     size = int(np.prod(shape, dtype=np.int64))
@@ -283,8 +253,7 @@ def from_bytes(buffer: bytes, shape, config: SparseConfig, dtype) -> SparsePaylo
     rest = buffer[offset + index_bytes:]
     values = (_unpack(rest, total, 2).astype(np.uint8) if config.bits == 2
               else np.frombuffer(rest, dtype=little).astype(dtype))
-    lengths = np.diff(np.append(np.arange(0, size, config.chunk), size)) if size else np.zeros(0, np.int64)
-    if total and np.any(indices >= np.repeat(lengths, kept)):
+    if total and np.any(indices >= np.repeat(chunk_lengths(size, config.chunk), kept)):
         raise ValueError("buffer holds a position outside its chunk (corrupt payload)")
     return SparsePayload(shape, dtype.name, config, indices, values, scales)
 
@@ -309,10 +278,8 @@ def compress_with_feedback(delta: Params, state: ErrorFeedbackState, config: Spa
         ``payloads``: dict of str -> SparsePayload (what travels); ``sent``: the decoded
         tensors the receivers average; ``new_state``: the new residuals.
 
-    Raises
-    ------
-    TypeError, ValueError
-        ``delta`` not a dict of finite float arrays, or ``state.residual`` of another structure.
+    Raises ``TypeError`` or ``ValueError`` for ``delta`` not a dict of finite float arrays,
+    or ``state.residual`` of another structure.
     """
     check_params(delta, "delta")
     if not isinstance(state, ErrorFeedbackState):
@@ -324,7 +291,7 @@ def compress_with_feedback(delta: Params, state: ErrorFeedbackState, config: Spa
     for key, value in delta.items():
         old = state.residual[key]
         if old.shape != value.shape or old.dtype != value.dtype:
-            raise ValueError(f"state.residual[{key!r}] must be {value.dtype} {value.shape}, got {old.dtype} {old.shape}")
+            raise ValueError(f"state.residual[{key!r}] must be {value.dtype} {value.shape} like delta, got {old.shape}")
         buffer = value + old if config.decay == 1.0 else config.decay * old + value
         payloads[key] = encode_sparse(buffer, config)
         sent[key] = decode_sparse(payloads[key])
