@@ -73,7 +73,8 @@ def test_equal_speeds_arrive_round_robin_from_the_same_model(workers, steps, ste
     index = np.arange(workers * rounds)
     assert arrivals.worker.tolist() == (index % workers).tolist()
     assert arrivals.version.tolist() == (index // workers * workers).tolist()
-    assert np.array_equal(arrivals.time, np.repeat(np.arange(1, rounds + 1) * (steps * step_time), workers))
+    np.testing.assert_allclose(arrivals.time, np.repeat(np.arange(1, rounds + 1) * (steps * step_time), workers),
+                               rtol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
