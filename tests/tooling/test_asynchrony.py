@@ -160,6 +160,12 @@ def test_bad_input_names_the_argument():
         dynamic_local_steps([], 4)
     with pytest.raises(ValueError, match="local_steps"):
         arrival_schedule([1.0, 2.0], [2, 0], 3)
+    with pytest.raises(ValueError, match="local_steps"):
+        arrival_schedule([1.0, 2.0], [2, 2, 2], 3)
+    with pytest.raises(ValueError, match="step_times"):
+        synchronous_round_time(["fast", "slow"], 2)
+    with pytest.raises(ValueError, match="momentum"):  # caught before the N-th arrival too
+        delayed_nesterov_step(theta, state, theta, lr=LR, momentum=1.0, period=3)
     with pytest.raises(ValueError, match="num_arrivals"):
         arrival_schedule([1.0], 2, -1)
     with pytest.raises(TypeError, match="rng"):

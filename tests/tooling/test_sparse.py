@@ -168,5 +168,8 @@ def test_bad_input_names_the_argument():
     corrupt = wire[:1] + bytes([wire[1] | 0x03]) + wire[2:]  # the 5th index, 3, in a chunk of 2
     with pytest.raises(ValueError, match="outside"):
         from_bytes(corrupt, x.shape, config, x.dtype)
+    nan = to_bytes(encode_sparse(x, config))[:2] + np.full(5, np.nan).tobytes()
+    with pytest.raises(ValueError, match="not finite"):
+        from_bytes(nan, x.shape, config, x.dtype)
     with pytest.raises(ValueError, match="state.residual"):
         compress_with_feedback({"a": x}, init_error_feedback({"b": x}), config)

@@ -40,6 +40,7 @@ from diloco._validation import (
     check_nonneg_int,
     check_params,
     check_positive_int,
+    check_probability,
     check_real,
     check_same_structure,
 )
@@ -100,12 +101,23 @@ class AsyncOuterState(NamedTuple):
 
 
 def _check_times(step_times, name: str = "step_times") -> np.ndarray:
-    times = np.asarray(step_times, dtype=np.float64) if not isinstance(step_times, np.ndarray) else step_times
-    if times.ndim != 1 or times.size == 0 or not np.issubdtype(times.dtype, np.number):
+    try:
+        times = np.asarray(step_times, dtype=np.float64)
+    except (TypeError, ValueError):
+        times = np.zeros(0)
+    if times.ndim != 1 or times.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-D sequence of seconds per step, got {step_times!r}")
     if not (np.all(np.isfinite(times)) and np.all(times > 0)):
         raise ValueError(f"{name} must be finite and > 0, got {times.tolist()}")
-    return times.astype(np.float64)
+    return times
+
+
+def _check_steps(local_steps, times: np.ndarray) -> np.ndarray:
+    steps = np.asarray(local_steps)
+    if steps.ndim > 1 or steps.size not in (1, times.size) or not np.issubdtype(steps.dtype, np.integer) \
+            or np.any(steps < 1):
+        raise ValueError(f"local_steps must be a positive int or one per worker ({times.size}), got {local_steps!r}")
+    return np.broadcast_to(steps.ravel(), times.shape).astype(np.int64)
 
 
 def draw_step_times(num_workers: int, rng: np.random.Generator, *, mean: float = 1.0, spread: float = 0.0,
@@ -180,9 +192,7 @@ def arrival_schedule(step_times, local_steps, num_arrivals: int, *, comm_time: f
     Arrivals with ``num_arrivals`` entries.
     """
     times = _check_times(step_times)
-    steps = np.broadcast_to(np.asarray(local_steps), times.shape)
-    if not np.issubdtype(steps.dtype, np.integer) or np.any(steps < 1):
-        raise ValueError(f"local_steps must be a positive int or one per worker, got {local_steps!r}")
+    steps = _check_steps(local_steps, times)
     num_arrivals = check_nonneg_int(num_arrivals, "num_arrivals")
     comm_time = check_real(comm_time, "comm_time", low=0.0)
     grace = check_real(grace, "grace", low=0.0)
@@ -211,7 +221,7 @@ def arrival_schedule(step_times, local_steps, num_arrivals: int, *, comm_time: f
 def synchronous_round_time(step_times, local_steps, *, comm_time: float = 0.0) -> float:
     """Seconds of one synchronous DiLoCo round, which waits for the slowest: ``max_k H_k c_k + comm_time``."""
     times = _check_times(step_times)
-    steps = np.broadcast_to(np.asarray(local_steps), times.shape)
+    steps = _check_steps(local_steps, times)
     return float(np.max(steps * times)) + check_real(comm_time, "comm_time", low=0.0)
 
 
@@ -269,6 +279,7 @@ def delayed_nesterov_step(params: Params, state: AsyncOuterState, pseudo_grad: P
     _check_step(params, state, pseudo_grad)
     period = check_positive_int(period, "period")
     lr = check_real(lr, "lr", low=0.0, low_open=True)
+    momentum = check_probability(momentum, "momentum")  # checked on every arrival, not only the N-th
     pending = state.pending + (pseudo_grad,)
     if len(pending) < period:
         new_params = {k: params[k] - lr * (pseudo_grad[k] / period) for k in params}

@@ -3,7 +3,7 @@
 SparseLoCo (Sarfi et al. 2025, arXiv 2508.15706) sends, per worker and round, only the
 largest entries of each chunk of its pseudo-gradient, optionally quantised to 2 bits, and
 keeps what it did not send in an error-feedback buffer that plays the role of the outer
-momentum (``beta`` is its decay; SparseLoCo's Algorithm 1)::
+momentum (``beta`` is its decay)::
 
     e_k   <- beta e_k + Delta_k
     s_k   =  Q(TopK(e_k))           the payload: per chunk of C values, k of them
@@ -54,7 +54,7 @@ _LEVELS = np.array([-1.0, -1.0 / 3.0, 1.0 / 3.0, 1.0])
 class SparseConfig:
     """How a tensor is sparsified (validated at construction; errors name the field)."""
 
-    chunk: int = 4096         # C >= 1, values per chunk (SparseLoCo 4096; DeMo 64-by-64 blocks)
+    chunk: int = 4096         # C >= 1, values per chunk (DeMo's 64-by-64 blocks hold 4096)
     density: float = 0.02     # in (0, 1], the fraction of each chunk sent (SparseLoCo: 1-3%)
     bits: int | None = None   # None: values at the dtype's width; 2: 2-bit codes + one scale per chunk
     transform: str = "none"   # "none" (SparseLoCo) or "dct" (DeMo; chunk <= MAX_DCT_CHUNK)
@@ -146,12 +146,15 @@ def chunked_idct(coefficients: np.ndarray, chunk: int) -> np.ndarray:
 def _topk_flat(flat: np.ndarray, config: SparseConfig) -> np.ndarray:
     """Flat positions kept: per chunk the k largest |x|, ties to the earlier index, ascending."""
     kept, chunk = kept_per_chunk(flat.size, config), config.chunk
+    full = flat.size // chunk  # the full chunks at once, then the shorter last one
+    parts = [(0, flat[:full * chunk].reshape(full, chunk), kept[:full])] if full else []
+    if flat.size > full * chunk:
+        parts.append((full * chunk, flat[full * chunk:].reshape(1, -1), kept[full:]))
     positions = []
-    for number, count in enumerate(kept):
-        start = number * chunk
-        order = np.argsort(-np.abs(flat[start:start + chunk]), kind="stable")[:count]
-        positions.append(start + np.sort(order))
-    return np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)
+    for start, rows, counts in parts:
+        order = np.sort(np.argsort(-np.abs(rows), axis=1, kind="stable")[:, :counts[0]], axis=1)
+        positions.append((start + order + rows.shape[1] * np.arange(rows.shape[0])[:, None]).ravel())
+    return np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, dtype=np.int64)
 
 
 def topk_mask(x: np.ndarray, config: SparseConfig) -> np.ndarray:
@@ -205,11 +208,9 @@ def _index_bits(chunk: int) -> int:
 
 def encoded_nbytes(size: int, config: SparseConfig, dtype) -> int:
     """Bytes of the payload of a tensor of ``size`` values: scales + packed indices + packed values."""
-    width = np.dtype(dtype).itemsize
-    kept = int(kept_per_chunk(size, config).sum())
-    value_bits = config.bits or 8 * width
-    scales = kept_per_chunk(size, config).size * width if config.bits else 0
-    return scales + (kept * _index_bits(config.chunk) + 7) // 8 + (kept * value_bits + 7) // 8
+    width, kept = np.dtype(dtype).itemsize, kept_per_chunk(size, config)
+    total, scales = int(kept.sum()), kept.size * width if config.bits else 0
+    return scales + (total * _index_bits(config.chunk) + 7) // 8 + (total * (config.bits or 8 * width) + 7) // 8
 
 
 def _pack(numbers: np.ndarray, bits: int) -> bytes:
@@ -236,8 +237,8 @@ def to_bytes(payload: SparsePayload) -> bytes:
 def from_bytes(buffer: bytes, shape, config: SparseConfig, dtype) -> SparsePayload:
     """Parse the bytes of one tensor's payload (the inverse of ``to_bytes``).
 
-    Raises ``ValueError`` when ``buffer`` is not exactly ``encoded_nbytes`` long or holds a
-    position outside its chunk.
+    Raises ``ValueError`` when ``buffer`` is not exactly ``encoded_nbytes`` long, holds a
+    position outside its chunk, or a value or scale that is not finite.
     """
     shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
     size = int(np.prod(shape, dtype=np.int64))
@@ -255,6 +256,8 @@ def from_bytes(buffer: bytes, shape, config: SparseConfig, dtype) -> SparsePaylo
               else np.frombuffer(rest, dtype=little).astype(dtype))
     if total and np.any(indices >= np.repeat(chunk_lengths(size, config.chunk), kept)):
         raise ValueError("buffer holds a position outside its chunk (corrupt payload)")
+    if not (np.all(np.isfinite(scales)) and (config.bits or np.all(np.isfinite(values)))):
+        raise ValueError("buffer holds a value or scale that is not finite (corrupt payload)")
     return SparsePayload(shape, dtype.name, config, indices, values, scales)
 
 
@@ -270,13 +273,9 @@ def compress_with_feedback(delta: Params, state: ErrorFeedbackState, config: Spa
 
     ``e' = beta e + delta``, ``payload = encode(e')``, ``sent = decode(payload)``,
     ``e'' = e' - sent``; so ``sent + e'' == beta e + delta`` (up to one rounding of the
-    subtraction; exactly without quantisation or transform).
-
-    Returns
-    -------
-    (payloads, sent, new_state)
-        ``payloads``: dict of str -> SparsePayload (what travels); ``sent``: the decoded
-        tensors the receivers average; ``new_state``: the new residuals.
+    subtraction; exactly without quantisation or transform). Returns ``(payloads, sent,
+    new_state)``: the SparsePayload of every key (what travels), the decoded tensors the
+    receivers average, and the new residuals.
 
     Raises ``TypeError`` or ``ValueError`` for ``delta`` not a dict of finite float arrays,
     or ``state.residual`` of another structure.
