@@ -1,0 +1,281 @@
+"""Muon as the inner optimizer (MuLoCo, Thérien et al. 2025, arXiv 2505.23725).
+
+MuLoCo is DiLoCo with Muon in place of AdamW on the workers. Muon (Jordan et al., 2024)
+updates a 2-D weight matrix with the *orthogonalised* momentum: the momentum matrix
+``B = U S V^T`` is replaced by (approximately) ``U V^T``, so every direction of the step
+has about the same size. The orthogonalisation is five steps of a quintic Newton-Schulz
+iteration, after a normalisation by the Frobenius norm::
+
+    X_0     = G / (||G||_F + eps)
+    A       = X_j X_j^T
+    X_{j+1} = a X_j + (b A + c A A) X_j,       (a, b, c) = (3.4445, -4.7750, 2.0315)
+
+(transposed first when ``G`` has more rows than columns, so ``A`` is the smaller Gram
+matrix). The per-step update of a weight matrix ``W`` with gradient ``G`` (the Muon
+reference implementation's order, momentum without dampening)::
+
+    B_t   = mu B_{t-1} + G_t
+    U_t   = G_t + mu B_t   (Nesterov)    or    B_t   (heavy ball)
+    W_t   = W_{t-1} (1 - lr wd) - lr s NS5(U_t)
+
+with the shape scale ``s = sqrt(max(1, fan_out / fan_in))`` (the reference's
+``max(1, rows / cols)`` of a PyTorch ``(out, in)`` weight; our weights are stored
+``(fan_in, fan_out)``), or ``s = 0.2 sqrt(max(fan_in, fan_out))`` (Moonlight's, which
+matches AdamW's update RMS). Everything that is not a 2-D weight (the biases here) gets
+AdamW, as MuLoCo and Muon do: milestones 08-11 through ``diloco.adamw.adamw_step``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from diloco._validation import (
+    check_bool,
+    check_float_array,
+    check_params,
+    check_positive_int,
+    check_real,
+    check_same_structure,
+)
+from diloco.adamw import AdamWState, adamw_step, init_adamw_state
+from diloco.config import AdamWConfig
+from diloco.model import Params
+
+__all__ = ["NS_COEFFICIENTS", "SHAPE_SCALES", "MuonConfig", "MuonState", "newton_schulz", "shape_scale",
+           "muon_keys", "init_muon", "muon_step"]
+
+# The quintic's coefficients in the Muon reference implementation (Jordan et al., 2024).
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+SHAPE_SCALES = ("muon", "moonlight")
+
+
+@dataclass(frozen=True)
+class MuonConfig:
+    """Hyper-parameters of the Muon inner optimizer.
+
+    Attributes
+    ----------
+    lr : float > 0
+        Learning rate of the orthogonalised step (Muon's default 0.02).
+    momentum : float in [0, 1)
+        mu, the momentum of the weight matrices (Muon's default 0.95).
+    nesterov : bool
+        Orthogonalise ``G + mu B`` (True, the default) or ``B``.
+    weight_decay : float >= 0
+        Decoupled decay of the weight matrices, ``W (1 - lr wd)``; ``lr * wd < 1``.
+    ns_steps : int >= 1
+        Newton-Schulz steps (5).
+    scale : one of ``SHAPE_SCALES``
+        ``"muon"``: ``sqrt(max(1, fan_out / fan_in))``; ``"moonlight"``: ``0.2 sqrt(max(fan_in, fan_out))``.
+    adam : AdamWConfig
+        The AdamW of every array that is not a Muon matrix (the biases).
+    keys : tuple of str, or None
+        The arrays Muon updates; None means every 2-D array.
+    """
+
+    lr: float = 0.02
+    momentum: float = 0.95
+    nesterov: bool = True
+    weight_decay: float = 0.0
+    ns_steps: int = 5
+    scale: str = "muon"
+    adam: AdamWConfig = field(default_factory=AdamWConfig)
+    keys: tuple | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            lr = check_real(self.lr, "lr", low=0.0, low_open=True)
+            momentum = check_real(self.momentum, "momentum", low=0.0, high=1.0, high_open=True)
+            nesterov = check_bool(self.nesterov, "nesterov")
+            weight_decay = check_real(self.weight_decay, "weight_decay", low=0.0)
+            ns_steps = check_positive_int(self.ns_steps, "ns_steps")
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"MuonConfig.{exc}") from None
+        if lr * weight_decay >= 1.0:
+            raise ValueError(f"MuonConfig.weight_decay: lr * weight_decay must be < 1, got {lr} * {weight_decay}")
+        if self.scale not in SHAPE_SCALES:
+            raise ValueError(f"MuonConfig.scale must be one of {SHAPE_SCALES}, got {self.scale!r}")
+        if not isinstance(self.adam, AdamWConfig):
+            raise TypeError(f"MuonConfig.adam must be an AdamWConfig, got {type(self.adam).__name__}")
+        keys = self.keys
+        if keys is not None:
+            if isinstance(keys, str) or not isinstance(keys, Sequence) or not all(isinstance(k, str) for k in keys):
+                raise TypeError(f"MuonConfig.keys must be a tuple of str or None, got {keys!r}")
+            keys = tuple(keys)
+        for name, value in (("lr", lr), ("momentum", momentum), ("nesterov", nesterov),
+                            ("weight_decay", weight_decay), ("ns_steps", ns_steps), ("keys", keys)):
+            object.__setattr__(self, name, value)
+
+
+class MuonState(NamedTuple):
+    """Immutable Muon state of one worker.
+
+    Attributes
+    ----------
+    step : int
+        Steps taken so far; 0 before the first.
+    momentum : dict of str -> ndarray
+        ``B`` of every Muon matrix, shaped and typed like it (fan_in, fan_out).
+    adam : AdamWState or None
+        The AdamW state of the other arrays; None when every array is a Muon matrix.
+    """
+
+    step: int
+    momentum: Params
+    adam: AdamWState | None
+
+
+def newton_schulz(matrix: np.ndarray, steps: int = 5, *, eps: float = 1e-7,
+                  coefficients: tuple = NS_COEFFICIENTS) -> np.ndarray:
+    """The quintic Newton-Schulz orthogonalisation of Muon, ``NS_steps(G) ~ U V^T``.
+
+    ``X_0 = G / (||G||_F + eps)``, then ``steps`` times ``A = X X^T``,
+    ``X = a X + (b A + c A A) X``. A matrix with more rows than columns is transposed
+    first and back at the end (the same polynomial of the singular values either way).
+    The iteration pushes every singular value towards the fixed band the coefficients
+    were tuned for (about 0.7 to 1.2), not exactly to 1.
+
+    Parameters
+    ----------
+    matrix : ndarray of shape (m, n), float32 or float64, finite
+    steps : int >= 1
+    eps : float >= 0, keyword-only
+        Added to the norm, so a zero matrix maps to zero.
+    coefficients : (a, b, c), keyword-only
+
+    Returns
+    -------
+    ndarray of shape (m, n)
+        New array of the input's dtype.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``matrix`` not a finite 2-D float array, ``steps`` not a positive int, ``eps`` negative.
+    """
+    check_float_array(matrix, "matrix", ndim=2)
+    steps = check_positive_int(steps, "steps")
+    eps = check_real(eps, "eps", low=0.0)
+    a, b, c = (check_real(value, f"coefficients[{i}]") for i, value in enumerate(coefficients))
+    tall = matrix.shape[0] > matrix.shape[1]
+    # C order first, so G and G^T take the same sums and products (bit for bit).
+    x = np.ascontiguousarray(matrix.T if tall else matrix)
+    x = x / (float(np.linalg.norm(x)) + eps)  # Frobenius norm: every singular value <= 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * (gram @ gram)) @ x
+    return np.ascontiguousarray(x.T if tall else x)
+
+
+def shape_scale(shape: tuple, scale: str = "muon") -> float:
+    """The factor of a Muon step of a ``(fan_in, fan_out)`` weight (see the module docstring)."""
+    fan_in, fan_out = shape
+    if scale == "muon":
+        return math.sqrt(max(1.0, fan_out / fan_in))
+    if scale == "moonlight":
+        return 0.2 * math.sqrt(max(fan_in, fan_out))
+    raise ValueError(f"scale must be one of {SHAPE_SCALES}, got {scale!r}")
+
+
+def muon_keys(params: Params, config: MuonConfig) -> tuple:
+    """The keys Muon updates: ``config.keys``, or every 2-D array of ``params`` (in order).
+
+    Raises
+    ------
+    ValueError
+        ``config.keys`` names an array that is missing or not 2-D.
+    """
+    if config.keys is None:
+        return tuple(key for key, value in params.items() if value.ndim == 2)
+    for key in config.keys:
+        if key not in params or params[key].ndim != 2:
+            found = "missing" if key not in params else f"shape {params[key].shape}"
+            raise ValueError(f"MuonConfig.keys: params[{key!r}] must be a 2-D weight matrix, got {found}")
+    return tuple(key for key in params if key in config.keys)
+
+
+def init_muon(params: Params, config: MuonConfig | None = None) -> MuonState:
+    """The Muon state before the first step: zero momentum for the matrices, fresh AdamW for the rest.
+
+    Parameters
+    ----------
+    params : dict of str -> ndarray
+    config : MuonConfig or None
+        Only ``config.keys`` is read; None uses the defaults (every 2-D array).
+
+    Returns
+    -------
+    MuonState
+        ``step = 0``; new zero arrays that share no memory with ``params``.
+    """
+    check_params(params)
+    config = MuonConfig() if config is None else config
+    matrices = muon_keys(params, config)
+    others = {key: value for key, value in params.items() if key not in matrices}
+    return MuonState(step=0, momentum={key: np.zeros_like(params[key]) for key in matrices},
+                     adam=init_adamw_state(others) if others else None)
+
+
+def muon_step(params: Params, state: MuonState, grads: Params, config: MuonConfig) -> tuple[Params, MuonState]:
+    """One Muon step: orthogonalised momentum for the matrices, AdamW for the rest.
+
+    For every Muon matrix ``W`` (gradient ``G``, momentum ``B``)::
+
+        B' = mu B + G
+        U  = G + mu B'   (nesterov)   or   B'
+        W' = W (1 - lr wd) - lr s NS5(U)
+
+    and ``adamw_step`` with ``config.adam`` on the other arrays. Pure: the inputs are
+    not modified and the results share no memory with them.
+
+    Parameters
+    ----------
+    params, grads : dicts with the same keys, shapes and dtype (float32 or float64)
+    state : MuonState from ``init_muon`` (or a previous step) for these params
+    config : MuonConfig
+
+    Returns
+    -------
+    (new_params, new_state)
+
+    Raises
+    ------
+    TypeError, ValueError
+        Mismatched structures (naming ``grads`` or ``state.momentum``), non-finite values,
+        a ``config`` that is not a MuonConfig.
+    """
+    if not isinstance(config, MuonConfig):
+        raise TypeError(f"config must be a MuonConfig, got {type(config).__name__}")
+    check_params(params)
+    check_params(grads, "grads")
+    check_same_structure(params, grads, "params", "grads")
+    if not isinstance(state, MuonState):
+        raise TypeError(f"state must be a MuonState (from init_muon), got {type(state).__name__}")
+    matrices = muon_keys(params, config)
+    if list(state.momentum) != list(matrices):
+        raise ValueError(f"state.momentum must hold the Muon matrices {list(matrices)}, got {list(state.momentum)}")
+    check_same_structure({k: params[k] for k in matrices}, state.momentum, "params", "state.momentum")
+    others = [key for key in params if key not in matrices]
+    if (state.adam is None) != (not others):
+        raise ValueError(f"state.adam must be {'an AdamWState' if others else 'None'} for the arrays {others}")
+
+    mu, lr = config.momentum, config.lr
+    decay = 1.0 - lr * config.weight_decay
+    new_params, new_momentum = {}, {}
+    for key in matrices:
+        buffer = mu * state.momentum[key] + grads[key]
+        direction = grads[key] + mu * buffer if config.nesterov else buffer
+        step = newton_schulz(direction, config.ns_steps) * shape_scale(params[key].shape, config.scale)
+        new_params[key] = params[key] * decay - lr * step
+        new_momentum[key] = buffer
+    adam = state.adam
+    if others:
+        updated, adam = adamw_step({k: params[k] for k in others}, state.adam, {k: grads[k] for k in others},
+                                   config.adam)
+        new_params.update(updated)
+    return {key: new_params[key] for key in params}, MuonState(state.step + 1, new_momentum, adam)
