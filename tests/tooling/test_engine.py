@@ -26,7 +26,8 @@ from diloco.tools import studies
 from diloco.tools.cli import main
 from diloco.tools.regions import PACKAGE_DIR, is_reference_only
 
-REFERENCE = {"diloco": train_diloco, "sync": train_synchronous_baseline}
+# The reference executor: the milestone trainers for the course's algorithm, else the driver on it.
+REFERENCE = {"diloco": studies.trainer("diloco"), "sync": studies.trainer("sync")}
 RTOL = {"float64": 1e-10, "float32": 1e-5}
 # Two hidden layers exercise the ReLU mask between hidden layers; 3 rounds of H = 4 carry
 # the AdamW moments (and the step count of the bias correction) across rounds.

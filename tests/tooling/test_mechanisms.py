@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from diloco import DiLoCoConfig, train_diloco
+from diloco import DiLoCoConfig
 from diloco.adamw import AdamWState, init_adamw_state
 from diloco.config import AdamWConfig
 from diloco.mechanisms import (
@@ -31,8 +31,12 @@ from diloco.mechanisms import (
 from diloco.model import init_model_params
 from diloco.outer import OuterState, init_outer_optimizer
 from diloco.sharding import inner_train_worker
+from diloco.tools.studies import trainer
 
 pytestmark = pytest.mark.tooling
+
+# The reference executor: the milestone trainer for the course's algorithm, else the driver on it.
+reference_diloco = trainer("diloco")
 
 
 def blobs(seed, n=40, d=5, classes=3):
@@ -144,8 +148,8 @@ def test_mean_pairwise_cosine_of_the_workers_own_pseudo_gradients():
 
 def test_similarity_appears_in_the_records_only_when_asked():
     x, y = blobs(4)
-    plain = train_diloco(x, y, small(rounds=2)).history
-    tracked = train_diloco(x, y, small(rounds=2, record_similarity=True)).history
+    plain = reference_diloco(x, y, small(rounds=2)).history
+    tracked = reference_diloco(x, y, small(rounds=2, record_similarity=True)).history
     assert "pseudo_grad_cosine" not in plain[0]
     assert all(-1.0 <= r["pseudo_grad_cosine"] <= 1.0 for r in tracked)
     assert [r["eval_loss"] for r in plain] == [r["eval_loss"] for r in tracked], "recording must not change training"
@@ -218,12 +222,12 @@ def test_the_fast_engine_weighs_by_shard_size_as_the_loop_does():
     engine = pytest.importorskip("diloco.engine")
     x, y = blobs(5, n=31)  # 11, 10, 10: unequal IID shards
     config = small(shard_weighting="size")
-    want = train_diloco(x, y, config)
+    want = reference_diloco(x, y, config)
     for layout in ("stacked", "per-worker"):
         got = engine.train_diloco_fast(x, y, config, layout=layout)
         for key in want.params:
             np.testing.assert_allclose(got.params[key], want.params[key], rtol=1e-10, atol=1e-13, err_msg=key)
-    uniform = train_diloco(x, y, config.replace(shard_weighting="uniform"))
+    uniform = reference_diloco(x, y, config.replace(shard_weighting="uniform"))
     assert not np.allclose(uniform.params["W1"], want.params["W1"]), "the weights must matter on unequal shards"
 
 

@@ -22,15 +22,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diloco import DiLoCoConfig, train_diloco, train_synchronous_baseline
+from diloco import DiLoCoConfig
 from diloco.core.driver import baseline_config
 from diloco.data import load_digits_split
 from diloco.tools.checkpoint import list_checkpoints
 from diloco.tools.runs import read_jsonl
+from diloco.tools.studies import trainer
 from diloco.tools.training import train_resumable
 
 DATA = load_digits_split(0)
-MILESTONE_TRAINERS = {"diloco": train_diloco, "sync": train_synchronous_baseline}
+# The reference: the milestone trainer for the course's algorithm (IID, no mechanism), the
+# driver on the reference executor otherwise (tests/tooling/test_core.py pins the two together).
+MILESTONE_TRAINERS = {"diloco": trainer("diloco"), "sync": trainer("sync")}
 CASES = [(algo, iid, dtype) for algo in ("diloco", "sync") for iid in (True, False) for dtype in ("float64", "float32")]
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from diloco import DiLoCoConfig, train_diloco
+from diloco.core.driver import train
 from diloco.core.quantize import encode
 from diloco.data import load_digits_split
 from diloco.family import FamilyConfig, train_streaming
@@ -67,7 +68,7 @@ def test_one_fragment_no_overlap_full_mix_is_diloco_bit_for_bit(digits, dtype, w
 
 def test_non_iid_shards_weight_by_shard_size_as_diloco_does(digits):
     config = DiLoCoConfig(num_workers=3, inner_steps=4, rounds=2, hidden_sizes=(16,), iid=False, alpha=0.3)
-    reference = train_diloco(digits.x_train, digits.y_train, config)
+    reference = train("diloco", digits.x_train, digits.y_train, config)  # the driver, milestones 14-24 inside
     streamed = train_streaming(digits.x_train, digits.y_train, config, FamilyConfig())
     assert all(reference.params[k].tobytes() == streamed.params[k].tobytes() for k in reference.params)
 

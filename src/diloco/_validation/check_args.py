@@ -456,7 +456,7 @@ def compute_outer_gradient(global_params, worker_params_list, w):
 
 @checker(nested=lambda global_params, state, worker_states, shards, config, rng, encode=None, worker_starts=None:
          config)
-def run_diloco_round(global_params, state, worker_states, shards, config, rng, encode=None, worker_starts=None):
+def run_diloco_round(global_params, state, worker_states, shards, config, rng):
     """Returns ``config``. Also checks what the round passes on to the workers."""
     config = diloco_config(config)
     check_mlp_params(global_params, "global_params")
@@ -472,23 +472,7 @@ def run_diloco_round(global_params, state, worker_states, shards, config, rng, e
     for k, item in enumerate(shards):
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise TypeError(f"shards[{k}] must be a pair (x_k, y_k), got {type(item).__name__}")
-        if encode is None:
-            shard(item[0], item[1], global_params, f"shards[{k}][0]", f"shards[{k}][1]")
-        else:  # index windows: their width is the encoder's, the model's is the encoded one
-            shard(item[0], item[1], None, f"shards[{k}][0]", f"shards[{k}][1]")
-            encoder(encode, item[0].shape[1], global_params)
-            check_labels(item[1], f"shards[{k}][1]", num_classes=global_params[f"W{len(global_params) // 2}"].shape[1])
-    if worker_starts is not None:
-        check_sequence(worker_starts, "worker_starts")
-        if len(worker_starts) != num_workers:
-            raise ValueError(f"worker_starts must have one entry per worker ({num_workers}), got {len(worker_starts)}")
-        for k, start in enumerate(worker_starts):
-            check_params(start, f"worker_starts[{k}]")
-            check_same_structure(global_params, start, "global_params", f"worker_starts[{k}]")
-    elif config.drop_prob > 0:
-        raise ValueError("worker_starts is needed when config.drop_prob > 0: a worker whose outer gradient is "
-                         "dropped carries on from its own parameters (pass [global_params] * K the first round, "
-                         "then the result's worker_starts)")
+        shard(item[0], item[1], global_params, f"shards[{k}][0]", f"shards[{k}][1]")
     return config
 
 

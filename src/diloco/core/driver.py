@@ -34,12 +34,12 @@ from diloco.core.executors import MPIExecutor, ReferenceExecutor
 from diloco.core.schedule import event_steps, fragment_keys, merge_step, round_plan
 from diloco.core.sync import eager_consensus, eager_sync, merge_fragment, sync_fragment
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record
-from diloco.mechanisms import normalised_weights, pseudo_grad_weights
+from diloco.mechanisms import normalised_weights, pseudo_grad_weights, uses_plain_worker
 from diloco.model import Params
 from diloco.outer import OuterState, init_outer_optimizer
 
 __all__ = ["ALGORITHMS", "EXECUTORS", "RunState", "train", "initial_state", "check_algorithm", "baseline_config",
-           "diloco_only_settings"]
+           "diloco_only_settings", "is_course_algorithm"]
 
 ALGORITHMS = ("diloco", "sync")
 EXECUTORS = ("reference", "stacked", "mpi")
@@ -84,6 +84,16 @@ def diloco_only_settings(config) -> list[str]:
         if value != default:
             names.append(f"{name}={value!r}")
     return names
+
+
+def is_course_algorithm(config, encode=None) -> bool:
+    """Whether ``config`` asks for exactly the course's Algorithm 1 (milestones 25-27): no lr
+    schedule, clipping, shard-size weights, outer optimizer but SGD, drops, similarity record,
+    input encoder or family setting, so the learner's ``train_diloco`` trains it as it is."""
+    uniform = config.shard_weighting == "uniform" or (config.shard_weighting == "auto" and config.iid)
+    return (uses_plain_worker(config, encode) and uniform
+            and config.outer_optimizer == "sgd" and config.drop_prob == 0 and not config.record_similarity
+            and config.family == type(config.family)())
 
 
 def baseline_config(config):

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
-from diloco.core.driver import train
+from diloco.core.driver import is_course_algorithm, train
 from diloco.core.hooks import NetworkTimer, callbacks
 from diloco.loop import train_diloco, train_synchronous_baseline
 from diloco.tools.study_stats import (
@@ -91,9 +91,10 @@ def trainer(algo: str, engine: str = "reference") -> Callable:
 
 
 def _reference(algo: str, x, y, config, **kwargs):
-    """The milestone function of ``algo``, or the one driver on the reference executor when
-    ``config.family`` asks for what the milestones do not run (the family's mechanisms)."""
-    if config.family.algorithm_is_diloco() and not config.family.simulates_network:
+    """The milestone function of ``algo`` (26 or 27) for the course's algorithm, else the one
+    driver on the reference executor (which steps the workers with the milestone functions)."""
+    if is_course_algorithm(config, kwargs.get("encode")):
+        kwargs.pop("encode", None)
         return TRAINERS[algo](x, y, config, **kwargs)
     on_round = kwargs.pop("on_round", None)
     hooks = ([NetworkTimer(config)] if config.family.simulates_network else []) + list(callbacks(on_round))
