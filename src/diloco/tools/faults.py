@@ -86,7 +86,7 @@ def stop_message(command: str, exc: BaseException) -> tuple[int, str]:
     """(exit status 128 + n, the one line) for a command stopped by a signal."""
     signum, name = _signal_of(exc)
     runs = held_runs()
-    line = f"diloco {command}: stopped by {name}"
+    line = f"diloco {command}: interrupted by {name}"
     if not runs:
         return exit_status(signum), f"{line} before its run folder was made; nothing was written"
     resumable = [f"diloco {made_by} --resume {_shown(path)}" for path, made_by in runs.items()

@@ -63,7 +63,7 @@ def check_data_file(spec: str) -> None:
     except OSError:
         return  # missing or unreadable: load_dataset names it
     if magic not in (b"PK\x03\x04", b"PK\x05\x06"):
-        raise CliError(f"--data {spec} is not an .npz archive (not a zip file); it must be {NPZ_CONTENTS}")
+        raise CliError(f"--data {spec} is not a readable .npz archive (not a zip file); it must be {NPZ_CONTENTS}")
 
 
 def _given(args, name: str):

@@ -13,28 +13,26 @@ Standard library only, so it can be installed before NumPy is imported (the top 
   ``summary.json`` is not cut short by a second Ctrl-C (SIGKILL still ends the process).
 
 Only the main thread can receive Python signal handlers; ``install`` does nothing
-elsewhere.
+elsewhere. The module imports only ``os`` and the C module ``_signal`` (not ``signal``,
+whose ``enum`` costs tens of milliseconds), so it is in place within a millisecond.
 """
 
-from __future__ import annotations
-
-import contextlib
+import _signal
 import os
-import signal
-import threading
 
-__all__ = ["SIGNALS", "Stopped", "Terminated", "install", "install_if_cli", "session", "exit_status"]
+__all__ = ["SIGNALS", "NAMES", "Stopped", "Terminated", "install", "install_if_cli", "session", "exit_status"]
 
-SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+NAMES = {getattr(_signal, name): name for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(_signal, name)}
+SIGNALS = tuple(NAMES)
 
 
 class Stopped(KeyboardInterrupt):
     """A stop signal, raised in the main thread; ``signum`` and ``name`` say which."""
 
     def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(NAMES.get(signum, f"signal {signum}"))
         self.signum = int(signum)
-        self.name = signal.Signals(signum).name
+        self.name = NAMES.get(signum, f"signal {signum}")
 
 
 class Terminated(Stopped):
@@ -54,28 +52,34 @@ def _handler(signum, frame):
     if _state["raised"] is not None or mode == "done":
         return  # already stopping: let the clean-up finish
     if mode == "exit":
-        name = signal.Signals(signum).name
-        with contextlib.suppress(OSError):
-            os.write(2, f"diloco: stopped by {name} while starting; nothing was written\n".encode())
-        os._exit(exit_status(signum))
+        try:
+            os.write(2, f"diloco: stopped by {NAMES.get(signum, signum)} while starting; nothing was written\n"
+                     .encode())
+        finally:
+            os._exit(exit_status(signum))
     _state["raised"] = signum
-    raise (Terminated if signum == signal.SIGTERM else Stopped)(signum)
+    raise (Terminated if signum == _signal.SIGTERM else Stopped)(signum)
 
 
 def install() -> bool:
     """Put the handler on every stop signal (``"exit"`` mode); False outside the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        return False
     if _state["mode"] is None:
-        _state["previous"] = {signum: signal.signal(signum, _handler) for signum in SIGNALS}
-        _state["mode"] = "exit"
+        previous = {}
+        try:
+            for signum in SIGNALS:
+                previous[signum] = _signal.signal(signum, _handler)
+        except ValueError:  # not the main thread
+            for signum, handler in previous.items():
+                _signal.signal(signum, handler)
+            return False
+        _state["previous"], _state["mode"] = previous, "exit"
     return True
 
 
 def install_if_cli() -> bool:
     """``install()`` when this process is the ``diloco`` command (its script or ``python -m
     diloco``), never for a program that merely imports the library."""
-    import sys
+    import sys  # already imported by the interpreter: free
 
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
     orig = list(getattr(sys, "orig_argv", []))
@@ -85,25 +89,28 @@ def install_if_cli() -> bool:
     return False
 
 
-@contextlib.contextmanager
-def session():
-    """While a command runs: signals raise ``Stopped``. Restores the previous handlers after,
-    when this call installed them (a command run in-process, as the tests do)."""
-    installed_here = _state["mode"] is None
-    if not install():
-        yield
-        return
-    _state["mode"], _state["raised"] = "raise", None
-    try:
-        yield
-    finally:
-        if installed_here:
+class session:
+    """While a command runs (``with session():``): signals raise ``Stopped``. Restores the previous
+    handlers after, when this call installed them (a command run in-process, as the tests do)."""
+
+    def __enter__(self):
+        self.installed_here = _state["mode"] is None
+        self.active = install()
+        if self.active:
+            _state["mode"], _state["raised"] = "raise", None
+        return self
+
+    def __exit__(self, *exc_info):
+        if not self.active:
+            return False
+        if self.installed_here:
             for signum, previous in (_state["previous"] or {}).items():
-                signal.signal(signum, previous)
+                _signal.signal(signum, previous)
             _state["mode"], _state["previous"] = None, None
         else:
             _state["mode"] = "done"  # the command has ended: the process is about to exit
         _state["raised"] = None
+        return False
 
 
 install_if_cli()  # at import: diloco/__init__.py imports this module before NumPy
