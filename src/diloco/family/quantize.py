@@ -273,7 +273,6 @@ def sign_prune_mask(x: np.ndarray, fraction: float) -> np.ndarray:
     -------
     ndarray of bool shaped like ``x``
     """
-    api_checks.sign_prune_mask(x, fraction)
     x = _check(x)
     if not (isinstance(fraction, (int, float, np.floating)) and 0.0 <= float(fraction) < 1.0):
         raise ValueError(f"fraction must be in [0, 1), got {fraction!r}")

@@ -5,7 +5,7 @@ setting ``func`` (a callable taking the parsed arguments and returning an exit s
 The modules are imported explicitly here; they depend on ``diloco.tools.errors``, never
 on this module, so there is no import cycle. Usage errors and faults (``OSError``,
 ``MemoryError``) exit with status 2 and print one line; a diverged run exits with 3. SIGINT, SIGTERM
-and SIGHUP are handled from the first import on (``diloco.tools.stop_signals``; see
+and SIGHUP are handled from the first import on (``diloco.stop_signals``; see
 ``_stops``): status "interrupted", exit 128 + n, one line with the ``--resume`` command.
 """
 
@@ -15,7 +15,8 @@ import argparse
 import contextlib
 import sys
 
-from diloco.tools import commands, grading, stop_signals, workspace
+from diloco import stop_signals
+from diloco.tools import commands, grading, workspace
 from diloco.tools.errors import CliError, Parser
 from diloco.tools.faults import describe_os_error, settle_runs, shorten, stop_message
 from diloco.tools.run_lock import release_runs

@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
+from diloco.stop_signals import Stopped, Terminated, exit_status
 from diloco.tools.atomic_files import read_json, write_json
 from diloco.tools.errors import CliError
 from diloco.tools.run_lock import free_reserves, held_runs
-from diloco.tools.stop_signals import Stopped, Terminated, exit_status
 from diloco.tools.training import Diverged
 
 __all__ = ["Terminated", "Stopped", "quiet_numpy", "describe_os_error", "run_outcome", "DIVERGED_STATUS",
@@ -156,7 +156,7 @@ def run_outcome(write_summary):
 
     try:
         yield
-    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP (diloco.tools.stop_signals)
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP (diloco.stop_signals)
         _, name = _signal_of(exc)
         record("interrupted", f"stopped by {name}", {"signal": name})
         raise

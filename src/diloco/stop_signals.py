@@ -1,7 +1,9 @@
 """SIGINT, SIGTERM and SIGHUP for the ``diloco`` command line, from its first import on.
 
-Standard library only, so it can be installed before NumPy is imported (the top of
-``diloco.tools.cli``). The handler has three modes:
+Standard library only, so it can be installed before NumPy is imported: the first line of
+``diloco/__init__.py`` imports it, and it installs itself only when the process is the
+``diloco`` command (``install_if_cli``). It lives beside the library, not in
+``diloco.tools``, because the library never imports the tools. The handler has three modes:
 
 * ``"exit"`` (from ``install()`` until the command starts): nothing has been written yet,
   so the process prints one line and ends at once with status 128 + n (no traceback
