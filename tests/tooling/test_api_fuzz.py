@@ -21,6 +21,7 @@ exception, or a message that does not name the argument) or ``hang`` (no answer 
 from __future__ import annotations
 
 import collections
+import inspect
 import math
 import os
 import signal
@@ -31,6 +32,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import diloco
+from diloco._validation import api_checks
 from diloco.config import DiLoCoConfig
 from diloco.data import make_synthetic, stratified_split
 from diloco.engine import choose_layout
@@ -281,7 +283,7 @@ def _short(value) -> str:
 
 
 @pytest.mark.parametrize("target, argument", CASES)
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
           phases=[Phase.explicit, Phase.generate])  # no shrinking: a finding is reported as drawn, fast
 @given(data=st.data())
 def test_a_bad_argument_is_refused_naming_it(target, argument, data):
@@ -292,9 +294,40 @@ def test_a_bad_argument_is_refused_naming_it(target, argument, data):
     assert verdict in ("clear", "ieee"), f"{target}({argument}={_short(value)}): {verdict}: {detail}"
 
 
+def _wired(name: str, function):
+    """``function`` with its ``api_checks`` checker called first, as its module will once wired."""
+    check = getattr(api_checks, name)
+    parameters = [p for p in inspect.signature(function).parameters]
+
+    def call(**kwargs):
+        bound = {**{p.name: p.default for p in inspect.signature(function).parameters.values()
+                    if p.default is not inspect.Parameter.empty}, **kwargs}
+        check(*(bound[p] for p in inspect.signature(check).parameters))
+        return function(**kwargs)
+
+    assert set(inspect.signature(check).parameters) <= set(parameters)
+    return call
+
+
+WIRED = {target: (_wired(target, TARGETS[target][0]), *TARGETS[target][1:]) for target in
+         ("fragment_layers", "fragment_keys", "sync_offsets", "sync_steps", "eager_outer_gradient", "choose_layout")}
+
+
+@pytest.mark.parametrize("target, argument", sorted(KNOWN), ids=[f"{t}-{a}" for t, a in sorted(KNOWN)])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
+          phases=[Phase.explicit, Phase.generate])
+@given(data=st.data())
+def test_the_checkers_ready_for_the_rewritten_modules_close_their_findings(target, argument, data):
+    value = data.draw(BAD[TARGETS[target][2][argument]], label=argument)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(TARGETS, target, WIRED[target])
+        verdict, detail = _verdict(target, argument, value)
+    assert verdict in ("clear", "ieee"), f"{target}({argument}={_short(value)}): {verdict}: {detail}"
+
+
 def test_the_valid_calls_work():
     """The calls the campaign starts from are valid: a refusal is the bad value's doing."""
-    for function, good, _ in TARGETS.values():
+    for function, good, _ in [*TARGETS.values(), *WIRED.values()]:
         function(**good())
 
 

@@ -22,6 +22,7 @@ from diloco._validation import (
     FLOAT_DTYPES,
     call_depth,
     check_count,
+    check_fits_in_memory,
     check_float_array,
     check_generator,
     check_params,
@@ -33,7 +34,8 @@ from diloco._validation import (
 
 __all__ = ["encode", "bfloat16_bits", "bfloat16_values", "decode", "unit_bounds", "wire_text",
            "all_reduce_seconds", "native_bytes", "clip_by_global_norm", "inner_lr", "draw_dropped",
-           "mean_pairwise_cosine", "mean_loss", "char_windows", "stratified_split", "float_dtype"]
+           "mean_pairwise_cosine", "mean_loss", "char_windows", "stratified_split", "float_dtype",
+           "fragment_layers", "fragment_keys", "sync_offsets", "sync_steps", "eager_outer_gradient", "choose_layout"]
 
 
 def float_dtype(dtype, name: str = "dtype") -> np.dtype:
@@ -183,3 +185,60 @@ def stratified_split(x, y) -> None:
         raise ValueError("x must have at least one row (example), got shape (0, ...)")
     if not isinstance(y, np.ndarray):
         raise TypeError(f"y must be a numpy.ndarray of integer labels, got {type(y).__name__}")
+
+
+# --- ready for the modules the one-training-core work rewrites (not yet called there) ----------------
+# diloco.family.streaming, diloco.family.eager and diloco.engine.trainers: each function's first line
+# should call its checker here; tests/tooling/test_api_fuzz.py's KNOWN lists the cases that wait for it.
+
+def _pattern(pattern) -> None:
+    from diloco.family.config import PATTERNS
+
+    if not isinstance(pattern, str) or pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {PATTERNS}, got {shown(pattern)}")
+
+
+def fragment_layers(num_layers, fragments, pattern) -> None:
+    num_layers = check_count(check_positive_int(num_layers, "num_layers"), "num_layers")
+    fragments = check_positive_int(fragments, "fragments")
+    if fragments > num_layers:
+        raise ValueError(f"fragments must be between 1 and num_layers ({num_layers}), got {fragments}")
+    _pattern(pattern)
+
+
+def fragment_keys(params, fragments, pattern) -> None:
+    _nonempty_mapping(params, "params")
+    if len(params) % 2:
+        raise ValueError(f"params must hold W1, b1, ..., WL, bL (an even number of arrays), got {len(params)}")
+    fragments = check_positive_int(fragments, "fragments")
+    if fragments > len(params) // 2:
+        raise ValueError(f"fragments must be between 1 and the {len(params) // 2} layers of params, got {fragments}")
+    _pattern(pattern)
+
+
+def sync_offsets(fragments, inner_steps) -> None:
+    check_count(check_positive_int(fragments, "fragments"), "fragments")
+    check_count(check_positive_int(inner_steps, "inner_steps"), "inner_steps")
+
+
+def sync_steps(fragment, fragments, inner_steps, total_steps) -> None:
+    sync_offsets(fragments, inner_steps)
+    fragment = check_count(fragment, "fragment")
+    if fragment >= fragments:
+        raise ValueError(f"fragment must be below fragments ({fragments}), got {fragment}")
+    total_steps = check_count(total_steps, "total_steps")
+    check_fits_in_memory(8 * total_steps, "total_steps", f"a pass over {total_steps:,} steps")
+
+
+def eager_outer_gradient(local_now, share) -> None:
+    check_params(local_now, "local_now")  # once per round: a pass over the parameters
+    check_real(share, "share", low=0.0, high=1.0)
+
+
+def choose_layout(num_workers, num_values, layout, itemsize) -> None:
+    from diloco.engine import LAYOUTS
+
+    for value, name in ((num_workers, "num_workers"), (num_values, "num_values"), (itemsize, "itemsize")):
+        check_count(check_positive_int(value, name), name)
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {shown(layout)}")
