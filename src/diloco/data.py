@@ -17,6 +17,7 @@ import numpy as np
 
 from diloco._validation import (
     FLOAT_DTYPES,
+    api_checks,
     check_fits_in_memory,
     check_float_array,
     check_generator,
@@ -83,6 +84,7 @@ def stratified_split(x: np.ndarray, y: np.ndarray, test_fraction: float, rng) ->
     ValueError
         ``test_fraction`` outside (0, 1) or a split leaving a part empty.
     """
+    api_checks.stratified_split(x, y)
     check_float_array(x, "x", ndim=2)
     check_labels(y, "y", n=x.shape[0])
     test_fraction = check_real(test_fraction, "test_fraction", low=0.0, high=1.0, low_open=True, high_open=True)

@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-from diloco._validation import check_params
+from diloco._validation import api_checks, check_params
 from diloco.adamw import AdamWState, adamw_step
 from diloco.config import AdamWConfig, DiLoCoConfig
 from diloco.core.outer import copy_outer_state, outer_optimizer
@@ -76,6 +76,7 @@ def inner_lr(config: DiLoCoConfig, step: int) -> float:
     A DiLoCo worker's step count is its AdamW ``state.step`` (carried across rounds), so
     every worker and the baseline follow the same curve over the run.
     """
+    api_checks.inner_lr(config, step)
     peak = config.inner.lr
     if config.lr_schedule == "constant":
         return peak
@@ -98,6 +99,7 @@ def clip_by_global_norm(grads: Params, max_norm: float | None) -> tuple[Params, 
     (grads, norm)
         The (new, if clipped) gradients and their norm before clipping.
     """
+    api_checks.clip_by_global_norm(grads, max_norm)
     norm = global_norm(grads)
     if max_norm is None:
         return grads, norm
@@ -240,6 +242,7 @@ def draw_dropped(rng, config: DiLoCoConfig) -> list[int]:
     the parent generator after ``rng.spawn(K)`` leaves the workers' batch streams (the
     spawned children) unchanged, so DiLoCo with drops still sees the baseline's batches.
     """
+    api_checks.draw_dropped(rng, config)
     if config.drop_prob == 0.0:
         return []
     return np.flatnonzero(rng.random(config.num_workers) < config.drop_prob).tolist()
@@ -253,6 +256,7 @@ def mean_pairwise_cosine(global_params: Params, worker_params_list) -> float | N
     kind of agreement between replicas). None for one worker, or when a worker did not
     move.
     """
+    api_checks.mean_pairwise_cosine(global_params, worker_params_list)
     if len(worker_params_list) < 2:
         return None
     deltas = np.stack([np.concatenate([(global_params[key] - params[key]).ravel().astype(np.float64)

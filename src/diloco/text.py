@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco._validation import check_positive_int, check_real
+from diloco._validation import api_checks, check_positive_int, check_real
 from diloco.data import Dataset
 
 __all__ = ["SHAKESPEARE_PROVENANCE", "SHAKESPEARE_SHA256", "OneHot", "TextData", "load_shakespeare_text",
@@ -166,6 +166,7 @@ def char_windows(ids: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray]
     ValueError
         ``context`` < 1 or a text no longer than ``context``.
     """
+    api_checks.char_windows(ids, context)
     context = check_positive_int(context, "context")
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.shape[0] <= context:
@@ -220,10 +221,13 @@ def load_shakespeare(context: int = 6, *, test_fraction: float = 0.1,
 
 def perplexity(mean_cross_entropy: float) -> float:
     """``exp(L)`` of a mean cross-entropy ``L`` in nats: the effective number of equally
-    likely next characters."""
+    likely next characters. ``L`` must be a real >= 0; NaN gives NaN and +Inf gives +Inf (IEEE)."""
+    api_checks.mean_loss(mean_cross_entropy)
     return float(np.exp(mean_cross_entropy))
 
 
 def bits_per_char(mean_cross_entropy: float) -> float:
-    """``L / ln 2``: the mean cross-entropy in bits (per character for the char-LM)."""
+    """``L / ln 2``: the mean cross-entropy in bits (per character for the char-LM).
+    ``L`` must be a real >= 0; NaN gives NaN and +Inf gives +Inf (IEEE)."""
+    api_checks.mean_loss(mean_cross_entropy)
     return float(mean_cross_entropy / np.log(2.0))

@@ -36,7 +36,24 @@ __all__ = [
     "check_nonneg_int",
     "check_real",
     "check_probability",
+    "check_count",
+    "shown",
+    "MAX_COUNT",
 ]
+
+# The largest step or round count a state may hold: an int64 (no run reaches it; a larger one
+# is corrupt, and ``beta ** step`` of a Python int beyond the float range raises OverflowError).
+MAX_COUNT = 2**63 - 1
+_SHOWN = 200  # characters of a value echoed back in a message
+
+
+def shown(value) -> str:
+    """``repr(value)`` cut to 200 characters (its full length said): messages never echo
+    a 50 MB string or a 400-digit int back whole."""
+    text = repr(value)
+    if len(text) <= _SHOWN:
+        return text
+    return f"{text[:_SHOWN]}...[{len(text):,} characters]"
 
 
 # How many milestone functions are running in this call tree (a context variable, so
@@ -93,18 +110,26 @@ def check_generator(rng, name: str = "rng") -> np.random.Generator:
 
 def check_positive_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {shown(value)}")
     if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        raise ValueError(f"{name} must be a positive int, got {shown(value)}")
     return int(value)
 
 
 def check_nonneg_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {shown(value)}")
     if value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        raise ValueError(f"{name} must be a non-negative int, got {shown(value)}")
     return int(value)
+
+
+def check_count(value, name: str) -> int:
+    """A non-negative int of at most ``MAX_COUNT`` (a step or round counter)."""
+    value = check_nonneg_int(value, name)
+    if value > MAX_COUNT:
+        raise ValueError(f"{name} must be at most 2**63 - 1, got an int of {len(str(value)):,} digits")
+    return value
 
 
 def check_real(value, name: str, *, low=None, high=None, low_open=False, high_open=False) -> float:
@@ -114,32 +139,32 @@ def check_real(value, name: str, *, low=None, high=None, low_open=False, high_op
     times the result stays float32.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {shown(value)}")
     value = float(value)
     if not np.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise ValueError(f"{name} must be finite, got {shown(value)}")
     if low is not None and (value < low or (low_open and value == low)):
         bound = f"> {low}" if low_open else f">= {low}"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
+        raise ValueError(f"{name} must be {bound}, got {shown(value)}")
     if high is not None and (value > high or (high_open and value == high)):
         bound = f"< {high}" if high_open else f"<= {high}"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
+        raise ValueError(f"{name} must be {bound}, got {shown(value)}")
     return value
 
 
 def check_bool(value, name: str) -> bool:
     """A bool (Python's or NumPy's); returned as a Python bool."""
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {shown(value)}")
     return bool(value)
 
 
 def check_seed(value, name: str = "seed") -> int:
     """A non-negative integer seed (a Python or NumPy int); returned as a Python int."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {shown(value)}")
     if value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        raise ValueError(f"{name} must be a non-negative int, got {shown(value)}")
     return int(value)
 
 
@@ -222,8 +247,8 @@ def check_params(params, name: str = "params", *, finite: bool = True) -> Mappin
     dtypes = set()
     for key, value in params.items():
         if not isinstance(key, str):
-            raise TypeError(f"{name} keys must be str, got {type(key).__name__} {key!r}")
-        check_float_array(value, f"{name}[{key!r}]", finite=finite)
+            raise TypeError(f"{name} keys must be str, got {type(key).__name__} {shown(key)}")
+        check_float_array(value, f"{name}[{shown(key)}]", finite=finite)
         dtypes.add(value.dtype)
     if len(dtypes) > 1:
         raise TypeError(f"{name} arrays must share one dtype, got {sorted(map(str, dtypes))}")
@@ -266,12 +291,12 @@ def check_same_structure(reference, other, ref_name: str, other_name: str) -> No
     for key in reference:
         if other[key].shape != reference[key].shape:
             raise ValueError(
-                f"{other_name}[{key!r}] must have shape {reference[key].shape} like {ref_name}, "
+                f"{other_name}[{shown(key)}] must have shape {reference[key].shape} like {ref_name}, "
                 f"got {other[key].shape}"
             )
         if other[key].dtype != reference[key].dtype:
             raise TypeError(
-                f"{other_name}[{key!r}] must have dtype {reference[key].dtype} like {ref_name}, "
+                f"{other_name}[{shown(key)}] must have dtype {reference[key].dtype} like {ref_name}, "
                 f"got {other[key].dtype}"
             )
 

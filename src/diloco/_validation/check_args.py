@@ -39,6 +39,7 @@ from diloco._validation import (
     FLOAT_DTYPES,
     call_depth,
     check_bool,
+    check_count,
     check_fits_in_memory,
     check_float_array,
     check_generator,
@@ -51,6 +52,7 @@ from diloco._validation import (
     check_real,
     check_same_structure,
     check_sequence,
+    shown,
 )
 
 # The checks of a direct call's result; importing the module registers them (RESULT_CHECKS).
@@ -82,7 +84,7 @@ def adamw_state(state, params=None, params_name: str = "params", name: str = "st
     """``state`` is an AdamWState whose moments match each other (and ``params``, if given)."""
     if not isinstance(state, _adamw.AdamWState):
         raise TypeError(f"{name} must be an AdamWState, got {type(state).__name__}")
-    check_nonneg_int(state.step, f"{name}.step")
+    check_count(state.step, f"{name}.step")  # 10**400 would overflow beta ** step
     check_params(state.m, f"{name}.m")
     check_params(state.v, f"{name}.v")
     check_same_structure(state.m, state.v, f"{name}.m", f"{name}.v")
@@ -203,7 +205,7 @@ def init_model_params(layer_sizes, rng, dtype):
     try:
         dtype = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
+        raise TypeError(f"dtype must be float32 or float64, got {shown(dtype)}") from None
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"dtype must be float32 or float64, got {dtype}")
     num_params = sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True))

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from diloco._validation import api_checks
 from diloco.config_sections import CommSpec
 from diloco.core.quantize import FORMATS, Encoded, decode, encode, sign_prune_mask
 from diloco.model import Params
@@ -70,6 +71,7 @@ def is_native(spec: CommSpec, dtype) -> bool:
 
 def native_bytes(num_values: int, num_workers: int, itemsize: int) -> float:
     """Ring all-reduce bytes per worker, ``2 (K-1)/K N b`` (milestone 30's formula)."""
+    api_checks.native_bytes(num_values, num_workers, itemsize)
     return 2.0 * (num_workers - 1) / num_workers * num_values * itemsize
 
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import re
 
+from diloco._validation import api_checks, shown
+
 __all__ = ["parse_bandwidth", "parse_duration", "all_reduce_seconds", "NetworkClock", "simulate"]
 
 _BANDWIDTH = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kKMGT]?)(bit|b|B|byte)?(?:/s|ps)?\s*$")
@@ -51,26 +53,29 @@ def parse_bandwidth(text: str) -> float:
     ValueError
         Unparseable or not positive.
     """
+    api_checks.wire_text(text, "bandwidth")
     match = _BANDWIDTH.match(str(text))
     if not match:
-        raise ValueError(f"bandwidth must look like 1Gbit, 100Mbit/s or 125MB/s, got {text!r}")
+        raise ValueError(f"bandwidth must look like 1Gbit, 100Mbit/s or 125MB/s, got {shown(text)}")
     number, prefix, unit = match.groups()
     value = float(number) * _PREFIX[prefix] * (8.0 if unit in ("B", "byte") else 1.0)
     if not value > 0:
-        raise ValueError(f"bandwidth must be positive, got {text!r}")
+        raise ValueError(f"bandwidth must be positive, got {shown(text)}")
     return value
 
 
 def parse_duration(text: str) -> float:
     """Seconds from ``"50ms"``, ``"0.2s"``, ``"300us"`` or a bare number of seconds (>= 0)."""
+    api_checks.wire_text(text, "duration")
     match = _DURATION.match(str(text))
     if not match:
-        raise ValueError(f"duration must look like 50ms, 0.2s or 300us, got {text!r}")
+        raise ValueError(f"duration must look like 50ms, 0.2s or 300us, got {shown(text)}")
     return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
 def all_reduce_seconds(bytes_sent: float, num_workers: int, bandwidth: float, latency: float) -> float:
     """``T(b) = 2 (K-1) L + 8 b / B``, 0 for one worker or no bytes."""
+    api_checks.all_reduce_seconds(bytes_sent, num_workers, bandwidth, latency)
     if num_workers <= 1 or bytes_sent <= 0:
         return 0.0
     return 2.0 * (num_workers - 1) * latency + 8.0 * bytes_sent / bandwidth

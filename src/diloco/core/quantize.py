@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from diloco._validation import api_checks
 from diloco.config_sections import FORMATS
 
 __all__ = ["FORMATS", "BITS", "E2M1_GRID", "Encoded", "encode", "decode", "quantize", "bfloat16_bits",
@@ -94,6 +95,7 @@ class Encoded(NamedTuple):
 
 def unit_bounds(size: int, unit: int) -> np.ndarray:
     """Flat offsets ``[0, unit, 2 unit, ..., size]`` of the units of a tensor of ``size`` values."""
+    api_checks.unit_bounds(size, unit)
     return np.append(np.arange(0, size, unit), size) if size else np.zeros(1, dtype=np.int64)
 
 
@@ -126,6 +128,7 @@ def bfloat16_bits(x: np.ndarray) -> np.ndarray:
     bit if anything was dropped), which makes the two roundings equal one correct rounding
     to bfloat16. Then, on the float32 bits ``b``: ``(b + 0x7FFF + ((b >> 16) & 1)) >> 16``.
     """
+    api_checks.bfloat16_bits(x)
     x = np.clip(x, -_BF16_MAX, _BF16_MAX)
     single = x.astype(np.float32)
     if x.dtype != np.float32:
@@ -142,6 +145,7 @@ def bfloat16_bits(x: np.ndarray) -> np.ndarray:
 
 def bfloat16_values(codes: np.ndarray, dtype=np.float32) -> np.ndarray:
     """The floats of bfloat16 codes (uint16): the code is the top half of a float32."""
+    api_checks.bfloat16_values(codes, dtype)
     return (codes.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(dtype)
 
 
@@ -191,6 +195,7 @@ def encode(x: np.ndarray, fmt: str, *, block_size: int = 0, keep: np.ndarray | N
         ``x`` not a finite float array, unknown ``fmt``, negative ``block_size``, ``keep``
         of another shape.
     """
+    api_checks.encode(x, fmt, block_size)
     x = _check(x)
     _check_format(fmt)
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 0:
@@ -231,6 +236,7 @@ def encode(x: np.ndarray, fmt: str, *, block_size: int = 0, keep: np.ndarray | N
 
 def decode(encoded: Encoded, dtype=np.float64) -> np.ndarray:
     """The tensor an ``Encoded`` stands for, in ``dtype`` (the params' dtype); unsent values are 0."""
+    api_checks.decode(encoded, dtype)
     dtype = np.dtype(dtype)
     fmt, codes = encoded.fmt, encoded.codes
     if fmt in ("float64", "float32", "float16"):

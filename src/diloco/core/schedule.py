@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from diloco._validation import api_checks
 from diloco.config_sections import PATTERNS
 from diloco.model import Params
 
@@ -45,6 +46,7 @@ def fragment_layers(num_layers: int, fragments: int, pattern: str = "strided") -
     >>> fragment_layers(4, 2, "sequential")
     [[1, 2], [3, 4]]
     """
+    api_checks.fragment_layers(num_layers, fragments, pattern)
     if pattern not in PATTERNS:
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
     if not 1 <= fragments <= num_layers:
@@ -57,6 +59,7 @@ def fragment_layers(num_layers: int, fragments: int, pattern: str = "strided") -
 
 def fragment_keys(params: Params, fragments: int, pattern: str = "strided") -> list[tuple[str, ...]]:
     """The parameter keys (``W_l``, ``b_l``) of each fragment of an MLP's params."""
+    api_checks.fragment_keys(params, fragments, pattern)
     num_layers = len(params) // 2
     return [tuple(key for layer in group for key in (f"W{layer}", f"b{layer}"))
             for group in fragment_layers(num_layers, fragments, pattern)]
@@ -64,6 +67,7 @@ def fragment_keys(params: Params, fragments: int, pattern: str = "strided") -> l
 
 def sync_offsets(fragments: int, inner_steps: int) -> list[int]:
     """``t_p = floor(p H / P)`` for p = 0..P-1 (needs P <= H, so the offsets differ)."""
+    api_checks.sync_offsets(fragments, inner_steps)
     if fragments > inner_steps:
         raise ValueError(f"fragments ({fragments}) must not exceed inner_steps ({inner_steps})")
     return [(p * inner_steps) // fragments for p in range(fragments)]
@@ -71,8 +75,9 @@ def sync_offsets(fragments: int, inner_steps: int) -> list[int]:
 
 def sync_steps(fragment: int, fragments: int, inner_steps: int, total_steps: int) -> list[int]:
     """The 1-based inner steps ``t <= total_steps`` at which ``fragment`` synchronises."""
+    api_checks.sync_steps(fragment, fragments, inner_steps, total_steps)
     offset = sync_offsets(fragments, inner_steps)[fragment]
-    return [t for t in range(1, total_steps + 1) if (t - offset) % inner_steps == 0]
+    return list(range(offset if offset > 0 else inner_steps, total_steps + 1, inner_steps))
 
 
 def round_plan(config, keys: list[tuple[str, ...]]) -> list[SyncEvent]:

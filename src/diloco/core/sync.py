@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from diloco._validation import api_checks
 from diloco.core.comm import all_reduce
 from diloco.core.outer import copy_outer_state, outer_optimizer
 from diloco.mechanisms import draw_dropped, mean_pairwise_cosine
@@ -98,6 +99,7 @@ def eager_outer_gradient(local_now: Params, local_previous: Params | None, globa
         ``w_k``, the worker's weight in the average: ``1/K``, or its shard's share with
         shard-size weights (``diloco.mechanisms.normalised_weights``).
     """
+    api_checks.eager_outer_gradient(local_now, share)
     own = scale_params(local_now, share)
     if global_previous is None:
         return own

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from diloco._validation import api_checks
 from diloco.config import DiLoCoConfig
 from diloco.core.driver import train
 from diloco.core.hooks import callbacks
@@ -31,6 +32,7 @@ def choose_layout(num_workers: int, num_values: int, layout: str = "auto", *, it
     ``"auto"`` stacks when ``K * P * itemsize <= STACKED_MAX_BYTES``; the other two
     layouts are returned as they are.
     """
+    api_checks.choose_layout(num_workers, num_values, layout, itemsize)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if layout != "auto":

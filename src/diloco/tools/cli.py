@@ -4,18 +4,22 @@ Each sub-command module contributes its parsers through ``add_parsers(subparsers
 setting ``func`` (a callable taking the parsed arguments and returning an exit status).
 The modules are imported explicitly here; they depend on ``diloco.tools.errors``, never
 on this module, so there is no import cycle. Usage errors and faults (``OSError``,
-``MemoryError``) exit with status 2 and print one line; a diverged run exits with 3,
-Ctrl-C with 130 and SIGTERM, handled like Ctrl-C, with 143.
+``MemoryError``) exit with status 2 and print one line; a diverged run exits with 3. SIGINT, SIGTERM
+and SIGHUP are handled from the first import on (``diloco.stop_signals``; see
+``_stops``): status "interrupted", exit 128 + n, one line with the ``--resume`` command.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
+from diloco import stop_signals
 from diloco.tools import commands, grading, workspace
 from diloco.tools.errors import CliError, Parser
-from diloco.tools.faults import Terminated, describe_os_error, sigterm_as_interrupt
+from diloco.tools.faults import describe_os_error, settle_runs, shorten, stop_message
+from diloco.tools.run_lock import release_runs
 
 __all__ = ["main", "build_parser", "CliError"]
 
@@ -37,23 +41,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a signal until here: one line, nothing written (stop_signals)
+    with _stops():
+        return _run(args)
+
+
+# --- signals and run folders (docs/failure-and-recovery.md) ---------------------------------
+
+@contextlib.contextmanager
+def _stops():
+    """Signals raise inside (``stop_signals.session``); every run folder's lock is released after."""
     try:
-        with sigterm_as_interrupt():
-            return int(args.func(args) or 0)
+        with stop_signals.session():
+            yield
+    finally:
+        release_runs()
+
+
+def _run(args) -> int:
+    try:
+        return int(args.func(args) or 0)
     except CliError as exc:
-        print(f"diloco {args.command}: error: {exc}", file=sys.stderr)
+        message = shorten(str(exc))
+        settle_runs("failed", message)
+        print(f"diloco {args.command}: error: {message}", file=sys.stderr)
         return exc.status
-    except Terminated:
-        print(f"diloco {args.command}: terminated (SIGTERM); files already written are kept", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print(f"diloco {args.command}: interrupted; files already written are kept", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP
+        name = getattr(exc, "name", "SIGINT")
+        settle_runs("interrupted", f"stopped by {name}", {"signal": name})
+        status, line = stop_message(args.command, exc)
+        print(line, file=sys.stderr)
+        return status
     except OSError as exc:  # a fault no command turned into a CliError: still one line, never a traceback
-        print(f"diloco {args.command}: error: {describe_os_error(exc)}", file=sys.stderr)
+        settle_runs("failed", describe_os_error(exc))
+        print(f"diloco {args.command}: error: {shorten(describe_os_error(exc))}", file=sys.stderr)
         return 2
     except MemoryError:
+        settle_runs("failed", "out of memory")
         print(f"diloco {args.command}: error: out of memory", file=sys.stderr)
         return 2
 

@@ -36,7 +36,7 @@ from diloco.data import Dataset
 from diloco.evaluation import communication_savings
 from diloco.loop import num_values
 from diloco.tools.family_run import check_family, family_summary, print_family, run_with_family
-from diloco.tools.faults import quiet_numpy, run_outcome
+from diloco.tools.faults import late_step, quiet_numpy, run_outcome
 from diloco.tools.flags import (
     DEFAULT_MAX_LOSS,
     add_config_flags,
@@ -50,7 +50,7 @@ from diloco.tools.flags import (
 from diloco.tools.paper_flags import add_paper_study_flags
 from diloco.tools.paper_studies import PAPER_STUDIES
 from diloco.tools.preflight import check_run
-from diloco.tools.resume import CHECKPOINT_DIR, plan_resume
+from diloco.tools.resume import CHECKPOINT_DIR, plan_resume, record_code_change
 from diloco.tools.run_setup import (
     check_plotting,
     max_loss_flag,
@@ -220,6 +220,7 @@ def _resumed_run(args, command: str, algos: tuple) -> dict:
     threads, limit = thread_limit(args, plan.config, plan.data)
     history = HistoryWriter(plan.run_dir / "history.jsonl")
     history.restart(plan.history)
+    record_code_change(plan, history)  # --allow-code-change: environment.json and the next record
     resumed_from = {algo: start.round if start else 0 for algo, start in plan.starts.items()}
     write_json(plan.run_dir / "summary.json", {"command": command, "status": "running", "pid": os.getpid(),
                                                "resumed_from": resumed_from})
@@ -272,9 +273,11 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
         if not args.no_plots:
             from diloco.tools.plots import save_run_plots
 
-            plots = save_run_plots({algo: history.for_algo(algo) for algo in algos}, run_dir,
-                                   title=f"{data_info['name']}, K={config.num_workers}, H={config.inner_steps}",
-                                   left="eval_perplexity" if data.encode is not None else "eval_loss")
+            with late_step(run_dir / "summary.json", summary, "plots"):  # stays "completed", says "plots": failed
+                plots = save_run_plots({algo: history.for_algo(algo) for algo in algos}, run_dir,
+                                       title=f"{data_info['name']}, K={config.num_workers}, "
+                                             f"H={config.inner_steps}",
+                                       left="eval_perplexity" if data.encode is not None else "eval_loss")
     _print_table(summary, savings["savings_factor"])
     print_family(family_extra)
     if "diloco" in algos:

@@ -6,7 +6,7 @@ Once a run folder exists, ``run_outcome`` turns every way a run can end early in
 ========================  ===============  ===========  ==============================
 what happened             status           exit status  the line says
 ========================  ===============  ===========  ==============================
-Ctrl-C, SIGTERM           ``interrupted``  130, 143     which signal; files kept
+SIGINT, SIGTERM, SIGHUP   ``interrupted``  128 + n      the signal, the ``--resume`` line
 non-finite or huge loss   ``diverged``     3            round, worker, quantity
 ``OSError`` (disk full,   ``failed``       2            the file and the OS's reason
 read-only, name too long)
@@ -14,8 +14,13 @@ read-only, name too long)
 ``TypeError/ValueError``  ``failed``       2            the library's message
 ========================  ===============  ===========  ==============================
 
-``failed`` is written only if the folder can still be written (a full disk may refuse
-even that); the line is printed either way. ``quiet_numpy`` keeps NumPy's
+``failed`` is written only if the folder can still be written: the run folder's
+``.reserve`` (``diloco.tools.run_lock``) is deleted first, so a disk that filled up
+still has room for it; the line is printed either way. ``settle_runs`` is the safety net
+of ``diloco.tools.cli``: a run folder this process holds whose summary still says
+``"running"`` when the command ends early gets the status of how it ended. ``late_step``
+keeps a completed run ``"completed"`` when a later step (the plots) fails, and records
+that step's failure beside it. ``shorten`` cuts echoed values to 200 characters. ``quiet_numpy`` keeps NumPy's
 RuntimeWarnings (overflow, invalid value) off the terminal: the divergence guard's
 message says what they would have said, and where.
 """
@@ -23,40 +28,101 @@ message says what they would have said, and where.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import shlex
 import signal
-import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 
+from diloco.stop_signals import Stopped, Terminated, exit_status
+from diloco.tools.atomic_files import read_json, write_json
 from diloco.tools.errors import CliError
+from diloco.tools.run_lock import free_reserves, held_runs
 from diloco.tools.training import Diverged
 
-__all__ = ["Terminated", "sigterm_as_interrupt", "quiet_numpy", "describe_os_error", "run_outcome",
-           "DIVERGED_STATUS"]
+__all__ = ["Terminated", "Stopped", "quiet_numpy", "describe_os_error", "run_outcome", "DIVERGED_STATUS",
+           "settle_runs", "stop_message", "late_step", "shorten", "ECHO_LIMIT"]
 
 DIVERGED_STATUS = 3  # the exit status of a diverged run
+ECHO_LIMIT = 200  # characters of a value echoed back in a message
+_LINE_LIMIT = 2000  # characters of a whole message line
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (sent by ``timeout``, Slurm, Docker, ``kill``), handled exactly like Ctrl-C."""
+def shorten(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` with every run of more than ``limit`` non-space characters cut to ``limit``
+    (and its length said), and the whole cut to ``_LINE_LIMIT``: a 50 MB value in a config
+    file is not echoed back in a 50 MB line."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+
+    def cut(match):
+        word = match.group(0)
+        return f"{word[:limit]}...[{len(word):,} characters]"
+
+    text = re.sub(rf"\S{{{limit + 1},}}", cut, text)
+    if len(text) > _LINE_LIMIT:
+        text = f"{text[:_LINE_LIMIT]}...[message of {len(text):,} characters cut]"
+    return text
+
+
+def _signal_of(exc: BaseException) -> tuple[int, str]:
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return signum, signal.Signals(signum).name
+
+
+def _shown(path: Path) -> str:
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        relative = str(path)
+    return shlex.quote(relative if not relative.startswith("..") else str(path))
+
+
+def stop_message(command: str, exc: BaseException) -> tuple[int, str]:
+    """(exit status 128 + n, the one line) for a command stopped by a signal."""
+    signum, name = _signal_of(exc)
+    runs = held_runs()
+    line = f"diloco {command}: interrupted by {name}"
+    if not runs:
+        return exit_status(signum), f"{line} before its run folder was made; nothing was written"
+    resumable = [f"diloco {made_by} --resume {_shown(path)}" for path, made_by in runs.items()
+                 if made_by in ("train", "compare")]
+    if resumable:
+        return exit_status(signum), f"{line}; files already written are kept; continue with: {' && '.join(resumable)}"
+    folders = ", ".join(_shown(path) for path in runs)
+    return exit_status(signum), f"{line}; files already written are kept in {folders} (a study does not resume: " \
+                                f"run it again)"
+
+
+def settle_runs(status: str, reason: str, extra: dict | None = None) -> None:
+    """Give every run folder this process holds whose summary still says ``"running"`` the
+    status ``status`` (the safety net for an end outside ``run_outcome``)."""
+    free_reserves()
+    for path in held_runs():
+        with contextlib.suppress(OSError, MemoryError, ValueError):
+            summary = read_json(path / "summary.json")
+            if isinstance(summary, dict) and summary.get("status") == "running":
+                summary.pop("pid", None)
+                write_json(path / "summary.json", {**summary, "status": status, "reason": reason, **(extra or {})})
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt():
-    """While inside, SIGTERM raises ``Terminated`` (a ``KeyboardInterrupt``) in the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Terminated("SIGTERM")
-
-    previous = signal.signal(signal.SIGTERM, handler)
+def late_step(summary_path, summary: dict, step: str):
+    """A step after training completed (``step`` = "plots"): a failure keeps the status
+    ``"completed"`` and records ``summary[step] = "failed: <reason>"``, then a ``CliError``."""
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    except (OSError, MemoryError, RuntimeError, ValueError) as exc:
+        reason = describe_os_error(exc) if isinstance(exc, OSError) else (
+            "out of memory" if isinstance(exc, MemoryError) else shorten(str(exc) or type(exc).__name__))
+        free_reserves()
+        with contextlib.suppress(OSError, MemoryError):
+            write_json(summary_path, {**summary, step: f"failed: {reason}"})
+        raise CliError(f"training completed, but the {step} failed: {reason}") from None
 
 
 @contextlib.contextmanager
@@ -84,16 +150,15 @@ def run_outcome(write_summary):
     """
 
     def record(status: str, reason: str, extra: dict | None = None) -> None:
+        free_reserves()  # the space kept for this very write
         with contextlib.suppress(OSError, MemoryError):
             write_summary(status, reason, extra or {})
 
     try:
         yield
-    except Terminated:
-        record("interrupted", "terminated by SIGTERM", {"signal": "SIGTERM"})
-        raise
-    except KeyboardInterrupt:
-        record("interrupted", "interrupted by Ctrl-C (SIGINT)", {"signal": "SIGINT"})
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP (diloco.stop_signals)
+        _, name = _signal_of(exc)
+        record("interrupted", f"stopped by {name}", {"signal": name})
         raise
     except Diverged as exc:
         record("diverged", str(exc), {"divergence": exc.as_dict()})
@@ -107,6 +172,6 @@ def run_outcome(write_summary):
         record("failed", reason)
         raise CliError(reason) from None
     except (TypeError, ValueError) as exc:
-        reason = f"cannot train: {exc}"
+        reason = f"cannot train: {shorten(str(exc))}"
         record("failed", reason)
         raise CliError(reason) from None

@@ -24,6 +24,7 @@ from diloco.data import (
 )
 from diloco.tools.errors import CliError
 from diloco.tools.family_flags import add_family_flags, build_family
+from diloco.tools.flag_checks import check_data_file
 from diloco.tools.paper_flags import add_mechanism_flags, add_text_flags, load_text_dataset, mechanism_changes
 
 __all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "DATA_DEFAULTS", "DEFAULT_MAX_LOSS", "add_config_flags", "add_data_flags",
@@ -136,6 +137,9 @@ def add_recovery_flags(parser: argparse.ArgumentParser, *, resume: bool = True) 
                                 "checkpointed)")
         group.add_argument("--resume", metavar="RUN_DIR",
                            help="continue the run in RUN_DIR from its newest checkpoint, bit-identically")
+        group.add_argument("--allow-code-change", action="store_true",
+                           help="with --resume: go ahead although the diloco code differs from the run's "
+                                "(recorded in environment.json and the history)")
     group.add_argument("--max-loss", type=_max_loss, metavar="LOSS",
                        help=f"a training or held-out loss above LOSS stops the run as diverged "
                             f"({DEFAULT_MAX_LOSS:g}; 'off' disables)")
@@ -227,6 +231,7 @@ def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
         elif spec == "shakespeare":
             data, info = load_text_dataset(args)
         elif spec.endswith(".npz") or Path(spec).exists():
+            check_data_file(spec)  # an .npz archive, else a line saying what the file must hold
             data = load_npz_dataset(spec, test_fraction=test_fraction, seed=split_seed)
             info = {"name": Path(spec).stem, "path": str(Path(spec).resolve())}
         else:

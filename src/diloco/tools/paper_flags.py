@@ -56,9 +56,9 @@ def mechanism_changes(args) -> dict:
 
 
 def add_text_flags(group) -> None:
-    group.add_argument("--context", type=int, default=6, metavar="C",
+    group.add_argument("--context", type=int, default=None, metavar="C",
                        help="--data shakespeare: characters of context the model sees (6)")
-    group.add_argument("--eval-windows", type=int, default=8192, metavar="N",
+    group.add_argument("--eval-windows", type=int, default=None, metavar="N",
                        help="--data shakespeare: held-out windows, evenly spaced over the text's tail (8192)")
 
 
@@ -66,7 +66,8 @@ def load_text_dataset(args):
     """``--data shakespeare``: the dataset (with its ``encode``) and its description."""
     from diloco.text import SHAKESPEARE_PROVENANCE, load_shakespeare
 
-    context, eval_windows = getattr(args, "context", 6), getattr(args, "eval_windows", 8192)
+    context, eval_windows = (getattr(args, name, None) for name in ("context", "eval_windows"))
+    context, eval_windows = 6 if context is None else context, 8192 if eval_windows is None else eval_windows
     for flag, value in (("--context", context), ("--eval-windows", eval_windows)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CliError(f"{flag} must be a positive int, got {value!r}")

@@ -6,7 +6,8 @@
   meaningless 1.0);
 * more workers than training examples (every worker needs a non-empty shard);
 * a run whose estimated memory exceeds what the machine has available, with the
-  estimate in the message (``estimate_memory``);
+  estimate in the message (``estimate_memory``; its history in memory included, so
+  ``--rounds 10**12`` is refused at once);
 * anything ``diloco.loop.prepare_training`` rejects (the sharding included: a non-IID
   split that leaves a worker empty), by running it once on the real data.
 """
@@ -22,7 +23,20 @@ from diloco.loop import prepare_training
 from diloco.tools.errors import CliError
 from diloco.tools.studies import format_bytes
 
-__all__ = ["estimate_memory", "available_memory", "check_run"]
+__all__ = ["estimate_memory", "available_memory", "check_run", "check_run_count", "RECORD_BYTES"]
+
+# Bytes a history record (a dict of about 20 fields) and a study's row take in memory, roughly.
+RECORD_BYTES = 2048
+
+
+def check_run_count(runs: int, rounds: int = 1, *, flag: str = "--seeds") -> None:
+    """Refuse (``CliError``) a study of ``runs`` runs whose records alone cannot fit in memory
+    (``runs * (rounds + 1) * RECORD_BYTES``), before any list of them is made."""
+    needed = runs * (rounds + 1) * RECORD_BYTES
+    available = available_memory()
+    if available is not None and needed > available:
+        raise CliError(f"{flag}: {runs:,} runs of {rounds:,} rounds need about {format_bytes(needed)} for their "
+                       f"records alone, but only {format_bytes(available)} is available; use fewer")
 
 
 def _num_params(layer_sizes) -> int:
@@ -45,7 +59,7 @@ def estimate_memory(config: DiLoCoConfig, num_features: int, num_classes: int, n
     params = _num_params(widths)
     copies = 3 * config.num_workers + 8 + (2 * config.num_workers + 2 if checkpointing else 0)
     activations = 4 * config.batch_size * sum(widths) + 3 * num_eval * max(widths)
-    total = itemsize * (copies * params + activations)
+    total = itemsize * (copies * params + activations) + config.rounds * RECORD_BYTES  # + the history
     how = (f"{params:,} parameters x {copies} copies (K={config.num_workers}) + activations, "
            f"{config.dtype}")
     return total, how

@@ -3,6 +3,13 @@
 ``plan_resume`` reads the run folder and checks, before changing anything, that the run
 can be continued exactly:
 
+* no other process is writing the folder (``diloco.tools.run_lock``: the lock taken
+  here is held until the command ends; it and ``.reserve`` are the only files written);
+* the code is the code the run was made with (``environment.json``'s ``source``: the
+  version and a hash of the ``diloco`` sources), else refused naming both; with
+  ``--allow-code-change`` the resume goes ahead, and ``record_code_change`` writes the
+  change into ``environment.json`` (``code_changes``, and ``source`` becomes the new
+  code) and into the first history record written after the resume (``code_change``);
 * the folder was made by the same command (and, for ``train``, the same ``--algo``);
 * flags given with ``--resume`` agree with the run's ``config.json`` (a resumed run keeps
   its config; ``--config`` is refused, other flags may only repeat the saved values);
@@ -33,9 +40,11 @@ from diloco.tools.checkpoint import (
 )
 from diloco.tools.errors import CliError
 from diloco.tools.flags import DATA_DEFAULTS, build_config, load_dataset
-from diloco.tools.runs import read_json, read_jsonl, repair_jsonl
+from diloco.tools.run_environment import source_record
+from diloco.tools.run_lock import RunLocked, lock_run_dir
+from diloco.tools.runs import read_json, read_jsonl, repair_jsonl, write_json
 
-__all__ = ["CHECKPOINT_DIR", "ResumePlan", "plan_resume"]
+__all__ = ["CHECKPOINT_DIR", "ResumePlan", "plan_resume", "record_code_change"]
 
 CHECKPOINT_DIR = "checkpoints"  # inside the run folder
 
@@ -52,6 +61,47 @@ class ResumePlan(NamedTuple):
     starts: dict                # algo -> Checkpoint, or None to start from round 0
     history: list               # the history.jsonl records to keep
     notes: list                 # lines to tell the user (a repaired history, a fresh start)
+    code_change: dict | None = None  # {"from": source, "to": source} under --allow-code-change
+
+
+def _described(source) -> str:
+    if not isinstance(source, dict) or not isinstance(source.get("sha256"), str):
+        return "code environment.json does not record (a run made before the source hash)"
+    return f"diloco {source.get('version')} (source sha256 {source['sha256'][:12]})"
+
+
+def _code_change(run_dir: Path, args) -> dict | None:
+    """None when this is the code the run was made with; else refused, or (allowed) the change."""
+    try:
+        environment = read_json(run_dir / "environment.json")
+    except (OSError, ValueError):
+        environment = {}
+    then = environment.get("source") if isinstance(environment, dict) else None
+    now = source_record()
+    if isinstance(then, dict) and then.get("sha256") == now["sha256"]:
+        return None
+    if not getattr(args, "allow_code_change", False):
+        raise CliError(f"--resume: the run was made by {_described(then)}, this is {_described(now)}; the result "
+                       f"could differ from an uninterrupted run (pass --allow-code-change to resume anyway, "
+                       f"recorded in the history)")
+    return {"from": then, "to": now}
+
+
+def record_code_change(plan: ResumePlan, history) -> None:
+    """Under ``--allow-code-change``: the change into ``environment.json`` and the next history record."""
+    if plan.code_change is None:
+        return
+    after = {algo: start.round if start else 0 for algo, start in plan.starts.items()}
+    change = {**plan.code_change, "after_rounds": after}
+    path = plan.run_dir / "environment.json"
+    try:
+        environment = read_json(path)
+    except (OSError, ValueError):
+        environment = {}
+    environment = environment if isinstance(environment, dict) else {}
+    write_json(path, {**environment, "source": plan.code_change["to"],
+                      "code_changes": [*environment.get("code_changes", []), change]})
+    history.mark_next(code_change=change)
 
 
 def _saved_run(run_dir: Path, command: str) -> dict:
@@ -85,8 +135,8 @@ def _resumed_data(args, saved: dict, config: DiLoCoConfig) -> tuple[Dataset, dic
     text = {}
     if info.get("name") == "shakespeare":  # the character-level task's own settings, as the run made them
         for name, default in (("context", 6), ("eval_windows", 8192)):
-            value, given = info.get(name, default), getattr(args, name, default)
-            if given not in (default, value):
+            value, given = info.get(name, default), getattr(args, name, None)
+            if given is not None and given != value:
                 flag = "--" + name.replace("_", "-")
                 raise CliError(f"--resume: the run used {flag} {value}; a resumed run keeps its data (drop {flag})")
             text[name] = value
@@ -97,6 +147,13 @@ def plan_resume(args, command: str, algos: tuple) -> ResumePlan:
     """Check that ``args.resume`` can be continued; see the module docstring. Writes nothing."""
     run_dir = Path(args.resume)
     saved = _saved_run(run_dir, command)
+    try:
+        lock_run_dir(run_dir, command)  # one writer: a second resume of the same run is refused here
+    except RunLocked as exc:
+        raise CliError(f"--resume: {exc.strerror}") from None
+    except OSError as exc:
+        raise CliError(f"--resume: cannot lock {run_dir}: {exc.strerror or exc}") from None
+    code_change = _code_change(run_dir, args)
     saved_algos = tuple(saved["algorithms"])
     if command == "train" and getattr(args, "algo", None) not in (None, *saved_algos):
         raise CliError(f"--resume: {run_dir} trained --algo {saved_algos[0]}, not {args.algo}")
@@ -140,4 +197,4 @@ def plan_resume(args, command: str, algos: tuple) -> ResumePlan:
         mine = {r.get("round"): r for r in records if r.get("algo") == algo and r.get("round", 0) <= done}
         for round_index in range(1, done + 1):  # a record the checkpoint has but the file lost: from the checkpoint
             kept.append(mine.get(round_index) or {"algo": algo, **starts[algo].history[round_index - 1], "time": None})
-    return ResumePlan(run_dir, saved, config, data, data_info, saved_algos, starts, kept, notes)
+    return ResumePlan(run_dir, saved, config, data, data_info, saved_algos, starts, kept, notes, code_change)

@@ -22,7 +22,10 @@ from diloco.config import DiLoCoConfig
 from diloco.data import Dataset
 from diloco.tools.errors import CliError
 from diloco.tools.faults import describe_os_error
+from diloco.tools.flag_checks import check_flags
 from diloco.tools.flags import DEFAULT_MAX_LOSS
+from diloco.tools.preflight import check_run_count
+from diloco.tools.run_lock import lock_run_dir, release_runs
 from diloco.tools.runs import HistoryWriter, create_run_dir, environment_record, write_json
 from diloco.tools.studies import trainer
 from diloco.tools.threads import ThreadsUnavailable, blas_threads, choose_threads
@@ -65,6 +68,7 @@ def resolve_trainer(algo: str, config: DiLoCoConfig):
 
 def thread_limit(args, config: DiLoCoConfig, data: Dataset):
     """``(threads, context manager)``: the BLAS thread policy (``diloco.tools.threads``) for this run."""
+    check_flags(args, config, data)  # flags with no effect here (diloco.tools.flag_checks): the one call
     requested = getattr(args, "threads", None)
     layer_sizes = (data.x_train.shape[1], *config.hidden_sizes, data.num_classes)
     try:
@@ -99,13 +103,17 @@ def start_run(args, command: str, name: str, config: DiLoCoConfig, data_info: di
         raise CliError(f"cannot create a run folder under --runs-dir {args.runs_dir}: "
                        f"{exc.strerror or exc}") from None
     try:
+        lock_run_dir(run_dir, command)  # one writer per run folder (diloco.tools.run_lock)
         write_json(run_dir / "config.json", {"command": command, **(extra or {}), "config": config.to_dict(),
                                              "data": data_info})
         write_json(run_dir / "environment.json", environment_record(seed=config.seed))
         write_json(run_dir / "summary.json", {"command": command, "status": "running", "pid": os.getpid()})
         history = HistoryWriter(run_dir / "history.jsonl", guard=guard)
-    except (OSError, MemoryError) as exc:
+    except BaseException as exc:  # a signal too: nothing half-made is left
+        release_runs(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
+        if not isinstance(exc, (OSError, MemoryError)):
+            raise
         reason = describe_os_error(exc) if isinstance(exc, OSError) else "out of memory"
         raise CliError(f"{reason} (the run folder was removed)") from None
     return run_dir, history
@@ -123,4 +131,5 @@ def study_values(args, default_values) -> tuple[str, ...]:
     values = split_values(args.values) if args.values else default_values
     if not values:
         raise CliError("--values must list at least one value")
+    check_run_count(args.seeds * len(values), flag="--seeds and --values")  # sizes bounded before any list
     return values

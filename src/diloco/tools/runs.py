@@ -10,7 +10,10 @@ A run folder ``runs/<time>-<name>/`` holds
                        numbers per algorithm;
 * ``checkpoints/``     ``diloco.tools.checkpoint`` files, and ``params-<algo>.npz``, the
                        final global parameters;
-* PNG plots            written by ``diloco.tools.plots``.
+* PNG plots            written by ``diloco.tools.plots``;
+* ``.lock``            the advisory lock of the one process writing the folder (its pid);
+* ``.reserve``         a few kB kept free while the run writes, so that a full disk can
+                       still take the ``"failed"`` summary (``diloco.tools.run_lock``).
 
 Every whole file is written atomically: to a temporary name in the same folder, flushed
 and ``fsync``-ed, then renamed over the target with ``os.replace`` (``atomic_write_bytes``).
@@ -45,6 +48,7 @@ from diloco.tools.atomic_files import (
     write_json,
 )
 from diloco.tools.run_environment import environment_record, git_commit
+from diloco.tools.run_lock import RunLocked, free_reserves, held_runs, lock_run_dir, release_runs
 
 __all__ = [
     "HISTORY_FIELDS",
@@ -61,6 +65,11 @@ __all__ = [
     "HistoryWriter",
     "environment_record",
     "git_commit",
+    "RunLocked",
+    "lock_run_dir",
+    "held_runs",
+    "free_reserves",
+    "release_runs",
 ]
 
 # The fields of every history.jsonl record, in order: the algorithm, every field each
@@ -223,14 +232,21 @@ class HistoryWriter(JsonlWriter):
         super().__init__(path)
         self.records: list[dict] = []
         self.guard = guard
+        self._next: dict = {}
+
+    def mark_next(self, **fields) -> None:
+        """Add ``fields`` to the next record appended (``--allow-code-change`` marks where)."""
+        self._next.update(fields)
 
     def append(self, record: dict) -> dict:
         ordered = {key: record[key] for key in HISTORY_FIELDS if key in record}
         ordered.update({key: value for key, value in record.items() if key not in ordered})
+        ordered.update(self._next)
         if self.guard is not None:
             self.guard(ordered)
         self.write_line(ordered)
         self.records.append(ordered)
+        self._next = {}
         return ordered
 
     def restart(self, records: list[dict]) -> None:

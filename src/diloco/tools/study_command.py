@@ -13,7 +13,7 @@ import json
 from diloco._validation import milestone
 from diloco.tools.errors import CliError
 from diloco.tools.family_study import FAMILY_STUDIES
-from diloco.tools.faults import quiet_numpy, run_outcome
+from diloco.tools.faults import late_step, quiet_numpy, run_outcome
 from diloco.tools.flags import build_config, load_dataset
 from diloco.tools.paper_studies import PAPER_STUDIES
 from diloco.tools.preflight import check_run
@@ -111,9 +111,11 @@ def run_study_command(args) -> int:
             milestone(run_study)(study, config, data, seeds, values, history=history, on_run_start=on_run_start,
                                  on_run_end=on_run_end)
             rows = summarise(finished)
-            write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": "completed",
-                                                  "claim": study.claim, "seeds": seeds, "rows": rows})
+            summary = {"command": "study", "study": study.name, "status": "completed", "claim": study.claim,
+                       "seeds": seeds, "rows": rows}
+            write_json(run_dir / "summary.json", summary)
             table = markdown_table(rows)
+        with late_step(run_dir / "summary.json", summary, "report and plots"):  # stays "completed"
             base = {k: v for k, v in config.to_dict().items() if k != "inner"}
             atomic_write_text(run_dir / "study.md", (
                 f"# Study {study.name}: {study.title}\n\nClaim tested: {study.claim}.\n\n"
