@@ -287,7 +287,7 @@ class Decoder:
         spawned = fields["n_children_spawned"]
         if (len(spawn_key) > 64 or not all(type(k) is int and k >= 0 for k in spawn_key)
                 or type(pool_size) is not int or not 4 <= pool_size <= 64
-                or type(spawned) is not int or not 0 <= spawned <= 1 << 40):
+                or type(spawned) is not int or not 0 <= spawned < 1 << 32):
             raise WireError("a malformed SeedSequence")
         if isinstance(entropy, np.ndarray) and entropy.size > 1024:
             raise WireError("a SeedSequence with more than 1024 words of entropy")
