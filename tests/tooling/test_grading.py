@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+import zipfile
 from pathlib import Path
 
 import jsonschema
@@ -368,6 +372,11 @@ def test_lesson_maths_is_shown_as_plain_text():
     lessons = sorted((REPO / "docs" / "milestones").glob("*.md"))
     shown = [plain_math(m.text) for lesson in lessons for m in common_mistakes(lesson)]
     assert len(shown) > 60
+    nodeid = "tests/test_model.py::test_init_matches_hand_worked_fixture[float64]"
+    records = [{"kind": "collected", "items": [[nodeid, "m01"]]}, {**_failed_record(nodeid), "marker": "m01"}]
+    result = grade_verdicts.classify(MILESTONES[0], records, "", REPO / "tests")
+    assert any("Using sqrt(1/fan-in), or sqrt(2/fan-out)" in text for text in result.mistakes), result.mistakes
+    assert not any("\\" in text for text in result.mistakes)
     for text in shown:  # every bullet the grader can print, outside its code
         prose = "".join(text.split("`")[::2])
         assert "\\" not in prose and "{" not in prose and "}" not in prose, text
@@ -397,3 +406,42 @@ def test_tolerances_are_rounded_and_expected_and_got_show_the_same_rows():
     assert result.summary == "The log sum_j e^z_j check"
     shown = "\n".join(result.detail)
     assert rows(result.detail, 1) == rows(result.detail, 9) and "(rtol=1e-12, atol=1e-07)" in shown, shown
+
+
+def test_the_instructor_guide_shows_the_autograder_scripts_as_they_are():
+    guide = (REPO / "docs" / "instructor-guide.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```bash\n(.*?)^```", guide, re.S | re.M)
+    for name in ("setup.sh", "run_autograder"):
+        assert (REPO / "scripts" / "autograder" / name).read_text() in blocks, f"the guide's {name} is not the file"
+    text = (REPO / "Makefile").read_text()
+    assert "\nautograder:\n\t$(PYTHON) scripts/build_autograder.py $(AUTOGRADER_ZIP)\n" in text
+
+
+@pytest.mark.slow
+def test_the_autograder_zip_grades_the_reference_30_and_a_fresh_workspace_0(tmp_path):
+    """`make autograder`'s zip in a fresh folder, as Gradescope runs it: setup.sh once, then
+    run_autograder (default mode: sandboxed) on each submission."""
+    archive = tmp_path / "autograder.zip"
+    subprocess.run(["make", "-s", "autograder", f"AUTOGRADER_ZIP={archive}", f"PYTHON={sys.executable}"],
+                   cwd=REPO, check=True, capture_output=True)
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(archive) as unpacked:
+        assert {"setup.sh", "run_autograder", "pyproject.toml", "src/diloco/model.py"} <= set(unpacked.namelist())
+        assert all(not name.startswith("tests/") or "__pycache__" not in name for name in unpacked.namelist())
+        unpacked.extractall(root / "source")
+    env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(DILOCO_NO_APT="1", DILOCO_AUTOGRADER=str(root))
+    subprocess.run(["bash", str(root / "source" / "setup.sh")], env=env, check=True, capture_output=True)
+    assert (root / "source" / ".venv" / "bin" / "diloco").exists()
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    for keep, score in ((range(1, 31), 30), ((), 0)):
+        shutil.rmtree(root / "submission", ignore_errors=True)
+        fill_in(create_workspace(root / "submission"), keep)
+        run = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env, capture_output=True,
+                             text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+        results = json.loads((root / "results" / "results.json").read_text())
+        validator.validate(results)
+        assert results["score"] == score, (results["output"], [t["output"][:300] for t in results["tests"]][:3])
+        assert "(testing " + str(root / "submission") in run.stdout, "it graded the submission, not the reference"
+        assert "local, not sandboxed" not in results["output"]
