@@ -4,8 +4,10 @@
 modules (``PROXIED_MODULES``: the 30 milestones and the other public functions of those
 modules, such as ``adamw_step`` or ``load_digits``) with a proxy of the same name. The
 grading plugin calls it before any test module is imported, so ``from diloco.model import
-softmax`` in a test gets the proxy. The classes stay the grader's: NamedTuples and config
-dataclasses are plain data and cross as such (``wire_values``).
+softmax`` in a test gets the proxy. The classes stay the grader's: the records on the list
+of ``wire_names.RECORDS`` (NamedTuples, config dataclasses, ``OneHot``) cross as their
+fields and are rebuilt by the grader's own constructors (``wire_values``); a reply that is
+anything but plain data is a malformed reply (``wire_decode``), which fails the call.
 
 A call to a proxy sends its arguments, plus the caller's ``numpy.errstate``, to the
 sandbox (``diloco.tools.sandbox``), where the graded package runs the function of the same
