@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade bench
+.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade bench autograder
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,13 @@ workspace: $(VENV)/.installed-dev
 
 grade: $(VENV)/.installed-dev
 	$(BIN)/diloco grade --impl $(WS)
+
+# The Gradescope autograder: the project's source with setup.sh and run_autograder at its top
+# (scripts/autograder/; docs/instructor-guide.md, "Gradescope"). Upload build/autograder.zip.
+AUTOGRADER_ZIP ?= build/autograder.zip
+
+autograder:
+	$(PYTHON) scripts/build_autograder.py $(AUTOGRADER_ZIP)
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .hypothesis

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+import zipfile
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from diloco.milestones import MILESTONES, all_dependencies
 from diloco.tools import grade_verdicts, grading
 from diloco.tools.cli import main
-from diloco.tools.grade_report import failure_lines
+from diloco.tools.grade_report import failure_lines, rerun_command
+from diloco.tools.grade_text import plain_math, round_tolerances, shown_lines
 from diloco.tools.grading import FAILED, LOCKED, NOT_STARTED, PASSED, grade
+from diloco.tools.lessons import common_mistakes
 from diloco.tools.regions import stub_source
 from diloco.tools.workspace import create_workspace
 
@@ -126,50 +133,27 @@ def test_a_realistic_mistake_fails_and_locks_its_dependents(naive_softmax):
     for number in dependents:
         assert report.result(number).status == LOCKED
     assert "needs 04 softmax" in report.result(6).summary
-    table = grading.format_table(report)
-    assert "FAILED" in table and "rerun: make test M=m04" in table and "rerun: make test M=m05" in table
+    table = grading.format_table(report)  # printed here, outside the workspace: make runs in the workspace
+    assert "FAILED" in table and f"rerun: make -C {report.impl} test M=m04" in table, table
+    assert f"rerun: make -C {report.impl} test M=m05" in table
     assert "Traceback" not in table
     assert report.progress_line() == "3/30 passed - next: 04 softmax (docs/milestones/04-softmax.md)"
 
 
-def _validate(value, schema, where="$"):
-    """The subset of JSON Schema that docs/results.schema.json uses, checked by hand."""
-    kind = schema.get("type")
-    types = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float)}
-    if kind:
-        assert isinstance(value, types[kind]) and not isinstance(value, bool), f"{where}: not {kind}"
-    if "enum" in schema:
-        assert value in schema["enum"], f"{where}: {value!r} not in {schema['enum']}"
-    if "minimum" in schema:
-        assert value >= schema["minimum"], where
-    if "maximum" in schema:
-        assert value <= schema["maximum"], where
-    if "pattern" in schema:
-        import re
-        assert re.search(schema["pattern"], value), f"{where}: {value!r} !~ {schema['pattern']}"
-    if kind == "object":
-        for key in schema.get("required", []):
-            assert key in value, f"{where}: missing {key}"
-        if schema.get("additionalProperties") is False:
-            assert set(value) <= set(schema["properties"]), f"{where}: extra {set(value) - set(schema['properties'])}"
-        for key, sub in schema.get("properties", {}).items():
-            if key in value:
-                _validate(value[key], sub, f"{where}.{key}")
-    if kind == "array":
-        assert schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", 10**9), where
-        for i, item in enumerate(value):
-            _validate(item, schema["items"], f"{where}[{i}]")
-
-
 def test_json_validates_against_the_documented_schema_and_adds_up(fresh, first_k):
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    validator = jsonschema.Draft202012Validator(SCHEMA)
     for results in (fresh["json"], grading.to_gradescope(first_k[1])):
-        _validate(results, SCHEMA)
+        validator.validate(results)
+        assert results["output_format"] == "text" and {t["output_format"] for t in results["tests"]} == {"text"}
         assert results["score"] == sum(t["score"] for t in results["tests"])
         assert results["max_score"] == sum(t["max_score"] for t in results["tests"]) == 30
         assert [t["number"] for t in results["tests"]] == [f"{n:02d}" for n in range(1, 31)]
         assert all((t["status"] == "passed") == (t["score"] == t["max_score"]) for t in results["tests"])
-    jsonschema = pytest.importorskip("jsonschema")
-    jsonschema.validate(fresh["json"], SCHEMA)
+    broken = json.loads(json.dumps(fresh["json"]))
+    del broken["tests"][3]["output_format"]
+    with pytest.raises(jsonschema.ValidationError, match="output_format"):
+        validator.validate(broken)
 
 
 def test_junit_xml(fresh):
@@ -307,7 +291,7 @@ def test_lesson_bullets_parse_to_plain_text_with_their_tests(tmp_path):
     assert section_anchor("Common mistakes") == toc.slugify("Common mistakes", "-")
 
 
-def test_the_learner_guide_shows_what_the_grader_prints(naive_softmax):
+def test_the_learner_guide_shows_what_the_grader_prints(naive_softmax, monkeypatch):
     """The guide's FAILED rows for softmax and cross-entropy are lines of the real table
     (``...`` marks an elision; source line numbers may differ)."""
     import re
@@ -315,6 +299,7 @@ def test_the_learner_guide_shows_what_the_grader_prints(naive_softmax):
     def normalised(text: str) -> list[str]:
         return [re.sub(r"\.py:\d+:", ".py:N:", line.rstrip()) for line in text.splitlines()]
 
+    monkeypatch.chdir(naive_softmax.impl)  # the guide shows a workspace's `make grade`
     guide = (REPO / "docs" / "learner-guide.md").read_text(encoding="utf-8")
     blocks = [b for b in re.findall(r"^```text\n(.*?)^```", guide, re.S | re.M) if " FAILED " in b]
     assert [b.split()[1] for b in blocks] == ["softmax", "cross_entropy_loss"]
@@ -350,3 +335,113 @@ def test_the_reference_grades_30_of_30_through_the_sandbox():
     failing = [(r.milestone.label, r.status, r.summary, r.detail[:3]) for r in report.results if not r.passed]
     assert report.score == 30, failing
     assert report.sandbox.startswith("separate process")
+
+
+def test_the_rerun_command_tests_the_graded_code_from_where_it_is_printed(tmp_path, monkeypatch):
+    """From the repository root, `make grade` grades ./workspace: its rerun command must run
+    the workspace's tests on the workspace's code, not `make test` of the root (the reference)."""
+    ws = tmp_path / "work space"
+    (ws / "src" / "diloco").mkdir(parents=True)
+    (ws / "Makefile").write_text("test:\n")
+    result = grading.MilestoneResult(MILESTONES[3], FAILED, "x", ("message",), rerun="make test M=m04")
+    report = grading.GradeReport((result,), ws, "", REPO / "tests", 0.0)
+    assert rerun_command(report, result, cwd=ws) == "make test M=m04"
+    assert rerun_command(report, result, cwd=tmp_path) == "make -C 'work space' test M=m04"
+    assert rerun_command(report, result, cwd=REPO) == f"make -C '{ws}' test M=m04"
+    for inner in (ws / "src", ws / "src" / "diloco"):  # --impl names the src folder or the package
+        assert rerun_command(report._replace(impl=inner), result, cwd=tmp_path) == "make -C 'work space' test M=m04"
+    monkeypatch.chdir(tmp_path)
+    assert "rerun: make -C 'work space' test M=m04" in grading.format_table(report)
+    assert "rerun: make -C 'work space' test M=m04" in grading.to_junit_xml(report)
+    gradescope = grading.to_gradescope(report)["tests"][0]["output"]  # seen on Gradescope, run at home
+    assert "rerun: make test M=m04 (in your workspace)" in gradescope
+    bare = report._replace(impl=tmp_path / "submission")  # no Makefile: no make -C into it
+    assert rerun_command(bare, result, cwd=tmp_path) == "make test M=m04 (in your workspace)"
+
+
+def test_lesson_maths_is_shown_as_plain_text():
+    cases = {
+        r"Using \(\sqrt{1/\text{fan-in}}\), or \(\sqrt2\, Z_1\)": "Using sqrt(1/fan-in), or sqrt(2) Z_1",
+        r"\(\beta_1 g + (1 - \beta_1) m\)": "beta_1 g + (1 - beta_1) m",
+        r"\(\hat m / \sqrt{\hat v}\), \(\frac1n\), \(\frac{K-1}{K}\)": "m_hat / sqrt(v_hat), 1/n, (K-1)/K",
+        r"\(\theta_{\text{global}} - \alpha\hat m\), \(e^{-1000}\)": "theta_global - alpha m_hat, e^(-1000)",
+        "no maths: `{'W1': x[1]}`": "no maths: `{'W1': x[1]}`",
+    }
+    for latex, plain in cases.items():
+        assert plain_math(latex) == plain
+    lessons = sorted((REPO / "docs" / "milestones").glob("*.md"))
+    shown = [plain_math(m.text) for lesson in lessons for m in common_mistakes(lesson)]
+    assert len(shown) > 60
+    nodeid = "tests/test_model.py::test_init_matches_hand_worked_fixture[float64]"
+    records = [{"kind": "collected", "items": [[nodeid, "m01"]]}, {**_failed_record(nodeid), "marker": "m01"}]
+    result = grade_verdicts.classify(MILESTONES[0], records, "", REPO / "tests")
+    assert any("Using sqrt(1/fan-in), or sqrt(2/fan-out)" in text for text in result.mistakes), result.mistakes
+    assert not any("\\" in text for text in result.mistakes)
+    for text in shown:  # every bullet the grader can print, outside its code
+        prose = "".join(text.split("`")[::2])
+        assert "\\" not in prose and "{" not in prose and "}" not in prose, text
+
+
+def test_tolerances_are_rounded_and_expected_and_got_show_the_same_rows():
+    assert round_tolerances("(rtol=1e-05, atol=1.0000000000000001e-07)") == "(rtol=1e-05, atol=1e-07)"
+    assert round_tolerances("rtol=0.30000000000000004 x=1.0000000000000001e-07") == "rtol=0.3 x=1.0000000000000001e-07"
+    assert round_tolerances("rtol=1e-12, atol=0.0, tol=0.25") == "rtol=1e-12, atol=0.0, tol=0.25"
+    expected = "value: expected [" + "\n                 ".join(f"[{k}.1 {k}.2]" for k in range(5)) + "]"
+    got = "             got [" + "\n                 ".join(f"[{k}.9 {k}.8]" for k in range(5)) + "]"
+    message = f"{expected}\n{got}\nlargest difference 9 at index (0, 0) (rtol=1e-12, atol=1.0000000000000001e-07)"
+
+    def rows(lines, digit):
+        return [k for k in range(5) if any(f"[{k}.{digit} " in line for line in lines)]
+
+    lines = shown_lines(message, 8)
+    assert 1 <= len(rows(lines, 1)) < 5 and rows(lines, 1) == rows(lines, 9), lines  # the same rows of both
+    assert rows(lines, 1) == list(range(len(rows(lines, 1))))
+    assert sum("more rows" in line for line in lines) == 2 and lines[-1].startswith("largest difference")
+    assert shown_lines(message, 40) == message.splitlines(), "a message that fits is shown whole"
+    records = [{"kind": "collected", "items": [["t::a", "m05"]]},
+               {"kind": "test", "nodeid": "t::a", "marker": "m05", "when": "call", "outcome": "failed",
+                "name": "test_a", "doc": r"The \(\log \sum_j e^{z_j}\) check.", "exc_type": "AssertionError",
+                "message": message, "stubs": [], "all_stub": False}]
+    result = grade_verdicts.classify(MILESTONES[4], records, "", REPO / "tests")
+    assert result.summary == "The log sum_j e^z_j check"
+    shown = "\n".join(result.detail)
+    assert rows(result.detail, 1) == rows(result.detail, 9) and "(rtol=1e-12, atol=1e-07)" in shown, shown
+
+
+def test_the_instructor_guide_shows_the_autograder_scripts_as_they_are():
+    guide = (REPO / "docs" / "instructor-guide.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```bash\n(.*?)^```", guide, re.S | re.M)
+    for name in ("setup.sh", "run_autograder"):
+        assert (REPO / "scripts" / "autograder" / name).read_text() in blocks, f"the guide's {name} is not the file"
+    text = (REPO / "Makefile").read_text()
+    assert "\nautograder:\n\t$(PYTHON) scripts/build_autograder.py $(AUTOGRADER_ZIP)\n" in text
+
+
+@pytest.mark.slow
+def test_the_autograder_zip_grades_the_reference_30_and_a_fresh_workspace_0(tmp_path):
+    """`make autograder`'s zip in a fresh folder, as Gradescope runs it: setup.sh once, then
+    run_autograder (default mode: sandboxed) on each submission."""
+    archive = tmp_path / "autograder.zip"
+    subprocess.run(["make", "-s", "autograder", f"AUTOGRADER_ZIP={archive}", f"PYTHON={sys.executable}"],
+                   cwd=REPO, check=True, capture_output=True)
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(archive) as unpacked:
+        assert {"setup.sh", "run_autograder", "pyproject.toml", "src/diloco/model.py"} <= set(unpacked.namelist())
+        assert all(not name.startswith("tests/") or "__pycache__" not in name for name in unpacked.namelist())
+        unpacked.extractall(root / "source")
+    env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(DILOCO_NO_APT="1", DILOCO_AUTOGRADER=str(root))
+    subprocess.run(["bash", str(root / "source" / "setup.sh")], env=env, check=True, capture_output=True)
+    assert (root / "source" / ".venv" / "bin" / "diloco").exists()
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    for keep, score in ((range(1, 31), 30), ((), 0)):
+        shutil.rmtree(root / "submission", ignore_errors=True)
+        fill_in(create_workspace(root / "submission"), keep)
+        run = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env, capture_output=True,
+                             text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+        results = json.loads((root / "results" / "results.json").read_text())
+        validator.validate(results)
+        assert results["score"] == score, (results["output"], [t["output"][:300] for t in results["tests"]][:3])
+        assert "(testing " + str(root / "submission") in run.stdout, "it graded the submission, not the reference"
+        assert "local, not sandboxed" not in results["output"]

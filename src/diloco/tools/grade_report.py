@@ -6,6 +6,8 @@ Each milestone ends as one of ``passed``, ``not started``, ``failed``, ``locked`
 
 from __future__ import annotations
 
+import os
+import shlex
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -16,8 +18,8 @@ from diloco.tools.lessons import mistakes_link
 
 __all__ = [
     "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
-    "MilestoneResult", "GradeReport", "format_table", "failure_lines", "to_gradescope", "to_junit_xml",
-    "error_report",
+    "MilestoneResult", "GradeReport", "format_table", "failure_lines", "rerun_command", "to_gradescope",
+    "to_junit_xml", "error_report",
 ]
 
 PASSED, NOT_STARTED, FAILED, LOCKED, ERROR = "passed", "not started", "failed", "locked", "error"
@@ -115,9 +117,36 @@ def _grouped(nodeids: tuple[str, ...]) -> list[str]:
     return [f"{base}  [{', '.join(params)}]" if params else base for base, params in groups.items()]
 
 
-def failure_lines(r: MilestoneResult, indent: str = "") -> list[str]:
+def _project(impl: Path) -> Path | None:
+    """The project folder (a ``Makefile`` beside ``src/diloco``) that ``impl`` names, if any."""
+    for folder in (impl, impl.parent, impl.parent.parent):
+        if (folder / "Makefile").is_file() and (folder / "src" / "diloco").is_dir():
+            return folder
+    return None
+
+
+def rerun_command(report: GradeReport, r: MilestoneResult, cwd: Path | None = None) -> str:
+    """``r.rerun`` (``make test M=m04``, a workspace's command) as it must be typed in ``cwd``.
+
+    In the graded project itself it is unchanged; elsewhere it runs make in that project
+    (``make -C workspace test M=m04``), so it tests the graded code and never the
+    reference of the folder it was printed in. A graded folder that is no project with a
+    Makefile gets ``(in your workspace)``.
+    """
+    here = Path(cwd if cwd is not None else Path.cwd()).resolve()
+    project = _project(Path(report.impl).resolve())
+    if project == here or not r.rerun.startswith("make "):
+        return r.rerun
+    if project is None:
+        return f"{r.rerun} (in your workspace)"
+    where = os.path.relpath(project, here) if project.is_relative_to(here) else str(project)
+    return f"make -C {shlex.quote(where)} {r.rerun.removeprefix('make ')}"
+
+
+def failure_lines(r: MilestoneResult, indent: str = "", rerun: str | None = None) -> list[str]:
     """What a FAILED or ERROR row shows under it: the check's message, every failing test,
-    the lesson's matching common mistakes with a link to them, and the rerun command."""
+    the lesson's matching common mistakes with a link to them, and the rerun command
+    (``rerun``, default ``r.rerun``)."""
     out = [indent + line for line in r.detail]
     if len(r.failing) > 1:
         out.append(f"{indent}failing tests ({len(r.failing)} of {r.tests_total}):")
@@ -129,7 +158,7 @@ def failure_lines(r: MilestoneResult, indent: str = "") -> list[str]:
                                  subsequent_indent=f"{indent}    ", break_on_hyphens=False)
     elif r.status == FAILED and r.failing:
         out.append(f"{indent}common mistakes: {mistakes_link(r.milestone)}")
-    out.append(f"{indent}rerun: {r.rerun}")
+    out.append(f"{indent}rerun: {r.rerun if rerun is None else rerun}")
     return out
 
 
@@ -146,12 +175,12 @@ def format_table(report: GradeReport) -> str:
             note = r.milestone.lesson
         out.append(f" {r.milestone.number:02d} {r.milestone.name:<{width}}  {_WORDS[r.status]:<11}  {note}".rstrip())
         if r.status in (FAILED, ERROR):
-            out += failure_lines(r, " " * 8)
+            out += failure_lines(r, " " * 8, rerun_command(report, r))
     out += ["", report.progress_line()]
     return "\n".join(out)
 
 
-def _output_text(r: MilestoneResult) -> str:
+def _output_text(r: MilestoneResult, rerun: str | None = None) -> str:
     if r.status == PASSED:
         return f"passed ({r.tests_passed}/{r.tests_total} tests)"
     if r.status == NOT_STARTED:
@@ -159,11 +188,15 @@ def _output_text(r: MilestoneResult) -> str:
     if r.status == LOCKED:
         return f"locked: {r.summary}; its tests were not run"
     head = "failed" if r.status == FAILED else "error"
-    return "\n".join([f"{head}: {r.summary}", *failure_lines(r)])
+    return "\n".join([f"{head}: {r.summary}", *failure_lines(r, rerun=rerun)])
 
 
 def to_gradescope(report: GradeReport) -> dict:
-    """Gradescope's ``results.json``: one test entry per milestone, one point each."""
+    """Gradescope's ``results.json``: one test entry per milestone, one point each.
+
+    Every output is ``"output_format": "text"``, which Gradescope shows as it is, so the
+    expected and got columns stay aligned; the rerun command is the learner's own.
+    """
     tests = []
     for r in report.results:
         m = r.milestone
@@ -173,7 +206,8 @@ def to_gradescope(report: GradeReport) -> dict:
             "score": 1.0 if r.passed else 0.0,
             "max_score": 1.0,
             "status": "passed" if r.passed else "failed",
-            "output": _output_text(r),
+            "output": _output_text(r, f"{r.rerun} (in your workspace)"),
+            "output_format": "text",
             "visibility": "visible",
             "extra_data": {
                 "milestone": m.number,
@@ -190,6 +224,7 @@ def to_gradescope(report: GradeReport) -> dict:
         "max_score": float(sum(t["max_score"] for t in tests)),
         "execution_time": round(report.duration, 3),
         "output": report.progress_line() + ("" if report.sandbox else f" [{report.mode_line}]"),
+        "output_format": "text",
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,
@@ -208,12 +243,13 @@ def to_junit_xml(report: GradeReport) -> str:
     for r in report.results:
         case = ET.SubElement(suite, "testcase", classname="diloco.milestones",
                              name=f"{r.milestone.marker} {r.milestone.name}", time=f"{r.duration:.3f}")
+        rerun = rerun_command(report, r)
         if r.status == FAILED:
-            ET.SubElement(case, "failure", message=r.summary, type="Failed").text = _output_text(r)
+            ET.SubElement(case, "failure", message=r.summary, type="Failed").text = _output_text(r, rerun)
         elif r.status == NOT_STARTED:
             ET.SubElement(case, "failure", message="not started", type="NotStarted").text = _output_text(r)
         elif r.status == ERROR:
-            ET.SubElement(case, "error", message=r.summary, type="Error").text = _output_text(r)
+            ET.SubElement(case, "error", message=r.summary, type="Error").text = _output_text(r, rerun)
         elif r.status == LOCKED:
             ET.SubElement(case, "skipped", message=f"locked: {r.summary}")
     ET.indent(suites)
@@ -223,9 +259,9 @@ def to_junit_xml(report: GradeReport) -> str:
 def error_report(impl: Path, message: str) -> dict:
     """``results.json`` for a submission that cannot be graded: every milestone 0 points."""
     tests = [{"name": m.label, "number": f"{m.number:02d}", "score": 0.0, "max_score": 1.0, "status": "failed",
-              "output": f"error: {message}", "visibility": "visible",
+              "output": f"error: {message}", "output_format": "text", "visibility": "visible",
               "extra_data": {"milestone": m.number, "state": ERROR, "tests_passed": 0, "tests_total": 0,
                              "depends_on": list(m.depends_on), "blocked_by": [], "lesson": m.lesson}}
              for m in MILESTONES]
     return {"score": 0.0, "max_score": float(len(tests)), "execution_time": 0.0, "output": f"error: {message}",
-            "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+            "output_format": "text", "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from diloco.milestones import Milestone, by_number, stub_number, test_command
 from diloco.tools.grade_report import ERROR, FAILED, LOCKED, NOT_STARTED, PASSED, MilestoneResult
+from diloco.tools.grade_text import plain_math, round_tolerances, shown_lines
 from diloco.tools.lessons import common_mistakes, matching_mistakes
 
 __all__ = ["classify", "locked"]
@@ -14,7 +15,7 @@ __all__ = ["classify", "locked"]
 def _humanise(record: dict) -> str:
     """The check in words: the test's docstring, else its name without ``test_``."""
     if record.get("doc"):
-        return record["doc"].splitlines()[0].rstrip(".")
+        return plain_math(record["doc"].splitlines()[0].rstrip("."))
     return record.get("name", record.get("nodeid", "?")).removeprefix("test_").replace("_", " ")
 
 
@@ -68,10 +69,10 @@ def classify(milestone: Milestone, records: list[dict], crash: str, tests_dir: P
             needed = by_number(other)
             detail = (f"it calls {needed.label}, which is still a stub: do that one first",)
             return MilestoneResult(milestone, FAILED, f"{check}", detail, **common)
-    message = first.get("message", "").strip()
+    message = round_tolerances(first.get("message", "").strip())
     where = "" if first["when"] == "call" else f" (in test {first['when']})"
     lines = [f"{first.get('exc_type', 'Error')}{where}: {line}" if i == 0 else line
-             for i, line in enumerate(message.splitlines()[:8] or [""])]
+             for i, line in enumerate(shown_lines(message, 8))]
     if first.get("where") and first.get("exc_type") != "AssertionError":
         lines.append(f"raised at {first['where']}")
     lines += [n for n in first.get("notes", []) if n.startswith("Falsifying")][:1]
@@ -79,7 +80,7 @@ def classify(milestone: Milestone, records: list[dict], crash: str, tests_dir: P
     failing = tuple(f["nodeid"] for f in failures)
     mistakes = matching_mistakes(common_mistakes(tests_dir.parent / milestone.lesson), failing)
     return MilestoneResult(milestone, FAILED, check, tuple(lines), failing=failing,
-                           mistakes=tuple(m.text for m in mistakes), **common)
+                           mistakes=tuple(plain_math(m.text) for m in mistakes), **common)
 
 
 def locked(milestone: Milestone, status: dict[int, MilestoneResult]) -> MilestoneResult:

@@ -4,8 +4,10 @@
 modules (``PROXIED_MODULES``: the 30 milestones and the other public functions of those
 modules, such as ``adamw_step`` or ``load_digits``) with a proxy of the same name. The
 grading plugin calls it before any test module is imported, so ``from diloco.model import
-softmax`` in a test gets the proxy. The classes stay the grader's: NamedTuples and config
-dataclasses are plain data and cross as such (``wire_values``).
+softmax`` in a test gets the proxy. The classes stay the grader's: the records on the list
+of ``wire_names.RECORDS`` (NamedTuples, config dataclasses, ``OneHot``) cross as their
+fields and are rebuilt by the grader's own constructors (``wire_values``); a reply that is
+anything but plain data is a malformed reply (``wire_decode``), which fails the call.
 
 A call to a proxy sends its arguments, plus the caller's ``numpy.errstate``, to the
 sandbox (``diloco.tools.sandbox``), where the graded package runs the function of the same
@@ -151,7 +153,7 @@ def call(name: str, args: tuple, kwargs: dict):
               "errstate": np.geterr()}
     try:
         reply, blobs = box.exchange(header, encoder.blobs, what=f"running {name}",
-                                    on_callback=lambda h, b: _callback(session, encoder.objects, (args, kwargs), h, b))
+                                    on_callback=lambda h, b: _callback(session, encoder, (args, kwargs), h, b))
     except SandboxError:
         raise
     except BaseException:
@@ -168,8 +170,8 @@ def call(name: str, args: tuple, kwargs: dict):
             decoder.decode(item)
         value = decoder.decode(reply["value"]) if kind == "return" else None
         error = _rebuilt(name, reply["error"]) if kind == "raise" else None
-        caught = [_warning(entry) for entry in reply.get("warnings", [])]
-    except (WireError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        caught = [_warning(entry) for entry in reply.get("warnings", [])[:50]]
+    except Exception as exc:  # noqa: BLE001 - whatever a malformed reply breaks: WireError, KeyError, ...
         box.kill()
         raise SandboxError(f"the sandbox sent a malformed reply while running {name}: {exc}") from None
     for message, category, filename, lineno in caught:
@@ -182,9 +184,9 @@ def call(name: str, args: tuple, kwargs: dict):
 def _rebuilt(name: str, error: dict) -> BaseException:
     exc = rebuild_exception(error)
     if exc is None:
-        return SandboxError(f"{name} raised {error.get('type')}: {error.get('message')} in the sandbox")
-    exc._diloco_sandbox_where = str(error.get("where", ""))
-    lines = [str(line) for line in error.get("traceback", [])][-12:]
+        return SandboxError(f"{name} raised {str(error.get('type'))[:100]}: {error['message'][:2000]} in the sandbox")
+    exc._diloco_sandbox_where = str(error.get("where", ""))[:500]
+    lines = [str(line)[:500] for line in list(error.get("traceback", []))[-12:]]
     note = "raised in the sandbox, in the graded package:\n" + "\n".join(lines)
     exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # add_note(), also on Python 3.10
     return exc
@@ -192,30 +194,35 @@ def _rebuilt(name: str, error: dict) -> BaseException:
 
 def _warning(entry: dict) -> tuple:
     category = UserWarning
-    for base in entry["bases"]:
-        found = getattr(builtins, str(base), None)
+    for base in entry["bases"][:20]:
+        found = getattr(builtins, base, None) if type(base) is str and not base.startswith("_") else None
         if isinstance(found, type) and issubclass(found, Warning):
             category = found
             break
-    return str(entry["message"]), category, str(entry["filename"]), int(entry["lineno"])
+    lineno = entry["lineno"]
+    if type(lineno) is not int or not 0 <= lineno < 1 << 31:
+        raise WireError("a warning with a malformed line number")
+    return str(entry["message"])[:2000], category, str(entry["filename"])[:200], lineno
 
 
-def _callback(session: _Session, objects: list, call: tuple, header: dict, blobs: list) -> tuple[dict, list]:
+def _callback(session: _Session, request: Encoder, call: tuple, header: dict, blobs: list) -> tuple[dict, list]:
     """Run the caller's callable the sandbox asked for; the answer as a frame.
 
+    Only a callable the caller sent as one (an ``F`` item of ``request``) may be called.
     The call's arguments are brought up to date both ways around it (``after``): the
     callable sees the sandbox's Generator state and arrays, the sandbox what it changed.
     """
+    objects = request.objects
     index = header.get("fn")
-    if type(index) is not int or not 0 <= index < len(objects) or not callable(objects[index]):
-        raise WireError(f"a callback to object {index!r}, which is not a callable argument")
+    if type(index) is not int or index not in request.callables:
+        raise WireError(f"a callback to object {str(index)[:20]}, which is not a callable argument")
     decoder = Decoder(session.registry, session.names, blobs, args=objects)
     try:
         for item in [*header["after"], *dict(header["after_kw"]).values()]:
             decoder.decode(item)
         args = [decoder.decode(item) for item in header["args"]]
         kwargs = {str(key): decoder.decode(item) for key, item in dict(header["kwargs"]).items()}
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever a malformed callback breaks
         raise WireError(f"a malformed callback: {exc}") from None
     snapshots = {k: snapshot(obj) for k, obj in enumerate(objects) if isinstance(obj, np.ndarray)}
     try:

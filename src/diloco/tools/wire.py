@@ -16,6 +16,13 @@ An exception crosses as its builtin base classes, message, simple ``args``, trac
 lines and the last line of the graded package that ran (``describe_exception``); the
 other side raises the nearest builtin class again (``rebuild_exception``).
 
+Nothing that arrives is trusted (``wire_decode``): every size is checked against a cap
+before anything of that size is allocated (the header's bytes and its count of JSON
+containers, the number and total size of the blobs, an array's declared shape, the buffers
+a message may make the reader allocate: ``Budget``), an array is copied out of the bytes
+received (never a view of them, never memory at an address the sender chose), and only
+numeric dtypes load.
+
 This module and ``wire_values`` import only the standard library and NumPy (and each
 other, relatively): the sandbox loads them from a copy, never through ``diloco``.
 """
@@ -27,6 +34,7 @@ import builtins
 import io
 import json
 import os
+import re
 import select
 import struct
 import time
@@ -40,15 +48,32 @@ try:
 except ImportError:  # NumPy < 2
     byte_bounds = np.byte_bounds
 
-MAGIC = b"DLW1"
-MAX_HEADER = 64 << 20
-MAX_FRAME = 1 << 30
-MAX_ROOT = 1 << 31
-_ARRAY_KINDS = set("biufcmMUS")
+MAGIC = b"DLW2"
+MAX_HEADER = 4 << 20  # bytes of JSON; the milestone suite's largest is about 8 KB
+MAX_CONTAINERS = 100_000  # JSON objects and arrays in one header (each costs ~100 bytes parsed)
+MAX_DEPTH = 64  # nesting of values (the suite's deepest is about 6)
+MAX_BLOBS = 10_000  # arrays in one frame (the suite's most is about 50)
+MAX_FRAME = 128 << 20  # header and blobs together (the suite's largest is about 2 MB)
+MAX_DECODE = 128 << 20  # bytes one message may make the reader allocate (copies, shared buffers)
+MAX_NDIM = 32
+MAX_DIGITS = 1000  # of one JSON integer (a PCG64 state has 39)
+_ARRAY_KINDS = set("biufc")  # bool, integers, floats, complex: numbers only
 
 
 class WireError(ValueError):
     """A frame or value that is not well-formed (or cannot be sent)."""
+
+
+class Budget:
+    """Bytes a message may still make the reader allocate; ``take`` past the cap is a ``WireError``."""
+
+    def __init__(self, limit: int = MAX_DECODE):
+        self.left = limit
+
+    def take(self, size: int, what: str = "arrays") -> None:
+        if size > self.left:
+            raise WireError(f"the message's {what} need more than the {MAX_DECODE >> 20} MiB a message may use")
+        self.left -= size
 
 
 # --------------------------------------------------------------------------- frames
@@ -73,11 +98,11 @@ class Reader:
     def exact(self, size: int, deadline: float | None) -> bytes:
         while len(self._buffer) < size:
             _wait(self.fd, False, deadline)
-            chunk = os.read(self.fd, max(size - len(self._buffer), 1 << 16))
+            chunk = os.read(self.fd, min(max(size - len(self._buffer), 1 << 16), 1 << 22))
             if not chunk:
                 raise EOFError("the other end closed the channel")
             self._buffer += chunk
-        data = bytes(self._buffer[:size])
+        data = bytes(memoryview(self._buffer)[:size])
         del self._buffer[:size]
         return data
 
@@ -94,25 +119,45 @@ def write_frame(fd: int, header: dict, blobs: list[bytes], deadline: float | Non
         view = view[os.write(fd, view[:1 << 20]):]
 
 
+def _integer(text: str) -> int:
+    if len(text) > MAX_DIGITS:
+        raise WireError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def parse_header(text: bytes) -> dict:
+    """A frame's JSON header, refused before parsing when it holds too many containers."""
+    containers = text.count(b"{") + text.count(b"[")  # an upper bound: brackets in strings count too
+    if containers > MAX_CONTAINERS:
+        raise WireError(f"a header of {containers} JSON containers (at most {MAX_CONTAINERS})")
+    try:
+        header = json.loads(text.decode("utf-8"), parse_int=_integer)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise WireError(f"the frame's header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise WireError("the frame's header is not a JSON object")
+    return header
+
+
 def read_frame(source: Reader | int, deadline: float | None = None) -> tuple[dict, list[bytes]]:
-    """One frame: ``(header, blobs)``. ``WireError`` if malformed, ``EOFError``, ``TimeoutError``."""
+    """One frame: ``(header, blobs)``. ``WireError`` if malformed, ``EOFError``, ``TimeoutError``.
+
+    Every length is checked before that many bytes are read: a header of at most
+    ``MAX_HEADER`` bytes, at most ``MAX_BLOBS`` blobs, at most ``MAX_FRAME`` bytes in all.
+    """
     reader = source if isinstance(source, Reader) else Reader(source)
     magic = reader.exact(len(MAGIC), deadline)
     if magic != MAGIC:
         raise WireError(f"not a frame of the sandbox wire format (starts {magic!r})")
     size, count = struct.unpack("<QI", reader.exact(12, deadline))
-    if size > MAX_HEADER or count > MAX_FRAME // 8:
-        raise WireError(f"frame too large ({size} header bytes, {count} arrays)")
-    try:
-        header = json.loads(reader.exact(size, deadline).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise WireError(f"the frame's header is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise WireError("the frame's header is not a JSON object")
+    if size > MAX_HEADER or count > MAX_BLOBS:
+        raise WireError(f"frame too large ({size} header bytes, {count} arrays; at most {MAX_HEADER} and "
+                        f"{MAX_BLOBS})")
+    header = parse_header(reader.exact(size, deadline))
     blobs, total = [], size
     for _ in range(count):
         (length,) = struct.unpack("<Q", reader.exact(8, deadline))
-        total += length
+        total += length + 8
         if total > MAX_FRAME:
             raise WireError(f"frame larger than {MAX_FRAME} bytes")
         blobs.append(reader.exact(length, deadline))
@@ -122,32 +167,22 @@ def read_frame(source: Reader | int, deadline: float | None = None) -> tuple[dic
 # --------------------------------------------------------------------------- array roots
 
 
-class _Holder:
-    """Keeps a root alive behind a flat uint8 view of its bytes (see ``_flat_bytes``)."""
-
-    def __init__(self, root: np.ndarray, low: int, size: int):
-        self.root = root
-        self.__array_interface__ = {"data": (low, not root.flags.writeable), "shape": (size,),
-                                    "typestr": "|u1", "version": 3}
-
-
 def _root(array: np.ndarray) -> np.ndarray:
-    """The array at the end of ``array``'s chain of bases (through our own byte views)."""
-    while True:
-        base = array.base
-        if isinstance(base, np.ndarray):
-            array = base
-        elif isinstance(base, _Holder):
-            array = base.root
-        else:
-            return array
+    """The array at the end of ``array``'s chain of ndarray bases: the buffer it lives in."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
 
 
-def _flat_bytes(root: np.ndarray) -> np.ndarray:
-    if root.dtype == np.uint8 and root.ndim == 1 and root.flags.c_contiguous:
-        return root
-    low, high = byte_bounds(root)
-    return np.asarray(_Holder(root, low, high - low))
+def _flat_bytes(root: np.ndarray) -> np.ndarray | None:
+    """``root``'s bytes as a flat uint8 view, in memory order; None when they are not contiguous."""
+    if root.flags.c_contiguous:
+        flat = root.reshape(-1)
+    elif root.flags.f_contiguous:
+        flat = root.reshape(-1, order="F")
+    else:
+        return None
+    return flat.view(np.uint8) if flat.size else None
 
 
 class Registry:
@@ -194,14 +229,40 @@ def _blob(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _load(blob) -> np.ndarray:
-    try:
-        array = np.load(io.BytesIO(blob), allow_pickle=False)
-    except Exception as exc:  # noqa: BLE001 - any failure is a malformed blob
-        raise WireError(f"an array blob does not load: {exc}") from None
-    if not isinstance(array, np.ndarray) or array.dtype.kind not in _ARRAY_KINDS:
-        raise WireError("an array blob holds a dtype that may not cross")
-    return array
+_NPY = re.compile(rb"\x93NUMPY\x01\x00(..)\{'descr': '([<>|=][biufc]\d{1,2})', 'fortran_order': (True|False), "
+                  rb"'shape': \(((?:\d{1,19}, ?){0,32}\d{0,19})\), \} *\n", re.S)
+
+
+def _load(blob, budget: Budget | None = None) -> np.ndarray:
+    """The array of an ``.npy`` blob, checked before anything is allocated, as a copy of its own.
+
+    Only the header ``np.save`` writes (version 1.0), parsed by a strict pattern, never
+    evaluated: a numeric dtype (``_ARRAY_KINDS``), at most ``MAX_NDIM`` dimensions, and a
+    shape that accounts for exactly the blob's bytes. The result owns its memory (it is no
+    view of ``blob``) and is charged to ``budget``.
+    """
+    if not isinstance(blob, (bytes, bytearray)):
+        raise WireError("an array blob that is not bytes")
+    match = _NPY.match(blob)
+    if match is None:
+        raise WireError(f"an array blob whose header is not that of an array of numbers: {bytes(blob[:80])!r}")
+    start = 10 + int.from_bytes(match[1], "little")
+    dtype = np.dtype(match[2].decode("ascii"))
+    shape = tuple(int(n) for n in match[4].split(b",") if n.strip())
+    if dtype.kind not in _ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise WireError(f"an array blob of dtype {dtype} (only numbers may cross)")
+    if len(shape) > MAX_NDIM or match.end() != start:
+        raise WireError(f"an array blob of shape {shape} (at most {MAX_NDIM} dimensions) or a malformed header")
+    count = 1
+    for n in shape:
+        count *= n
+    if count * dtype.itemsize != len(blob) - start:
+        raise WireError(f"an array blob whose shape {shape} does not match its {len(blob) - start} bytes")
+    if budget is not None:
+        budget.take(count * dtype.itemsize)
+    flat = np.frombuffer(blob, dtype=dtype, count=count, offset=start)
+    array = flat.reshape(shape[::-1]).T if match[3] == b"True" else flat.reshape(shape)
+    return array.copy(order="K")
 
 
 # --------------------------------------------------------------------------- exceptions
@@ -244,13 +305,15 @@ def rebuild_exception(error: dict) -> Exception | None:
     """
     if type(error) is not dict or type(error.get("bases")) is not list or type(error.get("message")) is not str:
         raise WireError("a malformed exception")
-    for name in error["bases"]:
+    for name in error["bases"][:50]:
         cls = getattr(builtins, name, None) if type(name) is str else None
         if isinstance(cls, type) and issubclass(cls, Exception):
             break
     else:
         return None
-    message, args = error["message"], error.get("args")
+    message, args = error["message"][:20000], error.get("args")
+    if type(args) is list and (len(args) > 20 or any(type(a) is str and len(a) > 20000 for a in args)):
+        args = None
     try:
         exc = cls(*args) if type(args) is list and all(type(a) in _SIMPLE for a in args) else cls(message)
         if str(exc) != message:

@@ -1,21 +1,47 @@
 """The sandbox wire format, part 4: JSON items and blobs back to values (``Decoder``).
 
-The mirror of ``wire_values.Encoder``; any flaw in a message is a ``WireError``. Like
-``wire``, it imports only the standard library and NumPy.
+The mirror of ``wire_values.Encoder``; any flaw in a message is a ``WireError``, and so is
+anything a message asks for beyond plain data:
+
+* an item that is not one of the tags of ``wire_values``, or nests deeper than ``MAX_DEPTH``;
+* a record whose name is not listed (``wire_names.RECORDS``) or whose fields are not
+  exactly the listed ones: a record is rebuilt by its constructor, never by setting
+  attributes, so no ``__dict__``, dunder name or ``__array_interface__`` can cross;
+* an array blob of a non-numeric dtype, or whose declared shape does not match its bytes
+  (``wire._load`` checks both before it allocates, and copies the array out of the blob);
+* more new memory than the message's ``Budget`` (``MAX_DECODE``), counting the copies and
+  the buffers a shared view makes the reader allocate.
+
+A view's offset and strides inside its buffer are checked by NumPy against that buffer's
+size, so a view can only ever reach the memory of the buffer it belongs to. Like ``wire``,
+this module imports only the standard library and NumPy.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
+import re
 
 import numpy as np
 
-from .wire import _ARRAY_KINDS, MAX_ROOT, Registry, WireError, _flat_bytes, _load, _root, byte_bounds
+from .wire import (
+    _ARRAY_KINDS,
+    MAX_DECODE,
+    MAX_DEPTH,
+    Budget,
+    Registry,
+    WireError,
+    _flat_bytes,
+    _load,
+    _root,
+    byte_bounds,
+)
 from .wire_names import _BIT_GENERATORS, _BUILTIN_TYPES, Names, _kind, _type_name
 
 _PENDING = object()
 _OPAQUE: dict[str, type] = {}
+_HANDLE = re.compile(r"[a-z][a-z0-9-]{0,39}")
+_MAX_SPAWNED = 1 << 16  # children a Generator's SeedSequence may have spawned in one call
 
 
 class Opaque:
@@ -64,18 +90,19 @@ class Decoder:
         self.registry, self.names, self.blobs = registry, names, blobs
         self.args, self.make_callable, self.opaque = args, make_callable, opaque
         self.objects: list = []
+        self.budget = Budget(MAX_DECODE)
+        self._depth = 0
 
     def decode(self, item):
         try:
             return self._decode(item)
         except WireError:
             raise
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RecursionError,
-                MemoryError) as exc:
-            raise WireError(f"malformed value ({type(exc).__name__}: {exc})") from None
+        except Exception as exc:  # noqa: BLE001 - whatever a malformed item breaks, it is a malformed item
+            raise WireError(f"malformed value ({type(exc).__name__}: {str(exc)[:300]})") from None
 
     def _slot(self, item, value=_PENDING) -> int:
-        if item["i"] != len(self.objects):
+        if type(item["i"]) is not int or item["i"] != len(self.objects):
             raise WireError(f"object index {item['i']!r} out of order (expected {len(self.objects)})")
         self.objects.append(value)
         return item["i"]
@@ -93,7 +120,17 @@ class Decoder:
     def _decode(self, item):
         if item is None or type(item) in (bool, int, float, str):
             return item
-        tag = item["t"]
+        if type(item) is not dict or type(item.get("t")) is not str:
+            raise WireError(f"an item that is neither plain nor tagged: {str(item)[:100]}")
+        if self._depth >= MAX_DEPTH:
+            raise WireError(f"values nested deeper than {MAX_DEPTH}")
+        self._depth += 1
+        try:
+            return self._tagged(item, item["t"])
+        finally:
+            self._depth -= 1
+
+    def _tagged(self, item, tag):
         if tag == "@":
             value = self.objects[item["i"]] if type(item["i"]) is int and item["i"] >= 0 else _PENDING
             if value is _PENDING:
@@ -107,10 +144,14 @@ class Decoder:
             return target
         if tag in ("D", "L"):
             return self._container(item, tag)
-        if tag in ("T", "N", "C"):
-            return self._record(item, tag)
-        if tag == "P":
-            return self._plain(item)
+        if tag == "T":
+            index = self._slot(item)
+            value = tuple(self._decode(v) for v in self._list(item["v"]))
+            target = self._target(item, tuple)
+            self.objects[index] = value if target is None else target
+            return self.objects[index]
+        if tag == "C":
+            return self._record(item)
         if tag == "A":
             index = self._slot(item)
             self.objects[index] = value = self._array(item)
@@ -119,13 +160,25 @@ class Decoder:
             return self._generator(item, tag)
         return self._other(item, tag)
 
+    @staticmethod
+    def _list(value) -> list:
+        if type(value) is not list:
+            raise WireError("a container whose items are not a list")
+        return value
+
+    def _blob(self, item):
+        index = item["b"]
+        if type(index) is not int or not 0 <= index < len(self.blobs):
+            raise WireError(f"a reference to array blob {str(index)[:20]} that the frame does not hold")
+        return self.blobs[index]
+
     def _container(self, item, tag):
         kind = dict if tag == "D" else list
         target = self._target(item, kind)
         value = kind() if target is None else target
         self._slot(item, value)
-        keys = [_hashable(self._decode(k)) for k in item["k"]] if tag == "D" else None
-        items = [self._decode(v) for v in item["v"]]
+        keys = [_hashable(self._decode(k)) for k in self._list(item["k"])] if tag == "D" else None
+        items = [self._decode(v) for v in self._list(item["v"])]
         if tag == "D":
             if len(keys) != len(items):
                 raise WireError("a dict with more keys than values")
@@ -138,36 +191,27 @@ class Decoder:
             value[:] = items
         return value
 
-    def _record(self, item, tag):
+    def _record(self, item):
+        """A listed record, rebuilt by its constructor from exactly its listed fields."""
         index = self._slot(item)
-        if tag == "C":
-            cls = self.names.class_of(item["n"])
-            if not dataclasses.is_dataclass(cls) or type(item["f"]) is not dict:
-                raise WireError(f"{item['n']} is not a config dataclass")
-            value = cls(**{name: self._decode(v) for name, v in item["f"].items()})
-        else:
-            items = [self._decode(v) for v in item["v"]]
-            value = tuple(items) if tag == "T" else self.names.class_of(item["n"])(*items)
-        target = self._target(item, type(value))
+        name, given = item["n"], item["f"]
+        cls = self.names.class_of(name)
+        fields = self.names.fields(cls, name)
+        if type(given) is not dict or sorted(given) != sorted(fields):
+            shown = sorted(given)[:10] if type(given) is dict else type(given).__name__
+            raise WireError(f"{name} crosses with the fields {list(fields)}, not {shown}")
+        values = {field: self._decode(v) for field, v in given.items()}
+        value = cls(**values)
+        target = self._target(item, cls)
+        if target is not None and _kind(cls) == "P":  # a plain object changed on the other side: as in-process
+            for field in fields:
+                if getattr(target, field) is not values[field]:
+                    setattr(target, field, values[field])
         self.objects[index] = value if target is None else target
         return self.objects[index]
 
-    def _plain(self, item):
-        cls = self.names.class_of(item["n"])
-        if _kind(cls) != "P" or type(item["f"]) is not dict:
-            raise WireError(f"{item['n']} is not a plain object class")
-        target = self._target(item, cls)
-        value = object.__new__(cls) if target is None else target  # no __init__: its state comes as data
-        self._slot(item, value)
-        state = {str(key): self._decode(v) for key, v in item["f"].items()}
-        if list(vars(value)) != list(state) or any(
-                a is not b for a, b in zip(vars(value).values(), state.values(), strict=True)):
-            vars(value).clear()
-            vars(value).update(state)
-        return value
-
     def _array(self, item) -> np.ndarray:
-        data = _load(self.blobs[item["b"]])
+        data = _load(self._blob(item), self.budget)
         target = self._target(item, np.ndarray)
         if target is not None:
             if target.shape != data.shape or target.dtype != data.dtype:
@@ -181,21 +225,26 @@ class Decoder:
         return data
 
     def _view(self, item, data: np.ndarray) -> np.ndarray:
-        handle, size, offset, strides = item["h"], item["n"], item["o"], tuple(item["s"])
-        if type(handle) is not str or not all(type(v) is int for v in (size, offset, *strides)):
+        handle, size, offset, strides = item["h"], item["n"], item["o"], tuple(self._list(item["s"]))
+        if (type(handle) is not str or not _HANDLE.fullmatch(handle) or len(strides) != data.ndim
+                or not all(type(v) is int for v in (size, offset, *strides))):
             raise WireError("malformed array geometry")
         root = self.registry.root(handle)
-        if root is not None and byte_bounds(root)[1] - byte_bounds(root)[0] == size:
-            view = np.ndarray(data.shape, data.dtype, buffer=_flat_bytes(root), offset=offset, strides=strides)
+        flat = None if root is None else _flat_bytes(root)
+        if flat is not None and flat.size == size:  # a buffer of ours: the view is of it (NumPy checks the bounds)
+            view = np.ndarray(data.shape, data.dtype, buffer=flat, offset=offset, strides=strides)
             _write(view, data)
             return view
-        if not 0 < size <= MAX_ROOT:
+        if root is not None:
+            return data  # a buffer of ours the view does not fit: the data, shared with nothing
+        if not 0 < size <= MAX_DECODE:
             raise WireError(f"an array buffer of {size} bytes")
         own = _root(data)
         low, high = byte_bounds(own)
         if (high - low, data.__array_interface__["data"][0] - low, data.strides) == (size, offset, strides):
             self.registry.adopt(handle, own)  # the array is its whole buffer: keep the copy we have
             return data
+        self.budget.take(size, "shared buffers")
         root = np.zeros(size, np.uint8)
         self.registry.adopt(handle, root)
         view = np.ndarray(data.shape, data.dtype, buffer=root, offset=offset, strides=strides)
@@ -220,7 +269,7 @@ class Decoder:
                 mine = getattr(target.bit_generator, "seed_seq", None)
                 if seeds is not None and isinstance(mine, np.random.SeedSequence):
                     behind = seeds.n_children_spawned - mine.n_children_spawned
-                    if 0 < behind <= 1 << 20:
+                    if 0 < behind <= _MAX_SPAWNED:
                         mine.spawn(behind)  # the other side spawned children: count them here too
             else:
                 raise WireError("a Generator changed its bit generator")
@@ -234,13 +283,20 @@ class Decoder:
 
     def _seeds(self, fields) -> np.random.SeedSequence:
         entropy = self._decode(fields["entropy"])
-        spawn_key = tuple(int(k) for k in fields["spawn_key"])
-        return np.random.SeedSequence(entropy, spawn_key=spawn_key, pool_size=int(fields["pool_size"]),
-                                      n_children_spawned=int(fields["n_children_spawned"]))
+        spawn_key, pool_size = self._list(fields["spawn_key"]), fields["pool_size"]
+        spawned = fields["n_children_spawned"]
+        if (len(spawn_key) > 64 or not all(type(k) is int and k >= 0 for k in spawn_key)
+                or type(pool_size) is not int or not 4 <= pool_size <= 64
+                or type(spawned) is not int or not 0 <= spawned < 1 << 32):
+            raise WireError("a malformed SeedSequence")
+        if isinstance(entropy, np.ndarray) and entropy.size > 1024:
+            raise WireError("a SeedSequence with more than 1024 words of entropy")
+        return np.random.SeedSequence(entropy, spawn_key=tuple(spawn_key), pool_size=pool_size,
+                                      n_children_spawned=spawned)
 
     def _other(self, item, tag):
         if tag == "S":
-            array = _load(self.blobs[item["b"]])
+            array = _load(self._blob(item), self.budget)
             if array.ndim != 0:
                 raise WireError("a scalar blob that is not 0-d")
             return array[()]
@@ -250,10 +306,12 @@ class Decoder:
         if tag == "B":
             return base64.b64decode(item["v"].encode("ascii"), validate=True)
         if tag == "E":
-            values = [_hashable(self._decode(v)) for v in item["v"]]
+            values = [_hashable(self._decode(v)) for v in self._list(item["v"])]
             return frozenset(values) if item["f"] is True else set(values)
         if tag == "Y":
-            module, _, name = item["v"].partition(".")
+            module, _, name = str(item["v"]).partition(".")
+            if not name.isidentifier() or name.startswith("_"):
+                raise WireError(f"type {str(item['v'])[:100]!r} may not cross")
             found = getattr(np, name, None) if module == "numpy" else _BUILTIN_TYPES.get(name)
             if module == "builtins" and found is not None:
                 return found
@@ -261,8 +319,10 @@ class Decoder:
                 return found
             raise WireError(f"type {item['v']!r} may not cross")
         if tag == "Z":
-            dtype = np.dtype(str(item["v"]))
-            if dtype.kind not in _ARRAY_KINDS or dtype.fields is not None:
+            if type(item["v"]) is not str or len(item["v"]) > 16:
+                raise WireError("a malformed dtype")
+            dtype = np.dtype(item["v"])
+            if dtype.kind not in _ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
                 raise WireError(f"dtype {dtype} may not cross")
             return dtype
         if tag == "F" and self.make_callable is not None:

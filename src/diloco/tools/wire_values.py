@@ -9,11 +9,10 @@ tag   value
 ====  ===========================================================================
 L T   list, tuple: ``v`` the items
 D     dict: ``k`` the keys, ``v`` the values
-N C P a record class of the project (``Names``): a NamedTuple (``v`` its fields in
-      order), a dataclass (``f`` its init fields by name, rebuilt by its constructor) or a
-      plain object (``f`` its ``__dict__``); ``n`` names it, e.g. ``adamw.AdamWState``
-A     ndarray: ``b`` its blob; ``h`` the handle of its root buffer, ``n`` that buffer's
-      size, ``o`` and ``s`` its byte offset and strides in it, ``w`` writeable
+C     a record class of the project (``wire_names.RECORDS``): ``n`` its listed name,
+      e.g. ``adamw.AdamWState``, ``f`` its fields by name, rebuilt by its constructor
+A     ndarray of numbers: ``b`` its blob; ``h`` the handle of its root buffer, ``n`` that
+      buffer's size, ``o`` and ``s`` its byte offset and strides in it, ``w`` writeable
 G R   numpy Generator / RandomState: ``s`` its ``bit_generator.state`` (a dict)
 S     numpy scalar (a 0-d blob ``b``);  Y  a numpy scalar type or builtin type;  Z  a dtype
 X B E complex ``[re, im]``, bytes (base64), set / frozenset (``f``)
@@ -31,13 +30,12 @@ shows and a Generator's state advances as it would have in-process.
 from __future__ import annotations
 
 import base64
-import dataclasses
 
 import numpy as np
 
 from .wire import _ARRAY_KINDS, Registry, WireError, _blob, _root, byte_bounds
 from .wire_decode import Decoder, Opaque
-from .wire_names import _BUILTIN_TYPES, Names, _kind, _type_name
+from .wire_names import _BUILTIN_TYPES, Names, _type_name
 
 __all__ = ["Names", "Encoder", "Decoder", "Opaque", "snapshot"]
 
@@ -58,6 +56,7 @@ class Encoder:
         self._memo: dict[int, int] = {}
         self._args = {id(obj): k for k, obj in enumerate(args)}
         self._snapshots = snapshots or {}
+        self.callables: set[int] = set()  # the indices of the F items: what a callback may call
 
     def _new(self, value, tag: str) -> dict:
         item = {"t": tag, "i": len(self.objects)}
@@ -89,15 +88,13 @@ class Encoder:
             return item
         name = self.names.name_of(cls)
         if name is not None:
-            item = self._new(value, _kind(cls))
+            item = self._new(value, "C")
             item["n"] = name
-            if item["t"] == "C":
-                item["f"] = {f.name: self.encode(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
-            elif item["t"] == "P":
-                item["f"] = {str(key): self.encode(v) for key, v in vars(value).items()}
-            else:
-                item["v"] = [self.encode(v) for v in value]
+            item["f"] = {field: self.encode(getattr(value, field)) for field in self.names.fields(cls, name)}
             return item
+        unlisted = self.names.unlisted(cls)
+        if unlisted is not None and not self.lenient:
+            raise WireError(f"{unlisted!r} is not a record class of the project (wire_names.RECORDS)")
         if cls is tuple:
             item = self._new(value, "T")
             item["v"] = [self.encode(v) for v in value]
@@ -133,6 +130,7 @@ class Encoder:
             raise WireError(f"a value of type {_type_name(value)} cannot cross the sandbox boundary")
         if callable(value) and not isinstance(value, type):
             item = self._new(value, "F")
+            self.callables.add(item["i"])
             try:  # the simple attributes travel with it (an encoder's input_width, say)
                 item["attrs"] = {k: v for k, v in vars(value).items() if type(v) in (int, float, str, bool)}
             except TypeError:  # no __dict__: a function's attributes are not its contract

@@ -1,0 +1,68 @@
+"""Build the Gradescope autograder zip (``make autograder``): ``python scripts/build_autograder.py [ZIP]``.
+
+The zip holds this project's source as its sdist does (``SOURCES``, the list of
+``[tool.hatch.build.targets.sdist]`` in pyproject.toml, plus pyproject.toml itself) and,
+at its top, ``setup.sh`` and ``run_autograder`` from ``scripts/autograder/``: Gradescope
+unpacks it into ``/autograder/source``, runs ``setup.sh`` once and ``run_autograder`` for
+each submission (docs/instructor-guide.md, "Gradescope"). Default ZIP: build/autograder.zip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _atomic_files():
+    """``diloco.tools.atomic_files`` (standard library only), loaded as a file: no install, no NumPy needed."""
+    path = ROOT / "src" / "diloco" / "tools" / "atomic_files.py"
+    spec = importlib.util.spec_from_file_location("_atomic_files", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+SOURCES = ("src/diloco", "tests", "docs", "notebooks", "README.md", "LICENSE", "CHANGELOG.md", "Makefile", "scripts",
+           "pyproject.toml")
+SKIPPED = {"__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints"}
+EXECUTABLE = {"setup.sh", "run_autograder"}
+
+
+def _files(root: Path):
+    for name in SOURCES:
+        path = root / name
+        if path.is_file():
+            yield path
+        else:
+            for file in sorted(path.rglob("*")):
+                parts = set(file.relative_to(root).parts)
+                if file.is_file() and not parts & SKIPPED and file.suffix != ".pyc":
+                    yield file
+
+
+def _add(archive: zipfile.ZipFile, name: str, data: bytes, executable: bool) -> None:
+    info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))  # the same bytes from the same tree
+    info.external_attr = (0o100755 if executable else 0o100644) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    archive.writestr(info, data)
+
+
+def build(destination: Path, root: Path = ROOT) -> Path:
+    """Write the autograder zip of the project at ``root`` to ``destination`` (atomically)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name in sorted(EXECUTABLE):
+            _add(archive, name, (root / "scripts" / "autograder" / name).read_bytes(), True)
+        for file in _files(root):
+            _add(archive, file.relative_to(root).as_posix(), file.read_bytes(), False)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    return _atomic_files().atomic_write_bytes(destination, buffer.getvalue())
+
+
+if __name__ == "__main__":
+    out = build(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "build" / "autograder.zip")
+    print(f"wrote {out} ({out.stat().st_size // 1024} KiB)")

@@ -1,0 +1,134 @@
+"""What the grader prints, as plain text: lesson maths, tolerances, expected beside got.
+
+* ``plain_math`` turns the lessons' LaTeX (``\\sqrt{1/\\text{fan-in}}``) into plain ASCII
+  (``sqrt(1/fan-in)``), for a terminal and for Gradescope's text output alike.
+* ``round_tolerances`` shows ``atol=1.0000000000000001e-07`` as ``atol=1e-07``.
+* ``shown_lines`` cuts a failure message to a few lines, and when it shows an expected
+  array beside the one got, it shows the same rows of both.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["plain_math", "round_tolerances", "shown_lines"]
+
+_WORDS = {
+    "alpha": "alpha", "beta": "beta", "gamma": "gamma", "delta": "delta", "Delta": "Delta", "epsilon": "epsilon",
+    "varepsilon": "epsilon", "eta": "eta", "theta": "theta", "lambda": "lambda", "mu": "mu", "sigma": "sigma",
+    "omega": "omega", "pi": "pi", "rho": "rho", "tau": "tau", "sum": "sum", "log": "log", "exp": "exp",
+    "max": "max", "min": "min", "top": "T", "ldots": "...", "cdots": "...", "dots": "...", "le": "<=", "leq": "<=",
+    "ge": ">=", "geq": ">=", "ne": "!=", "neq": "!=", "approx": "~", "cdot": "*", "times": "x", "bmod": "mod",
+    "lfloor": "floor(", "rfloor": ")", "lceil": "ceil(", "rceil": ")", "infty": "inf", "to": "->",
+}
+_GROUP = r"\{([^{}]*)\}"
+
+
+def _script(mark: str, body: str) -> str:
+    return f"{mark}{body}" if re.fullmatch(r"\w+", body) else f"{mark}({body})"
+
+
+def _atom(body: str) -> str:
+    return body if re.fullmatch(r"\w+", body) else f"({body})"
+
+
+def _word(match: re.Match) -> str:
+    """A command as its word, spaced from letters it would otherwise run into."""
+    name = match.group(1)
+    word = _WORDS.get(name, name)
+    text, start, end = match.string, match.start(), match.end()
+    before = " " if start and (text[start - 1].isalnum() or text[start - 1] == ")") and word[0].isalnum() else ""
+    after = " " if end < len(text) and (text[end].isalpha() or text[end] == "\\") and word[-1].isalnum() else ""
+    return f"{before}{word}{after}"
+
+
+def plain_math(text: str) -> str:
+    """``text`` with its LaTeX maths as plain ASCII: ``\\hat v`` -> ``v_hat``, ``\\beta_1`` -> ``beta_1``.
+
+    Code in backticks is left as it is.
+    """
+    parts = text.split("`")
+    return "`".join(part if k % 2 else _plain(part) for k, part in enumerate(parts))
+
+
+def _plain(text: str) -> str:
+    text = text.replace("\\(", "").replace("\\)", "").replace("\\,", " ").replace("\\;", " ").replace("\\ ", " ")
+    text = re.sub(r"(?<=[A-Za-z0-9])\\(?=[A-Za-z])", r" \\", text)  # \alpha\hat m: two words
+    previous = None
+    while previous != text:  # the innermost {...} groups first, until none is left
+        previous = text
+        text = re.sub(r"\\(?:text|operatorname|mathrm|mathbf|mathit|mathcal)" + _GROUP, r"\1", text)
+        text = re.sub(r"\\hat" + _GROUP, r"\1_hat", text)
+        text = re.sub(r"\\sqrt" + _GROUP, r"sqrt(\1)", text)
+        text = re.sub(r"\\frac" + _GROUP + _GROUP, lambda m: f"{_atom(m[1])}/{_atom(m[2])}", text)
+        text = re.sub(r"([_^])" + _GROUP, lambda m: _script(m[1], m[2]), text)
+    text = re.sub(r"\\hat\s*(\w)", r"\1_hat", text)
+    text = re.sub(r"\\sqrt\s*(\w)", r"sqrt(\1)", text)
+    text = re.sub(r"\\frac\s*(\w)\s*(\w)", r"\1/\2", text)
+    text = re.sub(r"\\([A-Za-z]+)", _word, text)
+    text = re.sub(r"\(\s+", "(", re.sub(r"\s+\)", ")", text.replace("{", "").replace("}", "")))
+    return re.sub(r"  +", " ", text)
+
+
+_TOLERANCE = re.compile(r"\b(rtol|atol|tol|tolerance)=(-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)")
+
+
+def _rounded(match: re.Match) -> str:
+    value = match[2]
+    digits = len(re.sub(r"\D", "", value.lower().partition("e")[0]).strip("0"))
+    return f"{match[1]}={float(value):.3g}" if digits > 8 else match[0]
+
+
+def round_tolerances(text: str) -> str:
+    """``rtol=1e-05, atol=1.0000000000000001e-07`` as ``rtol=1e-05, atol=1e-07``.
+
+    A tolerance written with more than 8 significant digits (a float's full ``repr``) is
+    shown to 3; a short one (``1e-05``, ``0.0``) as it is.
+    """
+    return _TOLERANCE.sub(_rounded, text)
+
+
+_CONTINUED = re.compile(r"\s+(?:[\[\]\-+.\d]|nan|inf|\.\.\.)")
+
+
+def _rows(block: list[str]) -> list[list[str]]:
+    """The lines of one printed array grouped by row (a row starts with ``[``); lines if one row."""
+    rows: list[list[str]] = []
+    for k, line in enumerate(block):
+        if k == 0 or line.lstrip().startswith("["):
+            rows.append([line])
+        else:
+            rows[-1].append(line)
+    return rows if len(rows) > 1 else [[line] for line in block]
+
+
+def shown_lines(message: str, limit: int = 8) -> list[str]:
+    """At most about ``limit`` lines of ``message``: the same rows of an expected and a got array.
+
+    A message of the form ``what: expected <array>`` then ``got <array>`` (then anything
+    else) keeps as many leading rows of each as fit, the same number for both, and says how
+    many rows it left out; any other message keeps its first ``limit`` lines.
+    """
+    lines = message.splitlines() or [""]
+    start = next((i for i, line in enumerate(lines) if "expected" in line), None)
+    got = None if start is None else next(
+        (i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("got")), None)
+    if got is None or any(not _CONTINUED.match(line) for line in lines[start + 1:got]):
+        return lines[:limit]
+    end = got + 1
+    while end < len(lines) and _CONTINUED.match(lines[end]):
+        end += 1
+    expected_rows, got_rows = _rows(lines[start:got]), _rows(lines[got:end])
+    head, tail = lines[:start], lines[end:]
+    room = max(limit - len(head) - len(tail) - 2, 2)
+    keep = 1
+    while (keep < min(len(expected_rows), len(got_rows))
+           and sum(map(len, expected_rows[:keep + 1])) + sum(map(len, got_rows[:keep + 1])) <= room):
+        keep += 1
+    out = list(head)
+    for rows, first in ((expected_rows, lines[start]), (got_rows, lines[got])):
+        out += [line for row in rows[:keep] for line in row]
+        if len(rows) > keep:
+            indent = " " * (first.find("[") if "[" in first else len(first) - len(first.lstrip()))
+            out.append(f"{indent}... ({len(rows) - keep} more {'row' if len(rows) - keep == 1 else 'rows'})")
+    return out + tail[:max(limit - len(out), 1)]
