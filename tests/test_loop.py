@@ -743,6 +743,73 @@ def test_round_leaves_dropped_outer_gradients_out_and_those_workers_carry_on():
 
 
 @pytest.mark.m25
+def test_round_renormalises_shard_size_weights_over_the_kept_workers():
+    """Dropped outer gradients and non-IID shards together: the kept workers' shard-size
+    weights are renormalised over the kept workers, ``w_k = n_k / sum_{j kept} n_j``.
+
+    Worked by hand: one affine layer (2 -> 2) and all-zero inputs, so ``dW1 = 0`` and the
+    logits are ``b1 = 0``; ``p = [1/2, 1/2]`` and ``db1 = p - onehot(y)``: ``[-1/2, 1/2]``
+    for label 0, ``[1/2, -1/2]`` for label 1 (every row of a shard has the same label).
+    One AdamW step from a fresh state (wd 0) moves ``b1`` by ``-lr g / (|g| + eps)``, so
+    ``b1_k = [c, -c]`` (label 0) or ``[-c, c]`` (label 1), ``c = lr (1/2) / (1/2 + eps)``,
+    and leaves ``W1`` where the worker started. With outer lr 1 and momentum 0 the new
+    global model is ``sum_{k kept} w_k theta_k``. Shards of 1, 3 and 6 rows (labels 0, 1,
+    0); worker 1 starts from its own params (it was dropped the round before).
+    """
+    sizes, labels = (1, 3, 6), (0, 1, 0)
+    shards = [(np.zeros((n, 2)), np.full(n, label, dtype=np.int64)) for n, label in zip(sizes, labels, strict=True)]
+    params = {"W1": np.array([[1.0, 2.0], [3.0, 4.0]]), "b1": np.zeros(2)}
+    starts = [params, {"W1": params["W1"] + 1.0, "b1": np.zeros(2)}, params]
+    config = tiny_config(num_workers=3, inner_steps=1, batch_size=2, iid=False, drop_prob=0.5, outer_lr=1.0,
+                         outer_momentum=0.0, inner={"lr": 0.1, "weight_decay": 0.0})
+    c = 0.1 * 0.5 / (0.5 + config.inner.eps)
+    workers = [{"W1": start["W1"], "b1": np.array([c, -c]) if label == 0 else np.array([-c, c])}
+               for start, label in zip(starts, labels, strict=True)]
+    patterns = set()
+    for seed in range(16):
+        states = [adamw_state(params) for _ in range(3)]
+        outer = OuterState({key: np.zeros_like(value) for key, value in params.items()})
+        result = run_diloco_round(params, outer, states, shards, config, np.random.default_rng(seed),
+                                  worker_starts=starts)
+        dropped = result.record["dropped_workers"]
+        kept = [k for k in range(3) if k not in dropped]
+        patterns.add(tuple(dropped))
+        if kept:
+            total = sum(sizes[k] for k in kept)
+            expected = {key: sum(sizes[k] / total * workers[k][key] for k in kept) for key in params}
+        else:  # nothing arrived: no outer step
+            expected = params
+        assert_params_close(result.global_params, expected, rtol=1e-12, atol=1e-15,
+                            what=f"seed {seed}, dropped {dropped}: kept workers {kept} weighted by "
+                                 f"{[sizes[k] for k in kept]} / {sum(sizes[k] for k in kept)}")
+        for k in dropped:
+            assert_params_close(result.worker_starts[k], workers[k], rtol=1e-12, atol=1e-15,
+                                what=f"seed {seed}: dropped worker {k} carries on from its own params")
+    proper = {pattern for pattern in patterns if 0 < len(pattern) < 3}
+    assert len(proper) >= 3, f"the seeds must drop several different proper subsets, saw {sorted(patterns)}"
+
+
+@pytest.mark.m26
+def test_train_diloco_with_drops_on_non_iid_shards_matches_its_rounds():
+    """``train_diloco`` with ``iid=False`` and ``drop_prob > 0``: the rounds of
+    ``run_diloco_round`` on the non-IID shards, with the starts carried between them."""
+    x, y = tiny_data(7, num_examples=30)
+    config = tiny_config(num_workers=3, rounds=3, drop_prob=0.5, seed=4, iid=False, alpha=0.3)
+    result = train_diloco(x, y, config)
+    rng = np.random.default_rng(config.seed)
+    shards = noniid_shard_dataset(x, y, 3, rng, alpha=0.3)
+    assert len({len(y_k) for _, y_k in shards}) > 1, "this seed must give shards of different sizes"
+    params = init_model_params(layer_sizes_for(x, y, config), rng)
+    states, outer, starts = [init_adamw_state(params) for _ in range(3)], init_outer_optimizer(params), [params] * 3
+    for _ in range(config.rounds):
+        params, outer, states, _, starts = run_diloco_round(params, outer, states, shards, config, rng,
+                                                            worker_starts=starts)
+    assert any(0 < len(record["dropped_workers"]) < 3 for record in result.history), "this seed drops a worker"
+    assert_params_close(result.params, params, rtol=1e-12, atol=1e-15,
+                        what="train_diloco (non-IID, drops) vs its rounds carrying worker_starts")
+
+
+@pytest.mark.m25
 def test_round_with_drops_needs_worker_starts():
     params, outer, states, shards = round_inputs(1, 2)
     with pytest.raises(ValueError, match="worker_starts"):
