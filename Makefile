@@ -3,15 +3,21 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade bench autograder
+.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade bench lock notebooks autograder
+
+# Every install is pinned by constraints.txt (`pip install -c`): the versions of a fresh dev
+# environment (docs included), so CI and a newcomer's `make test` resolve the same packages on
+# any day. `make lock` refreshes it.
+CONSTRAINTS := constraints.txt
+PIP_INSTALL := $(BIN)/python -m pip install --quiet -c $(CONSTRAINTS)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Reinstall (editable) only when pyproject.toml changes; edits to src/ need no reinstall.
-$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+# Reinstall (editable) only when pyproject.toml or the constraints change; edits to src/ need no reinstall.
+$(VENV)/.installed-dev: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(PIP_INSTALL) -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed-dev
@@ -23,8 +29,8 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(if $(M),-m '$(M)',)
 
 # `make demo` needs only the cli extra (progress bars, plots): a quicker install than dev.
-$(VENV)/.installed-cli: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[cli]'
+$(VENV)/.installed-cli: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(PIP_INSTALL) -e '.[cli]'
 	touch $@
 
 demo: $(VENV)/.installed-cli
@@ -32,8 +38,8 @@ demo: $(VENV)/.installed-cli
 
 # The documentation site, built strictly: a broken link, a page missing from the nav or a
 # docstring mkdocstrings cannot parse fails. Offline, set DILOCO_MATHJAX_URL (see mkdocs.yml).
-$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[docs]'
+$(VENV)/.installed-docs: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(PIP_INSTALL) -e '.[docs]'
 	touch $@
 
 docs: $(VENV)/.installed-docs
@@ -42,17 +48,25 @@ docs: $(VENV)/.installed-docs
 docs-serve: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-# The same site, readable offline: npm installs the `mathjax@3` package into build/mathjax/
-# (once), and the mkdocs hook scripts/mkdocs_mathjax.py copies its es5/ folder into site/.
-# Open site/index.html in a browser, or `make docs-serve` it.
+# The same site, readable offline from file://: npm installs the `mathjax@3` package into
+# build/mathjax/ (once), the mkdocs hook scripts/mkdocs_mathjax.py copies its es5/ folder into
+# site/, and Material's offline plugin (DILOCO_DOCS_OFFLINE=true, see mkdocs.yml) links every page
+# as a .html file and ships the search index as a script, so search works without a server.
+# Open site/index.html in a browser (file://).
 MATHJAX_ES5 := build/mathjax/node_modules/mathjax/es5
 
 $(MATHJAX_ES5)/tex-mml-chtml.js:
 	npm install --prefix build/mathjax --no-save --no-audit --no-fund mathjax@3
 
-docs-offline: $(VENV)/.installed-docs $(MATHJAX_ES5)/tex-mml-chtml.js
-	DILOCO_MATHJAX_URL=mathjax/es5/tex-mml-chtml.js DILOCO_MATHJAX_DIR=$(MATHJAX_ES5) \
-		NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+# Search's iframe-worker shim, shipped too (scripts/mkdocs_offline.py), so nothing comes from a CDN.
+IFRAME_WORKER_SHIM := build/iframe-worker/node_modules/iframe-worker/shim/index.js
+
+$(IFRAME_WORKER_SHIM):
+	npm install --prefix build/iframe-worker --no-save --no-audit --no-fund iframe-worker@1
+
+docs-offline: $(VENV)/.installed-docs $(MATHJAX_ES5)/tex-mml-chtml.js $(IFRAME_WORKER_SHIM)
+	DILOCO_MATHJAX_URL=mathjax/es5/tex-mml-chtml.js DILOCO_MATHJAX_DIR=$(MATHJAX_ES5) DILOCO_DOCS_OFFLINE=true \
+		DILOCO_IFRAME_WORKER=$(IFRAME_WORKER_SHIM) NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # ruff (configured in pyproject.toml) over the project: reports, never rewrites.
 lint: $(VENV)/.installed-dev
@@ -79,6 +93,32 @@ AUTOGRADER_ZIP ?= build/autograder.zip
 
 autograder:
 	$(PYTHON) scripts/build_autograder.py $(AUTOGRADER_ZIP)
+
+# The notebooks, executed from the command line into build/notebooks/ (outputs and plots
+# included); the tracked notebooks in notebooks/ are left as they are. NB picks some:
+# `make notebooks NB=notebooks/01_quickstart.ipynb`.
+NB ?= $(wildcard notebooks/*.ipynb)
+
+notebooks: $(VENV)/.installed-dev
+	mkdir -p build/notebooks
+	for nb in $(NB); do \
+		$(BIN)/jupyter execute "$$nb" --output="../build/notebooks/$$(basename "$$nb" .ipynb)" || exit 1; \
+	done
+
+# Refresh constraints.txt: a fresh venv in build/lock-venv, the dev extras (docs included)
+# installed without constraints, then its `pip freeze` (the editable diloco left out).
+LOCK_VENV := build/lock-venv
+
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	{ echo "# Pinned versions of a fresh '.[dev]' environment (docs included), used by every make install."; \
+	  echo "# Generated by 'make lock' (pip freeze, $$($(LOCK_VENV)/bin/python --version)); do not edit by hand."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable; } > $(CONSTRAINTS).tmp
+	mv $(CONSTRAINTS).tmp $(CONSTRAINTS)
+	rm -rf $(LOCK_VENV)
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .hypothesis

@@ -43,6 +43,7 @@ import diloco
 from diloco import DiLoCoConfig, communication_savings, train_diloco, train_synchronous_baseline
 from diloco.data import load_digits_split
 from diloco.tools.plots import plot_curves
+from diloco.tools.study_stats import format_bytes  # the CLI's byte format
 
 data = load_digits_split(seed=0)
 print(f"digits: {data.x_train.shape[0]} training and {data.x_test.shape[0]} held-out images "
@@ -67,7 +68,7 @@ for name, result in results.items():
     last = result.history[-1]
     all_reduces = sum(record["all_reduces"] for record in result.history)
     rows.append(f"| {name} | {last['eval_loss']:.4f} | {last['eval_accuracy']:.4f} | {all_reduces} "
-                f"| {last['cumulative_bytes']:.3g} | {seconds[name]:.1f} |")
+                f"| {format_bytes(last['cumulative_bytes'])} | {seconds[name]:.1f} |")
 display(Markdown("\\n".join(rows)))"""),
     ("md", """## The communication saved
 
@@ -78,8 +79,8 @@ equal precision."""),
 report = communication_savings(num_params, config.num_workers, config.inner_steps, config.rounds,
                                bytes_per_value=8)  # float64 parameters
 print(f"{num_params} parameters")
-print(f"synchronous: {report.sync_all_reduces} all-reduces, {report.sync_bytes_per_worker / 1e6:.2f} MB per worker")
-print(f"DiLoCo:      {report.diloco_all_reduces} all-reduces, {report.diloco_bytes_per_worker / 1e6:.3f} MB per worker")
+print(f"synchronous: {report.sync_all_reduces} all-reduces, {format_bytes(report.sync_bytes_per_worker)} per worker")
+print(f"DiLoCo:      {report.diloco_all_reduces} all-reduces, {format_bytes(report.diloco_bytes_per_worker)} per worker")
 print(f"savings factor: {report.savings_factor:.0f}x (= H)")
 # The same numbers, from the histories the trainers recorded:
 assert np.isclose(results["sync"].history[-1]["cumulative_bytes"], report.sync_bytes_per_worker)
@@ -98,7 +99,7 @@ display(plot_curves(histories, x="bytes", title="held-out quality against bytes 
   all-reducing $H = 50$ times less often.
 * The baseline usually keeps a small edge in held-out *loss*: it takes one well-averaged step per
   batch, while DiLoCo's workers drift apart for $H$ steps before they are averaged.
-* The same comparison from the command line, with a run folder and plots: `diloco compare`
+* The same comparison from the command line, with a run folder and plots: `.venv/bin/diloco compare`
   (`make demo`). Notebook 02 tests the paper's ablations; notebook 03 looks at non-IID data."""),
 ]
 
@@ -114,8 +115,8 @@ Douillard et al. (2023) report, for language models with 150M-400M parameters:
 4. more workers help at a fixed amount of compute per worker.
 
 Here we test them on the 8x8 digits with a one-hidden-layer MLP, using `diloco.tools.studies`, the code
-behind `diloco study NAME`. The runs are tiny (2 seeds) so the notebook finishes in well under a
-minute; `docs/results.md` reruns the paper's tables with 5 seeds on larger tasks. Like `diloco study`,
+behind `.venv/bin/diloco study NAME`. The runs are tiny (2 seeds) so the notebook finishes in well under a
+minute; `docs/results.md` reruns the paper's tables with 5 seeds on larger tasks. Like `.venv/bin/diloco study`,
 the runs use `default_engine()`: the fast engine `diloco.engine` (the same algorithm, equal up to
 rounding) where it is installed, and your own milestone functions in a learner workspace."""),
     ("code", """%matplotlib inline
@@ -275,7 +276,7 @@ worker holding "easy" classes reaches a low local loss that says little about th
 * The outer optimizer is where DiLoCo fights back. Momentum over rounds keeps the direction the
   workers agree on; FedAvg's plain average has no memory. How large the gap is on this small
   problem, over several seeds and values of $\\alpha$, is in `docs/results.md`
-  (`diloco study noniid` and `diloco study outer-optimizer`)."""),
+  (`.venv/bin/diloco study noniid` and `.venv/bin/diloco study outer-optimizer`)."""),
 ]
 
 # --- notebook 04: beyond the 2023 paper (diloco.family) -------------------------------------

@@ -218,6 +218,53 @@ def test_classification_accuracy_is_pure_in_both_dtypes(dtype):
     assert got == expected
 
 
+def rounding_model(dtype):
+    """An MLP whose two logits differ by 1 in float64 but tie in float32.
+
+    ``x = [[1]]``, ``W1 = [[2^24, 2^24]]``, ``b1 = [0, 1]``: ``z1 = [2^24, 2^24 + 1]``.
+    2^24 + 1 is not a float32 (the spacing there is 2) and the sum rounds to the even
+    2^24. ``W2 = I``, ``b2 = [-2^24, -2^24]`` bring the logits back to ``[0, 1]`` in
+    float64 and ``[0, 0]`` in float32, every other operation exact. Computed in the
+    params' dtype (the contract: the floating dtype follows the params), a float32 model
+    with label 1 has loss ``ln 2`` and arg-max 0 (ties go to the lowest index); the same
+    float32 model evaluated in float64 has loss ``ln(1 + e^-1)`` and arg-max 1."""
+    big = 2.0**24
+    params = {"W1": np.array([[big, big]], dtype=dtype), "b1": np.array([0.0, 1.0], dtype=dtype),
+              "W2": np.eye(2, dtype=dtype), "b2": np.array([-big, -big], dtype=dtype)}
+    return params, np.array([[1.0]], dtype=dtype), np.array([1])
+
+
+@pytest.mark.m28
+def test_evaluate_loss_runs_in_the_params_dtype():
+    params32, x32, y = rounding_model(np.float32)
+    assert_close(evaluate_loss(params32, x32, y), math.log(2.0), rtol=1e-6,
+                 what="float32 loss (logits 2^24 and 2^24 + 1 tie in float32: ln 2)")
+    params64, x64, _ = rounding_model(np.float64)
+    assert_close(evaluate_loss(params64, x64, y), math.log1p(math.exp(-1.0)), rtol=1e-12,
+                 what="float64 loss (logits differ by 1: ln(1 + e^-1))")
+
+
+@pytest.mark.m29
+def test_classification_accuracy_runs_in_the_params_dtype():
+    params32, x32, y = rounding_model(np.float32)
+    assert classification_accuracy(params32, x32, y) == 0.0, (
+        "float32 params: the logits tie in float32 and arg-max picks class 0, so the accuracy "
+        f"for label 1 is 0.0, got {classification_accuracy(params32, x32, y)}")
+    params64, x64, _ = rounding_model(np.float64)
+    assert classification_accuracy(params64, x64, y) == 1.0
+
+
+@pytest.mark.m29
+def test_classification_accuracy_is_a_float64_fraction_for_float32_params():
+    """1 correct row of 3 is 1/3 as a Python (float64) number: a mean taken in float32
+    gives float32(1/3) = 0.3333333432..., off by 1e-8."""
+    params = {"W1": np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32), "b1": np.zeros(2, dtype=np.float32)}
+    x = np.array([[2.0, 1.0], [2.0, 1.0], [2.0, 1.0]], dtype=np.float32)  # arg-max 0 on every row
+    got = classification_accuracy(params, x, np.array([0, 1, 1]))
+    assert isinstance(got, float), f"classification_accuracy must return a Python float, got {type(got).__name__}"
+    assert abs(got - 1.0 / 3.0) < 1e-15, f"expected 1/3 = {1.0 / 3.0!r} (computed in float64), got {got!r}"
+
+
 @pytest.mark.m29
 @pytest.mark.parametrize(
     "x, y, error, name",

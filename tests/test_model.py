@@ -673,6 +673,40 @@ def test_backward_structure_dtype_and_bias_sums(seed, sizes, dtype):
 
 
 @pytest.mark.m06
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_passes_no_gradient_through_a_pre_activation_of_exactly_zero(dtype):
+    """Zero biases (as ``init_model_params`` leaves them) and an all-zero input row give
+    ``z1 = 0`` exactly. The ReLU passes no gradient where ``z <= 0``, so ``dz1 = 0`` and
+    ``db1 = 0``; a mask ``z >= 0`` (or ``sign``-based) lets ``da1`` through.
+
+    By hand, one row ``x = [0, 0]``, label 0, two classes:
+    ``z1 = a1 = [0, 0]``, ``logits = b2 = [0, 0]``, ``p = [1/2, 1/2]``,
+    ``dz2 = p - onehot(0) = [-1/2, 1/2]`` (n = 1), ``dW2 = a1^T dz2 = 0``, ``db2 = dz2``,
+    ``da1 = dz2 W2^T = [-1/2 * 1 + 1/2 * -2, -1/2 * -1 + 1/2 * 1/2] = [-3/2, 3/4]``,
+    ``dz1 = da1 * [z1 > 0] = [0, 0]``, so ``dW1 = x^T dz1 = 0`` and ``db1 = 0``
+    (with ``>=`` it would be ``[-3/2, 3/4]``)."""
+    params = as_params({"W1": [[1.0, -1.0], [0.5, 2.0]], "b1": [0.0, 0.0],
+                        "W2": [[1.0, -2.0], [-1.0, 0.5]], "b2": [0.0, 0.0]}, dtype)
+    x = np.zeros((1, 2), dtype=dtype)
+    _, cache = model_forward(params, x)
+    grads = model_backward(params, cache, np.array([0]))
+    expected = as_params({"W1": [[0.0, 0.0], [0.0, 0.0]], "b1": [0.0, 0.0],
+                          "W2": [[0.0, 0.0], [0.0, 0.0]], "b2": [-0.5, 0.5]})
+    assert_params_close(grads, expected, rtol=0, atol=1e-7, what="grads at a pre-activation of exactly 0")
+    # The same zero row beside a row with positive pre-activations: the zero row still adds
+    # nothing to db1. Row 2, x = [1, 1]: z1 = [1.5, 1] > 0, logits = [0.5, -2.5], label 1,
+    # p = [s(3), 1 - s(3)] with s(t) = 1/(1 + e^-t); dz2 = (p - [0, 1]) / 2 and the zero row's
+    # dz2 = ([1/2, 1/2] - [1, 0]) / 2; db1 is row 2's dz2 W2^T only.
+    x2 = np.array([[0.0, 0.0], [1.0, 1.0]], dtype=dtype)
+    _, cache2 = model_forward(params, x2)
+    grads2 = model_backward(params, cache2, np.array([0, 1]))
+    s3 = 1.0 / (1.0 + math.exp(-3.0))
+    dz2_row2 = np.array([s3, 1.0 - s3 - 1.0]) / 2
+    da1_row2 = dz2_row2 @ np.array([[1.0, -2.0], [-1.0, 0.5]]).T
+    assert_close(grads2["b1"], da1_row2, rtol=0, atol=1e-6, what="db1 with a zero row in the batch")
+
+
+@pytest.mark.m06
 def test_backward_rejects_bad_inputs():
     rng = np.random.default_rng(0)
     params = random_mlp(rng, (3, 4, 2))

@@ -666,6 +666,9 @@ def test_inner_train_worker_keeps_float32():
         for key, value in tree.items():
             assert value.dtype == np.float32, f"{what}[{key!r}] must stay float32, got {value.dtype}"
     assert losses.shape == (3,) and np.all(np.isfinite(losses))
+    # The docstring's contract holds in a float32 run too: the losses are a float64 array
+    # (Python floats from cross_entropy_loss stored as float64), not the params' dtype.
+    assert losses.dtype == np.float64, f"losses must be float64 even for float32 params, got {losses.dtype}"
 
 
 @pytest.mark.m20

@@ -63,7 +63,7 @@ def _section_before(page: str, name: str) -> str:
 def test_each_block_has_the_command_that_made_it_beside_it(page, summaries):
     for (study, task), summary in summaries.items():
         section = _section_before(page, f"{study}-{task}")
-        commands = re.findall(rf"^diloco study {study} --data {task}\b.*$", section, re.M)
+        commands = re.findall(rf"^(?:\.venv/bin/)?diloco study {study} --data {task}\b.*$", section, re.M)
         assert len(commands) == 1, f"{study}-{task}: one command 'diloco study {study} --data {task} ...' expected"
         command = commands[0]
         assert "--export docs/assets/results" in command

@@ -63,8 +63,8 @@ from diloco.tools.runs import HistoryWriter, atomic_write_bytes, write_json
 from diloco.tools.studies import STUDIES, TRAINERS, format_bytes
 from diloco.tools.training import train_resumable
 
-__all__ = ["add_parsers", "run_compare", "run_train", "progress_factory", "check_plotting", "start_run",
-           "resolve_trainer", "thread_limit", "max_loss_flag"]
+__all__ = ["add_parsers", "run_compare", "run_train", "savings_sentence", "progress_factory", "check_plotting",
+           "start_run", "resolve_trainer", "thread_limit", "max_loss_flag"]
 
 _ALGO_NAMES = {"diloco": "DiLoCo", "sync": "sync"}
 
@@ -281,10 +281,28 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
     _print_table(summary, savings["savings_factor"])
     print_family(family_extra)
     if "diloco" in algos:
-        print(f"DiLoCo all-reduces {savings['sync_all_reduces'] // savings['diloco_all_reduces']}x less often than "
-              f"the synchronous baseline: {savings['savings_factor']:.0f}x fewer bytes per worker")
+        print(savings_sentence(savings))
     print(f"run folder: {run_dir}" + (f" ({', '.join(p.name for p in plots)})" if plots else ""))
     return 0
+
+
+def savings_sentence(savings) -> str:
+    """The summary's line on communication: how much less often, and how many fewer bytes.
+
+    With H = 1 DiLoCo all-reduces as often as the baseline; with H > 1 it is
+    ``sync_all_reduces / diloco_all_reduces`` (= H) times less often. The byte factor is
+    printed only when it is not 1 (a narrower wire format saves bytes even at H = 1).
+    """
+    ratio = savings["sync_all_reduces"] // savings["diloco_all_reduces"]
+    factor = savings["savings_factor"]
+    if ratio > 1:
+        often = f"DiLoCo all-reduces {ratio}x less often than the synchronous baseline"
+    else:
+        often = "DiLoCo all-reduces as often as the synchronous baseline (H = 1)"
+    if round(factor, 6) == 1:
+        return often + ": the same bytes per worker"
+    shown = f"{factor:.0f}" if abs(factor - round(factor)) < 1e-9 else f"{factor:.1f}"
+    return often + f": {shown}x fewer bytes per worker"
 
 
 def run_compare(args) -> int:

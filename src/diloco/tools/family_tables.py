@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from diloco.core.netsim import parse_bandwidth, simulate
-from diloco.tools.study_stats import format_bytes, mean_interval
+from diloco.tools.study_stats import CLIPPED_MARK, CLIPPED_NOTE, RANGES, format_bytes, format_interval, mean_interval
 
 __all__ = ["time_to_target", "paired_difference", "bandwidth_rows", "plot_time_to_target"]
 
@@ -45,6 +45,18 @@ def _difference(d: dict, digits: int = 4) -> str:
     return f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
 
 
+def _bounded(stats: dict, field: str) -> str:
+    """``mean [low, high]`` clipped to the metric's range (``study_stats.RANGES``), marked when clipped."""
+    return format_interval(stats, 4, RANGES[field])
+
+
+def _with_note(lines: list) -> str:
+    """The table's lines joined, with ``CLIPPED_NOTE`` under it when an interval was clipped."""
+    if any(CLIPPED_MARK in line for line in lines):
+        lines = [*lines, "", CLIPPED_NOTE]
+    return "\n".join(lines) + "\n"
+
+
 def _compression_table(rows, outcomes) -> str:
     native = next((r for r in rows if r["variant"] == "native"), rows[0])
     lines = ["| wire format | held-out accuracy [95% CI] | held-out loss [95% CI] | loss minus the first arm's, "
@@ -52,10 +64,10 @@ def _compression_table(rows, outcomes) -> str:
     for row in rows:
         acc, loss = row["eval_accuracy"], row["eval_loss"]
         diff = paired_difference(outcomes, row["variant"], native["variant"], "eval_loss")
-        lines.append(f"| {row['variant']} | {acc['mean']:.4f} [{acc['low']:.4f}, {acc['high']:.4f}] "
-                     f"| {loss['mean']:.4f} [{loss['low']:.4f}, {loss['high']:.4f}] | {_difference(diff)} "
+        lines.append(f"| {row['variant']} | {_bounded(acc, 'eval_accuracy')} "
+                     f"| {_bounded(loss, 'eval_loss')} | {_difference(diff)} "
                      f"| {format_bytes(row['bytes_sent'])} | {native['bytes_sent'] / row['bytes_sent']:.1f}x |")
-    return "\n".join(lines) + "\n"
+    return _with_note(lines)
 
 
 def _streaming_table(rows, outcomes) -> str:
@@ -68,10 +80,10 @@ def _streaming_table(rows, outcomes) -> str:
     for row in rows:
         acc, loss, peak = row["eval_accuracy"], row["eval_loss"], peaks[row["variant"]]
         diff = paired_difference(outcomes, row["variant"], rows[0]["variant"], "eval_loss")
-        lines.append(f"| {row['variant']} | {acc['mean']:.4f} [{acc['low']:.4f}, {acc['high']:.4f}] "
-                     f"| {loss['mean']:.4f} [{loss['low']:.4f}, {loss['high']:.4f}] | {_difference(diff)} "
+        lines.append(f"| {row['variant']} | {_bounded(acc, 'eval_accuracy')} "
+                     f"| {_bounded(loss, 'eval_loss')} | {_difference(diff)} "
                      f"| {format_bytes(peak)} | {reference / peak:.2f}x lower | {format_bytes(row['bytes_sent'])} |")
-    return "\n".join(lines) + "\n"
+    return _with_note(lines)
 
 
 def bandwidth_rows(outcomes, bandwidths, latency: float, step_time: float, target: float) -> list:

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from diloco.tools.studies import mean_interval
+from diloco.tools.study_stats import CLIPPED_MARK, CLIPPED_NOTE, RANGES, clip_interval, mean_interval
 
 __all__ = ["HOLDS", "PARTLY", "FAILS", "paired_difference", "verdict", "combine_verdicts", "summarise_arms",
            "judge_claims", "render_arms_table", "render_claims_table", "render_paper_table", "metric_of"]
@@ -81,10 +81,10 @@ def summarise_arms(outcomes: list, arms: list) -> list:
                "engine": runs[0]["engine"], "seconds": float(np.mean([r["seconds"] for r in runs]))}
         for field in ("eval_loss", "eval_perplexity", "eval_bits", "eval_accuracy", "best_eval_loss"):
             values = [r[field] for r in runs]
-            row[field] = mean_interval(values)
+            row[field] = mean_interval(values, bounds=RANGES[field])  # clipped to what the metric can be
             row[f"per_seed_{field}"] = values
         cosines = [r["pseudo_grad_cosine"] for r in runs if r.get("pseudo_grad_cosine") is not None]
-        row["pseudo_grad_cosine"] = mean_interval(cosines) if cosines else None
+        row["pseudo_grad_cosine"] = mean_interval(cosines, bounds=RANGES["pseudo_grad_cosine"]) if cosines else None
         steps = [point[0] for point in runs[0]["curve"]]
         row["curve"] = [[step, float(np.mean([r["curve"][i][1] for r in runs]))] for i, step in enumerate(steps)]
         rows.append(row)
@@ -117,8 +117,12 @@ def _number(value: float, digits: int = 3) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
-def _interval(stats: dict, digits: int = 3) -> str:
-    return f"{_number(stats['mean'], digits)} [{_number(stats['low'], digits)}, {_number(stats['high'], digits)}]"
+def _interval(stats: dict, digits: int = 3, field: str | None = None) -> str:
+    """``mean [low, high]``; with ``field`` clipped to its ``RANGES`` entry and marked when clipped."""
+    if field is not None:
+        stats = clip_interval(stats, RANGES[field])
+    text = f"{_number(stats['mean'], digits)} [{_number(stats['low'], digits)}, {_number(stats['high'], digits)}]"
+    return text + (CLIPPED_MARK if stats.get("clipped") else "")
 
 
 def _difference(claim: dict) -> str:
@@ -136,16 +140,26 @@ def render_arms_table(summary: dict) -> str:
     lines = [f"| arm | steps/worker | all-reduces | {name}, mean [95% CI] | accuracy, mean [95% CI] "
              f"| best {('loss' if field == 'eval_loss' else 'loss')} over rounds |",
              "|---|---:|---:|---|---|---:|"]
+    clipped = False
     for row in summary["rows"]:
-        lines.append(f"| {row['arm']} | {row['steps_per_worker']} | {row['all_reduces']} | {_interval(row[field])} "
-                     f"| {_interval(row['eval_accuracy'])} | {_number(row['best_eval_loss']['mean'])} |")
+        metric, accuracy = _interval(row[field], field=field), _interval(row["eval_accuracy"], field="eval_accuracy")
+        clipped = clipped or CLIPPED_MARK in metric + accuracy
+        lines.append(f"| {row['arm']} | {row['steps_per_worker']} | {row['all_reduces']} | {metric} "
+                     f"| {accuracy} | {_number(row['best_eval_loss']['mean'])} |")
+    if clipped:
+        lines += ["", CLIPPED_NOTE]
     return "\n".join(lines) + "\n"
 
 
 def render_claims_table(summary: dict) -> str:
-    """Markdown: each claim, the two arms' means, the paired difference and the verdict."""
+    """Markdown: each claim, the two arms' means, the paired difference and the verdict.
+
+    The arm columns are named for what they hold: the arm the *paper* calls better and
+    the one it calls worse, whichever measured better here (the verdict says that).
+    """
     _, name = metric_of(summary["task"])
-    lines = [f"| claim | paper | better arm: {name} | worse arm: {name} | paired difference [95% CI] | verdict |",
+    lines = [f"| claim | paper | {name} of the arm the paper finds better | {name} of the arm it finds worse "
+             "| paired difference (worse minus better) [95% CI] | verdict |",
              "|---|---|---:|---:|---|---|"]
     for claim in summary["claims"]:
         lines.append(f"| {claim['text']} | {claim['paper']} | {_number(claim['better_metric'])} "
@@ -161,7 +175,8 @@ def render_paper_table(summaries: dict, order: list) -> str:
     studies in page order. A claim's cell for a task shows the two arms' metric means,
     the paired difference and that task's verdict; the last column combines them.
     """
-    lines = ["| claim (paper) | the paper | char-LM (perplexity) | MNIST-1D (held-out loss) | verdict |",
+    lines = ["| claim (paper) | the paper | char-LM: perplexity, the paper's better arm vs its worse arm "
+             "| MNIST-1D: held-out loss, the paper's better arm vs its worse arm | verdict |",
              "|---|---|---|---|---|"]
     for study in order:
         text = summaries.get((study, "shakespeare"))

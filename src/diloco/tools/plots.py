@@ -88,6 +88,10 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str
     if x not in _X_AXES:
         raise ValueError(f"x must be one of {sorted(_X_AXES)}, got {x!r}")
     Figure = require_matplotlib()
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    from diloco.tools.study_stats import format_bytes
+
     key, xlabel, log = _X_AXES[x]
     fig = Figure(figsize=(10, 4), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2)
@@ -107,6 +111,9 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str
         ax.grid(True, alpha=0.3, which="both")
         if log:
             ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: format_bytes(value)))  # as the CLI prints
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds and steps are whole numbers
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
     if title:

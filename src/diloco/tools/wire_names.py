@@ -31,7 +31,6 @@ RECORDS: dict[str, tuple[str, ...] | None] = {
     "data.Standardizer": None,
     "evaluation.CommunicationReport": None,
     "loop.RoundResult": None,
-    "loop.RoundResultWithStarts": None,
     "loop.TrainResult": None,
     "model.ForwardCache": None,
     "outer.OuterState": None,

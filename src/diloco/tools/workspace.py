@@ -112,6 +112,8 @@ def create_workspace(dest: Path | str) -> Path:
             if (root / name).is_dir():
                 shutil.copytree(root / name, build / name, ignore=_ignore)
         shutil.copy2(root / "pyproject.toml", build / "pyproject.toml")
+        if (root / "constraints.txt").is_file():  # the pinned versions the workspace's make installs with
+            shutil.copy2(root / "constraints.txt", build / "constraints.txt")
         (build / "README.md").write_text(_render_template("README.md", MILESTONES=milestone_list_markdown()),
                                          encoding="utf-8")
         for name in ("Makefile", "conftest.py"):

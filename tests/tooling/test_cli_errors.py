@@ -1,0 +1,113 @@
+"""The command line's usage errors: no abbreviations, the closest flag suggested, every error
+reported against the sub-command it belongs to; and the summary's savings sentence."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from diloco.tools.cli import build_parser, main
+from diloco.tools.commands import savings_sentence
+from diloco.tools.errors import Parser, closest_flag
+
+
+def usage_error(argv, capsys) -> str:
+    """The one line of stderr of ``diloco ARGV``, which must exit with status 2."""
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in argv])
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, prog, typo, suggestion", [
+    (["compare", "--round", "3"], "diloco compare", "--round", "--rounds"),
+    (["train", "--seeed", "2"], "diloco train", "--seeed", "--seed"),
+    (["study", "workers", "--seed", "1", "--seed", "2", "--value", "1,2"], "diloco study", "--value", "--values"),
+    (["compare", "--batch", "4"], "diloco compare", "--batch", "--batch-size"),
+    (["compare", "--hiden-sizes=8"], "diloco compare", "--hiden-sizes", "--hidden-sizes"),
+    (["grade", "--imp", "ws"], "diloco grade", "--imp", "--impl"),
+    (["compare", "-k", "3"], "diloco compare", "-k", "-K"),
+])
+def test_a_typo_is_reported_against_its_sub_command_with_the_closest_flag(argv, prog, typo, suggestion, capsys):
+    line = usage_error(argv, capsys)
+    assert line.startswith(f"{prog}: error: unrecognized arguments: {typo}"), line
+    assert f"did you mean {suggestion}?" in line, line
+    assert f"see '{prog} --help'" in line
+
+
+def test_a_prefix_is_never_taken_for_the_full_flag(tmp_path, capsys):
+    """``--round`` used to be read as ``--rounds`` (argparse's allow_abbrev)."""
+    line = usage_error(["compare", "--round", "1", "-H", "1", "-K", "1", "--hidden-sizes", "4", "-q", "--no-plots",
+                        "--runs-dir", tmp_path], capsys)
+    assert "--round" in line and "did you mean --rounds?" in line
+
+
+def test_every_parser_and_sub_parser_refuses_abbreviations():
+    parser = build_parser()
+    seen = []
+
+    def walk(p):
+        seen.append(p.prog)
+        assert isinstance(p, Parser) and p.allow_abbrev is False, f"{p.prog} allows abbreviations"
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    walk(child)
+
+    walk(parser)
+    assert {"diloco", "diloco compare", "diloco train", "diloco study", "diloco workspace",
+            "diloco workspace create", "diloco grade"} <= set(seen)
+
+
+def test_several_typos_get_one_suggestion_each_and_nonsense_none(capsys):
+    line = usage_error(["compare", "--round", "3", "--seeed", "2"], capsys)
+    assert "did you mean --rounds for --round, --seed for --seeed?" in line, line
+    line = usage_error(["train", "--bogus"], capsys)
+    assert line == "diloco train: error: unrecognized arguments: --bogus (see 'diloco train --help')"
+
+
+def test_a_mistyped_sub_command_or_study_name_is_suggested(capsys):
+    assert "did you mean 'compare'?" in usage_error(["compre"], capsys)
+    line = usage_error(["study", "workerz"], capsys)
+    assert line.startswith("diloco study: error:") and "did you mean 'workers'?" in line
+    line = usage_error(["workspace", "crate", "x"], capsys)
+    assert line.startswith("diloco workspace: error:") and "did you mean 'create'?" in line
+
+
+def test_a_flag_before_the_sub_command_is_the_top_levels(capsys):
+    line = usage_error(["--quiet", "compare"], capsys)
+    assert line == "diloco: error: unrecognized arguments: --quiet (see 'diloco --help')", line
+
+
+@pytest.mark.parametrize("flag, known, expected", [
+    ("--round", ["--rounds", "--seed"], "--rounds"),
+    ("--round=3", ["--rounds"], "--rounds"),
+    ("-k", ["-K", "-H"], "-K"),
+    ("--bogus", ["--rounds", "--seed"], None),
+    ("--outer-lr", ["--outer-momentum"], None),
+])
+def test_closest_flag(flag, known, expected):
+    assert closest_flag(flag, known) == expected
+
+
+@pytest.mark.parametrize("sync, diloco, factor, expected", [
+    (50, 1, 50.0, "DiLoCo all-reduces 50x less often than the synchronous baseline: 50x fewer bytes per worker"),
+    (1, 1, 1.0, "DiLoCo all-reduces as often as the synchronous baseline (H = 1): the same bytes per worker"),
+    (10, 10, 8.0, "DiLoCo all-reduces as often as the synchronous baseline (H = 1): 8x fewer bytes per worker"),
+    (30, 10, 7.73, "DiLoCo all-reduces 3x less often than the synchronous baseline: 7.7x fewer bytes per worker"),
+])
+def test_the_savings_sentence_never_says_one_times_less_often(sync, diloco, factor, expected):
+    sentence = savings_sentence({"sync_all_reduces": sync, "diloco_all_reduces": diloco, "savings_factor": factor})
+    assert sentence == expected
+    assert "1x less often" not in sentence
+
+
+def test_compare_with_h_1_prints_as_often(tmp_path, capsys):
+    status = main(["compare", "-H", "1", "--rounds", "1", "-K", "2", "--hidden-sizes", "8", "--batch-size", "8",
+                   "-q", "--no-plots", "--runs-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "as often as the synchronous baseline (H = 1)" in out and "1x less often" not in out, out

@@ -1,0 +1,124 @@
+"""Every page and notebook prints commands that run as printed, and the CLI commands parse.
+
+``test_doc_drift.py`` checks the learner's files; this extends the same rule to every docs
+page (the instructor guide excepted: it is written for instructors' own setups) and to the
+notebooks' Markdown, and parses every ``.venv/bin/diloco ...`` command shown anywhere with
+the real parser, so a flag that was renamed, or an abbreviation the parser no longer
+accepts (``allow_abbrev=False``), fails here. No notebook tells anyone to execute a
+tracked notebook in place.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_doc_drift import commands, needs_activation  # noqa: E402  (the shared Markdown scanner)
+
+from diloco.tools.cli import build_parser  # noqa: E402
+
+pytestmark = pytest.mark.tooling
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+PAGES = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md",
+                *(p for p in DOCS.rglob("*.md") if p.name not in ("instructor-guide.md", "TEMPLATE.md"))])
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+MAKE_NOTEBOOKS = ROOT / "scripts" / "make_notebooks.py"
+
+
+def notebook_markdown(path: Path) -> str:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return "\n\n".join("".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown")
+
+
+def shown_commands():
+    """``(where, command)`` for every command the pages and notebooks show."""
+    for path in PAGES:
+        for line, command in commands(path.read_text(encoding="utf-8")):
+            yield f"{path.relative_to(ROOT)}:{line}", command
+    for path in NOTEBOOKS:
+        for line, command in commands(notebook_markdown(path)):
+            yield f"{path.relative_to(ROOT)} (markdown):{line}", command
+
+
+def test_every_page_and_notebook_prints_runnable_commands():
+    bad = [f"{where}: {command}" for where, command in shown_commands() if needs_activation(command)]
+    assert not bad, "write `.venv/bin/PROGRAM ...` or a make target instead of:\n  " + "\n  ".join(bad)
+
+
+PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]{2,}\b|\.\.\.|<|\[")  # NAME, COMMAND, DIR, ..., <x>, [--flag]
+
+
+def cli_arguments(command: str) -> list[str] | None:
+    """The argument list of a shown ``.venv/bin/diloco ...`` command, or None for another
+    command, a placeholder (``NAME``, ``...``) or ``--help``."""
+    command = command.strip().removeprefix("$ ")
+    if not command.startswith(".venv/bin/diloco "):
+        return None
+    rest = command.removeprefix(".venv/bin/diloco ")
+    if PLACEHOLDER.search(rest) or "--help" in rest:
+        return None
+    try:
+        argv = shlex.split(rest.replace("\\|", "|"))
+    except ValueError:
+        return None
+    if argv in (["study"], ["workspace"]):  # the command named in prose, its NAME or ACTION left out
+        return None
+    return argv
+
+
+def alternatives(argv: list[str]) -> list[list[str]]:
+    """``train --algo diloco|sync`` stands for two commands: one per alternative."""
+    for i, word in enumerate(argv):
+        if "|" in word:
+            return [alt for choice in word.split("|") for alt in alternatives([*argv[:i], choice, *argv[i + 1:]])]
+    return [argv]
+
+
+def test_every_shown_diloco_command_parses():
+    parser = build_parser()
+    checked, bad = 0, []
+    for where, command in shown_commands():
+        argv = cli_arguments(command)
+        if argv is None:
+            continue
+        for variant in alternatives(argv):
+            checked += 1
+            try:
+                parser.parse_args(variant)
+            except SystemExit:
+                bad.append(f"{where}: {command} ({' '.join(variant)})")
+    assert checked >= 20, f"only {checked} diloco commands found: is the scanner still reading the pages?"
+    assert not bad, "these commands do not parse (a renamed or abbreviated flag?):\n  " + "\n  ".join(bad)
+
+
+def test_the_parse_check_catches_an_abbreviation(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(cli_arguments(".venv/bin/diloco compare --round 3"))
+    assert "did you mean --rounds?" in capsys.readouterr().err
+
+
+def test_nothing_suggests_executing_a_tracked_notebook_in_place():
+    texts = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in PAGES}
+    texts.update({str(p.relative_to(ROOT)): notebook_markdown(p) for p in NOTEBOOKS})
+    texts["scripts/make_notebooks.py"] = MAKE_NOTEBOOKS.read_text(encoding="utf-8")
+    template = ROOT / "src" / "diloco" / "tools" / "workspace_template" / "README.md"
+    texts[str(template.relative_to(ROOT))] = template.read_text(encoding="utf-8")
+    bad = [name for name, text in texts.items() if re.search(r"jupyter\s+(execute|nbconvert)\b[^\n`]*--inplace", text)]
+    assert not bad, f"--inplace rewrites a tracked notebook (git shows it modified): {bad}"
+
+
+def test_make_notebooks_writes_executed_copies_under_build():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    recipe = makefile[makefile.index("\nnotebooks:"):]
+    recipe = recipe[:recipe.index("\n\n")]
+    assert "jupyter execute" in recipe and '--output="../build/notebooks/' in recipe and "--inplace" not in recipe
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "make notebooks" in readme and "--inplace" not in readme

@@ -1,0 +1,78 @@
+"""A workspace's environment is small: `make test` and `make grade` install the `grade` extra
+(pytest and Hypothesis beside NumPy), pinned by the constraints file, not the 500 MB dev set."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from diloco.tools.workspace import create_workspace
+
+pytestmark = pytest.mark.tooling
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def expand(extras: dict, name: str) -> set[str]:
+    """The distributions an extra brings, self-references (``diloco[test]``) followed."""
+    found = set()
+    for requirement in extras[name]:
+        match = re.match(r"diloco\[([\w,]+)\]", requirement)
+        if match:
+            for inner in match.group(1).split(","):
+                found |= expand(extras, inner)
+        else:
+            found.add(re.split(r"[<>=\[ ;]", requirement)[0].lower())
+    return found
+
+
+def test_the_grade_extra_is_the_test_tools_and_nothing_heavy():
+    extras = pyproject()["project"]["optional-dependencies"]
+    grade = expand(extras, "grade")
+    assert {"pytest", "hypothesis"} <= grade
+    heavy = {"scipy", "mnist1d", "mpich", "mpi4py", "jupyter", "nbclient", "ipykernel", "matplotlib", "ruff",
+             "mkdocs", "mkdocs-material", "tqdm"}
+    assert not grade & heavy, f"the grade extra pulls in {sorted(grade & heavy)}"
+
+
+def test_dev_holds_the_docs_extra_so_make_test_runs_the_docs_tests():
+    extras = pyproject()["project"]["optional-dependencies"]
+    assert expand(extras, "docs") <= expand(extras, "dev")
+
+
+def test_a_workspace_installs_the_grade_extra_with_the_constraints(tmp_path):
+    workspace = create_workspace(tmp_path / "ws")
+    makefile = (workspace / "Makefile").read_text(encoding="utf-8")
+    install = makefile[makefile.index("$(VENV)/.installed:"):]
+    install = install[:install.index("\n\n")]
+    assert "-e '.[grade]'" in install and ".[dev]" not in makefile, install
+    for target in ("test", "grade"):
+        assert re.search(rf"^{target}: \$\(VENV\)/\.installed$", makefile, re.M), f"make {target} needs more than grade"
+    assert (workspace / "constraints.txt").read_text() == (ROOT / "constraints.txt").read_text()
+    assert "$(if $(CONSTRAINTS),-c $(CONSTRAINTS),)" in makefile
+
+
+def test_the_constraints_pin_every_package_of_the_dev_environment():
+    lines = [line for line in (ROOT / "constraints.txt").read_text().splitlines() if line and not line.startswith("#")]
+    pinned = {re.split(r"==", line)[0].lower().replace("_", "-") for line in lines}
+    assert all("==" in line for line in lines), "every line pins one version"
+    for name in ("numpy", "pytest", "hypothesis", "mkdocs", "mkdocs-material", "nbclient", "ruff", "scipy"):
+        assert name in pinned, f"{name} is not pinned"
+    assert not any(name.startswith("diloco") for name in pinned), "the project itself is not pinned"
+
+
+def test_every_install_of_the_root_makefile_uses_the_constraints():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    installs = re.findall(r"^\t(.*(?:pip install|\$\(PIP_INSTALL\)).*)$", makefile, re.M)
+    project_installs = [line for line in installs if "-e '." in line and "$(LOCK_VENV)" not in line]  # lock: unpinned
+    assert project_installs and all("$(PIP_INSTALL)" in line for line in project_installs), project_installs
+    assert re.search(r"^PIP_INSTALL := .*-c \$\(CONSTRAINTS\)$", makefile, re.M)
+    lock = makefile[makefile.index("\nlock:"):]
+    assert "pip freeze" in lock and "> $(CONSTRAINTS).tmp" in lock
