@@ -397,7 +397,7 @@ plt.show()"""),
 
 Two graded exercises sit outside the course's 30 milestones: `x01` (an fp4 E2M1 quantiser with a
 power-of-two block scale) and `x02` (the strided fragment schedule). The reference implementations
-are `diloco.family.quantize.encode` and `diloco.family.streaming.sync_steps`; write your own and
+are `diloco.core.quantize.encode` and `diloco.core.schedule.sync_steps`; write your own and
 compare them on the worked examples of `docs/concepts/compression.md` and `docs/concepts/streaming.md`."""),
 ]
 

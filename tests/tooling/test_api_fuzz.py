@@ -34,10 +34,10 @@ import diloco
 from diloco.config import DiLoCoConfig
 from diloco.data import make_synthetic, stratified_split
 from diloco.engine import choose_layout
-from diloco.family.comm import native_bytes
+from diloco.core.comm import native_bytes
 from diloco.family.eager import eager_outer_gradient
-from diloco.family.netsim import all_reduce_seconds, parse_bandwidth, parse_duration
-from diloco.family.quantize import (
+from diloco.core.netsim import all_reduce_seconds, parse_bandwidth, parse_duration
+from diloco.core.quantize import (
     bfloat16_bits,
     bfloat16_values,
     decode,
@@ -124,7 +124,7 @@ def _adamw_state(step=3):
 
 
 TARGETS = {
-    # diloco.family.quantize
+    # diloco.core.quantize
     "encode": (encode, lambda: {"x": _X, "fmt": "int8", "block_size": 4}, {"x": "tensor", "fmt": "choice",
                                                                           "block_size": "nonneg"}),
     "quantize": (quantize, lambda: {"x": _X, "fmt": "fp4", "block_size": 4}, {"x": "tensor", "fmt": "choice",
@@ -137,7 +137,7 @@ TARGETS = {
     "sign_prune_mask": (sign_prune_mask, lambda: {"x": _X, "fraction": 0.5}, {"x": "tensor",
                                                                               "fraction": "fraction"}),
     "unit_bounds": (unit_bounds, lambda: {"size": 10, "unit": 4}, {"size": "nonneg", "unit": "count"}),
-    # diloco.family.netsim, comm
+    # diloco.core.netsim, comm
     "parse_bandwidth": (parse_bandwidth, lambda: {"text": "1Gbit"}, {"text": "junk_text"}),
     "parse_duration": (parse_duration, lambda: {"text": "50ms"}, {"text": "junk_text"}),
     "all_reduce_seconds": (all_reduce_seconds, lambda: {"bytes_sent": 1e6, "num_workers": 4, "bandwidth": 1e9,

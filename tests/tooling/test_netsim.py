@@ -1,4 +1,4 @@
-"""The network simulator (diloco.family.netsim): parsing, the timeline model by hand, overlap."""
+"""The network simulator (diloco.core.netsim): parsing, the timeline model by hand, overlap."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Wire formats of outer gradients (diloco.family.quantize, wire, comm): bounds, idempotence,
+"""Wire formats of outer gradients (diloco.core.quantize, wire, comm): bounds, idempotence,
 special values, byte counts. Expected values come from the formats' definitions (the
 E2M1 grid, IEEE bit patterns, exact fractions), never from the code under test."""
 

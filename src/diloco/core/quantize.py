@@ -237,6 +237,8 @@ def encode(x: np.ndarray, fmt: str, *, block_size: int = 0, keep: np.ndarray | N
 def decode(encoded: Encoded, dtype=np.float64) -> np.ndarray:
     """The tensor an ``Encoded`` stands for, in ``dtype`` (the params' dtype); unsent values are 0."""
     api_checks.decode(encoded, dtype)
+    if not isinstance(encoded, Encoded):
+        raise TypeError(f"encoded must be an Encoded (from encode), got {type(encoded).__name__}")
     dtype = np.dtype(dtype)
     fmt, codes = encoded.fmt, encoded.codes
     if fmt in ("float64", "float32", "float16"):

@@ -8,7 +8,7 @@
 * ``streaming``: Streaming DiLoCo's ``P:TAU:MIX`` (``P:TAU:MIX:fp4`` with 4-bit outer
   gradients). Claim: the same quality at P times lower peak bandwidth.
 * ``bandwidth``: sync, DiLoCo, Streaming DiLoCo and eager updates, trained once per
-  seed, then the simulated network (``diloco.family.netsim``) at each bandwidth of
+  seed, then the simulated network (``diloco.core.netsim``) at each bandwidth of
   ``--values``: simulated time to a target held-out loss (``--target-loss``) and compute
   utilisation. Claims: streaming and eager hide communication; eager updates close the
   gap at low bandwidth.

@@ -4,7 +4,7 @@
 its outcomes into what it prints and writes with these: ``paired_difference`` (the mean
 and 95% interval over seeds of one arm minus another, seed by seed), the compression and
 streaming Markdown tables, and, for the bandwidth study, ``time_to_target`` (the
-simulated network, ``diloco.family.netsim``, replayed over a run's history),
+simulated network, ``diloco.core.netsim``, replayed over a run's history),
 ``bandwidth_rows``, its table and ``plot_time_to_target``. Re-exported by
 ``diloco.tools.family_study``.
 """
