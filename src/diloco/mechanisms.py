@@ -1,18 +1,19 @@
 """The paper's mechanisms around the DiLoCo round, each switched by a ``DiLoCoConfig`` field.
 
-Milestones 25-27 compose these helpers; with every field at its default each helper is
-the identity (or is not called), so the course's algorithm is unchanged bit for bit.
+The one training core (``diloco.core``) composes these helpers around the milestone
+functions; with every field at its default each helper is the identity (or is not
+called), so the driver computes the course's algorithm (milestones 25-27) bit for bit.
 
 =====================  ==========================  ==============================================
-mechanism              config field(s)             what this module gives the loop
+mechanism              config field(s)             what this module gives the core
 =====================  ==========================  ==============================================
 inner lr schedule      ``lr_schedule``,            ``inner_lr``, ``scheduled_adamw_step``
                        ``warmup_steps``
 gradient clipping      ``clip_norm``               ``clip_by_global_norm``, ``scheduled_adamw_step``
 shard-size weights     ``shard_weighting``         ``pseudo_grad_weights``
-outer optimizer        ``outer_optimizer``,        ``outer_step`` (SGD / heavy ball / Nesterov
-                       ``outer_beta2``,            through milestones 22-23; Adam through 08-10)
-                       ``outer_eps``
+outer optimizer        ``outer_optimizer``,        ``outer_step`` (``diloco.core.outer``: SGD /
+                       ``outer_beta2``,            heavy ball / Nesterov through 22-23, Adam
+                       ``outer_eps``               through 08-10, Lion)
 dropped outer grads    ``drop_prob``               ``draw_dropped``
 worker similarity      ``record_similarity``       ``mean_pairwise_cosine``
 one-hot inputs         (the ``encode`` argument)   ``train_worker``
@@ -40,7 +41,7 @@ from diloco.sharding import sample_worker_batch
 
 __all__ = [
     "COSINE_FLOOR", "global_norm", "inner_lr", "scheduled_adamw_step", "clip_by_global_norm", "train_worker",
-    "uses_plain_worker", "pseudo_grad_weights", "normalised_weights", "check_fast_engine", "outer_step",
+    "uses_plain_worker", "pseudo_grad_weights", "normalised_weights", "outer_step",
     "copy_outer_state", "draw_dropped", "mean_pairwise_cosine",
 ]
 
@@ -117,7 +118,8 @@ def scheduled_adamw_step(params: Params, state: AdamWState, grads: Params, confi
     with ``lr = inner_lr(config, state.step + 1)``. At the defaults this is exactly
     ``adamw_step(params, state, grads, config.inner)``.
     """
-    grads, _ = clip_by_global_norm(grads, config.clip_norm)
+    if config.clip_norm is not None:  # the norm costs a pass over the gradients: only when clipping
+        grads, _ = clip_by_global_norm(grads, config.clip_norm)
     inner: AdamWConfig = config.inner
     if config.lr_schedule != "constant":
         inner = dataclasses.replace(inner, lr=inner_lr(config, state.step + 1))
@@ -194,31 +196,6 @@ def normalised_weights(shards, config: DiLoCoConfig) -> list[float]:
     weights = pseudo_grad_weights(shards, config) or [1.0] * len(shards)
     total = sum(weights)
     return [w / total for w in weights]
-
-
-def check_fast_engine(config: DiLoCoConfig, algo: str, executor: str = "the fast engine") -> None:
-    """Raise ``ValueError`` naming the mechanisms ``diloco.engine`` does not run.
-
-    The fast engine (and the MPI backend, ``executor="the MPI backend"``) runs the
-    course's algorithm and shard-size weights; the lr schedule and clipping (both
-    algorithms), outer Adam, dropped outer gradients and the similarity record (DiLoCo)
-    need ``engine="reference"``.
-    """
-    missing = []
-    if config.lr_schedule != "constant":
-        missing.append(f"lr_schedule={config.lr_schedule!r}")
-    if config.clip_norm is not None:
-        missing.append(f"clip_norm={config.clip_norm:g}")
-    if algo == "diloco":
-        if config.outer_optimizer != "sgd":
-            missing.append(f"outer_optimizer={config.outer_optimizer!r}")
-        if config.drop_prob > 0:
-            missing.append(f"drop_prob={config.drop_prob:g}")
-        if config.record_similarity:
-            missing.append("record_similarity=True")
-    if missing:
-        raise ValueError(f"{executor} does not run {', '.join(missing)}: use engine='reference' (--engine "
-                         f"reference), which runs every mechanism")
 
 
 def outer_step(params: Params, pseudo_grad: Params, outer_state: OuterState, config: DiLoCoConfig

@@ -10,10 +10,12 @@ import pytest
 
 from diloco.tools.cli import main
 
-__all__ = ["run_cli", "only_run_dir", "mpiexec", "TINY"]
+__all__ = ["run_cli", "only_run_dir", "mpiexec", "TINY", "TINY_DEEP"]
 
-# A run small enough for a test: two workers, a two-hidden-layer MLP (so two fragments fit).
-TINY = ["--rounds", "2", "-H", "4", "-K", "2", "--hidden-sizes", "8,8", "--batch-size", "8", "-q", "--no-plots"]
+# A run small enough for a test: two workers, three inner steps, one hidden layer of 8.
+TINY = ["--rounds", "2", "-H", "3", "-K", "2", "--hidden-sizes", "8", "--batch-size", "8", "-q"]
+# The same with two hidden layers (so two fragments fit) and no plots.
+TINY_DEEP = ["--rounds", "2", "-H", "4", "-K", "2", "--hidden-sizes", "8,8", "--batch-size", "8", "-q", "--no-plots"]
 
 
 def run_cli(argv, capsys):

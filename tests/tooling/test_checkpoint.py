@@ -170,7 +170,7 @@ def _rewrite_npz(manifest_path: Path, arrays: dict, declared=None) -> None:
 def _write_forged(path: Path, manifest: dict) -> None:
     """A manifest whose own checksum is recomputed: what a hostile file, not a damaged one, looks like.
     The deeper checks must refuse it anyway."""
-    manifest["manifest_sha256"] = ckpt._manifest_digest(manifest)
+    manifest["manifest_sha256"] = ckpt.manifest_digest(manifest)
     path.write_text(json.dumps(manifest))
 
 

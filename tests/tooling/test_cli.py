@@ -10,33 +10,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import TINY, only_run_dir, run_cli
 
 from diloco.data import load_npz_dataset
 from diloco.tools import commands, studies
-from diloco.tools.cli import main
 from diloco.tools.runs import HISTORY_FIELDS, read_jsonl
-
-TINY = ["--rounds", "2", "-H", "3", "-K", "2", "--hidden-sizes", "8", "--batch-size", "8", "-q"]
-
-
-def run_cli(argv, capsys):
-    """``main(argv)`` -> (exit status, stdout, stderr); argparse's SystemExit counts too."""
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as exc:
-        status = exc.code
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-def only_run_dir(runs_dir: Path) -> Path:
-    folders = [p for p in runs_dir.iterdir() if p.is_dir()]
-    assert len(folders) == 1, folders
-    return folders[0]
 
 
 def test_compare_writes_run_folder_with_plots(tmp_path, capsys):

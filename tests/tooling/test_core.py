@@ -185,7 +185,7 @@ if MPI.COMM_WORLD.rank == 0:
 @pytest.mark.slow
 def test_every_feature_on_real_mpi_ranks_is_the_single_process_run_bit_for_bit(tmp_path):
     pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
-    from test_mpi import mpiexec
+    from cli_helpers import mpiexec
 
     (tmp_path / "run.py").write_text(SCRIPT, encoding="utf-8")
     done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "run.py", "out.json", str(Path(__file__).parent)],

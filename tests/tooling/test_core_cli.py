@@ -13,7 +13,8 @@ import json
 
 import numpy as np
 import pytest
-from cli_helpers import TINY, only_run_dir, run_cli
+from cli_helpers import TINY_DEEP as TINY
+from cli_helpers import only_run_dir, run_cli
 
 from diloco.engine import stacked
 from diloco.tools.runs import read_jsonl

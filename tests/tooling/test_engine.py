@@ -17,13 +17,14 @@ import os
 
 import numpy as np
 import pytest
+from cli_helpers import TINY as TINY_CLI
+from cli_helpers import run_cli
 
 from diloco import DiLoCoConfig, sample_worker_batch, train_diloco, train_synchronous_baseline
 from diloco.data import load_digits_split
 from diloco.engine import STACKED_MAX_BYTES, TRAINERS, choose_layout, train_diloco_fast, train_synchronous_fast
 from diloco.engine.stacked import draw_batch as _draw_batch
 from diloco.tools import studies
-from diloco.tools.cli import main
 from diloco.tools.regions import PACKAGE_DIR, is_reference_only
 
 # The reference executor: the milestone trainers for the course's algorithm, else the driver on it.
@@ -174,28 +175,22 @@ def test_trainer_dispatch():
             studies.trainer(algo, engine)
 
 
-def _run_cli(argv, capsys):
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as exc:
-        status = exc.code
-    return (status, *capsys.readouterr())
 
 
-TINY = ["--rounds", "2", "-H", "3", "-K", "2", "--hidden-sizes", "8", "--batch-size", "8", "-q", "--no-plots"]
+TINY = [*TINY_CLI, "--no-plots"]
 
 
 def test_cli_engine_flag_and_study_default(tmp_path, capsys):
-    status, _, err = _run_cli(["train", *TINY, "--engine", "fast", "--runs-dir", tmp_path / "t"], capsys)
+    status, _, err = run_cli(["train", *TINY, "--engine", "fast", "--runs-dir", tmp_path / "t"], capsys)
     assert status == 0, err
     saved = json.loads(next((tmp_path / "t").glob("*/config.json")).read_text())
     assert saved["config"]["engine"] == "fast"
     argv = ["study", "workers", "--values", "1,2", "--seeds", "1", *TINY, "--runs-dir", tmp_path / "s"]
-    status, _, err = _run_cli(argv, capsys)
+    status, _, err = run_cli(argv, capsys)
     assert status == 0, err
     saved = json.loads(next((tmp_path / "s").glob("*/config.json")).read_text())
     assert saved["config"]["engine"] == "fast"  # studies default to the fast engine
-    status, _, err = _run_cli(["compare", *TINY, "--runs-dir", tmp_path / "c"], capsys)
+    status, _, err = run_cli(["compare", *TINY, "--runs-dir", tmp_path / "c"], capsys)
     assert status == 0, err
     saved = json.loads(next((tmp_path / "c").glob("*/config.json")).read_text())
     assert saved["config"]["engine"] == "reference"  # compare and train run the milestone functions
@@ -206,7 +201,7 @@ def test_every_mechanism_runs_on_the_fast_engine_and_is_recorded(tmp_path, capsy
     config_file = tmp_path / "clip.json"
     config_file.write_text(json.dumps({"clip_norm": 1.0}))
     argv = ["train", *TINY, "--engine", "fast", "--config", config_file, "--runs-dir", tmp_path / "t"]
-    status, _, err = _run_cli(argv, capsys)
+    status, _, err = run_cli(argv, capsys)
     assert status == 0, err
     saved = json.loads(next((tmp_path / "t").glob("*/config.json")).read_text())
     assert saved["config"]["engine"] == "fast" and saved["config"]["clip_norm"] == 1.0
@@ -221,7 +216,7 @@ def test_workspace_leaves_the_engine_out_and_asking_for_it_is_one_line(tmp_path,
     # In a workspace the package is absent: simulate it.
     monkeypatch.setattr(studies, "fast_engine_available", lambda: False)
     assert studies.default_engine() == "reference"
-    status, _, err = _run_cli(["train", *TINY, "--engine", "fast", "--runs-dir", tmp_path], capsys)
+    status, _, err = run_cli(["train", *TINY, "--engine", "fast", "--runs-dir", tmp_path], capsys)
     assert status == 2 and len(err.strip().splitlines()) == 1, err
     assert "not part of a learner workspace" in err and "--engine reference" in err
     assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written

@@ -3,32 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import TINY_DEEP as TINY
+from cli_helpers import only_run_dir, run_cli
 
 from diloco import DiLoCoConfig
 from diloco.data import load_digits_split
 from diloco.family import FamilyConfig, train_family
-from diloco.tools.cli import main
-
-TINY = ["--rounds", "2", "-H", "4", "-K", "2", "--hidden-sizes", "8,8", "--batch-size", "8", "-q", "--no-plots"]
-
-
-def run_cli(argv, capsys):
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as exc:
-        status = exc.code
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-def only_run_dir(runs_dir: Path) -> Path:
-    folders = [p for p in runs_dir.iterdir() if p.is_dir()]
-    assert len(folders) == 1, folders
-    return folders[0]
 
 
 def test_train_with_family_flags_equals_the_library_and_counts_encoded_bytes(tmp_path, capsys):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
+
+from cli_helpers import mpiexec  # noqa: E402
 
 from diloco import DiLoCoConfig  # noqa: E402
 from diloco.data import load_digits_split  # noqa: E402
@@ -39,12 +40,6 @@ if comm.rank == 0:
 """
 
 
-def mpiexec() -> str:
-    beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if beside.exists() else shutil.which("mpiexec")
-    if found is None:
-        pytest.fail("mpi4py is installed but no mpiexec was found (the mpich wheel provides one)")
-    return found
 
 
 def run(processes: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import TINY, only_run_dir, run_cli
+from cli_helpers import TINY, only_run_dir, run_cli
 
 from diloco.core import sync
 from diloco.tools import commands, runs

@@ -18,7 +18,6 @@ from diloco import DiLoCoConfig
 from diloco.adamw import AdamWState, init_adamw_state
 from diloco.config import AdamWConfig
 from diloco.mechanisms import (
-    check_fast_engine,
     clip_by_global_norm,
     draw_dropped,
     inner_lr,
@@ -206,16 +205,6 @@ def test_the_config_round_trips_with_every_mechanism_set():
                           record_similarity=True)
     assert DiLoCoConfig.from_dict(config.to_dict()) == config
     assert DiLoCoConfig.from_dict({"rounds": 2}).drop_prob == 0.0, "an old config.json gets the defaults"
-
-
-@pytest.mark.parametrize("changes", [{"lr_schedule": "cosine"}, {"clip_norm": 1.0}, {"outer_optimizer": "adam"},
-                                     {"drop_prob": 0.1}, {"record_similarity": True}])
-def test_the_fast_engine_refuses_what_it_does_not_run(changes):
-    with pytest.raises(ValueError, match=list(changes)[0]):
-        check_fast_engine(small(**changes), "diloco")
-    check_fast_engine(small(shard_weighting="size"), "diloco")  # weights it runs
-    if list(changes)[0] in ("outer_optimizer", "drop_prob", "record_similarity"):
-        check_fast_engine(small(**changes), "sync")  # DiLoCo-only fields do not concern the baseline
 
 
 def test_the_fast_engine_weighs_by_shard_size_as_the_loop_does():

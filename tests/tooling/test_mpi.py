@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,16 +12,10 @@ import pytest
 
 pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
 
+from cli_helpers import mpiexec  # noqa: E402
+
 from diloco import DiLoCoConfig, train_diloco  # noqa: E402
 from diloco.data import load_digits_split  # noqa: E402
-
-
-def mpiexec() -> str:
-    beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if beside.exists() else shutil.which("mpiexec")
-    if found is None:
-        pytest.fail("mpi4py is installed but no mpiexec was found (the mpich wheel provides one)")
-    return found
 
 
 def run_mpi(processes: int, *flags: str, cwd: Path) -> subprocess.CompletedProcess:

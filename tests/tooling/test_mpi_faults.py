@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
 
-from test_mpi import mpiexec  # noqa: E402
+from cli_helpers import mpiexec  # noqa: E402
 
 FLAGS = ("--rounds", "3", "-H", "2", "--hidden-sizes", "8", "--batch-size", "8")
 

@@ -12,7 +12,7 @@ import time
 from argparse import Namespace
 
 import pytest
-from test_cli import run_cli
+from cli_helpers import run_cli
 
 from diloco.config import DiLoCoConfig
 from diloco.data import load_digits_split

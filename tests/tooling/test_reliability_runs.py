@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cli import run_cli
+from cli_helpers import run_cli
 
 from diloco.tools.run_environment import constraints_record, source_record
 from diloco.tools.run_lock import RunLocked, lock_run_dir, release_runs

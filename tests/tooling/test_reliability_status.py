@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_cli import TINY, only_run_dir, run_cli
+from cli_helpers import TINY, only_run_dir, run_cli
 
 from diloco.tools import run_lock
 

@@ -50,13 +50,13 @@ def atomic_write_bytes(path, data: bytes) -> Path:
         with contextlib.suppress(OSError):
             os.unlink(partial)
         if isinstance(exc, OSError) and exc.filename != str(path):
-            raise _naming(exc, path) from exc
+            raise name_os_error(exc, path) from exc
         raise
     _fsync_dir(path.parent)
     return path
 
 
-def _naming(exc: OSError, path: Path) -> OSError:
+def name_os_error(exc: OSError, path: Path) -> OSError:
     """The same error, naming the file the caller asked for (not a temporary name, not none)."""
     return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
 
@@ -66,12 +66,12 @@ def atomic_write_text(path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _jsonable(value):
+def to_jsonable(value):
     """NaN/Inf become None (JSON has no such numbers); NumPy scalars become Python ones."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [to_jsonable(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # NumPy scalar
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -83,7 +83,7 @@ def _jsonable(value):
 
 def write_json(path, data) -> Path:
     """Write ``data`` as indented, strict JSON (NaN/Inf become null), atomically."""
-    return atomic_write_text(path, json.dumps(_jsonable(data), indent=2, allow_nan=False) + "\n")
+    return atomic_write_text(path, json.dumps(to_jsonable(data), indent=2, allow_nan=False) + "\n")
 
 
 def read_json(path):

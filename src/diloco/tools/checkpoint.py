@@ -51,10 +51,10 @@ from diloco.tools.checkpoint_verify import (
     FORMAT,
     FORMAT_VERSION,
     CheckpointError,
-    _manifest_digest,
-    _read_arrays,
-    _read_manifest,
     config_changes,
+    manifest_digest,
+    read_arrays,
+    read_manifest,
 )
 from diloco.tools.runs import atomic_write_bytes, atomic_write_text
 
@@ -187,7 +187,7 @@ SHA-256 besides the ``.npz``'s; only then are older
         "npz": f"{stem}.npz", "npz_bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
         "history": history,
     }
-    manifest["manifest_sha256"] = _manifest_digest(manifest)
+    manifest["manifest_sha256"] = manifest_digest(manifest)
     manifest_path = directory / f"{stem}.json"
     atomic_write_text(manifest_path, json.dumps(manifest, indent=1, allow_nan=False) + "\n")
     _prune(directory, algo, keep)
@@ -246,7 +246,7 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
     def refuse(why: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {path} refused: {why}")
 
-    manifest = _read_manifest(path)
+    manifest = read_manifest(path)
     if algo is not None and manifest["algo"] != algo:
         raise refuse(f"it is a {manifest['algo']!r} checkpoint, not {algo!r}")
     _check_algo(manifest["algo"])
@@ -268,7 +268,7 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
         raise refuse(f"truncated: {npz_path.name} holds {len(blob)} bytes, the manifest says {manifest['npz_bytes']}")
     if hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
         raise refuse(f"corrupted: the SHA-256 of {npz_path.name} does not match the manifest")
-    arrays = _read_arrays(npz_path, manifest, saved_config.dtype, refuse)
+    arrays = read_arrays(npz_path, manifest, saved_config.dtype, refuse)
 
     round_index, steps = manifest["round"], manifest["worker_steps"]
     num_states = saved_config.num_workers if manifest["algo"] == "diloco" else 1

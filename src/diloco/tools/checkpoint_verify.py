@@ -1,9 +1,9 @@
 """Checking a checkpoint's files: the format, the manifest's checksum and fields, the arrays.
 
 ``diloco.tools.checkpoint.load_checkpoint`` reads a checkpoint through these helpers:
-``_read_manifest`` refuses a manifest that is not valid JSON, of another format or
-version, whose own SHA-256 (``manifest_sha256``, see ``_manifest_digest``) does not
-match, or whose fields are missing or of the wrong type; ``_read_arrays`` checks the
+``read_manifest`` refuses a manifest that is not valid JSON, of another format or
+version, whose own SHA-256 (``manifest_sha256``, see ``manifest_digest``) does not
+match, or whose fields are missing or of the wrong type; ``read_arrays`` checks the
 ``.npz`` entries' names, dtypes, shapes and sizes against the manifest before loading
 them, and refuses NaN or Inf. ``config_changes`` names what differs between two configs.
 Every refusal is a ``CheckpointError`` naming the file. ``FORMAT``, ``FORMAT_VERSION``,
@@ -32,7 +32,7 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and the reason."""
 
 
-def _manifest_digest(manifest: dict) -> str:
+def manifest_digest(manifest: dict) -> str:
     """SHA-256 of the manifest's content without its own checksum (canonical JSON)."""
     content = {key: value for key, value in manifest.items() if key != "manifest_sha256"}
     return hashlib.sha256(json.dumps(content, sort_keys=True, allow_nan=False).encode()).hexdigest()
@@ -48,7 +48,7 @@ def config_changes(old: DiLoCoConfig, new: DiLoCoConfig) -> list[str]:
     return changes
 
 
-def _read_manifest(path: Path) -> dict:
+def read_manifest(path: Path) -> dict:
     def refuse(why: str):
         return CheckpointError(f"checkpoint {path} refused: {why}")
 
@@ -64,7 +64,7 @@ def _read_manifest(path: Path) -> dict:
         raise refuse(f"wrong format version {manifest.get('version')!r}; this diloco reads version "
                      f"{FORMAT_VERSION}")
     try:
-        intact = manifest.get("manifest_sha256") == _manifest_digest(manifest)
+        intact = manifest.get("manifest_sha256") == manifest_digest(manifest)
     except (TypeError, ValueError):  # a value JSON cannot hold again (NaN): not what save_checkpoint wrote
         intact = False
     if not intact:
@@ -81,7 +81,7 @@ def _read_manifest(path: Path) -> dict:
     return manifest
 
 
-def _read_arrays(npz_path: Path, manifest: dict, dtype: str, refuse) -> dict:
+def read_arrays(npz_path: Path, manifest: dict, dtype: str, refuse) -> dict:
     """The arrays of the ``.npz``, after checking names, headers and sizes against the manifest."""
     declared = manifest["arrays"]
     try:

@@ -34,12 +34,12 @@ from diloco.family.trainers import family_trainer
 from diloco.tools.errors import CliError
 from diloco.tools.family_flags import build_family
 from diloco.tools.family_tables import (
-    _bandwidth_table,
-    _compression_table,
-    _streaming_table,
     bandwidth_rows,
+    bandwidth_table,
+    compression_table,
     paired_difference,
     plot_time_to_target,
+    streaming_table,
     time_to_target,
 )
 from diloco.tools.faults import quiet_numpy, run_outcome
@@ -249,15 +249,15 @@ def run_family_study_command(args) -> int:
     summary = {"command": "study", "study": study.name, "status": "completed", "claim": study.claim,
                "seeds": seeds, "rows": rows}
     if study.name == "compression":
-        table = _compression_table(rows, outcomes)
+        table = compression_table(rows, outcomes)
     elif study.name == "streaming":
-        table = _streaming_table(rows, outcomes)
+        table = streaming_table(rows, outcomes)
     else:
         brows = bandwidth_rows(outcomes, values, family.latency, family.step_time, target)
         summary["bandwidth"] = brows
         table = (f"Simulated time to a held-out loss of {target:g} (mean over seeds; compute utilisation of the "
                  f"whole run in brackets), step time {family.step_time:g} s, latency {family.latency:g} s, "
-                 f"K={config.num_workers}:\n\n" + _bandwidth_table(brows, values))
+                 f"K={config.num_workers}:\n\n" + bandwidth_table(brows, values))
     write_json(run_dir / "summary.json", summary)
     base = {k: v for k, v in config.to_dict().items() if k != "inner"}
     atomic_write_text(run_dir / "study.md", (

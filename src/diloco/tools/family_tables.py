@@ -57,7 +57,7 @@ def _with_note(lines: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _compression_table(rows, outcomes) -> str:
+def compression_table(rows, outcomes) -> str:
     native = next((r for r in rows if r["variant"] == "native"), rows[0])
     lines = ["| wire format | held-out accuracy [95% CI] | held-out loss [95% CI] | loss minus the first arm's, "
              "paired [95% CI] | bytes/worker | compression vs the first arm |", "|---|---|---|---|---:|---:|"]
@@ -70,7 +70,7 @@ def _compression_table(rows, outcomes) -> str:
     return _with_note(lines)
 
 
-def _streaming_table(rows, outcomes) -> str:
+def streaming_table(rows, outcomes) -> str:
     peaks = {}
     for outcome in outcomes:
         peaks.setdefault(outcome["variant"], outcome["peak_sync_bytes"])
@@ -129,7 +129,7 @@ def plot_time_to_target(rows, bandwidths, target: float):
     return fig
 
 
-def _bandwidth_table(rows, bandwidths) -> str:
+def bandwidth_table(rows, bandwidths) -> str:
     head = "| arm | final held-out loss | " + " | ".join(bandwidths) + " |"
     lines = [head, "|---|---|" + "---:|" * len(bandwidths)]
     for row in rows:

@@ -117,7 +117,7 @@ def _number(value: float, digits: int = 3) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
-def _interval(stats: dict, digits: int = 3, field: str | None = None) -> str:
+def interval_text(stats: dict, digits: int = 3, field: str | None = None) -> str:
     """``mean [low, high]``; with ``field`` clipped to its ``RANGES`` entry and marked when clipped."""
     if field is not None:
         stats = clip_interval(stats, RANGES[field])
@@ -129,7 +129,7 @@ def _difference(claim: dict) -> str:
     """The paired difference of a claim: absolute, or relative (in %) for a margin claim."""
     diff = claim["metric_difference"]
     if claim.get("margin") is None:
-        return _interval(diff)
+        return interval_text(diff)
     return (f"{100 * diff['mean']:+.1f}% [{100 * diff['low']:+.1f}%, {100 * diff['high']:+.1f}%], "
             f"margin {100 * claim['margin']:.0f}%")
 
@@ -142,7 +142,8 @@ def render_arms_table(summary: dict) -> str:
              "|---|---:|---:|---|---|---:|"]
     clipped = False
     for row in summary["rows"]:
-        metric, accuracy = _interval(row[field], field=field), _interval(row["eval_accuracy"], field="eval_accuracy")
+        metric = interval_text(row[field], field=field)
+        accuracy = interval_text(row["eval_accuracy"], field="eval_accuracy")
         clipped = clipped or CLIPPED_MARK in metric + accuracy
         lines.append(f"| {row['arm']} | {row['steps_per_worker']} | {row['all_reduces']} | {metric} "
                      f"| {accuracy} | {_number(row['best_eval_loss']['mean'])} |")

@@ -30,7 +30,7 @@ class Arm(NamedTuple):
     changes: dict
 
 
-def _numbers(values, kind, name: str) -> tuple:
+def parse_numbers(values, kind, name: str) -> tuple:
     """``--values`` as numbers (H, K, p or outer lr); ``()`` when not given."""
     if not values:
         return ()
@@ -93,7 +93,7 @@ def tune_outer_lr(study: PaperStudy, arms: list, base: DiLoCoConfig, dataset, se
     tuned, tuning = [], []
     for arm in arms:
         field, grid = study.tune[arm.label]
-        grid = _numbers(values, float, "outer lr") or grid
+        grid = parse_numbers(values, float, "outer lr") or grid
         scores = []
         for value in grid:
             candidate = Arm(arm.label, arm.algo, {**arm.changes, field: value})

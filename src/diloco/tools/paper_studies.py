@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
-from diloco.tools.paper_runs import Arm, _numbers, arm_engine, outcome_of, run_arm, tune_outer_lr
+from diloco.tools.paper_runs import Arm, arm_engine, outcome_of, parse_numbers, run_arm, tune_outer_lr
 
 __all__ = ["Arm", "Claim", "PaperStudy", "TASKS", "PAPER_STUDIES", "OUTER_GRID", "arm_engine", "run_arm",
            "tune_outer_lr", "outcome_of"]
@@ -115,7 +115,7 @@ FIG4_H = (10, 25, 50, 100, 250, 500)
 
 def _fig4_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
     k, h_sync = base.num_workers, base.inner_steps
-    chosen = _numbers(values, int, "H") or FIG4_H
+    chosen = parse_numbers(values, int, "H") or FIG4_H
     arms = [Arm(f"H={h}", "diloco", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)})
             for h in chosen if steps % h == 0 and steps // h >= 2]
     if not arms:
@@ -164,7 +164,7 @@ TABLE3_K = (1, 2, 4, 8, 16)
 
 
 def _table3_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
-    workers = _numbers(values, int, "K") or TABLE3_K
+    workers = parse_numbers(values, int, "K") or TABLE3_K
     arms = []
     for setting, shards in (("IID", {"iid": True}), (f"non-IID a={base.alpha:g}", {"iid": False})):
         arms += [Arm(f"{setting} / K={k}", "diloco", {"num_workers": k, "inner_steps": base.inner_steps,
@@ -193,7 +193,7 @@ DROP_MARGIN = 0.05
 
 
 def _fig8_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
-    probabilities = _numbers(values, float, "p") or DROP_P
+    probabilities = parse_numbers(values, float, "p") or DROP_P
     arms = []
     for setting, shards in (("IID", {"iid": True}), (f"non-IID a={base.alpha:g}", {"iid": False})):
         arms += [Arm(f"{setting} / p={p:g}", "diloco", {"num_workers": base.num_workers, "drop_prob": p,

@@ -25,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from diloco.tools.paper_report import _interval, render_arms_table, render_claims_table, render_paper_table
+from diloco.tools.paper_report import interval_text, render_arms_table, render_claims_table, render_paper_table
 from diloco.tools.runs import atomic_write_text
 
 __all__ = ["ORDER", "TASKS", "BLOCK", "load_summaries", "render_block", "block_names", "rebuild", "main"]
@@ -55,7 +55,7 @@ def _similarity(summaries: dict) -> str:
         field = "eval_perplexity" if task == "shakespeare" else "eval_loss"
         for row in summary["rows"]:
             if row.get("pseudo_grad_cosine"):
-                lines.append(f"| {task} | {row['arm']} | {_interval(row['pseudo_grad_cosine'])} "
+                lines.append(f"| {task} | {row['arm']} | {interval_text(row['pseudo_grad_cosine'])} "
                              f"| {row[field]['mean']:.3f} |")
     return "\n".join(lines) + "\n"
 

@@ -40,11 +40,11 @@ from pathlib import Path
 
 from diloco.loop import RoundRecord
 from diloco.tools.atomic_files import (
-    _jsonable,
-    _naming,
     atomic_write_bytes,
     atomic_write_text,
+    name_os_error,
     read_json,
+    to_jsonable,
     write_json,
 )
 from diloco.tools.run_environment import environment_record, git_commit
@@ -193,7 +193,7 @@ class JsonlWriter:
         self.path.touch()
 
     def write_line(self, record: dict) -> None:
-        line = (json.dumps(_jsonable(record), allow_nan=False) + "\n").encode("utf-8")
+        line = (json.dumps(to_jsonable(record), allow_nan=False) + "\n").encode("utf-8")
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
             start = os.fstat(fd).st_size
@@ -205,14 +205,14 @@ class JsonlWriter:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, start)
                 if isinstance(exc, OSError) and exc.filename is None:
-                    raise _naming(exc, self.path) from exc
+                    raise name_os_error(exc, self.path) from exc
                 raise
         finally:
             os.close(fd)
 
     def rewrite(self, records: list[dict]) -> None:
         """Replace the whole file by ``records`` (atomically)."""
-        atomic_write_text(self.path, "".join(json.dumps(_jsonable(r), allow_nan=False) + "\n" for r in records))
+        atomic_write_text(self.path, "".join(json.dumps(to_jsonable(r), allow_nan=False) + "\n" for r in records))
 
 
 class HistoryWriter(JsonlWriter):
