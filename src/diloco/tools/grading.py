@@ -71,7 +71,7 @@ from diloco.tools.grade_waves import (
     run_wave,
     unreported,
 )
-from diloco.tools.sandbox import prepare
+from diloco.tools.sandbox import Unavailable, prepare
 
 __all__ = [
     "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
@@ -113,7 +113,8 @@ def default_tests_dir() -> Path:
 
 def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float = 600.0,
           python: str | None = None, on_wave: Callable[[list[int]], None] | None = None,
-          sandbox: bool = True, sandbox_user: str = "nobody", call_timeout: float = 120.0) -> GradeReport:
+          sandbox: bool = True, sandbox_user: str = "nobody", call_timeout: float = 120.0,
+          disk: int = 64 << 20) -> GradeReport:
     """Grade the ``diloco`` package in folder ``impl`` against the milestone tests.
 
     Parameters
@@ -126,12 +127,15 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     sandbox : run the graded code only in the sandbox (``diloco.tools.sandbox``); ``False``
         runs it inside the test process (local mode, ``--trust-submission``: fast, forgeable).
     sandbox_user : the account the sandbox runs as when the grader is root.
-    call_timeout : seconds allowed for one call of a graded function in the sandbox.
+    call_timeout : seconds allowed for one call of a graded function in the sandbox, every
+        callback it asks for included.
+    disk : bytes the sandbox may write (the size of its tmpfs).
 
     Raises
     ------
     GradingError
-        No package in ``impl``, it does not import, or the tests folder is missing.
+        No package in ``impl``, it does not import, the tests folder is missing, or (with
+        ``sandbox``) the isolation cannot be had here: the message says how to enable it.
     """
     start = time.perf_counter()
     impl = Path(impl).expanduser().resolve()
@@ -145,12 +149,16 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
         config, guarded = None, ""
         if sandbox:
             try:
-                config = prepare(package_root, Path(tempfile.mkdtemp(prefix="diloco-sandbox-")), user=sandbox_user,
-                                 python=python,
-                                 hide=[GRADER_ROOT / "diloco", tests_dir, Path(tmp)], cover=grader_folders(),
-                                 limits={"cpu": int(max(timeout, 1))}, call_timeout=call_timeout)
+                folder = Path(tempfile.mkdtemp(prefix="diloco-sandbox-"))
+                config = prepare(package_root, folder, user=sandbox_user, python=python,
+                                 hide=[GRADER_ROOT / "diloco", tests_dir, Path(tmp), *grader_folders()],
+                                 limits={"cpu": int(max(timeout, 1))}, call_timeout=call_timeout, disk=disk)
             except KeyError:
+                shutil.rmtree(folder, ignore_errors=True)
                 raise GradingError(f"no user {sandbox_user!r} to run the sandbox as; pass --sandbox-user") from None
+            except Unavailable as exc:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise GradingError(f"cannot sandbox the submission: {exc}") from None
         try:
             workdir = make_workdir(Path(tmp), package_root, config)
             if config is None:
@@ -158,7 +166,7 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
                 imported = Path(imported_from)
             else:
                 imported, guarded = probe_sandbox(config, package_root)
-                imported_from = str(package_root / Path(imported).relative_to(Path(config["package_root"]).resolve()))
+                imported_from = str(package_root / Path(imported).relative_to(config["package_root"]))
             while True:
                 locked_any = False  # lock once every prerequisite has a verdict and one did not pass
                 for m in MILESTONES:
