@@ -71,6 +71,12 @@ def pytest_unconfigure(config):
         proxy.shutdown()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if _SANDBOX:  # each milestone has its own budget of sandbox restarts
+        proxy.begin(_marker(item) or item.nodeid)
+
+
 def _marker(item):
     names = sorted({m.name for m in item.iter_markers() if _MARK.match(m.name)})
     return names[0] if len(names) == 1 else None

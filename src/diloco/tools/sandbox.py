@@ -43,7 +43,8 @@ from pathlib import Path
 from diloco.tools import wire
 from diloco.tools.sandbox_root import BIN, PKG, SANDBOX_ENV, WORK, bind_arguments, runtime
 
-__all__ = ["SandboxError", "Unavailable", "Sandbox", "prepare", "protections", "missing", "HOW_TO_ENABLE"]
+__all__ = ["SandboxError", "Unavailable", "Sandbox", "prepare", "protections", "missing", "find_bwrap",
+           "HOW_TO_ENABLE"]
 
 _PR_SET_PDEATHSIG = 1
 DEFAULT_LIMITS = {"cpu": 600, "as": 4 << 30, "nproc": 64, "fsize": 256 << 20, "nofile": 256, "core": 0}
@@ -77,16 +78,22 @@ def _works(bwrap: str, mode: tuple, uid: int | None, gid: int | None) -> str:
     return "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [f"status {proc.returncode}"])[-1]
 
 
-def _launch_mode(bwrap: str, user: str | None) -> dict:
+def find_bwrap() -> str | None:
+    """The ``bwrap`` executable, or ``None``."""
+    return shutil.which("bwrap") or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
+
+
+def _launch_mode(bwrap: str, user: str | None, as_user: bool) -> dict:
     """How to start bubblewrap here: as root dropping to ``user``, or in a user namespace."""
     import pwd
 
     if os.geteuid() == 0:
         entry = pwd.getpwnam(user or "nobody")  # KeyError: no such user
         uid, gid = entry.pw_uid, entry.pw_gid
-        if not (why := _works(bwrap, tuple(_AS_ROOT), None, None)):
+        why = "not tried" if as_user else _works(bwrap, tuple(_AS_ROOT), None, None)
+        if not why:
             return {"mode": "root", "flags": _AS_ROOT, "uid": uid, "gid": gid, "launch_as": None}
-        if not _works(bwrap, tuple(_AS_USER), uid, gid):  # no CAP_SYS_ADMIN: bubblewrap itself as the user
+        if not (why := _works(bwrap, tuple(_AS_USER), uid, gid)):  # bubblewrap itself as the user
             return {"mode": "userns", "flags": _AS_USER, "uid": uid, "gid": gid, "launch_as": [uid, gid]}
     elif not (why := _works(bwrap, tuple(_AS_USER), None, None)):
         return {"mode": "userns", "flags": _AS_USER, "uid": os.getuid(), "gid": os.getgid(), "launch_as": None}
@@ -95,21 +102,23 @@ def _launch_mode(bwrap: str, user: str | None) -> dict:
 
 def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limits=None,
             call_timeout: float = 120.0, python: str | None = None, disk: int = DEFAULT_DISK,
-            packages: tuple[str, ...] = ("numpy",)) -> dict:
+            packages: tuple[str, ...] = ("numpy",), as_user: bool = False) -> dict:
     """Fill ``folder`` (empty, made by the caller) for a sandbox; the config a ``Sandbox`` takes.
 
     ``package_root`` holds the graded ``diloco`` package; it is copied, so the original is
     never touched. ``user`` is the account the worker runs as when the grader is root.
     ``hide`` are folders that must stay invisible even if they lie inside a folder the root
     shows; ``disk`` is the size of the worker's tmpfs in bytes; ``packages`` what the graded
-    code may import besides the standard library. ``Unavailable`` when it cannot be isolated.
+    code may import besides the standard library. ``as_user``: as root, start bubblewrap itself
+    as ``user``, in a user namespace (what happens anyway where root cannot make namespaces).
+    ``Unavailable`` when the sandbox cannot be isolated here.
     """
     import sys
 
-    bwrap = shutil.which("bwrap") or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
+    bwrap = find_bwrap()
     if bwrap is None or not sys.platform.startswith("linux"):
         raise Unavailable(f"bubblewrap (bwrap) is not installed; {HOW_TO_ENABLE}")
-    launch = _launch_mode(bwrap, user)
+    launch = _launch_mode(bwrap, user, as_user)
     try:
         found = runtime(python or sys.executable, tuple(packages))
     except RuntimeError as exc:
@@ -157,7 +166,7 @@ def missing(config: dict, hello: dict) -> list[str]:
     expected = {p.strip("/").split("/")[0] for p in [*config["shown"], PKG]} | {"dev", "proc"}
     if not hello.get("root") or not set(hello["root"]) <= expected:
         gaps.append(f"an allow-list root (the worker sees /{', /'.join(map(str, hello.get('root') or []))})")
-    if [name for name in hello.get("network") or ["?"] if name != "lo"]:
+    if not isinstance(hello.get("network"), list) or [name for name in hello["network"] if name != "lo"]:
         gaps.append(f"no network (the worker sees interfaces {hello.get('network')})")
     if hello.get("uid") != config["uid"] or (config["mode"] == "userns" and not hello.get("userns")):
         gaps.append(f"a separate user or user namespace (the worker runs as uid {hello.get('uid')})")
@@ -203,6 +212,7 @@ class Sandbox:
         self.hello: dict = {}
         self._log = None
         self._fd_out = self._fd_in = -1
+        self.timed_out = False
 
     @property
     def pid(self) -> int | None:
@@ -251,6 +261,7 @@ class Sandbox:
                 wire.write_frame(self._fd_out, answer, answer_blobs, deadline)
         except TimeoutError:
             self.kill()
+            self.timed_out = True
             raise SandboxError(f"the sandbox did not answer within {limit:g} s while {what}; it was killed") from None
         except (EOFError, BrokenPipeError, ConnectionError):
             raise SandboxError(f"the sandbox {self._exit_text()} while {what}{self._log_tail()}") from None
