@@ -12,20 +12,22 @@ whose prerequisites all passed; a milestone with a prerequisite that did not pas
 * ``error``        no test collected, a test module that does not import, a time-out, or a
                    collected test that never reported an outcome (the run ended early).
 
-By default the graded code runs only in a sandbox (``diloco.tools.sandbox``): each wave's
-pytest process imports the grader's own ``diloco``, whose public functions the plugin
-routes to the sandbox (``diloco.tools.proxy``), so nothing the graded code does can reach
-the tests, the plugin's records or the verdict. ``sandbox=False`` (``--trust-submission``,
-what a workspace's ``make grade`` uses) puts the graded folder first on ``PYTHONPATH``
-instead: quicker, forgeable, and the report says ``local, not sandboxed``.
+By default the graded code runs only in a sandbox (``diloco.tools.sandbox``, bubblewrap
+with an allow-list root): each wave's pytest process imports the grader's own ``diloco``,
+whose public functions the plugin routes to the sandbox (``diloco.tools.proxy``), so
+nothing the graded code does can reach the tests, the plugin's records or the verdict.
+Where the sandbox cannot be fully isolated, ``grade`` raises ``GradingError`` saying how
+to enable it. ``sandbox=False`` (``--local``, alias ``--trust-submission``, what a
+workspace's ``make grade`` uses) puts the graded folder first on ``PYTHONPATH`` instead:
+quicker, forgeable, and every report says ``local, not sandboxed``.
 
-The tests come from ``--tests DIR``, by default the suite that ships with this grader
-(the repository's ``tests/`` or the copy bundled in an installed wheel), never from the
-graded folder, which is not modified. ``--json`` writes Gradescope's ``results.json``,
-``--junit`` JUnit XML; both, and the threat model, are described in
-``docs/instructor-guide.md``.
+The tests come from ``--tests DIR`` (say a hidden set), by default the suite that ships
+with this grader (the repository's ``tests/`` or the copy bundled in an installed wheel),
+never from the graded folder, which is not modified; the sandbox can read none of them.
+``--json`` writes Gradescope's ``results.json``, ``--junit`` JUnit XML; both, and the
+threat model, are described in ``docs/instructor-guide.md``.
 
-    diloco grade [--impl DIR] [--tests DIR] [--json FILE] [--junit FILE] [--trust-submission]
+    diloco grade [--impl DIR] [--tests DIR] [--json FILE] [--junit FILE] [--local]
     python src/diloco/tools/grading.py --impl .   # also works when the package does not import
 """
 
@@ -125,7 +127,7 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     python : interpreter for the test runs (default: this one); needs numpy, pytest, hypothesis.
     on_wave : called with the milestone numbers of each wave before it runs.
     sandbox : run the graded code only in the sandbox (``diloco.tools.sandbox``); ``False``
-        runs it inside the test process (local mode, ``--trust-submission``: fast, forgeable).
+        runs it inside the test process (local mode, ``--local``: fast, forgeable).
     sandbox_user : the account the sandbox runs as when the grader is root.
     call_timeout : seconds allowed for one call of a graded function in the sandbox, every
         callback it asks for included.

@@ -29,7 +29,6 @@ Exception`` in a test can mistake it for a pass.
 from __future__ import annotations
 
 import ctypes
-import functools
 import json
 import os
 import shutil
@@ -41,7 +40,19 @@ import time
 from pathlib import Path
 
 from diloco.tools import wire
-from diloco.tools.sandbox_root import BIN, PKG, SANDBOX_ENV, WORK, bind_arguments, runtime
+from diloco.tools.sandbox_root import (
+    BIN,
+    HOW_TO_ENABLE,
+    NAMESPACES,
+    PKG,
+    SANDBOX_ENV,
+    WORK,
+    Unavailable,
+    bind_arguments,
+    find_bwrap,
+    launch_mode,
+    runtime,
+)
 
 __all__ = ["SandboxError", "Unavailable", "Sandbox", "prepare", "protections", "missing", "find_bwrap",
            "HOW_TO_ENABLE"]
@@ -49,55 +60,10 @@ __all__ = ["SandboxError", "Unavailable", "Sandbox", "prepare", "protections", "
 _PR_SET_PDEATHSIG = 1
 DEFAULT_LIMITS = {"cpu": 600, "as": 4 << 30, "nproc": 64, "fsize": 256 << 20, "nofile": 256, "core": 0}
 DEFAULT_DISK = 64 << 20
-HOW_TO_ENABLE = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) and run the grader as root or with "
-                 "unprivileged user namespaces allowed (docs/instructor-guide.md, threat model), or pass --local "
-                 "to grade in-process without isolation (forgeable)")
-_NAMESPACES = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-               "--die-with-parent", "--new-session"]
-_AS_ROOT = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-_AS_USER = ["--unshare-user", "--disable-userns"]
 
 
 class SandboxError(BaseException):
     """The sandboxed call did not give a well-formed answer: the test fails, never passes."""
-
-
-class Unavailable(RuntimeError):
-    """The isolation the sandbox needs cannot be had here; the message says how to enable it."""
-
-
-@functools.cache
-def _works(bwrap: str, mode: tuple, uid: int | None, gid: int | None) -> str:
-    """``""`` when ``bwrap`` can build namespaces this way here, else its complaint."""
-    launch = {} if uid is None else {"user": uid, "group": gid, "extra_groups": []}
-    try:
-        proc = subprocess.run([bwrap, *_NAMESPACES, *mode, "--ro-bind", "/", "/", "--proc", "/proc", "true"],
-                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL, **launch)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return str(exc)
-    return "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [f"status {proc.returncode}"])[-1]
-
-
-def find_bwrap() -> str | None:
-    """The ``bwrap`` executable, or ``None``."""
-    return shutil.which("bwrap") or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
-
-
-def _launch_mode(bwrap: str, user: str | None, as_user: bool) -> dict:
-    """How to start bubblewrap here: as root dropping to ``user``, or in a user namespace."""
-    import pwd
-
-    if os.geteuid() == 0:
-        entry = pwd.getpwnam(user or "nobody")  # KeyError: no such user
-        uid, gid = entry.pw_uid, entry.pw_gid
-        why = "not tried" if as_user else _works(bwrap, tuple(_AS_ROOT), None, None)
-        if not why:
-            return {"mode": "root", "flags": _AS_ROOT, "uid": uid, "gid": gid, "launch_as": None}
-        if not (why := _works(bwrap, tuple(_AS_USER), uid, gid)):  # bubblewrap itself as the user
-            return {"mode": "userns", "flags": _AS_USER, "uid": uid, "gid": gid, "launch_as": [uid, gid]}
-    elif not (why := _works(bwrap, tuple(_AS_USER), None, None)):
-        return {"mode": "userns", "flags": _AS_USER, "uid": os.getuid(), "gid": os.getgid(), "launch_as": None}
-    raise Unavailable(f"bubblewrap cannot create the sandbox's namespaces here ({why}); {HOW_TO_ENABLE}")
 
 
 def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limits=None,
@@ -118,7 +84,7 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
     bwrap = find_bwrap()
     if bwrap is None or not sys.platform.startswith("linux"):
         raise Unavailable(f"bubblewrap (bwrap) is not installed; {HOW_TO_ENABLE}")
-    launch = _launch_mode(bwrap, user, as_user)
+    launch = launch_mode(bwrap, user, as_user)
     try:
         found = runtime(python or sys.executable, tuple(packages))
     except RuntimeError as exc:
@@ -136,7 +102,7 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
             "--perms", "1777", "--size", str(int(disk)), "--tmpfs", WORK, "--proc", "/proc", "--dev", "/dev",
             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK]
     return {
-        "bwrap": [bwrap, *_NAMESPACES, *launch["flags"], *root], "python": found["executable"],
+        "bwrap": [bwrap, *NAMESPACES, *launch["flags"], *root], "python": found["executable"],
         "paths": found["paths"], "shown": shown, "folder": str(folder), "package_root": PKG,
         "mode": launch["mode"], "launch_as": launch["launch_as"], "uid": launch["uid"], "gid": launch["gid"],
         "user": user if os.geteuid() == 0 else None, "packages": list(packages), "disk": int(disk),

@@ -14,7 +14,9 @@ checkout, no other ``site-packages`` (so no bundled test suite), no ``/tmp``. ``
 asks the interpreter, before any graded code exists, what it needs (its search path, the
 packages' folders and every file mapped into a process that imported them, which names
 the shared libraries); ``bind_arguments`` turns that into ``bwrap`` arguments, folder by
-folder and file by file, reproducing the symbolic links on the way.
+folder and file by file, reproducing the symbolic links on the way. ``launch_mode`` picks
+how bubblewrap is started here (as root dropping to the sandbox user, or in a user
+namespace), and raises ``Unavailable``, saying how to enable it, when neither works.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import functools
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 
-__all__ = ["PKG", "BIN", "WORK", "SANDBOX_ENV", "runtime", "bind_arguments", "elf_interpreter"]
+__all__ = ["PKG", "BIN", "WORK", "SANDBOX_ENV", "NAMESPACES", "HOW_TO_ENABLE", "Unavailable", "find_bwrap",
+           "launch_mode", "runtime", "bind_arguments", "elf_interpreter"]
 
 PKG, BIN, WORK = "/sandbox/pkg", "/sandbox/bin", "/sandbox/work"
 SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": WORK, "TMPDIR": WORK,
@@ -35,6 +39,53 @@ SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": WORK, "TMPDIR
 # library loaded later (by an extension module the probe did not import) is there too.
 _LIBRARY_FOLDER = re.compile(r"^(.*/lib(?:32|64|x32)?/[^/]*-linux-[^/]*)(?:/|$)")
 _TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+HOW_TO_ENABLE = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) and run the grader as root or with "
+                 "unprivileged user namespaces allowed (docs/instructor-guide.md, threat model), or pass --local "
+                 "to grade in-process without isolation (forgeable)")
+NAMESPACES = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+               "--die-with-parent", "--new-session"]
+_AS_ROOT = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+_AS_USER = ["--unshare-user", "--disable-userns"]
+
+
+class Unavailable(RuntimeError):
+    """The isolation the sandbox needs cannot be had here; the message says how to enable it."""
+
+
+@functools.cache
+def _works(bwrap: str, mode: tuple, uid: int | None, gid: int | None) -> str:
+    """``""`` when ``bwrap`` can build namespaces this way here, else its complaint."""
+    launch = {} if uid is None else {"user": uid, "group": gid, "extra_groups": []}
+    try:
+        proc = subprocess.run([bwrap, *NAMESPACES, *mode, "--ro-bind", "/", "/", "--proc", "/proc", "true"],
+                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL, **launch)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    return "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [f"status {proc.returncode}"])[-1]
+
+
+def find_bwrap() -> str | None:
+    """The ``bwrap`` executable, or ``None``."""
+    return shutil.which("bwrap") or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
+
+
+def launch_mode(bwrap: str, user: str | None, as_user: bool) -> dict:
+    """How to start bubblewrap here: as root dropping to ``user``, or in a user namespace."""
+    import pwd
+
+    if os.geteuid() == 0:
+        entry = pwd.getpwnam(user or "nobody")  # KeyError: no such user
+        uid, gid = entry.pw_uid, entry.pw_gid
+        why = "not tried" if as_user else _works(bwrap, tuple(_AS_ROOT), None, None)
+        if not why:
+            return {"mode": "root", "flags": _AS_ROOT, "uid": uid, "gid": gid, "launch_as": None}
+        if not (why := _works(bwrap, tuple(_AS_USER), uid, gid)):  # bubblewrap itself as the user
+            return {"mode": "userns", "flags": _AS_USER, "uid": uid, "gid": gid, "launch_as": [uid, gid]}
+    elif not (why := _works(bwrap, tuple(_AS_USER), None, None)):
+        return {"mode": "userns", "flags": _AS_USER, "uid": os.getuid(), "gid": os.getgid(), "launch_as": None}
+    raise Unavailable(f"bubblewrap cannot create the sandbox's namespaces here ({why}); {HOW_TO_ENABLE}")
+
 
 _PROBE = r"""
 import importlib, json, os, site, sys
