@@ -32,10 +32,7 @@ from hypothesis import strategies as st
 
 import diloco
 from diloco.config import DiLoCoConfig
-from diloco.data import make_synthetic, stratified_split
-from diloco.engine import choose_layout
 from diloco.core.comm import native_bytes
-from diloco.family.eager import eager_outer_gradient
 from diloco.core.netsim import all_reduce_seconds, parse_bandwidth, parse_duration
 from diloco.core.quantize import (
     bfloat16_bits,
@@ -46,6 +43,9 @@ from diloco.core.quantize import (
     sign_prune_mask,
     unit_bounds,
 )
+from diloco.data import make_synthetic, stratified_split
+from diloco.engine import choose_layout
+from diloco.family.eager import eager_outer_gradient
 from diloco.family.streaming import fragment_keys, fragment_layers, sync_offsets, sync_steps
 from diloco.mechanisms import clip_by_global_norm, draw_dropped, global_norm, inner_lr, mean_pairwise_cosine
 from diloco.text import bits_per_char, char_windows, perplexity

@@ -80,19 +80,22 @@ def _add_arguments(parser) -> None:
                         help="folder holding the diloco package to grade (src/diloco or diloco); "
                              "default: the current directory")
     parser.add_argument("--tests", metavar="DIR",
-                        help="folder of milestone tests (default: the suite shipped with this grader)")
+                        help="folder of milestone tests, say a hidden set (default: the suite shipped with this "
+                             "grader); the sandbox can never read it")
     parser.add_argument("--json", metavar="FILE", help="also write Gradescope results.json to FILE")
     parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
     parser.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
                         help="time allowed for each wave of tests (default 600)")
     parser.add_argument("--quiet", action="store_true", help="do not print a line per wave")
-    parser.add_argument("--trust-submission", action="store_true",
-                        help="run the graded code inside the test process (fast, but the code can forge its "
-                             "score; the report says 'local, not sandboxed'). Default: a sandbox process")
+    parser.add_argument("--local", "--trust-submission", dest="trust_submission", action="store_true",
+                        help="grade in-process: run the graded code inside the test process (fast, but the code "
+                             "can forge its score; every report says 'local, not sandboxed'). Default: the "
+                             "bubblewrap sandbox; without it, grading stops with a line saying how to enable it")
     parser.add_argument("--sandbox-user", default="nobody", metavar="USER",
                         help="account the sandbox runs as when the grader runs as root (default nobody)")
     parser.add_argument("--call-timeout", type=_seconds, default=120.0, metavar="SECONDS",
-                        help="time allowed for one call of a graded function in the sandbox (default 120)")
+                        help="time allowed for one call of a graded function in the sandbox, its callbacks "
+                             "included (default 120)")
 
 
 def main(argv=None) -> int:

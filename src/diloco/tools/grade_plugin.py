@@ -11,8 +11,8 @@ the last line of the graded package that ran).
 In sandbox mode (``$DILOCO_GRADE_SANDBOX`` holds the sandbox's config) ``diloco`` here is
 the grader's own package and the graded one runs only in the sandbox: when this module is
 imported, before any test module, ``diloco.tools.proxy.install`` routes the public
-functions to the sandbox. In local mode (``--trust-submission``) ``diloco`` here is the
-graded package itself.
+functions to the sandbox, and each test's milestone gets its own budget of sandbox restarts
+(``proxy.begin``). In local mode (``--local``) ``diloco`` here is the graded package itself.
 """
 import json
 import os
@@ -69,6 +69,12 @@ def pytest_sessionstart(session):
 def pytest_unconfigure(config):
     if _SANDBOX:
         proxy.shutdown()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if _SANDBOX:  # each milestone has its own budget of sandbox restarts
+        proxy.begin(_marker(item) or item.nodeid)
 
 
 def _marker(item):

@@ -14,10 +14,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from diloco.tools.sandbox import Sandbox, SandboxError, protections
+from diloco.tools.sandbox import Sandbox, SandboxError, missing, protections
 
 __all__ = ["GRADER_ROOT", "GradingError", "Workdir", "grader_folders", "kill_leftovers", "make_workdir",
            "probe_import", "probe_sandbox", "run_wave", "unreported"]
@@ -102,16 +102,20 @@ def probe_sandbox(config: dict, package_root: Path) -> tuple[str, str]:
     if "error" in hello:
         where = f" ({hello['where']})" if hello.get("where") else ""
         raise GradingError(f"the diloco package in {package_root} does not import: {hello['error']}{where}")
-    copy = Path(config["package_root"]).resolve()
-    if copy not in Path(str(hello.get("file"))).resolve().parents:
+    copy = PurePosixPath(config["package_root"])
+    if copy not in PurePosixPath(str(hello.get("file"))).parents:
         raise GradingError(f"the sandbox imported diloco from {hello.get('file')}, not the package in {package_root}")
+    gaps = missing(config, hello)
+    if gaps:  # never call it sandboxed without all of them
+        raise GradingError(f"cannot sandbox the submission: no {'; no '.join(gaps)}; pass --local to grade in-process "
+                           "without isolation (forgeable)")
     return str(hello["file"]), protections(config, hello)
 
 
 def grader_folders() -> list[Path]:
-    """Covered in the sandbox: the checkout (or bundled suite) this grader comes from, so the
-    graded code cannot read the reference in it (its git history, a build folder ...), and
-    the temporary folder, so it sees none of the files there but its own."""
+    """Never visible in the sandbox, even should the allow-list root show a folder holding
+    them: the checkout (or bundled suite) this grader comes from, with its tests and the
+    reference, and the temporary folder."""
     from diloco.tools.regions import suite_root
 
     try:

@@ -12,20 +12,22 @@ whose prerequisites all passed; a milestone with a prerequisite that did not pas
 * ``error``        no test collected, a test module that does not import, a time-out, or a
                    collected test that never reported an outcome (the run ended early).
 
-By default the graded code runs only in a sandbox (``diloco.tools.sandbox``): each wave's
-pytest process imports the grader's own ``diloco``, whose public functions the plugin
-routes to the sandbox (``diloco.tools.proxy``), so nothing the graded code does can reach
-the tests, the plugin's records or the verdict. ``sandbox=False`` (``--trust-submission``,
-what a workspace's ``make grade`` uses) puts the graded folder first on ``PYTHONPATH``
-instead: quicker, forgeable, and the report says ``local, not sandboxed``.
+By default the graded code runs only in a sandbox (``diloco.tools.sandbox``, bubblewrap
+with an allow-list root): each wave's pytest process imports the grader's own ``diloco``,
+whose public functions the plugin routes to the sandbox (``diloco.tools.proxy``), so
+nothing the graded code does can reach the tests, the plugin's records or the verdict.
+Where the sandbox cannot be fully isolated, ``grade`` raises ``GradingError`` saying how
+to enable it. ``sandbox=False`` (``--local``, alias ``--trust-submission``, what a
+workspace's ``make grade`` uses) puts the graded folder first on ``PYTHONPATH`` instead:
+quicker, forgeable, and every report says ``local, not sandboxed``.
 
-The tests come from ``--tests DIR``, by default the suite that ships with this grader
-(the repository's ``tests/`` or the copy bundled in an installed wheel), never from the
-graded folder, which is not modified. ``--json`` writes Gradescope's ``results.json``,
-``--junit`` JUnit XML; both, and the threat model, are described in
-``docs/instructor-guide.md``.
+The tests come from ``--tests DIR`` (say a hidden set), by default the suite that ships
+with this grader (the repository's ``tests/`` or the copy bundled in an installed wheel),
+never from the graded folder, which is not modified; the sandbox can read none of them.
+``--json`` writes Gradescope's ``results.json``, ``--junit`` JUnit XML; both, and the
+threat model, are described in ``docs/instructor-guide.md``.
 
-    diloco grade [--impl DIR] [--tests DIR] [--json FILE] [--junit FILE] [--trust-submission]
+    diloco grade [--impl DIR] [--tests DIR] [--json FILE] [--junit FILE] [--local]
     python src/diloco/tools/grading.py --impl .   # also works when the package does not import
 """
 
@@ -71,7 +73,7 @@ from diloco.tools.grade_waves import (
     run_wave,
     unreported,
 )
-from diloco.tools.sandbox import prepare
+from diloco.tools.sandbox import Unavailable, prepare
 
 __all__ = [
     "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
@@ -113,7 +115,8 @@ def default_tests_dir() -> Path:
 
 def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float = 600.0,
           python: str | None = None, on_wave: Callable[[list[int]], None] | None = None,
-          sandbox: bool = True, sandbox_user: str = "nobody", call_timeout: float = 120.0) -> GradeReport:
+          sandbox: bool = True, sandbox_user: str = "nobody", call_timeout: float = 120.0,
+          disk: int = 64 << 20) -> GradeReport:
     """Grade the ``diloco`` package in folder ``impl`` against the milestone tests.
 
     Parameters
@@ -124,14 +127,17 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     python : interpreter for the test runs (default: this one); needs numpy, pytest, hypothesis.
     on_wave : called with the milestone numbers of each wave before it runs.
     sandbox : run the graded code only in the sandbox (``diloco.tools.sandbox``); ``False``
-        runs it inside the test process (local mode, ``--trust-submission``: fast, forgeable).
+        runs it inside the test process (local mode, ``--local``: fast, forgeable).
     sandbox_user : the account the sandbox runs as when the grader is root.
-    call_timeout : seconds allowed for one call of a graded function in the sandbox.
+    call_timeout : seconds allowed for one call of a graded function in the sandbox, every
+        callback it asks for included.
+    disk : bytes the sandbox may write (the size of its tmpfs).
 
     Raises
     ------
     GradingError
-        No package in ``impl``, it does not import, or the tests folder is missing.
+        No package in ``impl``, it does not import, the tests folder is missing, or (with
+        ``sandbox``) the isolation cannot be had here: the message says how to enable it.
     """
     start = time.perf_counter()
     impl = Path(impl).expanduser().resolve()
@@ -145,12 +151,16 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
         config, guarded = None, ""
         if sandbox:
             try:
-                config = prepare(package_root, Path(tempfile.mkdtemp(prefix="diloco-sandbox-")), user=sandbox_user,
-                                 python=python,
-                                 hide=[GRADER_ROOT / "diloco", tests_dir, Path(tmp)], cover=grader_folders(),
-                                 limits={"cpu": int(max(timeout, 1))}, call_timeout=call_timeout)
+                folder = Path(tempfile.mkdtemp(prefix="diloco-sandbox-"))
+                config = prepare(package_root, folder, user=sandbox_user, python=python,
+                                 hide=[GRADER_ROOT / "diloco", tests_dir, Path(tmp), *grader_folders()],
+                                 limits={"cpu": int(max(timeout, 1))}, call_timeout=call_timeout, disk=disk)
             except KeyError:
+                shutil.rmtree(folder, ignore_errors=True)
                 raise GradingError(f"no user {sandbox_user!r} to run the sandbox as; pass --sandbox-user") from None
+            except Unavailable as exc:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise GradingError(f"cannot sandbox the submission: {exc}") from None
         try:
             workdir = make_workdir(Path(tmp), package_root, config)
             if config is None:
@@ -158,7 +168,7 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
                 imported = Path(imported_from)
             else:
                 imported, guarded = probe_sandbox(config, package_root)
-                imported_from = str(package_root / Path(imported).relative_to(Path(config["package_root"]).resolve()))
+                imported_from = str(package_root / Path(imported).relative_to(config["package_root"]))
             while True:
                 locked_any = False  # lock once every prerequisite has a verdict and one did not pass
                 for m in MILESTONES:

@@ -25,7 +25,8 @@ name. What comes back is applied as if the call had run here:
 A callable argument (``on_round=seen.append``) stays here: the sandbox asks for each call.
 When the sandbox dies, exits, hangs or answers nonsense, the call raises ``SandboxError``
 (a ``BaseException``) and the test fails. The worker is then restarted for the next test,
-at most ``MAX_STARTS`` times per test run. So the process that runs the tests and records
+at most ``MAX_STARTS`` times per milestone (``begin``), and not at all for a milestone whose
+call ran out of time. So the process that runs the tests and records
 their outcomes never imports the graded package.
 """
 
@@ -44,7 +45,7 @@ from diloco.tools.sandbox import Sandbox, SandboxError
 from diloco.tools.wire import Registry, WireError, describe_exception, rebuild_exception
 from diloco.tools.wire_values import Decoder, Encoder, Names, snapshot
 
-__all__ = ["PROXIED_MODULES", "MAX_STARTS", "SandboxError", "install", "hello", "call", "shutdown"]
+__all__ = ["PROXIED_MODULES", "MAX_STARTS", "SandboxError", "install", "begin", "hello", "call", "shutdown"]
 
 PROXIED_MODULES = ("model", "adamw", "params", "sharding", "outer", "loop", "evaluation", "data")
 MAX_STARTS = 4
@@ -59,7 +60,14 @@ class _Session:
         self.names = Names(lambda module: sys.modules.get(f"diloco.{module}"))
         self.box: Sandbox | None = None
         self.hello: dict = {}
-        self.starts, self.broken, self.next_id = 0, "", 0
+        self.starts, self.next_id = 0, 0
+        # The restart budget is per scope (the milestone whose test runs, see ``begin``): a
+        # milestone that keeps crashing, or runs out of time once, fails only itself.
+        self.scope, self.budget, self.broken_in = "", {}, {}
+
+    @property
+    def broken(self) -> str:
+        return self.broken_in.get(self.scope, "")
 
     def sandbox(self) -> Sandbox:
         if self.box is not None and self.box.alive():
@@ -67,17 +75,20 @@ class _Session:
         if self.box is not None:
             self.box.close()
             self.box = None
-        if not self.broken and self.starts >= MAX_STARTS:
-            self.broken = f"the sandbox failed {self.starts} times in this test run and is not restarted"
+        scope, used = self.scope, self.budget.get(self.scope, 0)
+        if not self.broken and used >= MAX_STARTS:
+            where = scope or "this test run"
+            self.broken_in[scope] = f"the sandbox failed {used} times in {where} and is not restarted"
         if self.broken:
             raise SandboxError(self.broken)
         self.starts += 1
+        self.budget[scope] = used + 1
         box = Sandbox(self.config, generation=self.starts)
         try:
             hello = box.start()
         except SandboxError as exc:
             box.close()
-            self.broken = f"the sandbox could not start: {exc}"
+            self.broken_in[scope] = f"the sandbox could not start: {exc}"
             raise SandboxError(self.broken) from None
         finally:
             if self.notify is not None and box.pid is not None:
@@ -85,7 +96,7 @@ class _Session:
         if "error" in hello or not isinstance(hello.get("file"), str):
             box.close()
             where = f" ({hello['where']})" if hello.get("where") else ""
-            self.broken = f"the graded package does not import in the sandbox: {hello.get('error')}{where}"
+            self.broken_in[scope] = f"the graded package does not import in the sandbox: {hello.get('error')}{where}"
             raise SandboxError(self.broken)
         self.box, self.hello = box, hello
         return box
@@ -128,6 +139,13 @@ def _proxy(name: str, function):
     return proxy
 
 
+def begin(scope: str) -> None:
+    """Charge the sandbox's restarts from now on to ``scope`` (the grading plugin passes the
+    marker of the test about to run): each milestone has its own ``MAX_STARTS``."""
+    if _session is not None:
+        _session.scope = str(scope)
+
+
 def hello() -> dict:
     """The sandbox's hello (``file``: the graded package it imported); ``SandboxError`` if none."""
     _session.sandbox()
@@ -155,6 +173,9 @@ def call(name: str, args: tuple, kwargs: dict):
         reply, blobs = box.exchange(header, encoder.blobs, what=f"running {name}",
                                     on_callback=lambda h, b: _callback(session, encoder, (args, kwargs), h, b))
     except SandboxError:
+        if box.timed_out:  # no more time for this milestone: its other tests fail at once
+            session.broken_in.setdefault(session.scope, f"a call in {session.scope or 'this test run'} ran out of "
+                                                         "time; the sandbox is not restarted for it")
         raise
     except BaseException:
         box.kill()  # a callback was interrupted: the sandbox is half-way through a call

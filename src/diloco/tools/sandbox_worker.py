@@ -1,20 +1,20 @@
 """The sandbox worker: the one process that imports the graded package and runs its functions.
 
-Started only by ``diloco.tools.sandbox.Sandbox``, from a copy in the sandbox folder, as
-``python -I -B sandbox_worker.py CONFIG`` (``-I``: no ``PYTHON*`` variables, no user site,
-no script folder on ``sys.path``, so nothing of the submission runs before it is meant
-to). While still trusted it locks itself in, in this order:
+Started only by ``diloco.tools.sandbox.Sandbox``, inside bubblewrap's allow-list root
+(``diloco.tools.sandbox_root``), from its copy at ``/sandbox/bin``, as ``python -I -B
+sandbox_worker.py CONFIG`` (``-I``: no ``PYTHON*`` variables, no user site, no script
+folder on ``sys.path``, so nothing of the submission runs before it is meant to). While
+still trusted it locks itself in, in this order:
 
-1. in its own mount namespace (when the launcher made one): cover the grader's folders
-   (its checkout or installation, say) with empty mounts, bringing back only what the
-   interpreter needs (its ``sys.path``), hide the reference and the tests entirely, then
-   make every mount read-only except its working folder;
+1. the folders of the packages the graded code may import (NumPy) on ``sys.path``;
 2. resource limits: CPU seconds, address space, processes, file size, open files, no core;
-3. its working folder (the throw-away folder the launcher made) as cwd and ``HOME``;
-4. drop to the sandbox user (``nobody``) when started as root, and forbid new privileges.
+3. its working folder (the tmpfs ``/sandbox/work``) as cwd and ``HOME``;
+4. when bubblewrap ran as root (keeping only ``CAP_SETUID``/``CAP_SETGID``): drop to the
+   sandbox user's uid and gid, and make sure it cannot become root again; no new privileges.
 
 Only then does it import the graded package and answer requests: ``hello`` (did it
-import, and which protections are in force) and ``call`` (one function, its arguments,
+import, and what it found in force: its uid, whether it is in a user namespace, the top of
+its root, its network interfaces, the limits) and ``call`` (one function, its arguments,
 ``numpy.errstate`` and the warnings it raised; see ``diloco.tools.proxy``).
 """
 
@@ -22,13 +22,11 @@ import ctypes
 import importlib
 import json
 import os
-import re
 import resource
 import sys
 import types
 import warnings
 
-_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 _PR_SET_NO_NEW_PRIVS = 38
 _ERR_MODES = {"ignore", "warn", "raise", "print"}
 
@@ -39,68 +37,6 @@ def _load_wire():
     package.__path__ = [os.path.dirname(os.path.abspath(__file__))]
     sys.modules["_diloco_sandbox"] = package
     return importlib.import_module("_diloco_sandbox.wire"), importlib.import_module("_diloco_sandbox.wire_values")
-
-
-def _mount(libc, source, target, fstype, flags, data=None):
-    def encode(text):
-        return None if text is None else text.encode()
-
-    if libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno), target)
-
-
-def _blocked(path: str) -> str | None:
-    """The first folder on the way to ``path`` that other users may not pass through."""
-    current = "/"
-    for part in path.strip("/").split("/"):
-        current = os.path.join(current, part)
-        if os.path.isdir(current) and not os.stat(current).st_mode & 0o001:
-            return current
-    return None
-
-
-def _expose(libc, needed: list, cover: list) -> None:
-    """Cover each folder of ``cover``, and each private folder (say ``/root``, holding the
-    interpreter) on the way to a folder of ``needed``, with an empty, passable tmpfs; then
-    bind-mount the ``needed`` folders under it back in place. The rest stays hidden."""
-    needed = sorted({os.path.realpath(p) for p in needed if os.path.isdir(p)})
-    needed = [p for p in needed if not any(p.startswith(q + "/") for q in needed)]
-    tops = {os.path.realpath(c) for c in cover} | {_blocked(p) for p in needed} - {None}
-    for top in sorted(tops, key=len):
-        inside = [p for p in needed if p == top or p.startswith(top + "/")]
-        if not os.path.isdir(top) or top in inside:  # hidden already, or needed whole
-            continue
-        handles = [(os.open(path, os.O_PATH | os.O_DIRECTORY), path) for path in inside]  # before they vanish
-        _mount(libc, "tmpfs", top, "tmpfs", 0, "size=64k,mode=755")
-        for fd, path in handles:
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            _mount(libc, f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
-            os.close(fd)
-
-
-def _lock_filesystem(work: str, hide: list, cover: list, needed: list) -> list:
-    """Cover ``cover`` but ``needed``, hide ``hide`` entirely, remount everything read-only but
-    ``work``; the mounts that failed to become read-only."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below leaks out of this namespace
-    _mount(libc, work, work, None, _MS_BIND | _MS_REC)
-    _expose(libc, needed, cover)
-    for folder in hide:
-        if os.path.isdir(folder):
-            _mount(libc, "tmpfs", folder, "tmpfs", 0, "size=4k,mode=000")
-    failed = []
-    with open("/proc/self/mounts", encoding="utf-8") as table:
-        mounts = [line.split() for line in table]
-    for fields in mounts:
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[1])
-        if point == work or point.startswith(work + "/") or "ro" in fields[3].split(","):
-            continue
-        try:
-            _mount(libc, None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
-        except OSError:
-            failed.append(point)
-    return failed
 
 
 def _set_limits(limits: dict) -> list:
@@ -119,18 +55,32 @@ def _set_limits(limits: dict) -> list:
     return refused
 
 
-def _drop_privileges(user: str) -> None:
-    import pwd
-
-    entry = pwd.getpwnam(user)
+def _drop_privileges(uid: int, gid: int) -> None:
     os.setgroups([])
-    os.setgid(entry.pw_gid)
-    os.setuid(entry.pw_uid)
+    os.setgid(gid)
+    os.setuid(uid)
     try:
         os.setuid(0)
     except PermissionError:
         return
     os._exit(70)  # still able to become root: never run the submission like that
+
+
+def _found() -> dict:
+    """What this process can see of its own confinement, for the grader to check."""
+    import socket
+
+    try:
+        with open("/proc/self/uid_map", encoding="ascii") as table:
+            identity = table.read().split() == ["0", "0", "4294967295"]
+    except OSError:
+        identity = True
+    try:
+        network = sorted(name for _, name in socket.if_nameindex())
+    except OSError:
+        network = []
+    return {"uid": os.getuid(), "gid": os.getgid(), "userns": not identity, "root": sorted(os.listdir("/")),
+            "network": network}
 
 
 class Worker:
@@ -270,24 +220,21 @@ def _warning(caught) -> dict:
 
 def main(argv) -> None:
     config = json.loads(argv[1])
-    wire, values = _load_wire()  # and NumPy, before any limit or lock
+    sys.path[:0] = [str(path) for path in config.get("paths", [])]
+    wire, values = _load_wire()  # and NumPy, before any limit
     work = os.path.realpath(config["work"])
-    facts = {"pid": os.getpid(), "readonly": False, "hidden": [], "limits": config["limits"]}
-    if config.get("lock_filesystem"):
-        needed = [*sys.path, os.path.dirname(os.path.abspath(__file__)), config["package_root"], work]
-        failed = _lock_filesystem(work, config.get("hide", []), config.get("cover", []), needed)
-        facts.update(readonly=not failed, hidden=config.get("hide", []), readonly_failed=failed)
+    facts = {"pid": os.getpid(), "limits": config["limits"]}
     facts["limits_refused"] = _set_limits(config["limits"])
     os.chdir(work)
     os.environ["HOME"] = os.environ["TMPDIR"] = work
     os.umask(0o077)
-    if config.get("user"):
-        _drop_privileges(config["user"])
+    if config.get("drop_to"):
+        _drop_privileges(*config["drop_to"])
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     except AttributeError:  # not Linux
         pass
-    facts.update(uid=os.getuid(), gid=os.getgid())
+    facts.update(_found())
     worker = Worker(config, wire, values)
     if worker.hello(facts):
         worker.serve()
