@@ -124,16 +124,41 @@ def test_numba_kernel_equals_the_numpy_passes_bit_for_bit(size, rows, step, lr, 
 
 
 def test_kernel_choice_follows_the_environment(monkeypatch):
-    monkeypatch.setenv("DILOCO_ADAMW_KERNEL", "numpy")
-    assert optim._default_kernel() == "numpy"
+    for value, expected in (("numpy", "numpy"), ("numba", "numba"), ("auto", "auto"), ("", "auto"), ("x", "auto")):
+        monkeypatch.setenv("DILOCO_ADAMW_KERNEL", value)
+        assert optim._default_kernel() == expected
     monkeypatch.setattr(optim.importlib.util, "find_spec", lambda name: None)  # numba missing
-    monkeypatch.setenv("DILOCO_ADAMW_KERNEL", "numba")
-    assert optim._default_kernel() == "numpy"
-    monkeypatch.delenv("DILOCO_ADAMW_KERNEL")
-    assert optim._default_kernel() == "numpy"
+    for value in ("numba", "auto", ""):
+        monkeypatch.setenv("DILOCO_ADAMW_KERNEL", value)
+        assert optim._default_kernel() == "numpy"
     with pytest.raises(ImportError, match="fast"):
         optim.adamw_update_numba(np.ones((1, 2)), np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2)), 1,
                                  AdamWConfig())
+
+
+def test_auto_moves_to_the_compiled_loop_after_switch_values():
+    assert optim.kernel_for("auto", 0) == "numpy"
+    assert optim.kernel_for("auto", optim.SWITCH_VALUES - 1) == "numpy"
+    assert optim.kernel_for("auto", optim.SWITCH_VALUES) == "numba"
+    assert optim.kernel_for("numpy", 10 * optim.SWITCH_VALUES) == "numpy"
+    assert optim.kernel_for("numba", 0) == "numba"
+
+
+@pytest.mark.skipif(optim.importlib.util.find_spec("numba") is None, reason="the fast extra (numba) is missing")
+def test_adamw_update_counts_values_and_switches_mid_run(monkeypatch):
+    """A run that crosses the switch ends exactly where an all-NumPy run ends."""
+    monkeypatch.setattr(optim, "KERNEL", "auto")
+    monkeypatch.setattr(optim, "SWITCH_VALUES", 3 * 40)
+    monkeypatch.setattr(optim, "_values_updated", 0)
+    config, rng = AdamWConfig(weight_decay=0.1), np.random.default_rng(5)
+    start = rng.standard_normal((2, 20))
+    auto, plain = [[start.copy(), np.zeros_like(start), np.zeros_like(start)] for _ in range(2)]
+    for step in range(1, 9):
+        grads = rng.standard_normal((2, 20))
+        optim.adamw_update(*auto, grads, step, config, optim.adamw_scratch(40, start.dtype))
+        run_kernel("numpy", *plain, grads, step, config)
+    assert optim._values_updated == 3 * 40  # three NumPy steps, then the loop (which is not counted)
+    assert all(np.array_equal(a, b) for a, b in zip(auto, plain, strict=True))
 
 
 @pytest.mark.parametrize("nesterov", [True, False])

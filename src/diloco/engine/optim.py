@@ -13,8 +13,13 @@ chunks of ``CHUNK`` values, so they run in the core's cache instead of streaming
 whole ``(K, P)`` buffers from memory twelve times.
 
 With the ``fast`` extra (numba) the same arithmetic, in the same order, runs as one
-compiled loop: one pass, no scratch (``KERNEL == "numba"``). Without numba, or with
-``DILOCO_ADAMW_KERNEL=numpy`` in the environment, it runs as the NumPy passes above.
+compiled loop: one pass, no scratch, equal to the NumPy passes to the last bit. Loading
+numba and its cached kernel costs about one CPU-second per process, which the loop wins
+back after some 2e8 values updated; so by default (``KERNEL == "auto"``) a process
+updates its first ``SWITCH_VALUES`` values with the NumPy passes and the rest with the
+compiled loop (a small run never pays for numba, a long one runs at the loop's speed,
+and the results are the same either way). ``DILOCO_ADAMW_KERNEL=numpy`` or ``=numba``
+in the environment fixes the kernel from the first step (``numba`` only when installed).
 
 Agreement with the milestones: the folded scalars move each value by a few roundings per
 step. Measured by ``benchmarks/adamw_agreement.py`` against ``diloco.adamw.adamw_step``
@@ -37,24 +42,36 @@ import numpy as np
 
 from diloco.config import AdamWConfig, DiLoCoConfig
 
-__all__ = ["CHUNK", "KERNEL", "KERNELS", "adamw_scratch", "adamw_update", "adamw_update_numpy", "adamw_update_numba",
-           "adamw_scalars", "outer_update", "mean_rows_into"]
+__all__ = ["CHUNK", "KERNEL", "KERNELS", "SWITCH_VALUES", "kernel_for", "adamw_scratch", "adamw_update",
+           "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "outer_update", "mean_rows_into"]
 
 # Values per NumPy chunk (256 kB of float64 per array). Smaller chunks fit the L2 cache
 # better but pay NumPy's per-call cost more often: 2**13 to 2**15 measured, 2**15 fastest.
 CHUNK = 2**15
-KERNELS = ("numpy", "numba")
+KERNELS = ("auto", "numpy", "numba")
+# Values a process updates with the NumPy passes before "auto" moves to the compiled loop:
+# ~1 CPU-second of NumPy AdamW, what loading numba costs (benchmarks/results.md, AdamW).
+SWITCH_VALUES = 2**28
 
 
 def _default_kernel() -> str:
+    """``DILOCO_ADAMW_KERNEL`` if it names a kernel, else "auto"; "numpy" whenever numba is missing."""
     chosen = os.environ.get("DILOCO_ADAMW_KERNEL", "").strip().lower()
-    if chosen in KERNELS:
-        return chosen if chosen == "numpy" or importlib.util.find_spec("numba") else "numpy"
-    return "numba" if importlib.util.find_spec("numba") is not None else "numpy"
+    if importlib.util.find_spec("numba") is None:
+        return "numpy"
+    return chosen if chosen in KERNELS else "auto"
 
 
-# "numba" when the fast extra is installed (and not overridden), else "numpy".
+# "auto" when the fast extra is installed (unless the environment says otherwise), else "numpy".
 KERNEL = _default_kernel()
+_values_updated = 0  # by adamw_update in this process, for "auto"
+
+
+def kernel_for(kernel: str, values_done: int) -> str:
+    """The kernel ``adamw_update`` runs: ``kernel`` itself, or for "auto" numpy until ``SWITCH_VALUES`` are done."""
+    if kernel == "auto":
+        return "numba" if values_done >= SWITCH_VALUES else "numpy"
+    return kernel
 
 
 def adamw_scalars(step: int, config: AdamWConfig) -> tuple:
@@ -80,7 +97,7 @@ def adamw_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.nda
         theta = theta (1 - lr wd) - a m / (sqrt(v) + e)      (a, e: ``adamw_scalars``)
 
     which is ``theta (1 - lr wd) - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``
-    up to rounding (module docstring). Runs the ``KERNEL`` implementation.
+    up to rounding (module docstring). Runs ``kernel_for(KERNEL, values updated so far)``.
 
     Parameters
     ----------
@@ -91,9 +108,11 @@ def adamw_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.nda
     config : AdamWConfig
     scratch : from ``adamw_scratch(params.size, dtype)``
     """
-    if KERNEL == "numba":
+    global _values_updated
+    if kernel_for(KERNEL, _values_updated) == "numba":
         adamw_update_numba(params, m, v, grads, step, config)
     else:
+        _values_updated += params.size
         adamw_update_numpy(params, m, v, grads, step, config, scratch)
 
 
