@@ -19,6 +19,12 @@ still 1.16x faster. The fixed 2 MB threshold this replaces chose per-worker wher
 was 1.4-2.3x faster (w = 64 at K = 64, w = 128 at K >= 16 in float64 and K >= 32 in
 float32).
 
+With AdamW as NumPy passes instead (no ``fast`` extra, or a process's first 2**28 values:
+the grid ``make bench`` redraws runs so) the margin at w = 512 shrinks or turns: in the
+2026-12-01 ``make bench`` grid per-worker was 1.07-1.19x faster in 9 of its 48 cells with
+K >= 2 (w = 512 in float32 for K >= 4, w = 512 at K = 2, 4 and w = 256 at K = 16, 64 in
+float64); the rule still stacks there, a known cost of at most 1.19x in that grid.
+
 The rule: **stacked for K >= 2 while the stacked ``(K, P)`` buffer stays within
 ``STACKED_MAX_BYTES`` (256 MB, twice the largest measured), else per-worker**; beyond it
 the measured gain is small (about 1.1-1.3x) and the memory of K models grows without
