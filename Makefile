@@ -74,7 +74,7 @@ lint: $(VENV)/.installed-dev
 
 # Speed, measured side by side in one run: the reference path (now and at e7f3c6c), the fast
 # engine, PyTorch when importable (never installed by this project) and the matmul peak. Writes
-# benchmarks/results.md; about 10 minutes on two cores.
+# benchmarks/results.md; 20-30 minutes on two idle cores.
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench.py
 

@@ -4,7 +4,8 @@
 
 ``impl`` is ``reference`` (the milestone path of whichever ``diloco`` is first on
 ``sys.path``: ``bench.py`` puts commit e7f3c6c's ``src`` there for the "before" column),
-``fast`` (``diloco.engine``), ``torch-foreach`` or ``torch-fused`` (``torch_mlp.py``),
+``fast`` / ``fast-numpy`` (``diloco.engine``; ``bench.py`` sets ``DILOCO_ADAMW_KERNEL`` to
+``numba`` / ``numpy`` for them), ``torch-foreach`` or ``torch-fused`` (``torch_mlp.py``),
 ``matmul`` (the single-thread matrix-product peak) or ``adamw`` (one optimizer update). A training case
 runs one round more than it times (the first, as warm-up: BLAS kernels, page faults, set-up),
 with the BLAS threads given.
@@ -68,14 +69,18 @@ def matmul_peak(dtype: str, shapes, repeats: int = 5, clock=time.perf_counter) -
 
 def adamw_milliseconds(dtype: str, size: int, with_torch: bool, repeats: int = 7) -> dict:
     """CPU milliseconds of one AdamW update of ``size`` values: the engine's, and PyTorch's."""
+    import importlib.util
+
     from diloco import AdamWConfig
-    from diloco.engine.optim import adamw_scratch, adamw_update
+    from diloco.engine import optim
 
     rng = np.random.default_rng(0)
     params, grads = (rng.standard_normal((1, size)).astype(dtype) for _ in range(2))
     m, v, config = np.zeros_like(params), np.zeros_like(params), AdamWConfig()
-    scratch = adamw_scratch(size, dtype)
-    updates = {"diloco.engine (NumPy, in place)": lambda: adamw_update(params, m, v, grads, 5, config, scratch)}
+    scratch = optim.adamw_scratch(size, dtype)
+    updates = {"engine, NumPy passes": lambda: optim.adamw_update_numpy(params, m, v, grads, 5, config, scratch)}
+    if importlib.util.find_spec("numba") is not None:
+        updates["engine, numba loop"] = lambda: optim.adamw_update_numba(params, m, v, grads, 5, config)
     if with_torch:
         import torch
 
@@ -126,6 +131,8 @@ def run_training(spec: dict) -> dict:
 
         if impl == "reference":
             from diloco import train_diloco as trainer
+        elif impl not in ("fast", "fast-numpy"):
+            raise SystemExit(f"unknown impl {impl!r}")
         else:
             from diloco.engine import train_diloco_fast as trainer
 
@@ -148,6 +155,7 @@ def run_training(spec: dict) -> dict:
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    load_before = os.getloadavg()[0]
     import diloco
 
     with limit_threads(spec.get("threads", 1)):
@@ -159,6 +167,11 @@ def main() -> None:
         else:
             result = run_training(spec)
     result["diloco_path"] = str(Path(diloco.__file__).parent)
+    result["load"] = [load_before, os.getloadavg()[0]]  # one-minute load average at start and end
+    if spec["impl"].startswith("fast"):
+        from diloco.engine import optim
+
+        result["adamw_kernel"] = optim.KERNEL
     print(json.dumps(result))
 
 

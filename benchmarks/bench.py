@@ -9,13 +9,21 @@ load from elsewhere hits all cases alike, and the tables give medians. Compared:
 * ``reference@main``: the milestone path at commit e7f3c6c, before "checks once per call
   tree" (its ``src/`` is extracted with ``git archive`` and put first on ``PYTHONPATH``);
 * ``reference``: the milestone path of this checkout (``diloco.train_diloco``);
-* ``fast``: ``diloco.engine`` (``DiLoCoConfig.engine = "fast"``);
+* ``fast``: ``diloco.engine`` (``DiLoCoConfig.engine = "fast"``) with its AdamW as the numba
+  loop (the ``fast`` extra, ``DILOCO_ADAMW_KERNEL=numba``: the kernel a long run ends on);
+* ``fast-numpy``: the same with AdamW as NumPy passes (``DILOCO_ADAMW_KERNEL=numpy``: the
+  kernel without the extra, and of a process's first 2**28 values);
 * ``torch-foreach`` / ``torch-fused``: PyTorch eager with AdamW(foreach / fused), when
   ``torch`` is importable (never a dependency of the project);
 * the single-thread matmul peak of the same NumPy.
 
 One BLAS thread everywhere unless a table says otherwise (the thread policy is measured
-in its own section). Speed is reported here, never asserted in tests.
+in its own section). Every case records the one-minute load average at its start and end,
+and the report prints it beside each figure: the machine is often shared, and a figure
+taken under load is marked as such, never passed off as an idle one. Speed is reported
+here, never asserted in tests.
+
+Adding a workload (the char-LM, a whole study): see ``EXTRA_WORKLOADS`` below.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -35,11 +44,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import layout_grid  # noqa: E402
 from report import write_report  # noqa: E402
 from workloads import MODELS  # noqa: E402
 
 MAIN_COMMIT = "e7f3c6c"
-IMPLS = ("reference@main", "reference", "fast", "torch-foreach", "torch-fused")
+IMPLS = ("reference@main", "reference", "fast", "fast-numpy", "torch-foreach", "torch-fused")
+KERNEL_OF = {"fast": "numba", "fast-numpy": "numpy"}  # DILOCO_ADAMW_KERNEL of each fast implementation
 PEAK_SHAPES = {"a": [32, 64, 128], "b": [128, 784, 512], "square": [1024, 1024, 1024]}
 
 
@@ -48,9 +59,18 @@ def torch_available() -> bool:
     return done.returncode == 0
 
 
+def numba_available() -> bool:
+    done = subprocess.run([sys.executable, "-c", "import numba"], capture_output=True)
+    return done.returncode == 0
+
+
 def run_case(spec: dict, main_src: Path | None = None, timeout: float = 300) -> dict:
     """Run ``_case.py`` with ``spec`` in a new process; its JSON result."""
-    env = dict(os.environ)
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if spec.get("impl") in KERNEL_OF:
+        env["DILOCO_ADAMW_KERNEL"] = KERNEL_OF[spec["impl"]]
+    if spec.get("threads", 1) != 1:
+        env.pop("OPENBLAS_NUM_THREADS")  # threadpoolctl raises the limit in the case itself
     if spec.get("impl") == "reference@main":
         spec = {**spec, "impl": "reference"}
         env["PYTHONPATH"] = str(main_src)
@@ -84,15 +104,17 @@ class Competitor:
 
 def timed_command(argv: list) -> dict:
     """Wall and CPU time (user + system, of the child) of one command."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}  # the command's own policy rules
+    load = os.getloadavg()[0]
     before = os.times()
     start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - start
     after = os.times()
     if done.returncode != 0:
         raise RuntimeError(f"{argv} failed:\n{done.stderr}")
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    return {"wall": wall, "cpu": cpu}
+    return {"wall": wall, "cpu": cpu, "load": [load, os.getloadavg()[0]]}
 
 
 def measure_training(repeats: int, impls, main_src: Path, save_dir: Path, log) -> tuple[dict, dict]:
@@ -115,7 +137,7 @@ def measure_training(repeats: int, impls, main_src: Path, save_dir: Path, log) -
             results[(model, dtype, impl)].append(result)
             log(f"  repeat {repeat + 1}/{repeats} {model} {dtype} {impl}: "
                 f"{result['worker_steps'] / result['cpu']:.0f} worker-steps per CPU-second "
-                f"(CPU/wall {result['cpu'] / result['wall']:.2f})")
+                f"(CPU/wall {result['cpu'] / result['wall']:.2f}, load {result['load'][0]:.2f})")
     return results, peaks
 
 
@@ -134,12 +156,27 @@ def compare_params(save_dir: Path, impls) -> dict:
     return gaps
 
 
+POLICY_PROBE = ("from diloco.tools.threads import choose_threads, idle_cores; import json; "
+                "print(json.dumps({'threads': choose_threads((784, 512, 512, 10), 128), 'idle': idle_cores()}))")
+
+
+def policy_choice() -> dict:
+    """What ``diloco.tools.threads.choose_threads`` picks for model (b) now, in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", POLICY_PROBE], capture_output=True, text=True, env=env, check=True)
+    return json.loads(done.stdout)
+
+
 def measure_threads(repeats: int, log) -> dict:
-    """Matmul time with 1 and 2 threads, alone and beside a busy process; the (a) fast run likewise."""
-    out: dict = {"matmul": {}, "training": {}}
+    """Matmul time with 1 and 2 threads, alone and beside a busy process; the fast runs likewise.
+
+    Also the thread policy's choice for model (b) in each condition (``out["policy"]``).
+    """
+    out: dict = {"matmul": {}, "training": {}, "policy": {}}
     for contended in (False, True):
         for _ in range(repeats):
             with Competitor() if contended else _nothing():
+                out["policy"].setdefault(contended, []).append(policy_choice())
                 for name in ("a", "b", "square"):
                     for threads in (1, 2):
                         result = run_case({"impl": "matmul", "dtype": "float64", "shapes": [PEAK_SHAPES[name]],
@@ -191,8 +228,9 @@ def measure_memory(log) -> dict:
 
 
 def measure_adamw(with_torch: bool, log) -> dict:
-    """One AdamW update: the engine's buffers of model (a) (K = 8 stacked) and (b) (one worker)."""
-    sizes = {"(a) K x P = 8 x 9,610": 76_880, "(b) P = 669,706": 669_706}
+    """One AdamW update: the engine's buffers of model (a) (K = 8 stacked), the char-LM's and (b)'s (one worker)."""
+    sizes = {"(a) K x P = 8 x 9,610": 76_880, "char-LM 390-128-65, K x P = 8 x 58,433": 467_464,
+             "(b) P = 669,706": 669_706}
     out = {(label, dtype): run_case({"impl": "adamw", "dtype": dtype, "size": size, "torch": with_torch})["ms"]
            for label, size in sizes.items() for dtype in ("float64", "float32")}
     log("  AdamW measured")
@@ -226,16 +264,39 @@ def measure_compare(repeats: int, log) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# EXTRA_WORKLOADS: the place for the char-LM workload (390-128-65, K=8, H=50, batch 32, reference
+# path against the fast executor, float64 and float32, plus held-out evaluation against its matmul
+# floor) and for one whole study (`diloco study table2 --data shakespeare --seeds 5`, CPU seconds
+# via `timed_command`). Each entry maps a name to a function `(repeats, log) -> dict`; its result
+# is handed to `report.write_report(extra=...)`, which passes it to `report.EXTRA_SECTIONS[name]`
+# (a function `(result) -> (lines, target rows)`) if one is registered there. Interleave the
+# repeats as `measure_training` does, time fresh processes (`run_case`, `timed_command`) and record
+# the load average of each measurement.
+EXTRA_WORKLOADS: dict = {}
+# ---------------------------------------------------------------------------------------------
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats of every case (5)")
+    parser.add_argument("--layout-repeats", type=int, default=3,
+                        help="interleaved repeats of each cell of the layout grid (3)")
     parser.add_argument("--out", default=str(HERE / "results.md"),
                         help="the Markdown report; when it is benchmarks/results.md, README.md's table is refreshed")
+    parser.add_argument("--from-raw", metavar="PICKLE",
+                        help="rewrite the report from the measurements a previous run saved beside --out")
     args = parser.parse_args()
     log = lambda text: print(text, flush=True)  # noqa: E731
+    raw = Path(args.out).with_suffix(".raw.pickle")  # every measurement, so the report can be redrawn
+    if args.from_raw:
+        with open(args.from_raw, "rb") as handle:
+            write(args, pickle.load(handle), log)
+        return
     started = time.time()
     load_before = os.getloadavg()
-    impls = [i for i in IMPLS if not i.startswith("torch") or torch_available()]
+    impls = [i for i in IMPLS if (not i.startswith("torch") or torch_available())
+             and (i != "fast" or numba_available())]
     with tempfile.TemporaryDirectory() as tmp:
         main_src = extract_main(Path(tmp))
         save_dir = Path(tmp) / "params"
@@ -245,15 +306,24 @@ def main() -> None:
         gaps = compare_params(save_dir, impls)
     threads = measure_threads(max(1, args.repeats // 2), log)
     layouts = measure_layouts(max(1, args.repeats // 2), log)
+    log("layout grid (K x width x dtype, both layouts)")
+    grid = layout_grid.run_grid(args.layout_repeats, log)
     memory = measure_memory(log)
     adamw = measure_adamw(any(i.startswith("torch") for i in impls), log)
     compare = measure_compare(max(1, args.repeats // 2), log)
-    summary = write_report(Path(args.out), training=training, gaps=gaps, peaks=peaks, threads=threads,
-                           memory=memory, adamw=adamw, compare=compare, layouts=layouts, impls=impls,
-                           repeats=args.repeats,
-                           seconds=time.time() - started, load=(load_before, os.getloadavg()),
-                           main_commit=MAIN_COMMIT)
-    log(f"wrote {args.out} in {time.time() - started:.0f} s")
+    extra = {name: measure(args.repeats, log) for name, measure in EXTRA_WORKLOADS.items()}
+    measurements = dict(training=training, gaps=gaps, peaks=peaks, threads=threads, memory=memory, adamw=adamw,
+                        compare=compare, layouts=layouts, grid=grid, extra=extra, impls=impls, repeats=args.repeats,
+                        seconds=time.time() - started, load=(load_before, os.getloadavg()), main_commit=MAIN_COMMIT)
+    with open(raw, "wb") as handle:
+        pickle.dump(measurements, handle)
+    write(args, measurements, log)
+
+
+def write(args, measurements: dict, log) -> None:
+    """The report (and the README's summary when ``--out`` is benchmarks/results.md) from ``measurements``."""
+    summary = write_report(Path(args.out), **measurements)
+    log(f"wrote {args.out} ({measurements['seconds']:.0f} s of measuring)")
     if Path(args.out).resolve() == (HERE / "results.md").resolve():
         refresh_readme(ROOT / "README.md", summary)
         log("refreshed the Benchmarks table of README.md")
