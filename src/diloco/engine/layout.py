@@ -33,6 +33,8 @@ bound, so per-worker keeps the run's peak memory at one model's activations.
 
 from __future__ import annotations
 
+from diloco._validation import api_checks
+
 __all__ = ["LAYOUTS", "STACKED_MAX_BYTES", "choose_layout"]
 
 LAYOUTS = ("auto", "stacked", "per-worker")
@@ -52,6 +54,7 @@ def choose_layout(num_workers: int, num_values: int, layout: str = "auto", *, it
     ValueError
         ``layout`` is not one of ``LAYOUTS``, or K, P or ``itemsize`` is not a positive int.
     """
+    api_checks.choose_layout(num_workers, num_values, layout, itemsize)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     for name, value in (("num_workers", num_workers), ("num_values", num_values), ("itemsize", itemsize)):

@@ -27,9 +27,9 @@ import numpy as np
 
 from diloco.adamw import AdamWState
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
+from diloco.engine.layout import choose_layout
 from diloco.engine.optim import adamw_scratch, adamw_update
 from diloco.engine.stack import WorkerStack
-from diloco.engine.trainers import choose_layout
 from diloco.mechanisms import inner_lr
 
 __all__ = ["StackedExecutor", "draw_batch"]

@@ -3,41 +3,20 @@
 ``train_diloco_fast`` and ``train_synchronous_fast`` are the one driver
 (``diloco.core.driver.train``) on the stacked executor (``diloco.engine.stacked``): same
 algorithm, same random draws and same record schema as ``diloco.loop.train_diloco`` and
-``train_synchronous_baseline``; only the execution differs.
+``train_synchronous_baseline``; only the execution differs. The layout rule is
+``diloco.engine.layout`` (re-exported here).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from diloco._validation import api_checks
 from diloco.config import DiLoCoConfig
 from diloco.core.driver import train
 from diloco.core.hooks import callbacks
+from diloco.engine.layout import LAYOUTS, STACKED_MAX_BYTES, choose_layout
 
 __all__ = ["LAYOUTS", "STACKED_MAX_BYTES", "choose_layout", "train_diloco_fast", "train_synchronous_fast"]
-
-LAYOUTS = ("auto", "stacked", "per-worker")
-# Stack the K workers while one (K, P) buffer stays this small (2 MB: the L2 cache of a
-# core or two): on the demo's model stacking is ~1.5x faster. Beyond it batched matmul
-# gains nothing (each worker's product is one large BLAS call already) while the stacked
-# buffers cost K times the memory: on 784-512-512-10 (43 MB per buffer at K = 8) both
-# layouts run at the same speed and per-worker peaks 100 MB lower (benchmarks/results.md).
-STACKED_MAX_BYTES = 2**21
-
-
-def choose_layout(num_workers: int, num_values: int, layout: str = "auto", *, itemsize: int = 8) -> str:
-    """``"stacked"`` or ``"per-worker"``: the layout for K workers of P values of ``itemsize`` bytes.
-
-    ``"auto"`` stacks when ``K * P * itemsize <= STACKED_MAX_BYTES``; the other two
-    layouts are returned as they are.
-    """
-    api_checks.choose_layout(num_workers, num_values, layout, itemsize)
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if layout != "auto":
-        return layout
-    return "stacked" if num_workers * num_values * itemsize <= STACKED_MAX_BYTES else "per-worker"
 
 
 def train_diloco_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=None, y_eval=None, rng=None,
