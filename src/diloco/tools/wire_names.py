@@ -27,6 +27,7 @@ RECORDS: dict[str, tuple[str, ...] | None] = {
     "adamw.AdamWState": None,
     "config.AdamWConfig": None,
     "config.DiLoCoConfig": None,
+    "config_sections.FamilyConfig": None,
     "data.Dataset": None,
     "data.Standardizer": None,
     "evaluation.CommunicationReport": None,
