@@ -156,12 +156,12 @@ def compare_params(save_dir: Path, impls) -> dict:
     return gaps
 
 
-POLICY_PROBE = ("from diloco.tools.threads import choose_threads, idle_cores; import json; "
+POLICY_PROBE = ("from diloco.tools.cli.threads import choose_threads, idle_cores; import json; "
                 "print(json.dumps({'threads': choose_threads((784, 512, 512, 10), 128), 'idle': idle_cores()}))")
 
 
 def policy_choice() -> dict:
-    """What ``diloco.tools.threads.choose_threads`` picks for model (b) now, in a fresh process."""
+    """What ``diloco.tools.cli.threads.choose_threads`` picks for model (b) now, in a fresh process."""
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     done = subprocess.run([sys.executable, "-c", POLICY_PROBE], capture_output=True, text=True, env=env, check=True)
     return json.loads(done.stdout)

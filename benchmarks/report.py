@@ -332,7 +332,7 @@ def _values(cells, width) -> int:
 
 def threads_section(threads, compare) -> list:
     lines = ["", "## BLAS threads", "",
-             "The rule (`diloco.tools.threads`, docs/cli.md): one thread when the largest product of a step is "
+             "The rule (`diloco.tools.cli.threads`, docs/cli.md): one thread when the largest product of a step is "
              "below 1e7 FLOPs, else the free cores. Wall-clock rates, float64, medians. *As is*: the machine as "
              "it was during the run (its load average is in Machine); *plus a busy process*: one more process "
              "spins on a core meanwhile, as when tests or other runs share the machine.", ""]

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/make_notebooks.py --execute  # write them with their outputs (notebooks extra)
 
 The notebooks use only the library's public API (``diloco``, ``diloco.data``,
-``diloco.tools.studies``, ``diloco.tools.plots``); nothing here copies library code. The test
+``diloco.tools.studies.ablations``, ``diloco.tools.studies.plots``); nothing here copies library code. The test
 suite (tests/tooling/test_notebooks.py) executes them and checks they match these
 sources.
 """
@@ -42,8 +42,8 @@ from IPython.display import Markdown, display
 import diloco
 from diloco import DiLoCoConfig, communication_savings, train_diloco, train_synchronous_baseline
 from diloco.data import load_digits_split
-from diloco.tools.plots import plot_curves
-from diloco.tools.study_stats import format_bytes  # the CLI's byte format
+from diloco.tools.studies.plots import plot_curves
+from diloco.tools.studies.study_stats import format_bytes  # the CLI's byte format
 
 data = load_digits_split(seed=0)
 print(f"digits: {data.x_train.shape[0]} training and {data.x_test.shape[0]} held-out images "
@@ -114,7 +114,7 @@ Douillard et al. (2023) report, for language models with 150M-400M parameters:
    with its outer learning rate tuned (notebook 03 looks at non-IID data);
 4. more workers help at a fixed amount of compute per worker.
 
-Here we test them on the 8x8 digits with a one-hidden-layer MLP, using `diloco.tools.studies`, the code
+Here we test them on the 8x8 digits with a one-hidden-layer MLP, using `diloco.tools.studies.ablations`, the code
 behind `.venv/bin/diloco study NAME`. The runs are tiny (2 seeds) so the notebook finishes in well under a
 minute; `docs/results.md` reruns the paper's tables with 5 seeds on larger tasks. Like `.venv/bin/diloco study`,
 the runs use `default_engine()`: the fast engine `diloco.engine` (the same algorithm, equal up to
@@ -125,8 +125,8 @@ from IPython.display import Markdown, display
 
 from diloco import DiLoCoConfig
 from diloco.data import load_digits_split
-from diloco.tools.plots import plot_curves, plot_study
-from diloco.tools.studies import STUDIES, default_engine, markdown_table, mean_curves, run_study, summarise
+from diloco.tools.studies.plots import plot_curves, plot_study
+from diloco.tools.studies.ablations import STUDIES, default_engine, markdown_table, mean_curves, run_study, summarise
 
 data = load_digits_split(seed=0)
 seeds = [0, 1]

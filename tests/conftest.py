@@ -15,7 +15,7 @@
   ``helpers.FEW_EXAMPLES``), and this file applies the settings at collection, through
   Hypothesis' public ``settings`` decorator (which may wrap a ``@given`` test).
 * ``DILOCO_TEST_SANDBOX=1 pytest tests`` runs the suite as the grader does: every public
-  diloco function a test calls runs in a sandbox process (``diloco.tools.proxy``).
+  diloco function a test calls runs in a sandbox process (``diloco.tools.sandbox.proxy``).
 * In a learner workspace, the property tests of a milestone that is still a stub (or
   that needs one) do not shrink or explain their failing example: every example fails the
   same way, with the stub's NotImplementedError, and shrinking it only costs seconds.
@@ -35,7 +35,7 @@ from hypothesis.errors import InvalidArgument
 sys.path.insert(0, str(Path(__file__).parent))  # `import strategies`, `import helpers`
 
 if os.environ.get("DILOCO_TEST_SANDBOX"):  # the grader's mode: every diloco function runs in a sandbox
-    from diloco.tools.proxy import install_for_suite
+    from diloco.tools.sandbox.proxy import install_for_suite
 
     install_for_suite()
 

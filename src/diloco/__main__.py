@@ -1,3 +1,3 @@
-from diloco.tools.cli import main
+from diloco.tools.cli.main import main
 
 raise SystemExit(main())

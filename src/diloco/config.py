@@ -134,7 +134,7 @@ class DiLoCoConfig:
     inner : AdamWConfig
         The inner optimizer.
     engine : "reference" or "fast"
-        Which executor the tools run (``diloco.tools.studies.trainer``): the milestone
+        Which executor the tools run (``diloco.tools.studies.ablations.trainer``): the milestone
         functions of ``diloco.loop`` (``"reference"``), or ``diloco.engine``, the same
         algorithm with the K workers in flat in-place buffers (``"fast"``). The milestone
         functions themselves ignore it.

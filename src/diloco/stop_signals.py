@@ -10,7 +10,7 @@ Standard library only, so it can be installed before NumPy is imported: the firs
   from the middle of an import, nothing half-made);
 * ``"raise"`` (inside ``session()``, while a command runs): the signal becomes
   ``Stopped``, a ``KeyboardInterrupt``, so every ``finally`` runs and
-  ``diloco.tools.faults.run_outcome`` records status ``"interrupted"``;
+  ``diloco.tools.runs.faults.run_outcome`` records status ``"interrupted"``;
 * once one signal has been raised, later ones are ignored, so the clean-up that writes
   ``summary.json`` is not cut short by a second Ctrl-C (SIGKILL still ends the process).
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diloco.tools.cli import main
+from diloco.tools.cli.main import main
 
 __all__ = ["run_cli", "only_run_dir", "mpiexec", "TINY", "TINY_DEEP"]
 

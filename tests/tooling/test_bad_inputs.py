@@ -763,7 +763,7 @@ def test_mnist1d_cache_problems_are_clear(tmp_path):
 # --- the checkpoint loader -----------------------------------------------------------------
 
 def _a_checkpoint(folder: Path) -> Path:
-    from diloco.tools.checkpoint import data_fingerprint, save_checkpoint
+    from diloco.tools.runs.checkpoint import data_fingerprint, save_checkpoint
 
     p = params()
     state = adam_state()
@@ -780,7 +780,7 @@ def test_damaged_checkpoints_are_always_refused_with_checkpoint_error(which, cut
     FAMILIES_RUN.add("checkpoint bytes")
     import tempfile
 
-    from diloco.tools.checkpoint import CheckpointError, load_checkpoint
+    from diloco.tools.runs.checkpoint import CheckpointError, load_checkpoint
 
     with tempfile.TemporaryDirectory() as folder:
         manifest = _a_checkpoint(Path(folder))
@@ -806,7 +806,7 @@ def test_damaged_checkpoints_are_always_refused_with_checkpoint_error(which, cut
 
 def test_checkpoint_loader_arguments(tmp_path):
     FAMILIES_RUN.add("checkpoint arguments")
-    from diloco.tools.checkpoint import CheckpointError, load_checkpoint
+    from diloco.tools.runs.checkpoint import CheckpointError, load_checkpoint
 
     manifest = _a_checkpoint(tmp_path)
     cases = [("path", "a missing file", lambda: load_checkpoint(tmp_path / "nope.json"), "manifest is missing"),
@@ -844,7 +844,7 @@ def test_the_command_line_refuses_bad_values_in_one_line(flag, data):
     import io
     import tempfile
 
-    from diloco.tools.cli import main
+    from diloco.tools.cli.main import main
 
     value = data.draw(st.sampled_from(CLI_BAD[flag]))
     TRIED.add(f"diloco train {flag}={value!r}")
@@ -989,7 +989,7 @@ def test_zero_inner_steps_and_one_worker_are_legal():
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "soon"])
 def test_grade_refuses_bad_timeouts_in_one_line(flag, value, capsys):
     FAMILIES_RUN.add("grade timeouts")
-    from diloco.tools.cli import main
+    from diloco.tools.cli.main import main
 
     TRIED.add(f"diloco grade {flag}={value}")
     with pytest.raises(SystemExit) as caught:

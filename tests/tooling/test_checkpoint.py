@@ -1,4 +1,4 @@
-"""Checkpoints (diloco.tools.checkpoint): exact round trip, generator state, atomic writes,
+"""Checkpoints (diloco.tools.runs.checkpoint): exact round trip, generator state, atomic writes,
 and refusal of every damaged or foreign checkpoint, with nothing changed on disk."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from diloco import DiLoCoConfig
 from diloco.adamw import AdamWState
 from diloco.outer import OuterState
-from diloco.tools import checkpoint as ckpt
-from diloco.tools.checkpoint import (
+from diloco.tools.runs import checkpoint as ckpt
+from diloco.tools.runs.checkpoint import (
     CheckpointError,
     data_fingerprint,
     generator_state,

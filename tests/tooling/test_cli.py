@@ -1,6 +1,6 @@
 """The ``diloco`` command line: compare / train / study, run folders, data options, errors.
 
-Most tests call ``diloco.tools.cli.main`` in-process with tiny configs; one runs the real
+Most tests call ``diloco.tools.cli.main.main`` in-process with tiny configs; one runs the real
 ``python -m diloco`` in a subprocess. Every user error must print exactly one line on
 stderr and exit with status 2; a Ctrl-C must keep what was already written.
 """
@@ -16,8 +16,9 @@ import pytest
 from cli_helpers import TINY, only_run_dir, run_cli
 
 from diloco.data import load_npz_dataset
-from diloco.tools import commands, studies
-from diloco.tools.runs import HISTORY_FIELDS, read_jsonl
+from diloco.tools.cli import commands
+from diloco.tools.runs.folders import HISTORY_FIELDS, read_jsonl
+from diloco.tools.studies import ablations as studies
 
 
 def test_compare_writes_run_folder_with_plots(tmp_path, capsys):

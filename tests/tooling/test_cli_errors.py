@@ -7,9 +7,9 @@ import argparse
 
 import pytest
 
-from diloco.tools.cli import build_parser, main
-from diloco.tools.commands import savings_sentence
-from diloco.tools.errors import Parser, closest_flag
+from diloco.tools.cli.commands import savings_sentence
+from diloco.tools.cli.errors import Parser, closest_flag
+from diloco.tools.cli.main import build_parser, main
 
 
 def usage_error(argv, capsys) -> str:

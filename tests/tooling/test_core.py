@@ -26,7 +26,7 @@ from diloco.core.features import FEATURES, cell, render_matrix
 from diloco.core.hooks import Guard, NetworkTimer
 from diloco.data import load_digits_split
 from diloco.text import OneHot, char_windows
-from diloco.tools.training import train_resumable
+from diloco.tools.runs.training import train_resumable
 
 BASE = DiLoCoConfig(num_workers=2, inner_steps=4, rounds=2, hidden_sizes=(8, 8), batch_size=8, seed=1)
 ALGOS = ("diloco", "sync")

@@ -17,7 +17,7 @@ from cli_helpers import TINY_DEEP as TINY
 from cli_helpers import only_run_dir, run_cli
 
 from diloco.engine import stacked
-from diloco.tools.runs import read_jsonl
+from diloco.tools.runs.folders import read_jsonl
 
 
 def _summary(run_dir):

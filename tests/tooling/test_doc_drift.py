@@ -20,7 +20,7 @@ import pytest
 
 from diloco.milestones import MILESTONES, by_number
 from diloco.milestones import test_command as rerun_command  # not collected as a test
-from diloco.tools.regions import stub_lines
+from diloco.tools.workspace.regions import stub_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -138,7 +138,7 @@ PROSE = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *DOCS.rglob("*.md"
 
 
 def resolves(dotted: str) -> bool:
-    """``diloco.tools.mpi`` is a module; ``diloco.loop.RoundResult`` an attribute of one."""
+    """``diloco.tools.cli.mpi`` is a module; ``diloco.loop.RoundResult`` an attribute of one."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         module = ".".join(parts[:cut])
@@ -259,7 +259,7 @@ def test_the_records_of_a_run_document_every_field():
 
 def test_learner_guide_quotes_a_real_stub():
     """The guide's milestone-07 stub is what a fresh workspace holds, docstring abridged."""
-    from diloco.tools.regions import stub_source
+    from diloco.tools.workspace.regions import stub_source
 
     guide = GUIDE.read_text(encoding="utf-8")
     (shown,) = re.findall(r"^```python\n(@milestone\ndef init_adamw_state.*?)^```", guide, re.S | re.M)

@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_doc_drift import commands, needs_activation  # noqa: E402  (the shared Markdown scanner)
 
-from diloco.tools.cli import build_parser  # noqa: E402
+from diloco.tools.cli.main import build_parser  # noqa: E402
 
 pytestmark = pytest.mark.tooling
 

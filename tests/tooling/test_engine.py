@@ -24,8 +24,8 @@ from diloco import DiLoCoConfig, sample_worker_batch, train_diloco, train_synchr
 from diloco.data import load_digits_split
 from diloco.engine import STACKED_MAX_BYTES, TRAINERS, choose_layout, train_diloco_fast, train_synchronous_fast
 from diloco.engine.stacked import draw_batch as _draw_batch
-from diloco.tools import studies
-from diloco.tools.regions import PACKAGE_DIR, is_reference_only
+from diloco.tools.studies import ablations as studies
+from diloco.tools.workspace.regions import PACKAGE_DIR, is_reference_only
 
 # The reference executor: the milestone trainers for the course's algorithm, else the driver on it.
 REFERENCE = {"diloco": studies.trainer("diloco"), "sync": studies.trainer("sync")}
@@ -210,7 +210,7 @@ def test_every_mechanism_runs_on_the_fast_engine_and_is_recorded(tmp_path, capsy
 def test_workspace_leaves_the_engine_out_and_asking_for_it_is_one_line(tmp_path, capsys, monkeypatch):
     assert is_reference_only(PACKAGE_DIR / "engine") and is_reference_only(PACKAGE_DIR / "engine" / "stack.py")
     assert is_reference_only(PACKAGE_DIR / "tools" / "mpi.py") and not is_reference_only(PACKAGE_DIR / "loop.py")
-    from diloco.tools.workspace import _ignore
+    from diloco.tools.workspace.create import _ignore
 
     assert "engine" in _ignore(str(PACKAGE_DIR), os.listdir(PACKAGE_DIR))
     # In a workspace the package is absent: simulate it.

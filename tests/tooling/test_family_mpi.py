@@ -82,7 +82,7 @@ def test_real_ranks_compute_the_simulation_bit_for_bit_and_record_the_bytes_they
 def test_the_mpi_command_takes_the_family_flags(tmp_path):
     flags = ("--rounds", "2", "-H", "4", "--hidden-sizes", "8,8", "--seed", "2", "--comm-dtype", "fp4",
              "--fragments", "2", "--overlap", "1")
-    done = run(2, "-m", "diloco.tools.mpi", *flags, "--save-params", "params.npz", cwd=tmp_path)
+    done = run(2, "-m", "diloco.tools.cli.mpi", *flags, "--save-params", "params.npz", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     data = load_digits_split(seed=0)
     config = DiLoCoConfig(num_workers=2, inner_steps=4, rounds=2, hidden_sizes=(8, 8), seed=2)
@@ -93,7 +93,7 @@ def test_the_mpi_command_takes_the_family_flags(tmp_path):
 
 
 def test_a_family_setting_that_does_not_fit_is_one_line_and_exit_2(tmp_path):
-    done = run(2, "-m", "diloco.tools.mpi", "--fragments", "3", "--rounds", "1", cwd=tmp_path)
+    done = run(2, "-m", "diloco.tools.cli.mpi", "--fragments", "3", "--rounds", "1", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "diloco.tools.mpi: error: fragments (3) must not exceed the model's layers (2, from hidden_sizes (128,))"]
+        "diloco.tools.cli.mpi: error: fragments (3) must not exceed the model's layers (2, from hidden_sizes (128,))"]

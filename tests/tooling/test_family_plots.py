@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from diloco.tools.family_tables import plot_time_to_target  # noqa: E402
+from diloco.tools.studies.family_tables import plot_time_to_target  # noqa: E402
 
 
 def _row(name, reached):

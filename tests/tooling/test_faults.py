@@ -32,8 +32,9 @@ import pytest
 from cli_helpers import TINY, only_run_dir, run_cli
 
 from diloco.core import sync
-from diloco.tools import commands, runs
-from diloco.tools.runs import JsonlWriter, read_jsonl
+from diloco.tools.cli import commands
+from diloco.tools.runs import folders as runs
+from diloco.tools.runs.folders import JsonlWriter, read_jsonl
 
 QUICK = [*TINY, "--no-plots"]
 
@@ -238,7 +239,7 @@ def test_a_full_disk_leaves_no_temporary_file_no_empty_png_and_no_torn_line(tmp_
 
 
 class _FullDiskOs:
-    """``os`` for ``diloco.tools.runs``, whose ``write`` stores half a line, then fails."""
+    """``os`` for ``diloco.tools.runs.folders``, whose ``write`` stores half a line, then fails."""
 
     def __getattr__(self, name):
         return getattr(os, name)

@@ -22,14 +22,15 @@ import jsonschema
 import pytest
 
 from diloco.milestones import MILESTONES, all_dependencies
-from diloco.tools import grade_verdicts, grading
-from diloco.tools.cli import main
-from diloco.tools.grade_report import failure_lines, rerun_command
-from diloco.tools.grade_text import plain_math, round_tolerances, shown_lines
-from diloco.tools.grading import FAILED, LOCKED, NOT_STARTED, PASSED, grade
-from diloco.tools.lessons import common_mistakes
-from diloco.tools.regions import stub_source
-from diloco.tools.workspace import create_workspace
+from diloco.tools.cli.main import main
+from diloco.tools.grading import grade_verdicts
+from diloco.tools.grading import grader as grading
+from diloco.tools.grading.grade_report import failure_lines, rerun_command
+from diloco.tools.grading.grade_text import plain_math, round_tolerances, shown_lines
+from diloco.tools.grading.grader import FAILED, LOCKED, NOT_STARTED, PASSED, grade
+from diloco.tools.grading.lessons import common_mistakes
+from diloco.tools.workspace.create import create_workspace
+from diloco.tools.workspace.regions import stub_source
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "docs" / "results.schema.json").read_text())
@@ -181,7 +182,7 @@ def test_missing_or_broken_package_is_a_clear_error(tmp_path, capsys):
     assert "does not import" in err and "SyntaxError" in err and "Traceback" not in err
     assert json.loads(out.read_text())["score"] == 0
     # The workspace's own grader, run as a file, reports the same without importing the package.
-    proc = subprocess.run([sys.executable, "src/diloco/tools/grading.py", "--impl", "."], cwd=ws,
+    proc = subprocess.run([sys.executable, "src/diloco/tools/grading/grader.py", "--impl", "."], cwd=ws,
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "SyntaxError" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -270,7 +271,7 @@ def test_a_lesson_without_a_matching_bullet_still_links_its_mistakes(tmp_path):
 
 
 def test_lesson_bullets_parse_to_plain_text_with_their_tests(tmp_path):
-    from diloco.tools.lessons import common_mistakes, matching_mistakes, section_anchor
+    from diloco.tools.grading.lessons import common_mistakes, matching_mistakes, section_anchor
 
     lesson = tmp_path / "lesson.md"
     lesson.write_text(

@@ -20,7 +20,7 @@ import pytest
 
 from diloco.milestones import MILESTONES, PARTS, by_number
 from diloco.milestones import test_command as rerun_command  # not collected as a test
-from diloco.tools.lessons import list_items, named_tests, split_sections
+from diloco.tools.grading.lessons import list_items, named_tests, split_sections
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"

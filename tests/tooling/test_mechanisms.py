@@ -30,7 +30,7 @@ from diloco.mechanisms import (
 from diloco.model import init_model_params
 from diloco.outer import OuterState, init_outer_optimizer
 from diloco.sharding import inner_train_worker
-from diloco.tools.studies import trainer
+from diloco.tools.studies.ablations import trainer
 
 pytestmark = pytest.mark.tooling
 

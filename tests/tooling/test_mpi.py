@@ -20,7 +20,7 @@ from diloco.data import load_digits_split  # noqa: E402
 
 def run_mpi(processes: int, *flags: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [mpiexec(), "-n", str(processes), sys.executable, "-m", "diloco.tools.mpi", *flags],
+        [mpiexec(), "-n", str(processes), sys.executable, "-m", "diloco.tools.cli.mpi", *flags],
         cwd=cwd, capture_output=True, text=True, timeout=300,
     )
 

@@ -2,7 +2,7 @@
 
 No fault may hang the job. Each test runs the real ``mpiexec`` on a small wrapper
 (``fault_rank.py``, written to the test's folder) that injects the fault into one rank's
-``inner_train_worker`` call of a chosen round, then runs ``diloco.tools.mpi.main``. The
+``inner_train_worker`` call of a chosen round, then runs ``diloco.tools.cli.mpi.main``. The
 job runs in its own process group, killed at the end whatever happens, and under a
 timeout far above what a working fault path needs.
 """
@@ -29,7 +29,7 @@ WRAPPER = '''
 import os, signal, sys
 from mpi4py import MPI
 import diloco.core.executors as executors
-import diloco.tools.mpi as backend
+import diloco.tools.cli.mpi as backend
 
 mode, failing_rank, failing_round = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 if MPI.COMM_WORLD.rank == failing_rank:
@@ -54,7 +54,7 @@ def run_job(tmp_path: Path, processes: int, *argv: str, wrapper: bool = True, li
     """Run the job; return (exit status, stdout, stderr, seconds). Never leaves a process behind."""
     script = tmp_path / "fault_rank.py"
     script.write_text(WRAPPER)
-    target = [str(script)] if wrapper else ["-m", "diloco.tools.mpi"]
+    target = [str(script)] if wrapper else ["-m", "diloco.tools.cli.mpi"]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     start = time.monotonic()
     proc = subprocess.Popen([mpiexec(), "-n", str(processes), sys.executable, *target, *argv], cwd=tmp_path,

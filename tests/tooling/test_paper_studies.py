@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from diloco import DiLoCoConfig
-from diloco.tools.cli import main
-from diloco.tools.paper_report import (
+from diloco.tools.cli.main import main
+from diloco.tools.studies.paper_report import (
     FAILS,
     HOLDS,
     PARTLY,
@@ -20,7 +20,7 @@ from diloco.tools.paper_report import (
     summarise_arms,
     verdict,
 )
-from diloco.tools.paper_studies import PAPER_STUDIES, Arm, Claim, arm_engine
+from diloco.tools.studies.paper_studies import PAPER_STUDIES, Arm, Claim, arm_engine
 
 pytestmark = pytest.mark.tooling
 

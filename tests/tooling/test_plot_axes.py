@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from diloco.tools.plots import plot_curves  # noqa: E402
+from diloco.tools.studies.plots import plot_curves  # noqa: E402
 
 pytestmark = pytest.mark.tooling
 

@@ -1,8 +1,8 @@
 """Flags with no effect where they are given are refused, and sizes are bounded before any work.
 
 Each case goes through the command line: one line on stderr naming the flag and what would
-give it an effect, exit status 2, and no run folder left behind (``diloco.tools.flag_checks``,
-``diloco.tools.preflight``, ``diloco.tools.faults.shorten``).
+give it an effect, exit status 2, and no run folder left behind (``diloco.tools.cli.flag_checks``,
+``diloco.tools.cli.preflight``, ``diloco.tools.runs.faults.shorten``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from cli_helpers import run_cli
 
 from diloco.config import DiLoCoConfig
 from diloco.data import load_digits_split
-from diloco.tools import flag_checks
-from diloco.tools.errors import CliError
-from diloco.tools.faults import shorten
+from diloco.tools.cli import flag_checks
+from diloco.tools.cli.errors import CliError
+from diloco.tools.runs.faults import shorten
 
 QUICK = ["--rounds", "2", "-H", "3", "-K", "2", "--hidden-sizes", "8", "-q", "--no-plots"]
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from cli_helpers import run_cli
 
-from diloco.tools.run_environment import constraints_record, source_record
-from diloco.tools.run_lock import RunLocked, lock_run_dir, release_runs
-from diloco.tools.runs import read_jsonl
+from diloco.tools.runs.folders import read_jsonl
+from diloco.tools.runs.run_environment import constraints_record, source_record
+from diloco.tools.runs.run_lock import RunLocked, lock_run_dir, release_runs
 
 ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 LONG = ["train", "-K", "2", "-H", "20", "--rounds", "100000", "--hidden-sizes", "8", "-q", "--no-plots"]
@@ -142,7 +142,7 @@ EARLY = [(signal.SIGINT, d) for d in (0.02, 0.05, 0.15, 0.3, 0.5, 0.8, 1.2, 1.8)
 # The ``diloco`` script, once the interpreter is up and has begun importing diloco (a signal in Python's own
 # start-up, or in the millisecond before diloco's first line runs, is Python's): it says "ready", then imports it.
 SCRIPT = "import sys\nprint('ready', flush=True)\nsys.argv = ['diloco', *sys.argv[1:]]\n" \
-         "from diloco.tools.cli import main\nraise SystemExit(main())\n"
+         "from diloco.tools.cli.main import main\nraise SystemExit(main())\n"
 
 
 def test_a_signal_at_any_early_moment_is_one_line_and_leaves_nothing_half_made(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import TINY, only_run_dir, run_cli
 
-from diloco.tools import run_lock
+from diloco.tools.runs import run_lock
 
 QUICK = [*TINY, "--no-plots"]
 

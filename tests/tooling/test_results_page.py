@@ -1,6 +1,6 @@
 """``docs/results.md`` quotes the studies' output files, and nothing else.
 
-The page's tables are generated blocks (``diloco.tools.results_page``) rendered from
+The page's tables are generated blocks (``diloco.tools.studies.results_page``) rendered from
 ``docs/assets/results/<study>-<task>.json``, the summaries that ``diloco study <study>
 --data <task> --export docs/assets/results`` writes. These tests render every block again
 and require the page to hold exactly that; require the command that produced each block
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from diloco.tools.paper_studies import TASKS as TASK_DEFAULTS
-from diloco.tools.results_page import BLOCK, ORDER, TASKS, block_names, load_summaries, rebuild, render_block
+from diloco.tools.studies.paper_studies import TASKS as TASK_DEFAULTS
+from diloco.tools.studies.results_page import BLOCK, ORDER, TASKS, block_names, load_summaries, rebuild, render_block
 
 pytestmark = pytest.mark.tooling
 
@@ -41,7 +41,7 @@ def test_every_generated_block_equals_its_rendering_from_the_files(page, summari
     assert "paper" in names and "compute" in names and "similarity" in names
     for match in BLOCK.finditer(page):
         assert match.group("body") == render_block(match.group("name"), summaries), (
-            f"block {match.group('name')} differs from the files: run python -m diloco.tools.results_page")
+            f"block {match.group('name')} differs from the files: run python -m diloco.tools.studies.results_page")
     assert rebuild(page, summaries) == page
 
 

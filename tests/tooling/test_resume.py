@@ -2,7 +2,7 @@
 uninterrupted run ends (params bit for bit, history equal), for DiLoCo and the baseline,
 IID and non-IID, float32 and float64.
 
-The first tests drive ``diloco.tools.training.train_resumable`` in-process; the last ones
+The first tests drive ``diloco.tools.runs.training.train_resumable`` in-process; the last ones
 kill a real ``python -m diloco train`` process with SIGKILL at several points (between
 rounds, in the middle of a round, in the middle of writing a checkpoint, at a moment
 picked by the clock) and resume it with ``diloco train --resume``.
@@ -25,10 +25,10 @@ import pytest
 from diloco import DiLoCoConfig
 from diloco.core.driver import baseline_config
 from diloco.data import load_digits_split
-from diloco.tools.checkpoint import list_checkpoints
-from diloco.tools.runs import read_jsonl
-from diloco.tools.studies import trainer
-from diloco.tools.training import train_resumable
+from diloco.tools.runs.checkpoint import list_checkpoints
+from diloco.tools.runs.folders import read_jsonl
+from diloco.tools.runs.training import train_resumable
+from diloco.tools.studies.ablations import trainer
 
 DATA = load_digits_split(0)
 # The reference: the milestone trainer for the course's algorithm (IID, no mechanism), the
@@ -173,9 +173,9 @@ KILLER = '''
 """python kill_at.py POINT ROUND diloco-args...: run `diloco`, SIGKILL itself at POINT of round ROUND."""
 import os, signal, sys
 
-import diloco.tools.training as training
-from diloco.tools import checkpoint
-from diloco.tools.cli import main
+import diloco.tools.runs.training as training
+from diloco.tools.runs import checkpoint
+from diloco.tools.cli.main import main
 
 point, at = sys.argv[1], int(sys.argv[2])
 

@@ -27,8 +27,9 @@ import numpy as np
 import pytest
 
 from diloco.adamw import AdamWState
-from diloco.tools import proxy, sandbox, wire, wire_values
-from diloco.tools.cli import main
+from diloco.tools.cli.main import main
+from diloco.tools.sandbox import box as sandbox
+from diloco.tools.sandbox import proxy, wire, wire_values
 
 ROOT = os.geteuid() == 0
 REFERENCE_PACKAGE = Path(proxy.__file__).resolve().parents[1]

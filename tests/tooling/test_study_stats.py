@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from diloco.tools.paper_report import render_arms_table, render_claims_table, summarise_arms
-from diloco.tools.study_stats import (
+from diloco.tools.studies.paper_report import render_arms_table, render_claims_table, summarise_arms
+from diloco.tools.studies.study_stats import (
     CLIPPED_MARK,
     CLIPPED_NOTE,
     RANGES,

@@ -17,7 +17,7 @@ from diloco.text import (
     load_shakespeare_text,
     perplexity,
 )
-from diloco.tools.cli import main
+from diloco.tools.cli.main import main
 
 pytestmark = pytest.mark.tooling
 

@@ -1,4 +1,4 @@
-"""The BLAS thread policy (``diloco.tools.threads``) and ``--threads``."""
+"""The BLAS thread policy (``diloco.tools.cli.threads``) and ``--threads``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from diloco.tools import threads
-from diloco.tools.cli import main
-from diloco.tools.threads import (
+from diloco.tools.cli import threads
+from diloco.tools.cli.main import main
+from diloco.tools.cli.threads import (
     LARGE_MATMUL_FLOPS,
     MIN_SPEEDUP,
     ThreadsUnavailable,

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from diloco.milestones import MILESTONES
-from diloco.tools import regions as regions_mod
-from diloco.tools import workspace
-from diloco.tools.cli import main
-from diloco.tools.regions import RegionError, solution_regions, stub_source
-from diloco.tools.workspace import create_workspace
+from diloco.tools.cli.main import main
+from diloco.tools.workspace import create as workspace
+from diloco.tools.workspace import regions as regions_mod
+from diloco.tools.workspace.create import create_workspace
+from diloco.tools.workspace.regions import RegionError, solution_regions, stub_source
 
 REPO = Path(__file__).resolve().parents[2]
 MODULES = sorted({m.module for m in MILESTONES})
@@ -98,7 +98,7 @@ def test_stub_keeps_signature_docstring_and_checks_and_raises():
 
 def test_workspace_layout(fresh):
     for path in ("pyproject.toml", "conftest.py", "Makefile", "README.md", ".gitignore",
-                 "src/diloco/__init__.py", "src/diloco/config.py", "src/diloco/tools/cli.py", "src/diloco/data.py",
+                 "src/diloco/__init__.py", "src/diloco/config.py", "src/diloco/tools/cli/main.py", "src/diloco/data.py",
                  "src/diloco/_datasets/digits.npz", "tests/conftest.py", "tests/helpers.py",
                  "tests/strategies.py"):
         assert (fresh / path).is_file(), path
@@ -106,8 +106,8 @@ def test_workspace_layout(fresh):
     for test_file in (REPO / "tests").glob("test_*.py"):
         assert (fresh / "tests" / test_file.name).is_file()
     assert not (fresh / "tests" / "tooling").exists()
-    # diloco.tools.mpi composes milestones 20-24 into the round of milestone 25: reference only.
-    assert (REPO / "src/diloco/tools/mpi.py").is_file() and not (fresh / "src/diloco/tools/mpi.py").exists()
+    # diloco.tools.cli.mpi composes milestones 20-24 into the round of milestone 25: reference only.
+    assert (REPO / "src/diloco/tools/cli/mpi.py").is_file() and not (fresh / "src/diloco/tools/cli/mpi.py").exists()
     assert not list(fresh.rglob("__pycache__"))
     makefile = (fresh / "Makefile").read_text()
     assert re.search(r"^test:", makefile, re.M) and re.search(r"^grade:", makefile, re.M)

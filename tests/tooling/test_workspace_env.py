@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diloco.tools.workspace import create_workspace
+from diloco.tools.workspace.create import create_workspace
 
 pytestmark = pytest.mark.tooling
 

@@ -11,7 +11,7 @@ A direct call's result is checked as well (``result_check``, run by ``milestone`
 finite inputs too large for their dtype can overflow to Inf or NaN in the arithmetic,
 and a milestone must then raise ``ValueError`` naming those inputs instead of returning
 the overflow. Nested calls skip it, like the argument checks: in training the
-divergence guard of ``diloco.tools.training`` reports a blow-up with its round and worker.
+divergence guard of ``diloco.tools.runs.training`` reports a blow-up with its round and worker.
 
 Checks once per call tree
 -------------------------

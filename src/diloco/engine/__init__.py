@@ -4,7 +4,7 @@
 pure function at a time: the reference, and the code a learner writes. This package is a
 second executor of exactly the same algorithm for when many runs are needed (studies,
 notebooks, benchmarks), selected by ``DiLoCoConfig.engine = "fast"`` in the tools
-(``diloco.tools.studies.trainer``); the milestone functions never call it.
+(``diloco.tools.studies.ablations.trainer``); the milestone functions never call it.
 
 * ``flat``: parameter dicts as views of one ``(S, P)`` buffer.
 * ``stack``: forward, loss and backward of S models at once, with batched ``np.matmul``.

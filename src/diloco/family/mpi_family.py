@@ -1,6 +1,6 @@
 """The family on real MPI ranks: ``train_family_mpi``, the one driver on the MPI executor.
 
-Kept for its name: ``diloco.tools.mpi.train_diloco_mpi`` runs every setting of
+Kept for its name: ``diloco.tools.cli.mpi.train_diloco_mpi`` runs every setting of
 ``config.family`` (compression, fragments, eager updates) with the round timeout and the
 divergence guard. Each sync all-gathers the workers' encoded payloads
 (``diloco.core.comm.all_reduce`` through ``MPIExecutor.gather``), so the result is

@@ -1,14 +1,11 @@
-"""The tooling around the milestones: command line, runs and studies, plots, grader,
-workspace generator and MPI backend. Nothing here is a milestone; a learner never edits it.
+"""The tooling around the milestones, by concern. Nothing here is a milestone; a learner never edits it.
 
-Modules
--------
-cli, errors, flags      the ``diloco`` command line and its shared flags
-commands, study_command ``compare``, ``train``, ``study``
-runs, studies, plots    run folders, ablation studies, PNG plots
-grading, grade_verdicts, grade_report, grade_plugin, lessons
-                        the milestone grader, its verdicts and output formats, its pytest
-                        plugin, the lessons' common mistakes it prints
-regions, workspace      solution regions and leak scan; the learner workspace generator
-mpi                     DiLoCo as K real MPI processes (``python -m diloco.tools.mpi``)
+Subpackages
+-----------
+cli        the ``diloco`` command line: parser, flags and their checks, the commands, the MPI command
+runs       run folders, atomic files, the run lock and record, checkpoints, resume, the resumable driver
+studies    ablations, the paper in miniature, the family studies, statistics, tables, plots, results pages
+grading    the milestone grader: waves, the pytest plugin, verdicts, reports, the lessons' mistakes
+sandbox    the grader's sandbox: the allow-list root, the worker process, the plain-data wire
+workspace  solution regions and the leak scan; the learner workspace generator and its template
 """

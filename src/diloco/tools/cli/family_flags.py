@@ -1,0 +1,70 @@
+"""Flags of the DiLoCo family (``diloco.family``), shared by train, compare, study and MPI.
+
+``add_config_flags`` (``diloco.tools.cli.flags``) calls ``add_family_flags``, so every
+command that takes the experiment's flags takes these too; ``build_family`` turns them
+into a ``FamilyConfig`` (``CliError`` for a user error: one line, exit status 2), which
+``diloco.tools.cli.flags.build_config`` puts in ``DiLoCoConfig.family``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from diloco.core.netsim import parse_bandwidth, parse_duration
+from diloco.core.quantize import FORMATS
+from diloco.family.config import PATTERNS, FamilyConfig
+from diloco.tools.cli.errors import CliError
+
+__all__ = ["add_family_flags", "build_family"]
+
+
+
+def add_family_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("beyond the 2023 paper (diloco.family; docs/concepts/family.md)")
+    group.add_argument("--comm-dtype", choices=FORMATS, default=None,
+                       help="wire format of outer gradients (default: the params' dtype, nothing encoded)")
+    group.add_argument("--comm-block", type=int, default=None, metavar="N",
+                       help="values per power-of-two scale block of int8/fp4; 0 = one scale per tensor (32)")
+    group.add_argument("--sign-prune", type=float, default=None, metavar="FRACTION",
+                       help="drop this fraction of each outer gradient's smallest entries, TIES merge (0)")
+    group.add_argument("--error-feedback", action="store_true", default=None,
+                       help="carry each worker's encoding error into its next outer gradient")
+    group.add_argument("--fragments", type=int, default=None, metavar="P",
+                       help="Streaming DiLoCo: sync P fragments of layers in turn (1)")
+    group.add_argument("--fragment-pattern", dest="pattern", choices=PATTERNS, default=None,
+                       help="which layers form a fragment (strided, as in the paper)")
+    group.add_argument("--overlap", type=int, default=None, metavar="TAU",
+                       help="inner steps a fragment's all-reduce overlaps with compute (0; eager: H)")
+    group.add_argument("--mix", type=float, default=None, metavar="ALPHA",
+                       help="weight of the received global fragment, mix*global + (1-mix)*local (1)")
+    group.add_argument("--eager", action="store_true", default=None,
+                       help="eager updates (Kale et al., 2025): one-outer-step overlap")
+    group.add_argument("--bandwidth", default=None, metavar="RATE",
+                       help="simulate a network of this bandwidth, e.g. 1Gbit, 100Mbit/s, 125MB/s")
+    group.add_argument("--latency", default=None, metavar="TIME",
+                       help="simulated latency per message, e.g. 50ms (0)")
+    group.add_argument("--step-time", default=None, metavar="TIME",
+                       help="simulated compute time per inner step, e.g. 10ms (default: measured)")
+
+
+def build_family(args, defaults: dict | None = None) -> FamilyConfig:
+    """The ``FamilyConfig`` of the parsed flags (over ``defaults``)."""
+    changes = dict(defaults or {})
+    for name in ("comm_dtype", "sign_prune", "error_feedback", "fragments", "pattern", "overlap", "mix", "eager"):
+        if getattr(args, name, None) is not None:
+            changes[name] = getattr(args, name)
+    if getattr(args, "comm_block", None) is not None:
+        changes["comm_block"] = args.comm_block
+    try:
+        if getattr(args, "bandwidth", None) is not None:
+            changes["bandwidth"] = parse_bandwidth(args.bandwidth)
+        if getattr(args, "latency", None) is not None:
+            changes["latency"] = parse_duration(args.latency)
+        if getattr(args, "step_time", None) is not None:
+            changes["step_time"] = parse_duration(args.step_time)
+        family = FamilyConfig(**changes)
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"invalid family setting: {exc}") from None
+    if not family.simulates_network and (family.latency or family.step_time):
+        raise CliError("--latency and --step-time need --bandwidth (they configure the simulated network)")
+    return family

@@ -1,0 +1,204 @@
+"""DiLoCo as real processes: one MPI rank per worker (needs the ``mpi`` extra, mpi4py).
+
+    mpiexec -n 8 python -m diloco.tools.cli.mpi --rounds 10          # K = 8 workers, 8 processes
+
+The single-process simulation runs the K workers one after another. Here the one driver
+(``diloco.core.driver``) runs on every rank with the MPI executor
+(``diloco.core.executors.MPIExecutor``): rank k holds worker k and steps it with the same
+milestone functions; only the synchronisations cross process boundaries:
+
+1. Every rank builds the same shards and initial model from the seed (exactly as
+   ``train_diloco`` does, so nothing needs broadcasting) and keeps its own shard.
+2. Each round every rank draws ``rng.spawn(K)`` like ``run_diloco_round`` and keeps child
+   ``k``, so worker k sees the same mini-batches as simulated worker k.
+3. At each sync the kept workers' parameters (or encoded outer gradients) are
+   all-gathered and combined in worker order on every rank, so the global parameters
+   stay equal everywhere and equal the single-process run's bit for bit: every flag of
+   ``diloco train`` (the family's compression, fragments and eager updates, drops,
+   outer Adam, the lr schedule, clipping, the character-level task) runs here too.
+
+Faults never hang the job. Every collective is non-blocking and waited on for at most
+``round_timeout`` seconds: a rank that stops answering (killed, stopped, stuck) makes the
+others print that a collective timed out and call ``MPI_Abort``, which ends every
+process. An exception on any rank is printed as one line naming the rank, then
+``MPI_Abort`` ends the job. A divergence (``diloco.tools.runs.training.Diverged``) is seen by
+every rank at once, since they hold the same global model and losses, so they all stop
+with the same message and exit status 3, without an abort. The MPI executor writes no
+checkpoints: ``--checkpoint-every`` and ``--resume`` belong to ``diloco train``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import time
+
+import numpy as np
+
+from diloco._validation import milestone
+from diloco.config import DiLoCoConfig
+from diloco.core.driver import train
+from diloco.core.executors import RoundTimeout
+from diloco.core.hooks import Guard, NetworkTimer, callbacks
+from diloco.loop import TrainResult
+
+__all__ = ["RoundTimeout", "train_diloco_mpi", "main"]
+
+
+@milestone  # a trainer's depth, as train_diloco: checked once by prepare_training, then the guard watches
+def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *, x_eval=None, y_eval=None,
+                     on_round=None, round_timeout: float | None = None, max_loss: float | None = None,
+                     algo: str = "diloco", encode=None, sync_fields: bool | None = None) -> TrainResult:
+    """Train with DiLoCo (every mechanism of ``config``, its family included), this process being
+    worker ``comm.rank`` of ``comm.size``: the one driver on the MPI executor.
+
+    Parameters
+    ----------
+    x, y, config, x_eval, y_eval, on_round, encode
+        As for ``diloco.loop.train_diloco``; every rank passes the same values.
+    comm : mpi4py.MPI.Comm
+        ``comm.size`` must equal ``config.num_workers``.
+    round_timeout : float > 0, optional
+        Seconds a rank waits in a collective before raising ``RoundTimeout``; None waits
+        forever.
+    max_loss : float > 0, optional
+        The divergence guard's loss threshold (``diloco.core.hooks.Guard``).
+    algo : "diloco" or "sync", keyword-only
+        The synchronous baseline all-gathers the gradients every step.
+
+    Returns
+    -------
+    TrainResult(params, history)
+        The same on every rank, bit-identical to the single-process run of the same config
+        (the collectives gather every worker's contribution and combine them in worker
+        order). DiLoCo's records also hold ``allreduce_seconds``, the wall time this rank
+        spent in the round's collectives, and ``mpi_bytes_sent``.
+
+    Raises
+    ------
+    ValueError
+        ``comm.size != config.num_workers``, or the errors of ``train_diloco``.
+    RoundTimeout
+        A collective outlasted ``round_timeout``.
+    diloco.tools.runs.training.Diverged
+        A non-finite loss, pseudo-gradient or held-out loss (on every rank alike).
+    """
+    if comm.size != config.num_workers:
+        raise ValueError(
+            f"config.num_workers ({config.num_workers}) must equal the number of MPI processes ({comm.size}); "
+            f"run with mpiexec -n {config.num_workers}"
+        )
+    hooks = [NetworkTimer(config)] if config.family.simulates_network else []
+    hooks += [Guard(algo, max_loss), *callbacks(on_round)]
+    return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor="mpi", hooks=hooks,
+                 comm=comm, timeout=round_timeout, sync_fields=sync_fields)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not np.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _fail(comm, rank: int, message: str, code: int) -> int:
+    """Print one line for this rank and end the whole job (every rank) with ``MPI_Abort``."""
+    print(f"diloco.tools.cli.mpi: error: {message}", file=sys.stderr, flush=True)
+    time.sleep(0.3)  # let mpiexec forward the line before the abort tears the job down
+    comm.Abort(code)
+    return code  # not reached: Abort ends this process too
+
+
+def main(argv=None) -> int:
+    """``mpiexec -n K python -m diloco.tools.cli.mpi [train flags]``: K defaults to the number of ranks."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        print("diloco.tools.cli.mpi: error: mpi4py is not installed; pip install 'diloco[mpi]'", file=sys.stderr)
+        return 2
+    import warnings
+
+    from diloco.core.driver import check_algorithm
+    from diloco.tools.cli.errors import CliError, Parser
+    from diloco.tools.cli.flags import (
+        DEFAULT_MAX_LOSS,
+        add_config_flags,
+        add_data_flags,
+        add_recovery_flags,
+        build_config,
+        load_dataset,
+    )
+    from diloco.tools.runs.folders import atomic_write_bytes, write_json
+    from diloco.tools.runs.training import Diverged
+
+    parser = Parser(prog="python -m diloco.tools.cli.mpi", description=__doc__.splitlines()[0])
+    add_config_flags(parser)
+    add_data_flags(parser)
+    parser.add_argument("--algo", choices=("diloco", "sync"), default="diloco",
+                        help="diloco (default) or sync (the gradients all-gathered every step)")
+    parser.add_argument("--json", metavar="FILE", help="rank 0 writes the history and final metrics here")
+    parser.add_argument("--save-params", metavar="FILE.npz", help="rank 0 saves the final global params here")
+    parser.add_argument("--round-timeout", type=_positive, default=600.0, metavar="SECONDS",
+                        help="a rank waiting longer than this in a round's all-reduce aborts the job (600)")
+    add_recovery_flags(parser, resume=False)  # --max-loss
+    args = parser.parse_args(argv)
+    max_loss = DEFAULT_MAX_LOSS if args.max_loss is None else args.max_loss
+    max_loss = None if np.isinf(max_loss) else max_loss
+    comm = MPI.COMM_WORLD
+    try:
+        config = build_config(args, defaults={"num_workers": comm.size})
+        check_algorithm(args.algo, config)  # the family's flags live in config.family
+        data, _ = load_dataset(args, config.dtype)
+        if config.num_workers != comm.size:
+            raise CliError(f"-K {config.num_workers} does not match the {comm.size} MPI processes")
+    except (CliError, ValueError) as exc:
+        if comm.rank == 0:
+            print(f"diloco.tools.cli.mpi: error: {exc}", file=sys.stderr)
+        return 2
+
+    def report(record):
+        if comm.rank == 0:
+            print(f"round {record['round']:3d}  inner loss {record['inner_loss']:.4f}  "
+                  f"held-out loss {record['eval_loss']:.4f}  accuracy {record['eval_accuracy']:.4f}  "
+                  f"all-reduce {record.get('allreduce_seconds', 0.0) * 1e3:.1f} ms", flush=True)
+
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):  # the guard's message replaces NumPy's
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = train_diloco_mpi(data.x_train, data.y_train, config, comm, x_eval=data.x_test,
+                                      y_eval=data.y_test, on_round=report, round_timeout=args.round_timeout,
+                                      max_loss=max_loss, algo=args.algo, encode=data.encode)
+    except Diverged as exc:  # every rank sees the same record: all stop here, no abort needed
+        if comm.rank == 0:
+            print(f"diloco.tools.cli.mpi: error: {exc}", file=sys.stderr)
+        return 3
+    except RoundTimeout as exc:
+        return _fail(comm, comm.rank, f"{exc}; aborting the job", 4)
+    except BaseException as exc:  # noqa: BLE001 - any fault on one rank must end every rank, never hang them
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return _fail(comm, comm.rank, f"rank {comm.rank} failed: {reason}; aborting the job", 1)
+    if comm.rank == 0:
+        seconds = time.perf_counter() - start
+        last = result.history[-1]
+        name = "DiLoCo" if args.algo == "diloco" else "the synchronous baseline"
+        print(f"{name} on {comm.size} MPI processes: held-out loss {last['eval_loss']:.4f}, "
+              f"accuracy {last['eval_accuracy']:.4f}, {len(result.history)} all-reduces, {seconds:.1f} s")
+        try:
+            if args.json:
+                write_json(args.json, {"config": config.to_dict(), "processes": comm.size, "seconds": seconds,
+                                       "history": result.history})
+            if args.save_params:
+                buffer = io.BytesIO()
+                np.savez(buffer, **result.params)
+                atomic_write_bytes(args.save_params, buffer.getvalue())
+        except OSError as exc:
+            print(f"diloco.tools.cli.mpi: error: cannot write {exc.filename or 'output'}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The milestone grader: the wave loop, the pytest plugin, verdicts, reports, the lessons' mistakes."""

@@ -1,0 +1,112 @@
+"""``diloco grade``: the grader's command line (also ``python src/diloco/tools/grading/grader.py``).
+
+Parses the flags, runs ``diloco.tools.grading.grader.grade``, prints the table and writes
+Gradescope's ``results.json`` (``--json``) and JUnit XML (``--junit``) atomically. A
+submission that cannot be graded at all still gets a ``results.json`` of zeros.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from diloco.tools.cli.errors import CliError
+from diloco.tools.grading.grade_report import error_report, format_table, to_gradescope, to_junit_xml
+from diloco.tools.grading.grader import GradingError, grade
+from diloco.tools.runs.atomic_files import atomic_write_text
+
+__all__ = ["add_parsers", "main"]
+
+
+def _write(path: str, text: str) -> None:
+    """Write a report atomically (temporary file, fsync, rename), making its folder if needed."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(target, text)
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _cmd_grade(args) -> int:
+    impl = Path(args.impl) if args.impl else Path.cwd()
+    progress = None if args.quiet else (
+        lambda wave: print(f"running {len(wave)} milestone(s): {' '.join(f'm{n:02d}' for n in wave)}",
+                           file=sys.stderr, flush=True))
+    try:
+        report = grade(impl, args.tests, timeout=args.timeout, on_wave=progress, sandbox=not args.trust_submission,
+                       sandbox_user=args.sandbox_user, call_timeout=args.call_timeout)
+    except GradingError as exc:
+        if args.json:
+            _write(args.json, json.dumps(error_report(impl, str(exc)), indent=2) + "\n")
+        raise CliError(str(exc)) from None
+    print(format_table(report))
+    if args.json:
+        _write(args.json, json.dumps(to_gradescope(report), indent=2) + "\n")
+    if args.junit:
+        _write(args.junit, to_junit_xml(report))
+    return 0
+
+
+def add_parsers(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "grade", help="grade the 30 milestones of a diloco package (a workspace or a submission)",
+        description="Run the milestone tests against a diloco package in dependency order and print a "
+                    "table of the 30 milestones. Milestones whose prerequisites do not pass are locked "
+                    "and not run. The graded folder is not modified. See docs/learner-guide.md and "
+                    "docs/instructor-guide.md.",
+    )
+    _add_arguments(parser)
+    parser.set_defaults(func=_cmd_grade)
+
+
+def _seconds(text: str) -> float:
+    """A timeout flag's value: a positive, finite number of seconds (argparse reports anything else)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _add_arguments(parser) -> None:
+    parser.add_argument("--impl", metavar="DIR",
+                        help="folder holding the diloco package to grade (src/diloco or diloco); "
+                             "default: the current directory")
+    parser.add_argument("--tests", metavar="DIR",
+                        help="folder of milestone tests, say a hidden set (default: the suite shipped with this "
+                             "grader); the sandbox can never read it")
+    parser.add_argument("--json", metavar="FILE", help="also write Gradescope results.json to FILE")
+    parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    parser.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
+                        help="time allowed for each wave of tests (default 600)")
+    parser.add_argument("--quiet", action="store_true", help="do not print a line per wave")
+    parser.add_argument("--local", "--trust-submission", dest="trust_submission", action="store_true",
+                        help="grade in-process: run the graded code inside the test process (fast, but the code "
+                             "can forge its score; every report says 'local, not sandboxed'). Default: the "
+                             "bubblewrap sandbox; without it, grading stops with a line saying how to enable it")
+    parser.add_argument("--sandbox-user", default="nobody", metavar="USER",
+                        help="account the sandbox runs as when the grader runs as root (default nobody)")
+    parser.add_argument("--call-timeout", type=_seconds, default=120.0, metavar="SECONDS",
+                        help="time allowed for one call of a graded function in the sandbox, its callbacks "
+                             "included (default 120)")
+
+
+def main(argv=None) -> int:
+    """``python src/diloco/tools/grading/grader.py``: the grade command alone, without importing the graded package."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="grading.py", description="Grade the 30 diloco milestones.")
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return _cmd_grade(args)
+    except CliError as exc:
+        print(f"diloco grade: error: {exc}", file=sys.stderr)
+        return 2

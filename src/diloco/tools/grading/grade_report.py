@@ -1,0 +1,267 @@
+"""The grader's verdict types and output formats: the table, Gradescope ``results.json``, JUnit XML.
+
+Each milestone ends as one of ``passed``, ``not started``, ``failed``, ``locked`` or
+``error`` (see ``diloco.tools.grading.grader``); ``GradeReport`` holds the 30 verdicts.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import NamedTuple
+
+from diloco.milestones import MILESTONES, Milestone
+from diloco.tools.grading.lessons import mistakes_link
+
+__all__ = [
+    "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
+    "MilestoneResult", "GradeReport", "format_table", "failure_lines", "rerun_command", "to_gradescope",
+    "to_junit_xml", "error_report",
+]
+
+PASSED, NOT_STARTED, FAILED, LOCKED, ERROR = "passed", "not started", "failed", "locked", "error"
+
+
+class MilestoneResult(NamedTuple):
+    """The verdict on one milestone.
+
+    ``summary`` is one line for the table; ``detail`` the failing check's message
+    lines; ``blocked_by`` the prerequisites that did not pass (for ``locked``);
+    ``failing`` the node id of every failing test (for ``failed``); ``mistakes`` the
+    lesson's "Common mistakes" bullets that name one of them, as plain text.
+    """
+
+    milestone: Milestone
+    status: str
+    summary: str = ""
+    detail: tuple[str, ...] = ()
+    rerun: str = ""
+    tests_passed: int = 0
+    tests_total: int = 0
+    duration: float = 0.0
+    blocked_by: tuple[int, ...] = ()
+    failing: tuple[str, ...] = ()
+    mistakes: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+
+class GradeReport(NamedTuple):
+    """Everything one grading run found.
+
+    ``sandbox`` names the protections the graded code ran under (``diloco.tools.sandbox.box``);
+    empty when it ran inside the test process (local mode, ``--trust-submission``).
+    """
+
+    results: tuple[MilestoneResult, ...]
+    impl: Path
+    imported_from: str
+    tests_dir: Path
+    duration: float
+    sandbox: str = ""
+
+    @property
+    def mode_line(self) -> str:
+        if self.sandbox:
+            return f"sandboxed (protections: {self.sandbox})"
+        return "local, not sandboxed: the graded code ran in the test process"
+
+    @property
+    def score(self) -> int:
+        return sum(r.passed for r in self.results)
+
+    @property
+    def max_score(self) -> int:
+        return len(self.results)
+
+    def result(self, number: int) -> MilestoneResult:
+        return next(r for r in self.results if r.milestone.number == number)
+
+    def next_milestone(self) -> Milestone | None:
+        """The lowest-numbered milestone that is unlocked and not passed."""
+        for r in self.results:
+            if r.status in (NOT_STARTED, FAILED, ERROR):
+                return r.milestone
+        return None
+
+    def progress_line(self) -> str:
+        head = f"{self.score}/{self.max_score} passed"
+        nxt = self.next_milestone()
+        if nxt is not None:
+            return f"{head} - next: {nxt.label} ({nxt.lesson})"
+        if self.score == self.max_score:
+            return f"{head} - all milestones done"
+        return f"{head} - every remaining milestone is locked"
+
+
+
+# --------------------------------------------------------------------------- output
+
+_WORDS = {PASSED: "passed", NOT_STARTED: "not started", FAILED: "FAILED", LOCKED: "locked", ERROR: "ERROR"}
+_WIDTH = 100  # wrap the lesson's bullets to this many columns
+
+
+def _grouped(nodeids: tuple[str, ...]) -> list[str]:
+    """``path::test  [float32, float64]``: one line per test function, its failing parameters."""
+    groups: dict[str, list[str]] = {}
+    for nodeid in nodeids:
+        base, _, params = nodeid.partition("[")
+        groups.setdefault(base, [])
+        if params:
+            groups[base].append(params.removesuffix("]"))
+    return [f"{base}  [{', '.join(params)}]" if params else base for base, params in groups.items()]
+
+
+def _project(impl: Path) -> Path | None:
+    """The project folder (a ``Makefile`` beside ``src/diloco``) that ``impl`` names, if any."""
+    for folder in (impl, impl.parent, impl.parent.parent):
+        if (folder / "Makefile").is_file() and (folder / "src" / "diloco").is_dir():
+            return folder
+    return None
+
+
+def rerun_command(report: GradeReport, r: MilestoneResult, cwd: Path | None = None) -> str:
+    """``r.rerun`` (``make test M=m04``, a workspace's command) as it must be typed in ``cwd``.
+
+    In the graded project itself it is unchanged; elsewhere it runs make in that project
+    (``make -C workspace test M=m04``), so it tests the graded code and never the
+    reference of the folder it was printed in. A graded folder that is no project with a
+    Makefile gets ``(in your workspace)``.
+    """
+    here = Path(cwd if cwd is not None else Path.cwd()).resolve()
+    project = _project(Path(report.impl).resolve())
+    if project == here or not r.rerun.startswith("make "):
+        return r.rerun
+    if project is None:
+        return f"{r.rerun} (in your workspace)"
+    where = os.path.relpath(project, here) if project.is_relative_to(here) else str(project)
+    return f"make -C {shlex.quote(where)} {r.rerun.removeprefix('make ')}"
+
+
+def failure_lines(r: MilestoneResult, indent: str = "", rerun: str | None = None) -> list[str]:
+    """What a FAILED or ERROR row shows under it: the check's message, every failing test,
+    the lesson's matching common mistakes with a link to them, and the rerun command
+    (``rerun``, default ``r.rerun``)."""
+    out = [indent + line for line in r.detail]
+    if len(r.failing) > 1:
+        out.append(f"{indent}failing tests ({len(r.failing)} of {r.tests_total}):")
+        out += [f"{indent}  {line}" for line in _grouped(r.failing)]
+    if r.mistakes:
+        out.append(f"{indent}common mistakes these tests catch ({mistakes_link(r.milestone)}):")
+        for text in r.mistakes:
+            out += textwrap.wrap(text, width=_WIDTH, initial_indent=f"{indent}  - ",
+                                 subsequent_indent=f"{indent}    ", break_on_hyphens=False)
+    elif r.status == FAILED and r.failing:
+        out.append(f"{indent}common mistakes: {mistakes_link(r.milestone)}")
+    out.append(f"{indent}rerun: {r.rerun if rerun is None else rerun}")
+    return out
+
+
+def format_table(report: GradeReport) -> str:
+    """The learner's view: one row per milestone, details under failures, a progress line."""
+    width = max(len(m.name) for m in MILESTONES)
+    out = [f"diloco grade: {report.impl}", f"  (testing {report.imported_from})", f"  ({report.mode_line})", "",
+           f" #  {'milestone':<{width}}  {'status':<11}  notes", f" -- {'-' * width}  {'-' * 11}  {'-' * 5}"]
+    for r in report.results:
+        note = r.summary
+        if r.status == PASSED:
+            note = ""
+        elif r.status == NOT_STARTED:
+            note = r.milestone.lesson
+        out.append(f" {r.milestone.number:02d} {r.milestone.name:<{width}}  {_WORDS[r.status]:<11}  {note}".rstrip())
+        if r.status in (FAILED, ERROR):
+            out += failure_lines(r, " " * 8, rerun_command(report, r))
+    out += ["", report.progress_line()]
+    return "\n".join(out)
+
+
+def _output_text(r: MilestoneResult, rerun: str | None = None) -> str:
+    if r.status == PASSED:
+        return f"passed ({r.tests_passed}/{r.tests_total} tests)"
+    if r.status == NOT_STARTED:
+        return f"not started: the function still raises NotImplementedError. Lesson: {r.milestone.lesson}"
+    if r.status == LOCKED:
+        return f"locked: {r.summary}; its tests were not run"
+    head = "failed" if r.status == FAILED else "error"
+    return "\n".join([f"{head}: {r.summary}", *failure_lines(r, rerun=rerun)])
+
+
+def to_gradescope(report: GradeReport) -> dict:
+    """Gradescope's ``results.json``: one test entry per milestone, one point each.
+
+    Every output is ``"output_format": "text"``, which Gradescope shows as it is, so the
+    expected and got columns stay aligned; the rerun command is the learner's own.
+    """
+    tests = []
+    for r in report.results:
+        m = r.milestone
+        tests.append({
+            "name": m.label,
+            "number": f"{m.number:02d}",
+            "score": 1.0 if r.passed else 0.0,
+            "max_score": 1.0,
+            "status": "passed" if r.passed else "failed",
+            "output": _output_text(r, f"{r.rerun} (in your workspace)"),
+            "output_format": "text",
+            "visibility": "visible",
+            "extra_data": {
+                "milestone": m.number,
+                "state": r.status,
+                "tests_passed": r.tests_passed,
+                "tests_total": r.tests_total,
+                "depends_on": list(m.depends_on),
+                "blocked_by": list(r.blocked_by),
+                "lesson": m.lesson,
+            },
+        })
+    return {
+        "score": float(sum(t["score"] for t in tests)),
+        "max_score": float(sum(t["max_score"] for t in tests)),
+        "execution_time": round(report.duration, 3),
+        "output": report.progress_line() + ("" if report.sandbox else f" [{report.mode_line}]"),
+        "output_format": "text",
+        "visibility": "visible",
+        "stdout_visibility": "hidden",
+        "tests": tests,
+    }
+
+
+def to_junit_xml(report: GradeReport) -> str:
+    """JUnit XML: a testcase per milestone; not started and failed are failures, locked is skipped."""
+    counts = {s: sum(r.status == s for r in report.results) for s in _WORDS}
+    failures, errors, skipped = counts[FAILED] + counts[NOT_STARTED], counts[ERROR], counts[LOCKED]
+    attrs = dict(name="diloco-milestones", tests=str(len(report.results)), failures=str(failures),
+                 errors=str(errors), skipped=str(skipped), time=f"{report.duration:.3f}")
+    suites = ET.Element("testsuites", attrs)
+    suite = ET.SubElement(suites, "testsuite", attrs)
+    ET.SubElement(ET.SubElement(suite, "properties"), "property", name="grading", value=report.mode_line)
+    for r in report.results:
+        case = ET.SubElement(suite, "testcase", classname="diloco.milestones",
+                             name=f"{r.milestone.marker} {r.milestone.name}", time=f"{r.duration:.3f}")
+        rerun = rerun_command(report, r)
+        if r.status == FAILED:
+            ET.SubElement(case, "failure", message=r.summary, type="Failed").text = _output_text(r, rerun)
+        elif r.status == NOT_STARTED:
+            ET.SubElement(case, "failure", message="not started", type="NotStarted").text = _output_text(r)
+        elif r.status == ERROR:
+            ET.SubElement(case, "error", message=r.summary, type="Error").text = _output_text(r, rerun)
+        elif r.status == LOCKED:
+            ET.SubElement(case, "skipped", message=f"locked: {r.summary}")
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def error_report(impl: Path, message: str) -> dict:
+    """``results.json`` for a submission that cannot be graded: every milestone 0 points."""
+    tests = [{"name": m.label, "number": f"{m.number:02d}", "score": 0.0, "max_score": 1.0, "status": "failed",
+              "output": f"error: {message}", "output_format": "text", "visibility": "visible",
+              "extra_data": {"milestone": m.number, "state": ERROR, "tests_passed": 0, "tests_total": 0,
+                             "depends_on": list(m.depends_on), "blocked_by": [], "lesson": m.lesson}}
+             for m in MILESTONES]
+    return {"score": 0.0, "max_score": float(len(tests)), "execution_time": 0.0, "output": f"error: {message}",
+            "output_format": "text", "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}

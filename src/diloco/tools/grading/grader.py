@@ -1,0 +1,221 @@
+"""The milestone grader: run the tests of an implementation in dependency order.
+
+``grade(impl)`` finds the ``diloco`` package in folder ``impl`` and runs the milestone
+tests against it in *waves* following ``diloco.milestones``: a wave holds every milestone
+whose prerequisites all passed; a milestone with a prerequisite that did not pass is
+*locked* and never run. Each milestone ends as one of
+
+* ``passed``       every test passed;
+* ``not started``  every failure is the stub's ``NotImplementedError``;
+* ``failed``       the first failing check, its message (expected beside got), a rerun command;
+* ``locked``       a prerequisite has not passed, so its tests were not run;
+* ``error``        no test collected, a test module that does not import, a time-out, or a
+                   collected test that never reported an outcome (the run ended early).
+
+By default the graded code runs only in a sandbox (``diloco.tools.sandbox.box``, bubblewrap
+with an allow-list root): each wave's pytest process imports the grader's own ``diloco``,
+whose public functions the plugin routes to the sandbox (``diloco.tools.sandbox.proxy``), so
+nothing the graded code does can reach the tests, the plugin's records or the verdict.
+Where the sandbox cannot be fully isolated, ``grade`` raises ``GradingError`` saying how
+to enable it. ``sandbox=False`` (``--local``, alias ``--trust-submission``, what a
+workspace's ``make grade`` uses) puts the graded folder first on ``PYTHONPATH`` instead:
+quicker, forgeable, and every report says ``local, not sandboxed``.
+
+The tests come from ``--tests DIR`` (say a hidden set), by default the suite that ships
+with this grader (the repository's ``tests/`` or the copy bundled in an installed wheel),
+never from the graded folder, which is not modified; the sandbox can read none of them.
+``--json`` writes Gradescope's ``results.json``, ``--junit`` JUnit XML; both, and the
+threat model, are described in ``docs/instructor-guide.md``.
+
+    diloco grade [--impl DIR] [--tests DIR] [--json FILE] [--junit FILE] [--local]
+    python src/diloco/tools/grading/grader.py --impl .   # also works when the package does not import
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # run as a file: never import the graded package
+    import sys as _sys
+    import types as _types
+    from pathlib import Path as _Path
+
+    _package = _types.ModuleType("diloco")
+    _package.__path__ = [str(_Path(__file__).resolve().parents[2])]
+    _sys.modules.setdefault("diloco", _package)
+
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from diloco.milestones import MILESTONES, by_number
+from diloco.tools.grading.grade_report import (
+    ERROR,
+    FAILED,
+    LOCKED,
+    NOT_STARTED,
+    PASSED,
+    GradeReport,
+    MilestoneResult,
+    format_table,
+    to_gradescope,
+    to_junit_xml,
+)
+from diloco.tools.grading.grade_verdicts import classify, locked
+from diloco.tools.grading.grade_waves import (
+    GRADER_ROOT,
+    GradingError,
+    grader_folders,
+    make_workdir,
+    probe_import,
+    probe_sandbox,
+    run_wave,
+    unreported,
+)
+from diloco.tools.sandbox.box import Unavailable, prepare
+
+__all__ = [
+    "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
+    "MilestoneResult", "GradeReport", "GradingError",
+    "find_package_root", "default_tests_dir", "grade", "format_table",
+    "to_gradescope", "to_junit_xml", "add_parsers", "main",
+]
+
+
+# --------------------------------------------------------------------------- locating
+
+
+def find_package_root(impl: Path | str) -> Path:
+    """The folder to put first on ``sys.path`` so ``import diloco`` finds ``impl``'s package.
+
+    ``impl`` may be a project (holding ``src/diloco`` or ``diloco``), a ``src`` folder,
+    or the ``diloco`` package folder itself.
+    """
+    impl = Path(impl).expanduser().resolve()
+    if not impl.is_dir():
+        raise GradingError(f"{impl} is not a directory")
+    for root in (impl / "src", impl):
+        if (root / "diloco" / "__init__.py").is_file():
+            return root
+    if impl.name == "diloco" and (impl / "__init__.py").is_file():
+        return impl.parent
+    raise GradingError(f"no diloco package in {impl} (looked for src/diloco/__init__.py and diloco/__init__.py)")
+
+
+def default_tests_dir() -> Path:
+    """The milestone tests shipped with this grader (repository ``tests/`` or bundled copy)."""
+    from diloco.tools.workspace.regions import suite_root
+
+    try:
+        return suite_root() / "tests"
+    except FileNotFoundError as exc:
+        raise GradingError(f"{exc}; pass --tests DIR") from None
+
+
+def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float = 600.0,
+          python: str | None = None, on_wave: Callable[[list[int]], None] | None = None,
+          sandbox: bool = True, sandbox_user: str = "nobody", call_timeout: float = 120.0,
+          disk: int = 64 << 20) -> GradeReport:
+    """Grade the ``diloco`` package in folder ``impl`` against the milestone tests.
+
+    Parameters
+    ----------
+    impl : folder holding ``src/diloco``, ``diloco``, or the package itself; not modified.
+    tests : folder of milestone tests (default: the suite shipped with this grader).
+    timeout : seconds allowed for each wave of tests.
+    python : interpreter for the test runs (default: this one); needs numpy, pytest, hypothesis.
+    on_wave : called with the milestone numbers of each wave before it runs.
+    sandbox : run the graded code only in the sandbox (``diloco.tools.sandbox.box``); ``False``
+        runs it inside the test process (local mode, ``--local``: fast, forgeable).
+    sandbox_user : the account the sandbox runs as when the grader is root.
+    call_timeout : seconds allowed for one call of a graded function in the sandbox, every
+        callback it asks for included.
+    disk : bytes the sandbox may write (the size of its tmpfs).
+
+    Raises
+    ------
+    GradingError
+        No package in ``impl``, it does not import, the tests folder is missing, or (with
+        ``sandbox``) the isolation cannot be had here: the message says how to enable it.
+    """
+    start = time.perf_counter()
+    impl = Path(impl).expanduser().resolve()
+    package_root = find_package_root(impl)
+    tests_dir = Path(tests).expanduser().resolve() if tests is not None else default_tests_dir()
+    if not (tests_dir / "conftest.py").is_file() and not any(tests_dir.glob("test_*.py")):
+        raise GradingError(f"no tests in {tests_dir}")
+    python = python or sys.executable
+    status: dict[int, MilestoneResult] = {}
+    with tempfile.TemporaryDirectory(prefix="diloco-grade-") as tmp:
+        config, guarded = None, ""
+        if sandbox:
+            try:
+                folder = Path(tempfile.mkdtemp(prefix="diloco-sandbox-"))
+                config = prepare(package_root, folder, user=sandbox_user, python=python,
+                                 hide=[GRADER_ROOT / "diloco", tests_dir, Path(tmp), *grader_folders()],
+                                 limits={"cpu": int(max(timeout, 1))}, call_timeout=call_timeout, disk=disk)
+            except KeyError:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise GradingError(f"no user {sandbox_user!r} to run the sandbox as; pass --sandbox-user") from None
+            except Unavailable as exc:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise GradingError(f"cannot sandbox the submission: {exc}") from None
+        try:
+            workdir = make_workdir(Path(tmp), package_root, config)
+            if config is None:
+                imported_from = probe_import(workdir, package_root, python)
+                imported = Path(imported_from)
+            else:
+                imported, guarded = probe_sandbox(config, package_root)
+                imported_from = str(package_root / Path(imported).relative_to(config["package_root"]))
+            while True:
+                locked_any = False  # lock once every prerequisite has a verdict and one did not pass
+                for m in MILESTONES:
+                    if (m.number not in status and all(d in status for d in m.depends_on)
+                            and not all(status[d].passed for d in m.depends_on)):
+                        status[m.number] = locked(m, status)
+                        locked_any = True
+                wave = [m.number for m in MILESTONES
+                        if m.number not in status and all(d in status and status[d].passed for d in m.depends_on)]
+                if not wave:
+                    if locked_any:
+                        continue
+                    break
+                if on_wave is not None:
+                    on_wave(wave)
+                records, crash = run_wave(wave, tests_dir, workdir, python, timeout)
+                for record in records:
+                    if record["kind"] == "import" and "file" in record and Path(record["file"]).resolve() != Path(
+                            imported).resolve():
+                        raise GradingError(f"the tests imported diloco from {record['file']}, not {imported}")
+                crash = crash or unreported(wave, records)
+                for number in wave:
+                    status[number] = classify(by_number(number), records, crash, tests_dir)
+        finally:
+            if config is not None:
+                shutil.rmtree(config["folder"], ignore_errors=True)
+        for m in MILESTONES:  # only reachable with a cycle in the graph
+            status.setdefault(m.number, MilestoneResult(m, LOCKED, "dependency cycle"))
+    results = tuple(status[m.number] for m in MILESTONES)
+    return GradeReport(results, impl, imported_from, tests_dir, time.perf_counter() - start, guarded)
+
+
+# The command line (``diloco grade``, and this file run as a script) lives in grade_command,
+# which imports this module: these two entry points import it when called.
+def add_parsers(subparsers) -> None:
+    """Register ``diloco grade`` (see ``diloco.tools.grading.grade_command``)."""
+    from diloco.tools.grading.grade_command import add_parsers as register
+
+    register(subparsers)
+
+
+def main(argv=None) -> int:
+    """``python src/diloco/tools/grading/grader.py``: the grade command alone, without importing the graded package."""
+    from diloco.tools.grading.grade_command import main as run
+
+    return run(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""Training that survives crashes: checkpoints, bit-identical resume and a divergence guard.
+
+``train_resumable(algo, x, y, config, ...)`` trains DiLoCo (``algo="diloco"``, with every
+mechanism of ``config``, its family section included) or the synchronous baseline
+(``"sync"``) through the one driver (``diloco.core.driver.train``), on the executor that
+``config.engine`` names (``"reference"``: the milestone functions; ``"fast"``: the
+stacked executor). ``checkpoint_dir=D, checkpoint_every=N`` writes a checkpoint
+(``diloco.tools.runs.checkpoint``) every N rounds and after the last one, and
+``resume_from=D`` continues from the newest one. A run killed at any moment and resumed
+ends with exactly the params and history of a run that was never interrupted.
+
+The guard, the callback, the checkpoints and the simulated network are the driver's hooks
+(``diloco.core.hooks``), so every algorithm and executor has them. The guard checks, after
+every round, that the losses, the pseudo-gradient and the parameters are finite (and,
+with ``max_loss``, that no loss exceeds it), then the held-out loss. A failure raises
+``Diverged``, which names the round, the worker and the quantity; no checkpoint is
+written for the bad round, so the last good one stays.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from diloco.core.divergence import Diverged, check_record
+from diloco.core.driver import RunState, train
+from diloco.core.hooks import Callback, Checkpointing, Guard, NetworkTimer
+from diloco.tools.runs.checkpoint import Checkpoint, data_fingerprint, load_checkpoint, save_checkpoint
+
+__all__ = ["Diverged", "train_resumable", "check_record", "executor_of", "state_of_checkpoint"]
+
+
+def executor_of(config) -> str:
+    """The driver's executor for ``config.engine``: ``"reference"`` or ``"stacked"`` (``"fast"``)."""
+    return "stacked" if config.engine == "fast" else "reference"
+
+
+def _plain_starts(config) -> bool:
+    """Whether every worker starts each round from the global params (no need to save theirs)."""
+    family = config.family
+    return (config.drop_prob == 0 and family.fragments == 1 and family.mix == 1.0 and not family.eager
+            and family.tau(config.inner_steps) == 0)
+
+
+def state_of_checkpoint(checkpoint: Checkpoint) -> RunState:
+    """The driver's ``RunState`` from a loaded checkpoint."""
+    starts = None if checkpoint.worker_starts is None else dict(enumerate(checkpoint.worker_starts))
+    return RunState(checkpoint.round, checkpoint.params, checkpoint.outer_state, starts,
+                    dict(enumerate(checkpoint.worker_states)), checkpoint.rng, list(checkpoint.history),
+                    checkpoint.extra or {})
+
+
+def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=None, y_eval=None,
+                    checkpoint_dir=None, checkpoint_every: int | None = None, resume_from=None,
+                    max_loss: float | None = None, on_round=None, on_checkpoint=None, encode=None):
+    """Train ``algo`` ("diloco" or "sync") with checkpoints, resume and a divergence guard.
+
+    Parameters
+    ----------
+    algo : "diloco" or "sync"
+    x, y, config, x_eval, y_eval, on_round, encode
+        As for ``train_diloco``. The run generator is always ``default_rng(config.seed)``.
+    checkpoint_dir : path, optional
+        Where checkpoints go; None writes none.
+    checkpoint_every : int >= 1, optional
+        With ``checkpoint_dir``: a checkpoint after every this many rounds; the last round
+        is always checkpointed (the final params and states). Default: only the last.
+    resume_from : path or Checkpoint, optional
+        A checkpoint folder (its newest checkpoint of ``algo``) or a manifest. Training
+        continues after its round; the checkpoint must have been made with this exact
+        ``config`` (its family section included) and data, else ``CheckpointError``.
+        ``checkpoint_dir`` defaults to the folder of the checkpoint.
+    max_loss : float > 0, optional
+        A training or held-out loss above this counts as divergence.
+    on_checkpoint : callable(path, round), optional
+        Called after each checkpoint is on disk.
+
+    Returns
+    -------
+    TrainResult(params, history)
+        Bit-identical to ``train_diloco`` / ``train_synchronous_baseline`` for the same
+        inputs on the reference executor, interrupted and resumed or not.
+
+    Raises
+    ------
+    Diverged
+        A non-finite value (or a loss above ``max_loss``); names round, worker, quantity.
+    diloco.tools.runs.checkpoint.CheckpointError
+        ``resume_from`` is missing, truncated, corrupted, of another version, or made with
+        another config or data.
+    TypeError, ValueError
+        Bad data or config, as for ``train_diloco``.
+    """
+    if algo not in ("diloco", "sync"):
+        raise ValueError(f"algo must be 'diloco' or 'sync', got {algo!r}")
+    if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
+                                         or checkpoint_every < 1):
+        raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
+    if max_loss is not None and not (isinstance(max_loss, (int, float)) and math.isfinite(max_loss) and max_loss > 0):
+        raise ValueError(f"max_loss must be a positive finite number, got {max_loss!r}")
+    for name, hook in (("on_round", on_round), ("on_checkpoint", on_checkpoint)):
+        if hook is not None and not callable(hook):
+            raise TypeError(f"{name} must be callable, got {type(hook).__name__}")
+    fingerprint = data_fingerprint(x, y, x_eval, y_eval)
+    start = None
+    if resume_from is not None:
+        if isinstance(resume_from, Checkpoint):  # loaded already: read it again, verified against this run
+            resume_from = resume_from.path
+        checkpoint = load_checkpoint(resume_from, algo=algo, config=config, fingerprint=fingerprint)
+        start = state_of_checkpoint(checkpoint)
+        if checkpoint_dir is None:
+            checkpoint_dir = checkpoint.path.parent
+
+    def due(round_index) -> bool:
+        return checkpoint_dir is not None and (
+            round_index == config.rounds or (checkpoint_every is not None and round_index % checkpoint_every == 0))
+
+    def save(round_index, state: RunState) -> None:
+        starts = None
+        if algo == "diloco" and not _plain_starts(config):
+            starts = [state.worker_params[k] for k in range(config.num_workers)]
+        path = save_checkpoint(Path(checkpoint_dir), algo, round_index, config, state.global_params,
+                               state.outer_state, [state.worker_states[k] for k in sorted(state.worker_states)],
+                               state.rng, state.history, fingerprint, worker_starts=starts, extra=state.extra)
+        if on_checkpoint is not None:
+            on_checkpoint(path, round_index)
+
+    hooks = [NetworkTimer(config)] if config.family.simulates_network else []
+    hooks.append(Guard(algo, max_loss))
+    if on_round is not None:
+        hooks.append(Callback(on_round))
+    hooks.append(Checkpointing(due, save))
+    return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor=executor_of(config),
+                 hooks=hooks, start=start)

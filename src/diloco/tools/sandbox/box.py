@@ -1,0 +1,295 @@
+"""The sandbox: a separate, locked-in process that runs the graded package's functions.
+
+``prepare`` makes the sandbox folder for one grading run (a copy of the graded package and
+of the worker, ``sandbox_worker`` and the ``wire`` modules) and the ``bwrap`` (bubblewrap)
+command line of its root; ``Sandbox(config).start()`` launches one worker and returns its
+``hello``; ``exchange`` sends one request and waits for its reply, running the callbacks
+the worker asks for, all within one wall-clock limit per call.
+
+The worker runs under bubblewrap:
+
+* in an allow-list root (``diloco.tools.sandbox.sandbox_root``): the interpreter, its standard
+  library, NumPy, the graded package read-only and a size-limited tmpfs as its working
+  folder, nothing else of the host;
+* in new PID, network, IPC and UTS namespaces, in its own session, dying with its parent;
+* as a separate user: as root, bubblewrap keeps only ``CAP_SETUID``/``CAP_SETGID`` and the
+  worker drops to ``user`` (``nobody``) before it imports anything of the submission; as any
+  other user, in a user namespace of its own that cannot make another;
+* under CPU-time, memory, process-count, file-size and open-file limits.
+
+``protections`` says which of these are in force, from what the worker itself found, and
+``missing`` which required ones are not: the grader refuses to call a run ``sandboxed``
+without all of them. When bubblewrap is missing or cannot build its namespaces, ``prepare``
+raises ``Unavailable`` with one line saying how to enable it. Anything that goes wrong in
+a call (the worker dies, exits, hangs, or writes what is not a well-formed reply) raises
+``SandboxError``, a ``BaseException``: no ``pytest.raises(ValueError)`` and no ``except
+Exception`` in a test can mistake it for a pass.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from diloco.tools.sandbox import wire
+from diloco.tools.sandbox.sandbox_root import (
+    BIN,
+    HOW_TO_ENABLE,
+    NAMESPACES,
+    PKG,
+    SANDBOX_ENV,
+    WORK,
+    Unavailable,
+    bind_arguments,
+    find_bwrap,
+    launch_mode,
+    runtime,
+)
+
+__all__ = ["SandboxError", "Unavailable", "Sandbox", "prepare", "protections", "missing", "find_bwrap",
+           "HOW_TO_ENABLE"]
+
+_PR_SET_PDEATHSIG = 1
+DEFAULT_LIMITS = {"cpu": 600, "as": 4 << 30, "nproc": 64, "fsize": 256 << 20, "nofile": 256, "core": 0}
+DEFAULT_DISK = 64 << 20
+
+
+class SandboxError(BaseException):
+    """The sandboxed call did not give a well-formed answer: the test fails, never passes."""
+
+
+def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limits=None,
+            call_timeout: float = 120.0, python: str | None = None, disk: int = DEFAULT_DISK,
+            packages: tuple[str, ...] = ("numpy",), as_user: bool = False) -> dict:
+    """Fill ``folder`` (empty, made by the caller) for a sandbox; the config a ``Sandbox`` takes.
+
+    ``package_root`` holds the graded ``diloco`` package; it is copied, so the original is
+    never touched. ``user`` is the account the worker runs as when the grader is root.
+    ``hide`` are folders that must stay invisible even if they lie inside a folder the root
+    shows; ``disk`` is the size of the worker's tmpfs in bytes; ``packages`` what the graded
+    code may import besides the standard library. ``as_user``: as root, start bubblewrap itself
+    as ``user``, in a user namespace (what happens anyway where root cannot make namespaces).
+    ``Unavailable`` when the sandbox cannot be isolated here.
+    """
+    import sys
+
+    bwrap = find_bwrap()
+    if bwrap is None or not sys.platform.startswith("linux"):
+        raise Unavailable(f"bubblewrap (bwrap) is not installed; {HOW_TO_ENABLE}")
+    launch = launch_mode(bwrap, user, as_user)
+    try:
+        found = runtime(python or sys.executable, tuple(packages))
+    except RuntimeError as exc:
+        raise Unavailable(f"{exc}; the sandbox needs an interpreter with {', '.join(packages)}") from None
+    shutil.copytree(package_root / "diloco", folder / "pkg" / "diloco", ignore=_plain_files_only, symlinks=True)
+    (folder / "bin").mkdir()
+    here = Path(__file__).resolve().parent
+    for source in [here / "sandbox_worker.py", *sorted(here.glob("wire*.py"))]:
+        shutil.copyfile(source, folder / "bin" / source.name)
+    for path in [folder, *folder.rglob("*")]:  # readable, never writable, by the sandbox user
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    binds, shown = bind_arguments(found, hide)
+    root = [*binds, "--perms", "0755", "--dir", os.path.dirname(PKG),
+            "--ro-bind", str(folder / "pkg"), PKG, "--ro-bind", str(folder / "bin"), BIN,
+            "--perms", "1777", "--size", str(int(disk)), "--tmpfs", WORK, "--proc", "/proc", "--dev", "/dev",
+            "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK]
+    return {
+        "bwrap": [bwrap, *NAMESPACES, *launch["flags"], *root], "python": found["executable"],
+        "paths": found["paths"], "shown": shown, "folder": str(folder), "package_root": PKG,
+        "mode": launch["mode"], "launch_as": launch["launch_as"], "uid": launch["uid"], "gid": launch["gid"],
+        "user": user if os.geteuid() == 0 else None, "packages": list(packages), "disk": int(disk),
+        "limits": {**DEFAULT_LIMITS, **(limits or {})}, "call_timeout": float(call_timeout),
+    }
+
+
+def _plain_files_only(directory: str, names: list[str]) -> set[str]:
+    """Copy folders and regular files only, each with a single name: a symlink or a hard link
+    could point the root grader at a secret it would then copy where the sandbox can read it."""
+    skipped = set()
+    for name in names:
+        path = os.path.join(directory, name)
+        info = os.lstat(path)
+        plain = stat.S_ISDIR(info.st_mode) or (stat.S_ISREG(info.st_mode) and info.st_nlink == 1)
+        if name == "__pycache__" or name.endswith(".pyc") or not plain:
+            skipped.add(name)
+    return skipped
+
+
+_REQUIRED_LIMITS = ("cpu", "as", "nproc", "fsize")
+
+
+def missing(config: dict, hello: dict) -> list[str]:
+    """The required protections the worker did not find in force (empty: it is sandboxed)."""
+    gaps = []
+    expected = {p.strip("/").split("/")[0] for p in [*config["shown"], PKG]} | {"dev", "proc"}
+    if not hello.get("root") or not set(hello["root"]) <= expected:
+        gaps.append(f"an allow-list root (the worker sees /{', /'.join(map(str, hello.get('root') or []))})")
+    if not isinstance(hello.get("network"), list) or [name for name in hello["network"] if name != "lo"]:
+        gaps.append(f"no network (the worker sees interfaces {hello.get('network')})")
+    if hello.get("uid") != config["uid"] or (config["mode"] == "userns" and not hello.get("userns")):
+        gaps.append(f"a separate user or user namespace (the worker runs as uid {hello.get('uid')})")
+    refused = set(hello.get("limits_refused") or ()) & set(_REQUIRED_LIMITS)
+    if refused or hello.get("limits") != config["limits"]:
+        gaps.append(f"resource limits ({', '.join(sorted(refused)) or 'not applied'} refused)")
+    return gaps
+
+
+def protections(config: dict, hello: dict | None = None) -> str:
+    """The protections in force, in words, for the report (``hello`` says what the worker found)."""
+    hello = hello or {}
+    limits = config["limits"]
+    parts = ["separate process", "own session",
+             f"allow-list root (the interpreter, its standard library, {', '.join(config['packages'])}, "
+             f"the submission read-only, a {config['disk'] >> 20} MiB tmpfs as its only writable folder)",
+             "no network", "own PID/IPC/UTS namespaces"]
+    if config["mode"] == "root":
+        parts.append(f"user {config['user']} (uid {config['uid']})")
+    else:
+        outside = "the grader's own" if config["launch_as"] is None else f"user {config['user']}"
+        parts.append(f"a user namespace (uid {config['uid']} outside: {outside})")
+    shown = [f"{limits['cpu']} s CPU", f"{limits['as'] >> 20} MiB memory", f"{limits['nproc']} processes",
+             f"{limits['fsize'] >> 20} MiB per file", f"{config['call_timeout']:g} s per call (callbacks included)"]
+    parts.append("limits: " + ", ".join(shown))
+    gaps = missing(config, hello) if hello else []
+    return ", ".join(parts) + (f"; NOT in force: {'; '.join(gaps)}" if gaps else "")
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Sandbox:
+    """One worker process; ``generation`` keeps its array handles apart from earlier workers'."""
+
+    def __init__(self, config: dict, generation: int = 0):
+        self.config, self.generation = config, generation
+        self.process: subprocess.Popen | None = None
+        self.hello: dict = {}
+        self._log = None
+        self._fd_out = self._fd_in = -1
+        self.timed_out = False
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def start(self) -> dict:
+        """Launch the worker; its ``hello`` (``"error"`` when the package does not import)."""
+        config = self.config
+        request_r, request_w = os.pipe()
+        reply_r, reply_w = os.pipe()
+        self._log = tempfile.TemporaryFile()  # the grader's own file: the worker cannot redirect it
+        worker = {"fd_in": request_r, "fd_out": reply_w, "package_root": config["package_root"], "work": WORK,
+                  "prefix": f"s{self.generation}-", "limits": config["limits"], "paths": config["paths"],
+                  "drop_to": [config["uid"], config["gid"]] if config["mode"] == "root" else None}
+        command = [*config["bwrap"], config["python"], "-I", "-B", f"{BIN}/sandbox_worker.py", json.dumps(worker)]
+        launch = {}
+        if config["launch_as"]:
+            launch = {"user": config["launch_as"][0], "group": config["launch_as"][1], "extra_groups": []}
+        try:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+                                            pass_fds=(request_r, reply_w), cwd="/", env=dict(SANDBOX_ENV),
+                                            start_new_session=True, preexec_fn=_die_with_parent, **launch)
+        finally:
+            os.close(request_r)
+            os.close(reply_w)
+        self._fd_out, self._fd_in = request_w, reply_r
+        self._reader = wire.Reader(reply_r)
+        self.hello, _ = self.exchange({"kind": "hello"}, [], what="importing the graded package")
+        return self.hello
+
+    def exchange(self, header: dict, blobs: list, *, what: str, on_callback=None) -> tuple[dict, list]:
+        """Send ``header`` and ``blobs``; the reply. Callbacks are answered by ``on_callback``.
+
+        One wall-clock limit covers the whole call, every callback and its answer included:
+        a worker that keeps asking for callbacks is stopped like one that hangs.
+        """
+        limit = self.config["call_timeout"]
+        deadline = time.monotonic() + limit
+        try:
+            wire.write_frame(self._fd_out, header, blobs, deadline)
+            while True:
+                reply, reply_blobs = wire.read_frame(self._reader, deadline)
+                if reply.get("kind") != "callback" or on_callback is None:
+                    break
+                answer, answer_blobs = on_callback(reply, reply_blobs)
+                wire.write_frame(self._fd_out, answer, answer_blobs, deadline)
+        except TimeoutError:
+            self.kill()
+            self.timed_out = True
+            raise SandboxError(f"the sandbox did not answer within {limit:g} s while {what}; it was killed") from None
+        except (EOFError, BrokenPipeError, ConnectionError):
+            raise SandboxError(f"the sandbox {self._exit_text()} while {what}{self._log_tail()}") from None
+        except wire.WireError as exc:
+            self.kill()
+            raise SandboxError(f"the sandbox sent a malformed reply while {what}: {exc}") from None
+        if "id" in header and reply.get("id") != header["id"]:
+            self.kill()
+            raise SandboxError(f"the sandbox answered request {reply.get('id')!r}, not {header['id']}, "
+                               f"while {what}")
+        return reply, reply_blobs
+
+    def _exit_text(self) -> str:
+        try:
+            status = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return "closed its channel"
+        finally:
+            self.kill()
+        if status < 0:
+            return f"was killed by signal {-status} ({signal.Signals(-status).name})"
+        return f"exited early (status {status})"
+
+    def _log_tail(self) -> str:
+        if self._log is None:
+            return ""
+        try:
+            size = os.fstat(self._log.fileno()).st_size
+            text = os.pread(self._log.fileno(), 2000, max(0, size - 2000)).decode("utf-8", "replace")
+        except OSError:
+            return ""
+        lines = [line for line in text.strip().splitlines() if line.strip()][-3:]
+        return ("; its last output: " + " | ".join(lines)) if lines else ""
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def close(self) -> None:
+        """Kill the worker and drop its output."""
+        self.kill()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def kill(self) -> None:
+        """Kill the worker and its process group (its namespace goes with it)."""
+        if self.process is None:
+            return
+        for target in (lambda: os.killpg(self.process.pid, signal.SIGKILL), self.process.kill):
+            try:
+                target()
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for fd in (self._fd_in, self._fd_out):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._fd_in = self._fd_out = -1

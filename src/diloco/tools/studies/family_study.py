@@ -1,0 +1,279 @@
+"""``diloco study compression|streaming|bandwidth``: the family's claims at small scale.
+
+* ``compression``: the wire format of outer gradients (``--values`` among ``native``,
+  ``float32``, ``bfloat16``, ``float16``, ``int8``, ``fp4``, ``fp4/tensor`` (one scale per
+  tensor), ``fp4+ef`` (error feedback), ``pruneF`` (sign pruning a fraction F) and
+  ``fp4+pruneF``). Claims: 4-bit outer gradients lose nothing (Streaming DiLoCo);
+  pruning half of them costs 0.39% perplexity (DiLoCo, Table 6).
+* ``streaming``: Streaming DiLoCo's ``P:TAU:MIX`` (``P:TAU:MIX:fp4`` with 4-bit outer
+  gradients). Claim: the same quality at P times lower peak bandwidth.
+* ``bandwidth``: sync, DiLoCo, Streaming DiLoCo and eager updates, trained once per
+  seed, then the simulated network (``diloco.core.netsim``) at each bandwidth of
+  ``--values``: simulated time to a target held-out loss (``--target-loss``) and compute
+  utilisation. Claims: streaming and eager hide communication; eager updates close the
+  gap at low bandwidth.
+
+Every arm runs on the reference path (the milestone functions, ``diloco.family``'s
+trainers), 8 workers, 8 rounds of H = 25, hidden layers (64, 64, 64) (four layers, so P
+can be 4) unless the flags say otherwise. The rows reuse ``diloco.tools.studies.ablations``'
+statistics (mean and 95% Student-t interval over seeds); the tables, the time to target
+and its plot are in ``diloco.tools.studies.family_tables``, re-exported here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import NamedTuple
+
+from diloco.core.divergence import Diverged
+from diloco.core.netsim import parse_bandwidth
+from diloco.family.config import FamilyConfig
+from diloco.family.trainers import family_trainer
+from diloco.tools.cli.errors import CliError
+from diloco.tools.cli.family_flags import build_family
+from diloco.tools.cli.flags import build_config, load_dataset
+from diloco.tools.cli.run_setup import (
+    check_plotting,
+    max_loss_flag,
+    progress_factory,
+    start_run,
+    study_values,
+    thread_limit,
+)
+from diloco.tools.runs.faults import quiet_numpy, run_outcome
+from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, write_json
+from diloco.tools.studies.ablations import Study, mean_curves, summarise
+from diloco.tools.studies.family_tables import (
+    bandwidth_rows,
+    bandwidth_table,
+    compression_table,
+    paired_difference,
+    plot_time_to_target,
+    streaming_table,
+    time_to_target,
+)
+
+__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_study", "time_to_target", "paired_difference",
+           "bandwidth_rows", "run_family_study_command"]
+
+
+class FamilyVariant(NamedTuple):
+    """One arm: a label, ``"diloco"`` or ``"sync"``, config changes and family changes."""
+
+    label: str
+    algo: str
+    changes: dict
+    family: dict
+
+
+def _compression_variants(config, values) -> list:
+    variants = []
+    for value in values:
+        family: dict = {}
+        for part in value.split("+"):
+            if part == "native":
+                continue
+            if part in ("float32", "float16", "bfloat16", "int8", "fp4"):
+                family["comm_dtype"] = part
+            elif part == "fp4/tensor":
+                family.update(comm_dtype="fp4", comm_block=0)
+            elif part == "ef":
+                family["error_feedback"] = True
+            elif part.startswith("prune"):
+                try:
+                    family["sign_prune"] = float(part[len("prune"):])
+                except ValueError:
+                    raise ValueError(f"pruneF needs a fraction, got {part!r}") from None
+            else:
+                raise ValueError(f"unknown compression {part!r}: use native, float32, float16, bfloat16, int8, "
+                                 f"fp4, fp4/tensor, ef, pruneF, joined by +")
+        FamilyConfig(**family)  # validates
+        variants.append(FamilyVariant(value, "diloco", {}, family))
+    return variants
+
+
+def _streaming_variants(config, values) -> list:
+    variants = []
+    for value in values:
+        parts = value.split(":")
+        try:
+            fragments, tau, mix = int(parts[0]), int(parts[1]), float(parts[2])
+        except (IndexError, ValueError):
+            raise ValueError(f"streaming values are P:TAU:MIX or P:TAU:MIX:fp4, got {value!r}") from None
+        family = {"fragments": fragments, "overlap": tau, "mix": mix}
+        if parts[3:] == ["fp4"]:
+            family["comm_dtype"] = "fp4"
+        elif parts[3:]:
+            raise ValueError(f"streaming values are P:TAU:MIX or P:TAU:MIX:fp4, got {value!r}")
+        FamilyConfig(**family).check_against(config)
+        label = "DiLoCo (P=1)" if (fragments, tau, mix) == (1, 0, 1.0) and "comm_dtype" not in family else (
+            f"P={fragments} tau={tau} mix={mix:g}" + (" fp4" if "comm_dtype" in family else ""))
+        variants.append(FamilyVariant(label, "diloco", {}, family))
+    return variants
+
+
+def _bandwidth_variants(config, values) -> list:
+    for value in values:
+        parse_bandwidth(value)  # the values are bandwidths; the arms are fixed
+    tau = max(1, config.inner_steps // 5)
+    return [
+        FamilyVariant("sync", "sync", {}, {}),
+        FamilyVariant("DiLoCo", "diloco", {}, {}),
+        FamilyVariant(f"Streaming P=4 tau={tau} mix=0.5 fp4", "diloco", {},
+                      {"fragments": 4, "overlap": tau, "mix": 0.5, "comm_dtype": "fp4"}),
+        FamilyVariant("eager", "diloco", {}, {"eager": True}),
+        FamilyVariant("DiLoCo mu=0.5", "diloco", {"outer_momentum": 0.5}, {}),
+        FamilyVariant("eager mu=0.5", "diloco", {"outer_momentum": 0.5}, {"eager": True}),
+    ]
+
+
+_BASE = {"rounds": 8, "inner_steps": 25, "hidden_sizes": (64, 64, 64), "engine": "reference"}
+
+FAMILY_STUDIES = {
+    "compression": Study(
+        "compression", "Wire formats of the outer gradients",
+        "4-bit (fp4 E2M1) outer gradients are lossless (Streaming DiLoCo); pruning 50% of the outer gradient "
+        "costs 0.39% perplexity (DiLoCo, Table 6)", "wire format", dict(_BASE),
+        ("native", "float32", "bfloat16", "float16", "int8", "fp4", "fp4/tensor", "fp4+ef", "prune0.5",
+         "prune0.75"), _compression_variants),
+    "streaming": Study(
+        "streaming", "Streaming DiLoCo: fragments P, overlap tau, mixing",
+        "Streaming DiLoCo keeps DiLoCo's quality at P times lower peak bandwidth", "P:tau:mix", dict(_BASE),
+        ("1:0:1", "2:0:1", "4:0:1", "4:5:1", "4:5:0.5", "4:5:0.5:fp4"), _streaming_variants),
+    "bandwidth": Study(
+        "bandwidth", "Simulated time to a target loss against bandwidth",
+        "overlapping communication (Streaming DiLoCo, eager updates) keeps compute busy at low bandwidth; eager "
+        "updates close DiLoCo's gap there", "bandwidth", dict(_BASE),
+        ("100kbit", "1Mbit", "10Mbit", "100Mbit", "1Gbit"), _bandwidth_variants),
+}
+
+
+def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, history=None, on_run_end=None,
+                     max_loss: float | None = None) -> list:
+    """Train every arm for every seed; one outcome dict per run (``run_study``'s fields and more)."""
+    results = []
+    for variant in variants:
+        for seed in seeds:
+            run_config = config.replace(**variant.changes, seed=int(seed))
+            run_family = family.replace(**variant.family, bandwidth=None, latency=0.0, step_time=None)
+            train = family_trainer(variant.algo, run_family)
+            on_round = None if history is None else history.callback(variant.algo, variant=variant.label,
+                                                                      seed=int(seed))
+            start = time.perf_counter()
+            try:
+                result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
+                               y_eval=dataset.y_test, on_round=on_round, max_loss=max_loss,
+                               executor="stacked" if config.engine == "fast" else "reference",
+                               encode=dataset.encode)
+            except Diverged as exc:  # name the run: which arm, which seed
+                raise Diverged(exc.algo, exc.round, exc.worker, exc.quantity, exc.step,
+                               f"variant {variant.label}, seed {seed}") from None
+            last = result.history[-1]
+            outcome = {
+                "variant": variant.label, "algo": variant.algo, "seed": int(seed), "rounds": run_config.rounds,
+                "inner_steps": run_config.inner_steps, "num_workers": run_config.num_workers,
+                "eval_loss": last["eval_loss"], "eval_accuracy": last["eval_accuracy"],
+                "inner_loss": last["inner_loss"],
+                "all_reduces": int(sum(r["all_reduces"] for r in result.history)),
+                "bytes_sent": last["cumulative_bytes"],
+                "peak_sync_bytes": max(r.get("peak_sync_bytes", r["bytes_sent"] / r["all_reduces"])
+                                       for r in result.history),
+                "seconds": time.perf_counter() - start, "family": run_family.to_dict(),
+                "history": [{k: r[k] for k in ("round", "eval_loss", "all_reduces", "bytes_sent", "syncs")
+                             if k in r} for r in result.history],
+            }
+            results.append(outcome)
+            if on_run_end is not None:
+                on_run_end(outcome)
+    return results
+
+
+def run_family_study_command(args) -> int:
+    """``diloco study compression|streaming|bandwidth`` (see the module doc)."""
+    study = FAMILY_STUDIES[args.study]
+    config = build_config(args, study.base)
+    family = build_family(args)
+    if args.total_steps is not None:
+        raise CliError("--total-steps applies only to the inner-steps study")
+    values = study_values(args, study.default_values)
+    try:
+        variants = study.variants(config, values)
+        for variant in variants:
+            if variant.algo == "diloco":
+                family.replace(**variant.family).check_against(config.replace(**variant.changes))
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"--values: {exc}") from None
+    target = getattr(args, "target_loss", None)
+    if study.name == "bandwidth":
+        if family.step_time is None:
+            family = family.replace(step_time=0.01)  # a fixed compute time: the table is reproducible
+        target = 0.5 if target is None else target
+        if not (math.isfinite(target) and target > 0):
+            raise CliError(f"--target-loss must be a positive number, got {target}")
+    elif target is not None:
+        raise CliError("--target-loss applies only to the bandwidth study")
+    check_plotting(args)
+    make_bar = progress_factory(args.quiet)
+    data, data_info = load_dataset(args, config.dtype)
+    threads, limit = thread_limit(args, config, data)
+    seeds = list(range(config.seed, config.seed + args.seeds))
+    spec = {"study": study.name, "title": study.title, "claim": study.claim, "values": list(values), "seeds": seeds,
+            "variants": [v._asdict() for v in variants], "family": family.to_dict(), "blas_threads": threads,
+            "target_loss": target}
+    run_dir, history = start_run(args, "study", f"study-{study.name}", config, data_info, spec)
+    results = JsonlWriter(run_dir / "results.jsonl")
+    if not args.quiet:
+        print(f"study {study.name}: {len(variants)} arms x {len(seeds)} seeds on {data_info['name']}; "
+              f"claim: {study.claim}")
+    bar = None if make_bar is None else make_bar(total=len(variants) * len(seeds), desc=study.name, unit="run")
+
+    def on_run_end(outcome):
+        results.write_line({k: v for k, v in outcome.items() if k != "history"})
+        if bar is not None:
+            bar.update(1)
+
+    def stopped(status: str, reason: str, extra: dict) -> None:
+        write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": status,
+                                              "reason": reason, **extra})
+
+    try:
+        with run_outcome(stopped), quiet_numpy(), limit:
+            outcomes = run_family_study(variants, config, family, data, seeds, history=history,
+                                        on_run_end=on_run_end, max_loss=max_loss_flag(args))
+    finally:
+        if bar is not None:
+            bar.close()
+    rows = summarise(outcomes)
+    summary = {"command": "study", "study": study.name, "status": "completed", "claim": study.claim,
+               "seeds": seeds, "rows": rows}
+    if study.name == "compression":
+        table = compression_table(rows, outcomes)
+    elif study.name == "streaming":
+        table = streaming_table(rows, outcomes)
+    else:
+        brows = bandwidth_rows(outcomes, values, family.latency, family.step_time, target)
+        summary["bandwidth"] = brows
+        table = (f"Simulated time to a held-out loss of {target:g} (mean over seeds; compute utilisation of the "
+                 f"whole run in brackets), step time {family.step_time:g} s, latency {family.latency:g} s, "
+                 f"K={config.num_workers}:\n\n" + bandwidth_table(brows, values))
+    write_json(run_dir / "summary.json", summary)
+    base = {k: v for k, v in config.to_dict().items() if k != "inner"}
+    atomic_write_text(run_dir / "study.md", (
+        f"# Study {study.name}: {study.title}\n\nClaim tested: {study.claim}.\n\n"
+        f"Data: {data_info['name']} ({data_info['num_train']} train / {data_info['num_test']} held-out). "
+        f"Seeds: {seeds}. Base config: `{json.dumps(base)}`; family flags `{json.dumps(family.to_dict())}`.\n\n"
+        f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n{table}"))
+    if not args.no_plots:
+        from diloco.tools.studies.plots import plot_curves, plot_study, save_figure
+
+        save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), run_dir / "study.png")
+        save_figure(plot_curves(mean_curves(history.records), x="bytes" if study.name == "compression" else "step",
+                                title=f"{study.name}: held-out curves, mean over {len(seeds)} seeds"),
+                    run_dir / "study_curves.png")
+        if study.name == "bandwidth":
+            save_figure(plot_time_to_target(summary["bandwidth"], values, target), run_dir / "time_to_target.png")
+    print(table, end="")
+    print(f"run folder: {run_dir}")
+    return 0

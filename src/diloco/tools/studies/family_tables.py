@@ -1,0 +1,150 @@
+"""The family studies' results: time to a target loss, paired differences, tables, a plot.
+
+``diloco study compression|streaming|bandwidth`` (``diloco.tools.studies.family_study``) turns
+its outcomes into what it prints and writes with these: ``paired_difference`` (the mean
+and 95% interval over seeds of one arm minus another, seed by seed), the compression and
+streaming Markdown tables, and, for the bandwidth study, ``time_to_target`` (the
+simulated network, ``diloco.core.netsim``, replayed over a run's history),
+``bandwidth_rows``, its table and ``plot_time_to_target``. Re-exported by
+``diloco.tools.studies.family_study``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diloco.core.netsim import parse_bandwidth, simulate
+from diloco.tools.studies.study_stats import (
+    CLIPPED_MARK,
+    CLIPPED_NOTE,
+    RANGES,
+    format_bytes,
+    format_interval,
+    mean_interval,
+)
+
+__all__ = ["time_to_target", "paired_difference", "bandwidth_rows", "plot_time_to_target"]
+
+
+def time_to_target(history: list, num_workers: int, inner_steps: int, bandwidth: float, latency: float,
+                   step_time: float, target: float) -> tuple[float | None, float]:
+    """``(simulated seconds until the held-out loss first is <= target or None, utilisation)``."""
+    sim = simulate(history, num_workers, inner_steps, bandwidth, latency, step_time)
+    total = sim[-1]["sim_cumulative_seconds"]
+    utilisation = len(history) * inner_steps * step_time / total
+    for record, fields in zip(history, sim, strict=True):
+        if record["eval_loss"] is not None and record["eval_loss"] <= target:
+            return fields["sim_cumulative_seconds"], utilisation
+    return None, utilisation
+
+
+def paired_difference(outcomes, variant: str, reference: str, field: str) -> dict:
+    """Mean and 95% interval over seeds of ``field(variant) - field(reference)``, seed by seed.
+
+    The arms of a study share each seed's shards, initial model and mini-batches, so the
+    paired difference is far tighter than the difference of the two means' intervals.
+    """
+    ref = {o["seed"]: o[field] for o in outcomes if o["variant"] == reference}
+    return mean_interval([o[field] - ref[o["seed"]] for o in outcomes if o["variant"] == variant])
+
+
+def _difference(d: dict, digits: int = 4) -> str:
+    return f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
+
+
+def _bounded(stats: dict, field: str) -> str:
+    """``mean [low, high]`` clipped to the metric's range (``study_stats.RANGES``), marked when clipped."""
+    return format_interval(stats, 4, RANGES[field])
+
+
+def _with_note(lines: list) -> str:
+    """The table's lines joined, with ``CLIPPED_NOTE`` under it when an interval was clipped."""
+    if any(CLIPPED_MARK in line for line in lines):
+        lines = [*lines, "", CLIPPED_NOTE]
+    return "\n".join(lines) + "\n"
+
+
+def compression_table(rows, outcomes) -> str:
+    native = next((r for r in rows if r["variant"] == "native"), rows[0])
+    lines = ["| wire format | held-out accuracy [95% CI] | held-out loss [95% CI] | loss minus the first arm's, "
+             "paired [95% CI] | bytes/worker | compression vs the first arm |", "|---|---|---|---|---:|---:|"]
+    for row in rows:
+        acc, loss = row["eval_accuracy"], row["eval_loss"]
+        diff = paired_difference(outcomes, row["variant"], native["variant"], "eval_loss")
+        lines.append(f"| {row['variant']} | {_bounded(acc, 'eval_accuracy')} "
+                     f"| {_bounded(loss, 'eval_loss')} | {_difference(diff)} "
+                     f"| {format_bytes(row['bytes_sent'])} | {native['bytes_sent'] / row['bytes_sent']:.1f}x |")
+    return _with_note(lines)
+
+
+def streaming_table(rows, outcomes) -> str:
+    peaks = {}
+    for outcome in outcomes:
+        peaks.setdefault(outcome["variant"], outcome["peak_sync_bytes"])
+    reference = peaks[rows[0]["variant"]]
+    lines = ["| arm | held-out accuracy [95% CI] | held-out loss [95% CI] | loss minus the first arm's, paired "
+             "[95% CI] | peak bytes/sync | peak vs first arm | bytes/worker |", "|---|---|---|---|---:|---:|---:|"]
+    for row in rows:
+        acc, loss, peak = row["eval_accuracy"], row["eval_loss"], peaks[row["variant"]]
+        diff = paired_difference(outcomes, row["variant"], rows[0]["variant"], "eval_loss")
+        lines.append(f"| {row['variant']} | {_bounded(acc, 'eval_accuracy')} "
+                     f"| {_bounded(loss, 'eval_loss')} | {_difference(diff)} "
+                     f"| {format_bytes(peak)} | {reference / peak:.2f}x lower | {format_bytes(row['bytes_sent'])} |")
+    return _with_note(lines)
+
+
+def bandwidth_rows(outcomes, bandwidths, latency: float, step_time: float, target: float) -> list:
+    """Per arm and bandwidth: mean time to target over the seeds that reach it, and utilisation."""
+    rows = []
+    for label in dict.fromkeys(o["variant"] for o in outcomes):
+        runs = [o for o in outcomes if o["variant"] == label]
+        cells = []
+        for text in bandwidths:
+            bandwidth = parse_bandwidth(text)
+            pairs = [time_to_target(run["history"], run["num_workers"], run["inner_steps"], bandwidth, latency,
+                                    step_time, target) for run in runs]
+            reached = [t for t, _ in pairs if t is not None]
+            cells.append({"bandwidth": text, "reached": len(reached), "runs": len(runs),
+                          "seconds": mean_interval(reached) if reached else None,
+                          "utilization": float(np.mean([u for _, u in pairs]))})
+        rows.append({"variant": label, "cells": cells,
+                     "final_loss": mean_interval([run["eval_loss"] for run in runs])})
+    return rows
+
+
+def plot_time_to_target(rows, bandwidths, target: float):
+    """Simulated seconds to the target loss against bandwidth, one line per arm (log-log)."""
+    from diloco.tools.studies.plots import require_matplotlib
+
+    fig = require_matplotlib()(figsize=(6.5, 4.2))
+    ax = fig.add_subplot()
+    rates = [parse_bandwidth(b) for b in bandwidths]
+    reached_any = False
+    for row in rows:
+        seconds = [c["seconds"]["mean"] if c["seconds"] is not None and c["reached"] == c["runs"] else np.nan
+                   for c in row["cells"]]
+        reached_any = reached_any or bool(np.isfinite(seconds).any())
+        ax.plot(rates, seconds, "o-", label=row["variant"])
+    # A log axis needs a positive value: when no arm reached the target, say so on a linear one.
+    ax.set(xscale="log", yscale="log" if reached_any else "linear", xlabel="bandwidth (bit/s)",
+           ylabel=f"simulated seconds to loss {target:g}",
+           title="Time to target against bandwidth (missing: not reached)" if reached_any
+           else f"No arm reached loss {target:g} at any bandwidth")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def bandwidth_table(rows, bandwidths) -> str:
+    head = "| arm | final held-out loss | " + " | ".join(bandwidths) + " |"
+    lines = [head, "|---|---|" + "---:|" * len(bandwidths)]
+    for row in rows:
+        cells = []
+        for cell in row["cells"]:
+            if cell["seconds"] is None or cell["reached"] < cell["runs"]:
+                cells.append(f"not reached ({cell['reached']}/{cell['runs']})")
+            else:
+                cells.append(f"{cell['seconds']['mean']:.3g} s ({100 * cell['utilization']:.0f}%)")
+        lines.append(f"| {row['variant']} | {row['final_loss']['mean']:.4f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,179 @@
+"""``diloco study table2|fig4|fig6|table3|fig8|fig9``: the paper's artefacts in miniature.
+
+One command runs a study (``diloco.tools.studies.paper_studies``) on one task (``--data
+shakespeare`` or ``--data mnist1d``) over ``--seeds`` seeds, at ``--total-steps`` steps per
+worker (or ``--rounds`` x ``--inner-steps``; the task's default otherwise), and writes a
+run folder: ``config.json``, ``results.jsonl`` (one line per finished run), ``summary.json``
+(per-arm statistics, the paired claims and their verdicts, ``diloco.tools.studies.paper_report``),
+``study.md`` (the two tables) and ``study.png`` (mean curves, final values). With
+``--export DIR`` the summary and the plot are also written as ``DIR/<study>-<task>.json``
+and ``.png``: the files ``docs/results.md`` quotes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import numpy as np
+
+from diloco.config import AdamWConfig
+from diloco.tools.cli.errors import CliError
+from diloco.tools.cli.flags import build_config, load_dataset
+from diloco.tools.cli.run_setup import check_plotting, progress_factory, split_values, thread_limit
+from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
+from diloco.tools.studies.paper_report import (
+    judge_claims,
+    metric_of,
+    render_arms_table,
+    render_claims_table,
+    summarise_arms,
+)
+from diloco.tools.studies.paper_studies import PAPER_STUDIES, TASKS, H, K, run_arm, tune_outer_lr
+
+__all__ = ["run_paper_study", "plot_paper_study", "TUNE_SEED_BASE"]
+
+# Tuning seeds start here, far from the evaluation seeds (0, 1, ...), so the lr chosen for
+# an outer optimizer is never picked on the runs it is then judged on.
+TUNE_SEED_BASE = 1000
+
+
+def _budget(args, config, task: str) -> int:
+    if getattr(args, "total_steps", None) is not None:
+        steps = args.total_steps
+    elif getattr(args, "rounds", None) is not None:
+        steps = args.rounds * config.inner_steps
+    else:
+        steps = TASKS[task]["steps"]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise CliError(f"--total-steps must be a positive int, got {steps!r}")
+    return steps
+
+
+def run_paper_study(args) -> int:
+    study = PAPER_STUDIES[args.study]
+    task = getattr(args, "data", None) or "digits"
+    if task not in TASKS:
+        raise CliError(f"study {study.name} runs on --data {' or --data '.join(TASKS)}, got --data {task}")
+    defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
+                "num_workers": K, "inner_steps": H}
+    config = build_config(args, defaults)
+    steps = _budget(args, config, task)
+    if args.seeds < 2:
+        raise CliError(f"--seeds must be at least 2 for paired intervals, got {args.seeds}")
+    tune_seeds = getattr(args, "tune_seeds", 1)
+    if isinstance(tune_seeds, bool) or not isinstance(tune_seeds, int) or tune_seeds < 1:
+        raise CliError(f"--tune-seeds must be a positive int, got {tune_seeds!r}")
+    values = split_values(args.values) if getattr(args, "values", None) else None
+    try:
+        arms = study.arms(config, steps, None if study.tune else values)
+    except ValueError as exc:
+        raise CliError(f"study {study.name}: {exc}") from None
+    check_plotting(args)
+    data, data_info = load_dataset(args, config.dtype)
+    threads, limit = thread_limit(args, config, data)
+    seeds = list(range(config.seed, config.seed + args.seeds))
+    tuning_seeds = [TUNE_SEED_BASE + i for i in range(tune_seeds)] if study.tune else []
+    run_dir = create_run_dir(args.runs_dir, args.name or f"study-{study.name}-{task}")
+    write_json(run_dir / "config.json", {"command": "study", "study": study.name, "task": task, "config":
+                                         config.to_dict(), "steps_per_worker": steps, "seeds": seeds,
+                                         "tune_seeds": tuning_seeds, "arms": [a._asdict() for a in arms],
+                                         "values": list(values) if values else None,
+                                         "data": data_info, "blas_threads": threads})
+    write_json(run_dir / "environment.json", environment_record(seed=config.seed))
+    results = JsonlWriter(run_dir / "results.jsonl")
+    make_bar = progress_factory(args.quiet)
+    grid = len(values) if (study.tune and values) else (len(study.tune[arms[0].label][1]) if study.tune else 0)
+    total = len(arms) * (len(seeds) + len(tuning_seeds) * grid)
+    bar = None if make_bar is None else make_bar(total=total, desc=study.name, unit="run")
+    if not args.quiet:
+        print(f"study {study.name} ({study.reference}) on {task}: {len(arms)} arms x {len(seeds)} seeds, "
+              f"{steps} steps per worker" + (f", lr tuned on seeds {tuning_seeds}" if study.tune else ""))
+    outcomes, tuning = [], []
+    started = time.perf_counter()
+
+    def finished(outcome, phase):
+        results.write_line({**outcome, "phase": phase})
+        if bar is not None:
+            bar.set_postfix_str(f"{outcome['arm']} seed {outcome['seed']}")
+            bar.update(1)
+
+    encode = data.encode
+    try:
+        with limit:
+            if study.tune:
+                arms, tuning = tune_outer_lr(study, arms, config, data, tuning_seeds, encode=encode,
+                                             on_run=lambda o: finished(o, "tune"), values=values)
+            for arm in arms:
+                for seed in seeds:
+                    outcome = run_arm(arm, config, seed, data, encode=encode)
+                    outcomes.append(outcome)
+                    finished(outcome, "eval")
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"study {study.name}: {exc}") from None
+    finally:
+        if bar is not None:
+            bar.close()
+    rows = summarise_arms(outcomes, arms)
+    summary = {
+        "study": study.name, "title": study.title, "reference": study.reference, "task": task,
+        "data": data_info, "config": config.to_dict(), "steps_per_worker": steps, "seeds": seeds,
+        "tune_seeds": tuning_seeds, "tuning": tuning, "rows": rows,
+        "claims": judge_claims(study.claims(arms), rows, task),
+        "seconds": time.perf_counter() - started,
+        "command": " ".join(["diloco study", study.name, "--data", task, "--seeds", str(args.seeds)]
+                            + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
+                            + (["--values", ",".join(values)] if values else [])),
+    }
+    write_json(run_dir / "summary.json", summary)
+    table = render_arms_table(summary) + "\n" + render_claims_table(summary)
+    atomic_write_text(run_dir / "study.md", f"# {study.reference}: {study.title} ({task})\n\n"
+                      f"Seeds {seeds}; {steps} steps per worker; paired differences over seeds.\n\n{table}")
+    if not args.no_plots:
+        from diloco.tools.studies.plots import save_figure
+
+        save_figure(plot_paper_study(summary), run_dir / "study.png")
+    export = getattr(args, "export", None)
+    if export:
+        from pathlib import Path
+
+        target = Path(export)
+        target.mkdir(parents=True, exist_ok=True)
+        write_json(target / f"{study.name}-{task}.json", summary)
+        if not args.no_plots:
+            shutil.copyfile(run_dir / "study.png", target / f"{study.name}-{task}.png")
+    print(table, end="")
+    print(f"run folder: {run_dir} ({summary['seconds']:.0f} s)")
+    return 0
+
+
+def plot_paper_study(summary: dict):
+    """Two panels: the headline metric against steps per worker (mean over seeds, one
+    line per arm), and each arm's final value with its 95% interval."""
+    from matplotlib.figure import Figure
+
+    field, name = metric_of(summary["task"])
+    to_metric = np.exp if field == "eval_perplexity" else (lambda v: v)
+    fig = Figure(figsize=(12, 4.2))
+    curves, finals = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    for row in summary["rows"]:
+        steps = [point[0] for point in row["curve"]]
+        curves.plot(steps, to_metric(np.array([point[1] for point in row["curve"]])), label=row["arm"],
+                    linestyle="--" if row["algo"] == "sync" else "-", marker="o" if len(steps) <= 3 else None)
+    curves.set_xlabel("inner steps per worker")
+    curves.set_ylabel(f"held-out {name}")
+    curves.set_title(f"{summary['reference']}: {summary['title']}")
+    curves.legend(fontsize=7)
+    labels = [row["arm"] for row in summary["rows"]]
+    means = [row[field]["mean"] for row in summary["rows"]]
+    errors = [row[field]["half_width"] for row in summary["rows"]]
+    finals.barh(range(len(labels)), means, xerr=errors, color="tab:blue", alpha=0.7)
+    finals.set_yticks(range(len(labels)), labels, fontsize=7)
+    finals.invert_yaxis()
+    low = min(m - e for m, e in zip(means, errors, strict=True))
+    high = max(m + e for m, e in zip(means, errors, strict=True))
+    finals.set_xlim(low - 0.1 * (high - low + 1e-9), high + 0.1 * (high - low + 1e-9))
+    finals.set_xlabel(f"final held-out {name}, mean and 95% CI over {len(summary['seeds'])} seeds")
+    fig.suptitle(f"{summary['task']}, {summary['steps_per_worker']} steps per worker", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,204 @@
+"""Paired statistics, verdicts and tables for the paper studies (``diloco.tools.studies.paper_studies``).
+
+Arms of one study share the seed, hence the shards, the initial model and (at equal K)
+the mini-batches, so they are compared seed by seed: for a claim "A is better than B"
+the per-seed difference ``d_s = L_B(s) - L_A(s)`` of final held-out losses (positive when
+the paper's ordering holds) gets a mean and a 95% Student-t interval
+``mean +- t_{0.975, n-1} sd(d) / sqrt(n)``. The verdict of one claim on one task:
+
+* **holds**: the interval lies above 0 (the paper's ordering, beyond seed noise);
+* **holds partly**: the mean is above 0 but the interval reaches 0;
+* **does not hold at this scale**: the mean is 0 or below.
+
+A claim tested on two tasks holds if it holds on both, does not hold if it holds on
+neither (and is not partly true on either), and holds partly otherwise.
+
+The summaries these functions build are what ``diloco study ... --export DIR`` writes
+(``DIR/<study>-<task>.json``) and what ``docs/results.md`` quotes (``render_*`` below,
+checked by ``tests/tooling/test_results_page.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from diloco.tools.studies.study_stats import CLIPPED_MARK, CLIPPED_NOTE, RANGES, clip_interval, mean_interval
+
+__all__ = ["HOLDS", "PARTLY", "FAILS", "paired_difference", "verdict", "combine_verdicts", "summarise_arms",
+           "judge_claims", "render_arms_table", "render_claims_table", "render_paper_table", "metric_of"]
+
+HOLDS, PARTLY, FAILS = "holds", "holds partly", "does not hold at this scale"
+
+
+def metric_of(task: str) -> tuple[str, str]:
+    """``(field, name)`` of the headline metric: perplexity for text, held-out loss otherwise."""
+    return ("eval_perplexity", "perplexity") if task == "shakespeare" else ("eval_loss", "held-out loss")
+
+
+def paired_difference(worse: list, better: list) -> dict:
+    """Mean and 95% t-interval of ``worse[s] - better[s]`` over seeds (``mean_interval``)."""
+    if len(worse) != len(better) or not worse:
+        raise ValueError(f"paired values need the same seeds, got {len(worse)} and {len(better)}")
+    return mean_interval(np.asarray(worse, dtype=np.float64) - np.asarray(better, dtype=np.float64))
+
+
+def verdict(difference: dict, margin: float | None = None) -> str:
+    """An ordering: ``HOLDS`` when the interval of ``worse - better`` is above 0, ``PARTLY``
+    when only its mean is, else ``FAILS``. With ``margin`` (a robustness claim on the
+    relative difference): ``HOLDS`` when the interval lies below the margin, ``PARTLY`` when
+    only its mean does, else ``FAILS``."""
+    if margin is not None:
+        if difference["high"] < margin:
+            return HOLDS
+        return PARTLY if difference["mean"] < margin else FAILS
+    if difference["low"] > 0:
+        return HOLDS
+    return PARTLY if difference["mean"] > 0 else FAILS
+
+
+def combine_verdicts(verdicts: list) -> str:
+    """One verdict for a claim from its per-task verdicts."""
+    if verdicts and all(v == HOLDS for v in verdicts):
+        return HOLDS
+    if verdicts and all(v == FAILS for v in verdicts):
+        return FAILS
+    return PARTLY
+
+
+def summarise_arms(outcomes: list, arms: list) -> list:
+    """One row per arm, in arm order: per-seed metrics and their mean and interval."""
+    rows = []
+    for arm in arms:
+        runs = sorted((o for o in outcomes if o["arm"] == arm.label), key=lambda o: o["seed"])
+        if not runs:
+            continue
+        row = {"arm": arm.label, "algo": arm.algo, "changes": arm.changes, "seeds": [r["seed"] for r in runs],
+               "num_workers": runs[0]["num_workers"], "inner_steps": runs[0]["inner_steps"],
+               "rounds": runs[0]["rounds"], "steps_per_worker": runs[0]["steps_per_worker"],
+               "all_reduces": runs[0]["all_reduces"], "bytes_sent": runs[0]["bytes_sent"],
+               "engine": runs[0]["engine"], "seconds": float(np.mean([r["seconds"] for r in runs]))}
+        for field in ("eval_loss", "eval_perplexity", "eval_bits", "eval_accuracy", "best_eval_loss"):
+            values = [r[field] for r in runs]
+            row[field] = mean_interval(values, bounds=RANGES[field])  # clipped to what the metric can be
+            row[f"per_seed_{field}"] = values
+        cosines = [r["pseudo_grad_cosine"] for r in runs if r.get("pseudo_grad_cosine") is not None]
+        row["pseudo_grad_cosine"] = mean_interval(cosines, bounds=RANGES["pseudo_grad_cosine"]) if cosines else None
+        steps = [point[0] for point in runs[0]["curve"]]
+        row["curve"] = [[step, float(np.mean([r["curve"][i][1] for r in runs]))] for i, step in enumerate(steps)]
+        rows.append(row)
+    return rows
+
+
+def judge_claims(claims: list, rows: list, task: str) -> list:
+    """Each claim with its paired difference (final held-out loss, and the task's metric)."""
+    by_arm = {row["arm"]: row for row in rows}
+    field, _ = metric_of(task)
+    judged = []
+    for claim in claims:
+        better, worse = by_arm.get(claim.better), by_arm.get(claim.worse)
+        if better is None or worse is None or better["seeds"] != worse["seeds"]:
+            continue
+        loss = paired_difference(worse["per_seed_eval_loss"], better["per_seed_eval_loss"])
+        metric = paired_difference(worse[f"per_seed_{field}"], better[f"per_seed_{field}"])
+        margin = getattr(claim, "margin", None)
+        if margin is not None:  # the relative cost, seed by seed: (worse - better) / better
+            worse_values = np.asarray(worse[f"per_seed_{field}"], dtype=np.float64)
+            better_values = np.asarray(better[f"per_seed_{field}"], dtype=np.float64)
+            metric = mean_interval((worse_values - better_values) / better_values)
+        judged.append({**claim._asdict(), "loss_difference": loss, "metric_difference": metric,
+                       "better_metric": better[field]["mean"], "worse_metric": worse[field]["mean"],
+                       "verdict": verdict(metric, margin)})
+    return judged
+
+
+def _number(value: float, digits: int = 3) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def interval_text(stats: dict, digits: int = 3, field: str | None = None) -> str:
+    """``mean [low, high]``; with ``field`` clipped to its ``RANGES`` entry and marked when clipped."""
+    if field is not None:
+        stats = clip_interval(stats, RANGES[field])
+    text = f"{_number(stats['mean'], digits)} [{_number(stats['low'], digits)}, {_number(stats['high'], digits)}]"
+    return text + (CLIPPED_MARK if stats.get("clipped") else "")
+
+
+def _difference(claim: dict) -> str:
+    """The paired difference of a claim: absolute, or relative (in %) for a margin claim."""
+    diff = claim["metric_difference"]
+    if claim.get("margin") is None:
+        return interval_text(diff)
+    return (f"{100 * diff['mean']:+.1f}% [{100 * diff['low']:+.1f}%, {100 * diff['high']:+.1f}%], "
+            f"margin {100 * claim['margin']:.0f}%")
+
+
+def render_arms_table(summary: dict) -> str:
+    """Markdown: one row per arm, the headline metric and accuracy with their intervals."""
+    field, name = metric_of(summary["task"])
+    lines = [f"| arm | steps/worker | all-reduces | {name}, mean [95% CI] | accuracy, mean [95% CI] "
+             f"| best {('loss' if field == 'eval_loss' else 'loss')} over rounds |",
+             "|---|---:|---:|---|---|---:|"]
+    clipped = False
+    for row in summary["rows"]:
+        metric = interval_text(row[field], field=field)
+        accuracy = interval_text(row["eval_accuracy"], field="eval_accuracy")
+        clipped = clipped or CLIPPED_MARK in metric + accuracy
+        lines.append(f"| {row['arm']} | {row['steps_per_worker']} | {row['all_reduces']} | {metric} "
+                     f"| {accuracy} | {_number(row['best_eval_loss']['mean'])} |")
+    if clipped:
+        lines += ["", CLIPPED_NOTE]
+    return "\n".join(lines) + "\n"
+
+
+def render_claims_table(summary: dict) -> str:
+    """Markdown: each claim, the two arms' means, the paired difference and the verdict.
+
+    The arm columns are named for what they hold: the arm the *paper* calls better and
+    the one it calls worse, whichever measured better here (the verdict says that).
+    """
+    _, name = metric_of(summary["task"])
+    lines = [f"| claim | paper | {name} of the arm the paper finds better | {name} of the arm it finds worse "
+             "| paired difference (worse minus better) [95% CI] | verdict |",
+             "|---|---|---:|---:|---|---|"]
+    for claim in summary["claims"]:
+        lines.append(f"| {claim['text']} | {claim['paper']} | {_number(claim['better_metric'])} "
+                     f"| {_number(claim['worse_metric'])} | {_difference(claim)} "
+                     f"| **{claim['verdict']}** |")
+    return "\n".join(lines) + "\n"
+
+
+def render_paper_table(summaries: dict, order: list) -> str:
+    """The "paper against ours" table: one row per claim, both tasks side by side.
+
+    ``summaries`` maps ``(study, task)`` to an exported summary; ``order`` lists the
+    studies in page order. A claim's cell for a task shows the two arms' metric means,
+    the paired difference and that task's verdict; the last column combines them.
+    """
+    lines = ["| claim (paper) | the paper | char-LM: perplexity, the paper's better arm vs its worse arm "
+             "| MNIST-1D: held-out loss, the paper's better arm vs its worse arm | verdict |",
+             "|---|---|---|---|---|"]
+    for study in order:
+        text = summaries.get((study, "shakespeare"))
+        mnist = summaries.get((study, "mnist1d"))
+        claims, seen = [], set()
+        for summary in (text, mnist):  # every claim either task judged, in first-seen order
+            for claim in [] if summary is None else summary["claims"]:
+                if claim["text"] not in seen:
+                    seen.add(claim["text"])
+                    claims.append((claim, summary["reference"]))
+        for claim, reference in claims:
+            cells, verdicts = [], []
+            for summary in (text, mnist):
+                judged = None if summary is None else next(
+                    (c for c in summary["claims"] if c["text"] == claim["text"]), None)
+                if judged is None:
+                    cells.append("not run (arm not in this task's study)" if summary is not None else "not run")
+                    continue
+                cells.append(f"{_number(judged['better_metric'])} vs {_number(judged['worse_metric'])}; "
+                             f"diff {_difference(judged)}: {judged['verdict']}")
+                verdicts.append(judged["verdict"])
+            lines.append(f"| {claim['text']} ({reference}) | {claim['paper']} | {cells[0]} | {cells[1]} "
+                         f"| **{combine_verdicts(verdicts)}** |")
+    return "\n".join(lines) + "\n"

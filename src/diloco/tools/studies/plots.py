@@ -1,0 +1,174 @@
+"""PNG plots of runs and studies (matplotlib, from the ``cli`` extra).
+
+Figures are built as plain ``matplotlib.figure.Figure`` objects and rendered with the
+Agg canvas, so nothing here touches pyplot's global state or the interactive backend:
+the same functions work in a script, under a test runner and in a notebook (where a
+returned figure displays itself).
+
+* ``plot_curves``: held-out loss and accuracy against round, step or bytes sent
+  (log axis), one line per algorithm, all on the same axes.
+* ``plot_study``: a study's final held-out loss and accuracy per variant, mean with a
+  95% interval over seeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["require_matplotlib", "plot_curves", "plot_study", "save_figure", "save_run_plots"]
+
+_X_AXES = {
+    "round": ("round", "outer round (synchronisation)", False),
+    "step": ("step", "inner steps per worker", False),
+    "bytes": ("cumulative_bytes", "bytes sent per worker (log scale)", True),
+}
+
+# DiLoCo lines take the tab10 colours in order; the synchronous baseline is always black, dashed.
+_TAB10 = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+          "tab:cyan", "tab:gray")
+
+
+def _line_styles(names) -> dict:
+    styles, index, num_sync = {}, 0, 0
+    for name in names:
+        if name == "sync" or name.endswith("/ sync"):
+            styles[name] = {"color": "black", "linestyle": ("--", ":", "-.")[num_sync % 3]}
+            num_sync += 1
+        else:
+            styles[name] = {"color": _TAB10[index % len(_TAB10)], "linestyle": "-"}
+            index += 1
+    return styles
+
+
+def require_matplotlib():
+    """Import matplotlib's Figure, or say which extra to install."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError("plots need matplotlib, from the 'cli' extra: pip install 'diloco[cli]'") from None
+    return Figure
+
+
+def save_figure(fig, path) -> Path:
+    """Render ``fig`` to a PNG file with the Agg canvas, written atomically (never a 0-byte PNG)."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from diloco.tools.runs.folders import atomic_write_bytes
+
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+def _label(name: str) -> str:
+    return {"diloco": "DiLoCo", "sync": "synchronous baseline"}.get(name, name)
+
+
+def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str = "eval_loss"):
+    """Held-out loss (left; or ``left="eval_perplexity"``, the char-LM's metric) and accuracy
+    (right) per algorithm, on shared axes.
+
+    Parameters
+    ----------
+    histories : dict of name -> list of history records
+        E.g. ``{"diloco": result.history, "sync": baseline.history}``; records need
+        ``eval_loss``, ``eval_accuracy`` and the x field.
+    x : "round", "step" or "bytes"
+        "bytes" plots against ``cumulative_bytes`` on a log axis (points at zero bytes,
+        as with one worker, are left out).
+    title : str
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    if x not in _X_AXES:
+        raise ValueError(f"x must be one of {sorted(_X_AXES)}, got {x!r}")
+    Figure = require_matplotlib()
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    from diloco.tools.studies.study_stats import format_bytes
+
+    key, xlabel, log = _X_AXES[x]
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    styles = _line_styles(histories)
+    for name, records in histories.items():
+        points = [r for r in records if r.get("eval_loss") is not None and (not log or (r.get(key) or 0) > 0)]
+        if not points:
+            continue
+        xs = [r[key] for r in points]
+        style = {**styles[name], "label": _label(name), "marker": "o" if len(xs) <= 30 else None, "markersize": 3}
+        ax_loss.plot(xs, [r[left] for r in points], **style)
+        ax_acc.plot(xs, [r["eval_accuracy"] for r in points], **style)
+    left_label = "held-out perplexity" if left == "eval_perplexity" else "held-out loss (cross-entropy)"
+    for ax, ylabel in ((ax_loss, left_label), (ax_acc, "held-out accuracy")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3, which="both")
+        if log:
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: format_bytes(value)))  # as the CLI prints
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds and steps are whole numbers
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def save_run_plots(histories: dict, out_dir, *, title: str = "", left: str = "eval_loss") -> list[Path]:
+    """The two plots of a run folder: ``heldout_vs_round.png`` and ``heldout_vs_bytes.png``."""
+    out_dir = Path(out_dir)
+    paths = []
+    for x, name in (("round", "heldout_vs_round.png"), ("bytes", "heldout_vs_bytes.png")):
+        suffix = "against round" if x == "round" else "against bytes communicated"
+        fig = plot_curves(histories, x=x, title=f"{title} - {suffix}" if title else suffix, left=left)
+        paths.append(save_figure(fig, out_dir / name))
+    return paths
+
+
+def plot_study(rows: list, *, title: str = "", xlabel: str = "variant"):
+    """Final held-out loss and accuracy per variant: mean and 95% interval over seeds.
+
+    Parameters
+    ----------
+    rows : list of dict
+        As ``diloco.tools.studies.ablations.summarise`` returns: ``variant``, ``algo``, and
+        ``eval_loss`` / ``eval_accuracy`` dicts with ``mean``, ``low``, ``high``.
+    """
+    Figure = require_matplotlib()
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    by_variant = {v: [r for r in rows if r["variant"] == v] for v in variants}
+    width = 0.8 / max(len(group) for group in by_variant.values())
+    colours = {"diloco": "tab:blue", "sync": "0.45"}
+    fig = Figure(figsize=(max(8, 1.3 * len(variants) + 4), 4.4), layout="constrained")
+    axes = fig.subplots(1, 2)
+    labelled = set()
+    for i, variant in enumerate(variants):
+        group = by_variant[variant]
+        for j, row in enumerate(group):
+            x = i + (j - (len(group) - 1) / 2) * width
+            label = None if row["algo"] in labelled else _label(row["algo"])
+            labelled.add(row["algo"])
+            for ax, metric in zip(axes, ("eval_loss", "eval_accuracy"), strict=True):
+                stats = row[metric]
+                ax.bar([x], [stats["mean"]], width=width * 0.9, color=colours.get(row["algo"], "tab:green"),
+                       yerr=[[stats["mean"] - stats["low"]], [stats["high"] - stats["mean"]]], capsize=3,
+                       label=label)
+    for ax, ylabel in zip(axes, ("final held-out loss", "final held-out accuracy"), strict=True):
+        ax.set_xticks(range(len(variants)), variants, rotation=20, ha="right")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"{ylabel} (mean, 95% CI)")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend(loc="upper left")
+    accuracies = [r["eval_accuracy"]["low"] for r in rows]
+    if accuracies:
+        axes[1].set_ylim(max(0.0, min(accuracies) - 0.05), 1.0)
+    if title:
+        fig.suptitle(title)
+    return fig

@@ -1,0 +1,124 @@
+"""``docs/results.md`` from the studies' exported summaries: ``python -m diloco.tools.studies.results_page``.
+
+The page's tables sit between markers::
+
+    <!-- generated: NAME -->
+    ...
+    <!-- end: NAME -->
+
+and each ``NAME`` is rendered here from ``docs/assets/results/<study>-<task>.json`` (what
+``diloco study <study> --data <task> --export docs/assets/results`` writes):
+
+* ``paper``: the "paper against ours" table, one row per claim (``render_paper_table``);
+* ``<study>-<task>``: the study's arms and its claims with paired differences;
+* ``similarity``: the workers' pseudo-gradient cosine similarity (Figs. 10-11), from ``fig8``;
+* ``compute``: what each study cost.
+
+``tests/tooling/test_results_page.py`` renders every block again and requires the page
+to hold exactly that, so no number on the page can drift from the files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from diloco.tools.runs.folders import atomic_write_text
+from diloco.tools.studies.paper_report import interval_text, render_arms_table, render_claims_table, render_paper_table
+
+__all__ = ["ORDER", "TASKS", "BLOCK", "load_summaries", "render_block", "block_names", "rebuild", "main"]
+
+ORDER = ["table2", "fig4", "fig6", "table3", "fig8", "fig9"]
+TASKS = ["shakespeare", "mnist1d"]
+BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
+
+
+def load_summaries(directory) -> dict:
+    """``{(study, task): summary}`` for every ``<study>-<task>.json`` in ``directory``."""
+    summaries = {}
+    for path in sorted(Path(directory).glob("*.json")):
+        study, _, task = path.stem.partition("-")
+        if study in ORDER and task in TASKS:
+            summaries[(study, task)] = json.loads(path.read_text(encoding="utf-8"))
+    return summaries
+
+
+def _similarity(summaries: dict) -> str:
+    lines = ["| task | arm | mean pairwise cosine of the workers' pseudo-gradients [95% CI] "
+             "| final perplexity (char-LM) or held-out loss (MNIST-1D) |", "|---|---|---|---:|"]
+    for task in TASKS:
+        summary = summaries.get(("fig8", task))
+        if summary is None:
+            continue
+        field = "eval_perplexity" if task == "shakespeare" else "eval_loss"
+        for row in summary["rows"]:
+            if row.get("pseudo_grad_cosine"):
+                lines.append(f"| {task} | {row['arm']} | {interval_text(row['pseudo_grad_cosine'])} "
+                             f"| {row[field]['mean']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _compute(summaries: dict) -> str:
+    lines = ["| study | task | steps per worker | seeds | runs | wall time |", "|---|---|---:|---:|---:|---:|"]
+    total = 0.0
+    for study in ORDER:
+        for task in TASKS:
+            summary = summaries.get((study, task))
+            if summary is None:
+                continue
+            runs = sum(len(row["seeds"]) for row in summary["rows"]) + len(summary.get("tuning", [])) * max(
+                1, len(summary.get("tune_seeds", [])))
+            total += summary["seconds"]
+            lines.append(f"| {study} | {task} | {summary['steps_per_worker']} | {len(summary['seeds'])} | {runs} "
+                         f"| {summary['seconds'] / 60:.1f} min |")
+    lines.append(f"| all | | | | | {total / 60:.1f} min |")
+    return "\n".join(lines) + "\n"
+
+
+def render_block(name: str, summaries: dict) -> str:
+    """The Markdown of block ``name`` (see the module docstring)."""
+    if name == "paper":
+        return render_paper_table(summaries, ORDER)
+    if name == "similarity":
+        return _similarity(summaries)
+    if name == "compute":
+        return _compute(summaries)
+    study, _, task = name.partition("-")
+    summary = summaries.get((study, task))
+    if summary is None:
+        return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"
+    tuning = ""
+    if summary.get("tuning"):
+        best = {}
+        for entry in summary["tuning"]:
+            best.setdefault(entry["arm"], []).append(f"{entry['value']:g}: {entry['eval_loss']:.3f}")
+        tuning = ("\nOuter lr grid, final held-out loss on tuning seed(s) "
+                  f"{summary['tune_seeds']}:\n\n" + "\n".join(f"- {arm}: {', '.join(v)}" for arm, v in best.items())
+                  + "\n")
+    return render_arms_table(summary) + "\n" + render_claims_table(summary) + tuning
+
+
+def block_names(page: str) -> list:
+    return [match.group("name") for match in BLOCK.finditer(page)]
+
+
+def rebuild(page: str, summaries: dict) -> str:
+    """``page`` with every generated block rendered again."""
+    return BLOCK.sub(lambda m: f"<!-- generated: {m.group('name')} -->\n{render_block(m.group('name'), summaries)}"
+                               f"<!-- end: {m.group('name')} -->", page)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    page_path = Path(argv[0] if argv else "docs/results.md")
+    results = Path(argv[1] if len(argv) > 1 else page_path.parent / "assets" / "results")
+    page = page_path.read_text(encoding="utf-8")
+    atomic_write_text(page_path, rebuild(page, load_summaries(results)))
+    print(f"{page_path}: {len(block_names(page))} blocks rendered from {results}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
