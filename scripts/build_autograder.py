@@ -15,6 +15,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,8 +28,9 @@ def _atomic_files():
     spec.loader.exec_module(module)
     return module
 
-SOURCES = ("src/diloco", "tests", "docs", "notebooks", "README.md", "LICENSE", "CHANGELOG.md", "Makefile", "scripts",
-           "pyproject.toml")
+# The sdist's own list (pyproject.toml), read rather than copied, plus pyproject.toml itself.
+SOURCES = (*tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+           ["tool"]["hatch"]["build"]["targets"]["sdist"]["include"], "pyproject.toml")
 SKIPPED = {"__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints"}
 EXECUTABLE = {"setup.sh", "run_autograder"}
 

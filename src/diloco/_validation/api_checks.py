@@ -31,6 +31,8 @@ from diloco._validation import (
     check_sequence,
     shown,
 )
+from diloco.config import DiLoCoConfig
+from diloco.config_sections import PATTERNS
 
 __all__ = ["encode", "bfloat16_bits", "bfloat16_values", "decode", "unit_bounds", "wire_text",
            "all_reduce_seconds", "native_bytes", "clip_by_global_norm", "inner_lr", "draw_dropped",
@@ -122,8 +124,6 @@ def clip_by_global_norm(grads, max_norm) -> None:
 
 
 def _config(config) -> None:
-    from diloco.config import DiLoCoConfig
-
     if not isinstance(config, DiLoCoConfig):
         raise TypeError(f"config must be a DiLoCoConfig, got {type(config).__name__}")
 
@@ -180,13 +180,11 @@ def stratified_split(x, y) -> None:
         raise TypeError(f"y must be a numpy.ndarray of integer labels, got {type(y).__name__}")
 
 
-# --- ready for the modules the one-training-core work rewrites (not yet called there) ----------------
-# diloco.family.streaming, diloco.family.eager and diloco.engine.trainers: each function's first line
-# should call its checker here; tests/tooling/test_api_fuzz.py's KNOWN lists the cases that wait for it.
+# --- the one training core's schedule, eager rule and layout rule -----------------------------------
+# Each function's first line
+# calls its checker (diloco.core.schedule, diloco.core.sync, diloco.engine.layout).
 
 def _pattern(pattern) -> None:
-    from diloco.family.config import PATTERNS
-
     if not isinstance(pattern, str) or pattern not in PATTERNS:
         raise ValueError(f"pattern must be one of {PATTERNS}, got {shown(pattern)}")
 
@@ -229,9 +227,6 @@ def eager_outer_gradient(local_now, share) -> None:
 
 
 def choose_layout(num_workers, num_values, layout, itemsize) -> None:
-    from diloco.engine import LAYOUTS
-
+    del layout  # choose_layout checks it against its LAYOUTS itself
     for value, name in ((num_workers, "num_workers"), (num_values, "num_values"), (itemsize, "itemsize")):
         check_count(check_positive_int(value, name), name)
-    if not isinstance(layout, str) or layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {shown(layout)}")

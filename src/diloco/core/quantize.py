@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco._validation import api_checks
+from diloco._validation import api_checks, shown
 from diloco.config_sections import FORMATS
 
 __all__ = ["FORMATS", "BITS", "E2M1_GRID", "Encoded", "encode", "decode", "quantize", "bfloat16_bits",
@@ -117,7 +117,7 @@ def _check(x, name: str = "x") -> np.ndarray:
 
 def _check_format(fmt: str) -> str:
     if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+        raise ValueError(f"fmt must be one of {FORMATS}, got {shown(fmt)}")
     return fmt
 
 

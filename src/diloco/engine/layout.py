@@ -33,7 +33,7 @@ bound, so per-worker keeps the run's peak memory at one model's activations.
 
 from __future__ import annotations
 
-from diloco._validation import api_checks
+from diloco._validation import api_checks, shown
 
 __all__ = ["LAYOUTS", "STACKED_MAX_BYTES", "choose_layout"]
 
@@ -54,12 +54,12 @@ def choose_layout(num_workers: int, num_values: int, layout: str = "auto", *, it
     ValueError
         ``layout`` is not one of ``LAYOUTS``, or K, P or ``itemsize`` is not a positive int.
     """
-    api_checks.choose_layout(num_workers, num_values, layout, itemsize)
     if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {shown(layout)}")
     for name, value in (("num_workers", num_workers), ("num_values", num_values), ("itemsize", itemsize)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    api_checks.choose_layout(num_workers, num_values, layout, itemsize)  # sizes no machine could hold
     if layout != "auto":
         return layout
     if num_workers == 1:
