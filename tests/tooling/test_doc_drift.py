@@ -24,7 +24,7 @@ from diloco.tools.workspace.regions import stub_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-TEMPLATE_DIR = ROOT / "src" / "diloco" / "tools" / "workspace_template"
+TEMPLATE_DIR = ROOT / "src" / "diloco" / "tools" / "workspace" / "workspace_template"
 GUIDE = DOCS / "learner-guide.md"
 
 # What a learner reads and types: every command here must run as printed.

@@ -109,7 +109,7 @@ def test_nothing_suggests_executing_a_tracked_notebook_in_place():
     texts = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in PAGES}
     texts.update({str(p.relative_to(ROOT)): notebook_markdown(p) for p in NOTEBOOKS})
     texts["scripts/make_notebooks.py"] = MAKE_NOTEBOOKS.read_text(encoding="utf-8")
-    template = ROOT / "src" / "diloco" / "tools" / "workspace_template" / "README.md"
+    template = ROOT / "src" / "diloco" / "tools" / "workspace" / "workspace_template" / "README.md"
     texts[str(template.relative_to(ROOT))] = template.read_text(encoding="utf-8")
     bad = [name for name, text in texts.items() if re.search(r"jupyter\s+(execute|nbconvert)\b[^\n`]*--inplace", text)]
     assert not bad, f"--inplace rewrites a tracked notebook (git shows it modified): {bad}"
