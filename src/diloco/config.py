@@ -28,7 +28,7 @@ from diloco._validation import (
     check_real,
     check_seed,
 )
-from diloco.config_sections import FamilyConfig
+from diloco.config_sections import FamilyConfig, check_known_fields
 
 __all__ = ["AdamWConfig", "DiLoCoConfig", "OUTER_OPTIMIZER_NAMES"]
 
@@ -277,27 +277,14 @@ class DiLoCoConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DiLoCoConfig:
         """Build from a dict such as a parsed ``config.json``; unknown keys raise ``ValueError``."""
-        if not isinstance(data, dict):
-            raise TypeError(f"config must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"DiLoCoConfig: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        check_known_fields(cls, data, "config")
         data = dict(data)
         if "inner" in data:
             inner = data["inner"]
-            if not isinstance(inner, dict):
-                raise TypeError(f"DiLoCoConfig.inner must be an object, got {type(inner).__name__}")
-            inner_known = {f.name for f in dataclasses.fields(AdamWConfig)}
-            bad = sorted(set(inner) - inner_known)
-            if bad:
-                raise ValueError(f"AdamWConfig: unknown field(s) {bad}; known fields are {sorted(inner_known)}")
+            check_known_fields(AdamWConfig, inner, "DiLoCoConfig.inner")
             data["inner"] = AdamWConfig(**inner)
         if "family" in data:
-            family = data["family"]
-            if not isinstance(family, dict):
-                raise TypeError(f"DiLoCoConfig.family must be an object, got {type(family).__name__}")
-            data["family"] = FamilyConfig.from_dict(family)
+            data["family"] = FamilyConfig.from_dict(data["family"])
         if "hidden_sizes" in data and isinstance(data["hidden_sizes"], list):
             data["hidden_sizes"] = tuple(data["hidden_sizes"])
         return cls(**data)

@@ -17,10 +17,20 @@ from typing import Any, NamedTuple
 
 from diloco._validation import check_nonneg_int, check_positive_int, check_real
 
-__all__ = ["FamilyConfig", "CommSpec", "FORMATS", "PATTERNS"]
+__all__ = ["FamilyConfig", "CommSpec", "FORMATS", "PATTERNS", "check_known_fields"]
 
 # Wire formats of outer gradients (diloco.core.quantize).
 FORMATS = ("float64", "float32", "float16", "bfloat16", "int8", "fp4")
+
+
+def check_known_fields(cls, data, what: str) -> None:
+    """Refuse ``data`` (for ``cls.from_dict``) unless it is a dict of ``cls``'s field names only."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{what} must be a JSON object, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}")
 
 
 class CommSpec(NamedTuple):
@@ -176,10 +186,5 @@ class FamilyConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FamilyConfig:
         """Build from a dict (``DiLoCoConfig.to_dict()["family"]``); unknown keys raise ``ValueError``."""
-        if not isinstance(data, dict):
-            raise TypeError(f"FamilyConfig must be built from an object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"FamilyConfig: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        check_known_fields(cls, data, "DiLoCoConfig.family")
         return cls(**data)
