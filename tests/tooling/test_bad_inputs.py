@@ -597,7 +597,7 @@ def test_config_fields_refuse_bad_values_naming_the_field():
 
 @pytest.mark.parametrize("data, message", [
     ([1, 2], "JSON object"), ({"wormers": 2}, "unknown field(s) ['wormers']"),
-    ({"inner": [1]}, "DiLoCoConfig.inner must be an object"), ({"inner": {"lrr": 1}}, "unknown field(s) ['lrr']"),
+    ({"inner": [1]}, "DiLoCoConfig.inner must be a JSON object"), ({"inner": {"lrr": 1}}, "unknown field(s) ['lrr']"),
     ({"hidden_sizes": {"a": 1}}, "hidden_sizes"), ({"seed": "0"}, "seed"), ({"dtype": "float16"}, "dtype"),
 ])
 def test_config_from_dict_refuses_malformed_json(data, message):
