@@ -86,9 +86,13 @@ def test_memory_error_on_one_rank_aborts_the_job(tmp_path):
     assert status != 0 and "rank 2 failed: MemoryError; aborting the job" in err
 
 
-def test_a_stopped_rank_ends_the_job_after_the_round_timeout(tmp_path):
-    """Rank 1 freezes (SIGSTOP) in round 2: rank 0 waits --round-timeout seconds, then aborts."""
-    status, out, err, seconds = run_job(tmp_path, 2, "stop", "1", "2", *FLAGS, "--round-timeout", "2")
+@pytest.mark.parametrize("family", [[], ["--comm-dtype", "fp4", "--fragments", "2", "--hidden-sizes", "8,8"]],
+                         ids=["diloco", "family"])
+def test_a_stopped_rank_ends_the_job_after_the_round_timeout(family, tmp_path):
+    """Rank 1 freezes (SIGSTOP) in round 2: rank 0 waits --round-timeout seconds, then aborts.
+
+    With the family's flags too (they used to run on a path that ignored --round-timeout and hung)."""
+    status, out, err, seconds = run_job(tmp_path, 2, "stop", "1", "2", *FLAGS, *family, "--round-timeout", "2")
     assert status != 0
     assert "rank 0: the all-gather of round 2 did not complete within 2 s (--round-timeout)" in err
     assert "aborting the job" in err
