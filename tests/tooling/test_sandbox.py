@@ -354,7 +354,7 @@ def test_frames_refuse_pickles_and_garbage():
         buffer = io.BytesIO()
         np.save(buffer, np.array([object()], dtype=object), allow_pickle=True)
         with pytest.raises(wire.WireError):
-            wire._load(buffer.getvalue())
+            wire.load_array(buffer.getvalue())
         os.write(write, b"\x80\x04K\x01.")  # pickle.dumps(1)
         with pytest.raises(wire.WireError, match="not a frame"):
             wire.read_frame(read, time.monotonic() + 5)

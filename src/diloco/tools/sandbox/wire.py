@@ -57,7 +57,7 @@ MAX_FRAME = 128 << 20  # header and blobs together (the suite's largest is about
 MAX_DECODE = 128 << 20  # bytes one message may make the reader allocate (copies, shared buffers)
 MAX_NDIM = 32
 MAX_DIGITS = 1000  # of one JSON integer (a PCG64 state has 39)
-_ARRAY_KINDS = set("biufc")  # bool, integers, floats, complex: numbers only
+ARRAY_KINDS = set("biufc")  # bool, integers, floats, complex: numbers only
 
 
 class WireError(ValueError):
@@ -167,14 +167,14 @@ def read_frame(source: Reader | int, deadline: float | None = None) -> tuple[dic
 # --------------------------------------------------------------------------- array roots
 
 
-def _root(array: np.ndarray) -> np.ndarray:
+def root_of(array: np.ndarray) -> np.ndarray:
     """The array at the end of ``array``'s chain of ndarray bases: the buffer it lives in."""
     while isinstance(array.base, np.ndarray):
         array = array.base
     return array
 
 
-def _flat_bytes(root: np.ndarray) -> np.ndarray | None:
+def flat_bytes(root: np.ndarray) -> np.ndarray | None:
     """``root``'s bytes as a flat uint8 view, in memory order; None when they are not contiguous."""
     if root.flags.c_contiguous:
         flat = root.reshape(-1)
@@ -221,8 +221,8 @@ class Registry:
         return None if ref is None else ref()
 
 
-def _blob(array: np.ndarray) -> bytes:
-    if array.dtype.kind not in _ARRAY_KINDS:
+def blob_of(array: np.ndarray) -> bytes:
+    if array.dtype.kind not in ARRAY_KINDS:
         raise WireError(f"an array of dtype {array.dtype} cannot cross (only numbers, bools and strings)")
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
@@ -233,11 +233,11 @@ _NPY = re.compile(rb"\x93NUMPY\x01\x00(..)\{'descr': '([<>|=][biufc]\d{1,2})', '
                   rb"'shape': \(((?:\d{1,19}, ?){0,32}\d{0,19})\), \} *\n", re.S)
 
 
-def _load(blob, budget: Budget | None = None) -> np.ndarray:
+def load_array(blob, budget: Budget | None = None) -> np.ndarray:
     """The array of an ``.npy`` blob, checked before anything is allocated, as a copy of its own.
 
     Only the header ``np.save`` writes (version 1.0), parsed by a strict pattern, never
-    evaluated: a numeric dtype (``_ARRAY_KINDS``), at most ``MAX_NDIM`` dimensions, and a
+    evaluated: a numeric dtype (``ARRAY_KINDS``), at most ``MAX_NDIM`` dimensions, and a
     shape that accounts for exactly the blob's bytes. The result owns its memory (it is no
     view of ``blob``) and is charged to ``budget``.
     """
@@ -249,7 +249,7 @@ def _load(blob, budget: Budget | None = None) -> np.ndarray:
     start = 10 + int.from_bytes(match[1], "little")
     dtype = np.dtype(match[2].decode("ascii"))
     shape = tuple(int(n) for n in match[4].split(b",") if n.strip())
-    if dtype.kind not in _ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+    if dtype.kind not in ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
         raise WireError(f"an array blob of dtype {dtype} (only numbers may cross)")
     if len(shape) > MAX_NDIM or match.end() != start:
         raise WireError(f"an array blob of shape {shape} (at most {MAX_NDIM} dimensions) or a malformed header")

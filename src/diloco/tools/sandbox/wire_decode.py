@@ -8,7 +8,7 @@ anything a message asks for beyond plain data:
   exactly the listed ones: a record is rebuilt by its constructor, never by setting
   attributes, so no ``__dict__``, dunder name or ``__array_interface__`` can cross;
 * an array blob of a non-numeric dtype, or whose declared shape does not match its bytes
-  (``wire._load`` checks both before it allocates, and copies the array out of the blob);
+  (``wire.load_array`` checks both before it allocates, and copies the array out of the blob);
 * more new memory than the message's ``Budget`` (``MAX_DECODE``), counting the copies and
   the buffers a shared view makes the reader allocate.
 
@@ -25,18 +25,18 @@ import re
 import numpy as np
 
 from .wire import (
-    _ARRAY_KINDS,
+    ARRAY_KINDS,
     MAX_DECODE,
     MAX_DEPTH,
     Budget,
     Registry,
     WireError,
-    _flat_bytes,
-    _load,
-    _root,
     byte_bounds,
+    flat_bytes,
+    load_array,
+    root_of,
 )
-from .wire_names import _BIT_GENERATORS, _BUILTIN_TYPES, Names, _kind, _type_name
+from .wire_names import BIT_GENERATORS, BUILTIN_TYPES, Names, qualified_name, record_kind
 
 _PENDING = object()
 _OPAQUE: dict[str, type] = {}
@@ -66,7 +66,7 @@ def _hashable(value):
     try:
         hash(value)
     except TypeError:
-        raise WireError(f"an unhashable dict key or set item of type {_type_name(value)}") from None
+        raise WireError(f"an unhashable dict key or set item of type {qualified_name(value)}") from None
     return value
 
 
@@ -114,7 +114,7 @@ class Decoder:
         if self.args is None or type(k) is not int or not 0 <= k < len(self.args):
             raise WireError(f"a reference to request object {k!r} that does not exist")
         if not isinstance(self.args[k], kind):
-            raise WireError(f"request object {k} is a {_type_name(self.args[k])}, not a {kind.__name__}")
+            raise WireError(f"request object {k} is a {qualified_name(self.args[k])}, not a {kind.__name__}")
         return self.args[k]
 
     def _decode(self, item):
@@ -166,7 +166,7 @@ class Decoder:
             raise WireError("a container whose items are not a list")
         return value
 
-    def _blob(self, item):
+    def blob_of(self, item):
         index = item["b"]
         if type(index) is not int or not 0 <= index < len(self.blobs):
             raise WireError(f"a reference to array blob {str(index)[:20]} that the frame does not hold")
@@ -203,7 +203,7 @@ class Decoder:
         values = {field: self._decode(v) for field, v in given.items()}
         value = cls(**values)
         target = self._target(item, cls)
-        if target is not None and _kind(cls) == "P":  # a plain object changed on the other side: as in-process
+        if target is not None and record_kind(cls) == "P":  # a plain object changed on the other side: as in-process
             for field in fields:
                 if getattr(target, field) is not values[field]:
                     setattr(target, field, values[field])
@@ -211,7 +211,7 @@ class Decoder:
         return self.objects[index]
 
     def _array(self, item) -> np.ndarray:
-        data = _load(self._blob(item), self.budget)
+        data = load_array(self.blob_of(item), self.budget)
         target = self._target(item, np.ndarray)
         if target is not None:
             if target.shape != data.shape or target.dtype != data.dtype:
@@ -230,7 +230,7 @@ class Decoder:
                 or not all(type(v) is int for v in (size, offset, *strides))):
             raise WireError("malformed array geometry")
         root = self.registry.root(handle)
-        flat = None if root is None else _flat_bytes(root)
+        flat = None if root is None else flat_bytes(root)
         if flat is not None and flat.size == size:  # a buffer of ours: the view is of it (NumPy checks the bounds)
             view = np.ndarray(data.shape, data.dtype, buffer=flat, offset=offset, strides=strides)
             _write(view, data)
@@ -239,7 +239,7 @@ class Decoder:
             return data  # a buffer of ours the view does not fit: the data, shared with nothing
         if not 0 < size <= MAX_DECODE:
             raise WireError(f"an array buffer of {size} bytes")
-        own = _root(data)
+        own = root_of(data)
         low, high = byte_bounds(own)
         if (high - low, data.__array_interface__["data"][0] - low, data.strides) == (size, offset, strides):
             self.registry.adopt(handle, own)  # the array is its whole buffer: keep the copy we have
@@ -257,7 +257,7 @@ class Decoder:
         if tag == "G":
             target = self._target(item, np.random.Generator)
             name = state["bit_generator"] if type(state) is dict else None
-            if name not in _BIT_GENERATORS:
+            if name not in BIT_GENERATORS:
                 raise WireError(f"bit generator {name!r} may not cross")
             seeds = self._seeds(item["q"]) if "q" in item else None
             if target is None:
@@ -296,7 +296,7 @@ class Decoder:
 
     def _other(self, item, tag):
         if tag == "S":
-            array = _load(self._blob(item), self.budget)
+            array = load_array(self.blob_of(item), self.budget)
             if array.ndim != 0:
                 raise WireError("a scalar blob that is not 0-d")
             return array[()]
@@ -312,7 +312,7 @@ class Decoder:
             module, _, name = str(item["v"]).partition(".")
             if not name.isidentifier() or name.startswith("_"):
                 raise WireError(f"type {str(item['v'])[:100]!r} may not cross")
-            found = getattr(np, name, None) if module == "numpy" else _BUILTIN_TYPES.get(name)
+            found = getattr(np, name, None) if module == "numpy" else BUILTIN_TYPES.get(name)
             if module == "builtins" and found is not None:
                 return found
             if isinstance(found, type) and issubclass(found, np.generic):
@@ -322,7 +322,7 @@ class Decoder:
             if type(item["v"]) is not str or len(item["v"]) > 16:
                 raise WireError("a malformed dtype")
             dtype = np.dtype(item["v"])
-            if dtype.kind not in _ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+            if dtype.kind not in ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
                 raise WireError(f"dtype {dtype} may not cross")
             return dtype
         if tag == "F" and self.make_callable is not None:

@@ -17,8 +17,8 @@ import dataclasses
 
 from .wire import WireError
 
-_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
-_BUILTIN_TYPES = {"float": float, "int": int, "bool": bool, "complex": complex, "str": str, "bytes": bytes}
+BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+BUILTIN_TYPES = {"float": float, "int": int, "bool": bool, "complex": complex, "str": str, "bytes": bytes}
 
 # The project's records that cross, by where the milestone modules (and their tests) name
 # them: ``None`` takes the fields from the class (NamedTuple, dataclass); a tuple names the
@@ -40,7 +40,7 @@ RECORDS: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def _kind(cls) -> str | None:
+def record_kind(cls) -> str | None:
     """``"N"`` NamedTuple, ``"C"`` dataclass, ``"P"`` any other class, else None (not a class)."""
     if not isinstance(cls, type):
         return None
@@ -53,7 +53,7 @@ def _kind(cls) -> str | None:
 
 def record_fields(cls, declared: tuple[str, ...] | None) -> tuple[str, ...]:
     """The fields ``cls`` is rebuilt from: ``declared``, or the NamedTuple's / dataclass's own."""
-    kind = _kind(cls)
+    kind = record_kind(cls)
     if declared is not None:
         fields = tuple(declared)
     elif kind == "N":
@@ -91,7 +91,7 @@ class Names:
         except Exception:  # noqa: BLE001 - a module that does not import has no classes to offer
             module = None
         cls = getattr(module, attribute, None) if module is not None else None
-        if isinstance(cls, type) and (self._records[name] is not None or _kind(cls) in ("N", "C")):
+        if isinstance(cls, type) and (self._records[name] is not None or record_kind(cls) in ("N", "C")):
             self._found[name] = cls
             return cls
         return None
@@ -123,6 +123,6 @@ class Names:
         return record_fields(cls, self._records[name])
 
 
-def _type_name(value) -> str:
+def qualified_name(value) -> str:
     cls = type(value)
     return f"{cls.__module__}.{cls.__qualname__}"

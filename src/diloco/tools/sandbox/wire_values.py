@@ -33,9 +33,9 @@ import base64
 
 import numpy as np
 
-from .wire import _ARRAY_KINDS, Registry, WireError, _blob, _root, byte_bounds
+from .wire import ARRAY_KINDS, Registry, WireError, blob_of, byte_bounds, root_of
 from .wire_decode import Decoder, Opaque
-from .wire_names import _BUILTIN_TYPES, Names, _type_name
+from .wire_names import BUILTIN_TYPES, Names, qualified_name
 
 __all__ = ["Names", "Encoder", "Decoder", "Opaque", "snapshot"]
 
@@ -79,7 +79,7 @@ class Encoder:
         if isinstance(value, np.ndarray):
             return self._array(value)
         if isinstance(value, np.generic):
-            return {"t": "S", "b": self._add(_blob(np.asarray(value)))}
+            return {"t": "S", "b": self._add(blob_of(np.asarray(value)))}
         if isinstance(value, (dict, list)):
             item = self._new(value, "D" if isinstance(value, dict) else "L")
             if isinstance(value, dict):
@@ -122,12 +122,12 @@ class Encoder:
             return {"t": "E", "f": cls is frozenset, "v": [self.encode(v) for v in value]}
         if isinstance(value, type) and issubclass(value, np.generic) and getattr(np, value.__name__, None) is value:
             return {"t": "Y", "v": f"numpy.{value.__name__}"}
-        if isinstance(value, type) and _BUILTIN_TYPES.get(value.__name__) is value:
+        if isinstance(value, type) and BUILTIN_TYPES.get(value.__name__) is value:
             return {"t": "Y", "v": f"builtins.{value.__name__}"}
-        if isinstance(value, np.dtype) and value.kind in _ARRAY_KINDS and value.fields is None:
+        if isinstance(value, np.dtype) and value.kind in ARRAY_KINDS and value.fields is None:
             return {"t": "Z", "v": value.str}
         if not self.lenient:
-            raise WireError(f"a value of type {_type_name(value)} cannot cross the sandbox boundary")
+            raise WireError(f"a value of type {qualified_name(value)} cannot cross the sandbox boundary")
         if callable(value) and not isinstance(value, type):
             item = self._new(value, "F")
             self.callables.add(item["i"])
@@ -141,7 +141,7 @@ class Encoder:
             text = repr(value)[:200]
         except Exception:  # noqa: BLE001 - a repr is only decoration
             text = "?"
-        item.update(type=_type_name(value), repr=text)
+        item.update(type=qualified_name(value), repr=text)
         return item
 
     def _array(self, array: np.ndarray):
@@ -149,10 +149,10 @@ class Encoder:
         before = self._snapshots.get(item.get("a"))
         if before is not None and before == (array.shape, array.dtype.str, array.tobytes()):
             return {"t": "=", "i": item["i"], "a": item["a"]}
-        item["b"] = self._add(_blob(array))
+        item["b"] = self._add(blob_of(array))
         item["w"] = bool(array.flags.writeable)
         if array.size:
-            root = _root(array)
+            root = root_of(array)
             low, high = byte_bounds(root)
             item.update(h=self.registry.handle(root), n=high - low,
                         o=array.__array_interface__["data"][0] - low, s=list(array.strides))
