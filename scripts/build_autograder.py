@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _atomic_files():
     """``diloco.tools.runs.atomic_files`` (standard library only), loaded as a file: no install, no NumPy needed."""
-    path = ROOT / "src" / "diloco" / "tools" / "atomic_files.py"
+    path = ROOT / "src" / "diloco" / "tools" / "runs" / "atomic_files.py"
     spec = importlib.util.spec_from_file_location("_atomic_files", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
