@@ -94,7 +94,9 @@ def test_a_stopped_rank_ends_the_job_after_the_round_timeout(family, tmp_path):
     With the family's flags too (they used to run on a path that ignored --round-timeout and hung)."""
     status, out, err, seconds = run_job(tmp_path, 2, "stop", "1", "2", *FLAGS, *family, "--round-timeout", "2")
     assert status != 0
-    assert "rank 0: the all-gather of round 2 did not complete within 2 s (--round-timeout)" in err
+    # the second inner phase: round 2 of DiLoCo, the second fragment's segment of round 1 with P = 2
+    where = "round 1" if family else "round 2"
+    assert f"rank 0: the all-gather of {where} did not complete within 2 s (--round-timeout)" in err
     assert "aborting the job" in err
     assert seconds < 60
 
