@@ -1,0 +1,1 @@
+"""Run folders, checkpoints and resume: atomic files, the run lock and record, the resumable driver."""
