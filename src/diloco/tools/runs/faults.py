@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from diloco.stop_signals import Stopped, Terminated, exit_status
-from diloco.tools.runs.atomic_files import read_json, write_json
 from diloco.tools.cli.errors import CliError
+from diloco.tools.runs.atomic_files import read_json, write_json
 from diloco.tools.runs.run_lock import free_reserves, held_runs
 from diloco.tools.runs.training import Diverged
 

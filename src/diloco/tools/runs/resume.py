@@ -31,6 +31,8 @@ from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
 from diloco.data import Dataset
+from diloco.tools.cli.errors import CliError
+from diloco.tools.cli.flags import DATA_DEFAULTS, build_config, load_dataset
 from diloco.tools.runs.checkpoint import (
     CheckpointError,
     config_changes,
@@ -38,11 +40,9 @@ from diloco.tools.runs.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
 )
-from diloco.tools.cli.errors import CliError
-from diloco.tools.cli.flags import DATA_DEFAULTS, build_config, load_dataset
+from diloco.tools.runs.folders import read_json, read_jsonl, repair_jsonl, write_json
 from diloco.tools.runs.run_environment import source_record
 from diloco.tools.runs.run_lock import RunLocked, lock_run_dir
-from diloco.tools.runs.folders import read_json, read_jsonl, repair_jsonl, write_json
 
 __all__ = ["CHECKPOINT_DIR", "ResumePlan", "plan_resume", "record_code_change"]
 
