@@ -15,7 +15,10 @@ pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not insta
 from cli_helpers import mpiexec  # noqa: E402
 
 from diloco import DiLoCoConfig, train_diloco  # noqa: E402
+from diloco.core.driver import train  # noqa: E402
 from diloco.data import load_digits_split  # noqa: E402
+from diloco.tools.cli.flags import build_config  # noqa: E402
+from diloco.tools.cli.main import build_parser  # noqa: E402
 
 
 def run_mpi(processes: int, *flags: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -55,3 +58,19 @@ def test_mpi_rejects_a_worker_count_that_does_not_match_the_processes(tmp_path):
     assert done.returncode == 2
     assert "-K 3 does not match the 2 MPI processes" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("flags", [("--lr-schedule", "cosine", "--warmup-steps", "2"), ("--clip-norm", "0.5"),
+                                   ("--drop-prob", "0.5"), ("--outer-optimizer", "adam"), ("--algo", "sync")],
+                         ids=["schedule", "clip", "drop", "outer-adam", "sync"])
+def test_the_mpi_command_runs_what_train_runs_bit_for_bit(flags, tmp_path):
+    """Was refused after the ranks had started, with the fast engine's advice."""
+    base = ("--rounds", "2", "-H", "3", "--hidden-sizes", "8", "--seed", "1")
+    done = run_mpi(2, *base, *flags, "--save-params", "params.npz", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    args = build_parser().parse_args(["train", "-K", "2", *base, *(f for f in flags if f not in ("--algo", "sync"))])
+    data = load_digits_split(0)
+    want = train("sync" if "sync" in flags else "diloco", data.x_train, data.y_train, build_config(args),
+                 x_eval=data.x_test, y_eval=data.y_test)
+    with np.load(tmp_path / "params.npz") as saved:
+        assert all(saved[k].tobytes() == v.tobytes() for k, v in want.params.items())
