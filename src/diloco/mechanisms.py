@@ -34,7 +34,7 @@ import numpy as np
 from diloco._validation import api_checks, check_params
 from diloco.adamw import AdamWState, adamw_step
 from diloco.config import AdamWConfig, DiLoCoConfig
-from diloco.core.outer import copy_outer_state, outer_optimizer
+from diloco.core.outer import outer_optimizer
 from diloco.model import Params, cross_entropy_loss, model_backward, model_forward
 from diloco.outer import OuterState
 from diloco.sharding import sample_worker_batch
@@ -42,7 +42,7 @@ from diloco.sharding import sample_worker_batch
 __all__ = [
     "COSINE_FLOOR", "global_norm", "inner_lr", "scheduled_adamw_step", "clip_by_global_norm", "train_worker",
     "uses_plain_worker", "pseudo_grad_weights", "normalised_weights", "outer_step",
-    "copy_outer_state", "draw_dropped", "mean_pairwise_cosine",
+    "draw_dropped", "mean_pairwise_cosine",
 ]
 
 # The cosine schedule decays the inner lr from its peak to this fraction of it at the

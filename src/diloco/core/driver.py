@@ -68,25 +68,19 @@ class RunState(NamedTuple):
     extra: dict
 
 
+# The settings that configure DiLoCo's outer gradient, which the baseline lacks: the config's
+# own fields and its family section's. One table for the refusal and for ``baseline_config``.
+DILOCO_ONLY = ("outer_optimizer", "outer_lr", "outer_momentum", "nesterov", "outer_beta2", "outer_eps",
+               "shard_weighting", "drop_prob", "record_similarity")
+DILOCO_ONLY_FAMILY = ("comm_dtype", "sign_prune", "error_feedback", "fragments", "overlap", "mix", "eager")
+
+
 def diloco_only_settings(config) -> list[str]:
-    """The settings of ``config`` that configure DiLoCo's outer gradient, which the baseline lacks."""
-    family, names, plain = config.family, [], type(config)()
-    for name, value, default in (("outer_optimizer", config.outer_optimizer, "sgd"),
-                                 ("outer_lr", config.outer_lr, plain.outer_lr),
-                                 ("outer_momentum", config.outer_momentum, plain.outer_momentum),
-                                 ("nesterov", config.nesterov, plain.nesterov),
-                                 ("outer_beta2", config.outer_beta2, plain.outer_beta2),
-                                 ("outer_eps", config.outer_eps, plain.outer_eps),
-                                 ("shard_weighting", config.shard_weighting, plain.shard_weighting),
-                                 ("drop_prob", config.drop_prob, 0.0),
-                                 ("record_similarity", config.record_similarity, False),
-                                 ("comm_dtype", family.comm_dtype, None), ("sign_prune", family.sign_prune, 0.0),
-                                 ("error_feedback", family.error_feedback, False), ("fragments", family.fragments, 1),
-                                 ("overlap", family.overlap, None), ("mix", family.mix, 1.0),
-                                 ("eager", family.eager, False)):
-        if value != default:
-            names.append(f"{name}={value!r}")
-    return names
+    """The settings of ``config`` that configure DiLoCo's outer gradient, off their defaults."""
+    plain, plain_family = type(config)(), type(config.family)()
+    return ([f"{n}={getattr(config, n)!r}" for n in DILOCO_ONLY if getattr(config, n) != getattr(plain, n)]
+            + [f"{n}={getattr(config.family, n)!r}" for n in DILOCO_ONLY_FAMILY
+               if getattr(config.family, n) != getattr(plain_family, n)])
 
 
 def is_course_algorithm(config, encode=None) -> bool:
@@ -101,12 +95,9 @@ def is_course_algorithm(config, encode=None) -> bool:
 
 def baseline_config(config):
     """``config`` with the DiLoCo-only settings at their defaults: what ``compare`` trains the baseline with."""
-    plain = type(config)()
-    return config.replace(outer_optimizer="sgd", outer_lr=plain.outer_lr, outer_momentum=plain.outer_momentum,
-                          nesterov=plain.nesterov, outer_beta2=plain.outer_beta2, outer_eps=plain.outer_eps,
-                          shard_weighting=plain.shard_weighting, drop_prob=0.0, record_similarity=False,
-                          family=config.family.replace(comm_dtype=None, sign_prune=0.0, error_feedback=False,
-                                                       fragments=1, overlap=None, mix=1.0, eager=False))
+    plain, plain_family = type(config)(), type(config.family)()
+    return config.replace(**{n: getattr(plain, n) for n in DILOCO_ONLY},
+                          family=config.family.replace(**{n: getattr(plain_family, n) for n in DILOCO_ONLY_FAMILY}))
 
 
 def check_algorithm(algo: str, config) -> None:

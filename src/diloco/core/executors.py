@@ -129,15 +129,11 @@ class MPIExecutor(ReferenceExecutor):
         self.sent_bytes = 0
 
     def load(self, worker_params: dict, worker_states: dict) -> None:
-        mine = self.workers
-        super().load({k: v for k, v in worker_params.items() if k in mine or k == 0 and len(worker_params) == 1},
-                     {k: v for k, v in worker_states.items() if k in mine or k == 0 and len(worker_states) == 1})
-
-    def run_sync(self, rngs, steps: int) -> dict:
-        shared = self.params.get(0)
-        if shared is None:
-            raise ValueError("the baseline's shared model was not loaded")
-        return super().run_sync(rngs, steps)
+        """This rank's worker, or the baseline's one shared model (key 0, on every rank)."""
+        shared = len(worker_params) == 1
+        keep = {0} if shared else set(self.workers)
+        super().load({k: v for k, v in worker_params.items() if k in keep},
+                     {k: v for k, v in worker_states.items() if k in keep})
 
     def _wait(self, requests) -> None:
         from mpi4py import MPI
