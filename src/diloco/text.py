@@ -12,8 +12,8 @@ its ``c`` character indices (``x`` of shape ``(n, c)``, float32: 24 bytes a wind
 for the whole text) and ``OneHot`` expands a mini-batch to ``(b, c * V)`` floats just
 before the model sees it. Index windows are ordinary ``(x, y)`` arrays, so sharding
 (milestones 16-17) and batch sampling (18) work on them unchanged; the loop applies the
-encoder per batch (``train_diloco(..., encode=OneHot(...))``, ``diloco.mechanisms``) and
-the evaluation per chunk (``diloco.loop.finish_record``).
+encoder per batch (``diloco.core.driver.train(..., encode=OneHot(...))``) and the
+evaluation per chunk (``diloco.run_records.finish_record``).
 
 The text ships inside the package (``diloco/_datasets/tinyshakespeare.txt.gz``, 434 kB):
 Karpathy's char-rnn ``tinyshakespeare/input.txt``, plays by William Shakespeare (public

@@ -456,8 +456,7 @@ def compute_outer_gradient(global_params, worker_params_list, w):
 
 # --- Part 6: the round -----------------------------------------------------------------------
 
-@checker(nested=lambda global_params, state, worker_states, shards, config, rng, encode=None, worker_starts=None:
-         config)
+@checker(nested=lambda global_params, state, worker_states, shards, config, rng: config)
 def run_diloco_round(global_params, state, worker_states, shards, config, rng):
     """Returns ``config``. Also checks what the round passes on to the workers."""
     config = diloco_config(config)

@@ -59,7 +59,7 @@ def run_study_command(args) -> int:
     except ValueError as exc:
         raise CliError(f"--values: {exc}") from None
     if getattr(args, "engine", None) is None and config.engine == "fast":
-        try:  # the default engine runs every variant, or the study falls back to the reference
+        try:  # the default engine, where it is installed (a learner workspace lacks it)
             for variant in variants:
                 resolve_trainer(variant.algo, config.replace(**variant.changes))
         except CliError:
