@@ -11,9 +11,11 @@ import pytest
 from diloco import DiLoCoConfig
 from diloco.tools.cli.main import main
 from diloco.tools.studies.paper_report import (
-    FAILS,
     HOLDS,
+    NOT_RUN,
     PARTLY,
+    REVERSED,
+    TIE,
     combine_verdicts,
     judge_claims,
     paired_difference,
@@ -36,14 +38,15 @@ def test_paired_difference_is_the_t_interval_of_the_per_seed_differences():
         paired_difference([1.0], [1.0, 2.0])
 
 
-@pytest.mark.parametrize("low, mean, expected", [(0.1, 0.5, HOLDS), (-0.1, 0.5, PARTLY), (-0.5, 0.0, FAILS),
-                                                 (-0.9, -0.4, FAILS)])
-def test_verdicts_follow_the_interval(low, mean, expected):
-    assert verdict({"low": low, "mean": mean}) == expected
+@pytest.mark.parametrize("low, mean, high, expected", [(0.1, 0.5, 0.9, HOLDS), (-0.1, 0.5, 1.1, PARTLY),
+                                                       (-0.5, 0.0, 0.5, TIE), (-0.5, -0.1, 0.3, TIE),
+                                                       (-0.9, -0.4, -0.1, REVERSED)])
+def test_verdicts_follow_the_interval(low, mean, high, expected):
+    assert verdict({"low": low, "mean": mean, "high": high}) == expected
 
 
 @pytest.mark.parametrize("low, mean, high, expected", [(0.01, 0.02, 0.04, HOLDS), (0.01, 0.04, 0.07, PARTLY),
-                                                       (0.03, 0.06, 0.09, FAILS)])
+                                                       (0.03, 0.06, 0.09, TIE), (0.06, 0.07, 0.09, REVERSED)])
 def test_a_robustness_claim_holds_when_the_relative_cost_stays_under_its_margin(low, mean, high, expected):
     assert verdict({"low": low, "mean": mean, "high": high}, margin=0.05) == expected
 
@@ -59,14 +62,16 @@ def test_a_margin_claim_is_judged_on_the_relative_cost_seed_by_seed():
     assert judged["metric_difference"]["mean"] == pytest.approx(0.03) and judged["verdict"] == HOLDS
     (tight,) = judge_claims([Claim("drops cost under 2%", "p=0", "p=0.5", "paper", margin=0.02)], rows,
                             "shakespeare")
-    assert tight["verdict"] == FAILS
+    assert tight["verdict"] == REVERSED, "3% on every seed is beyond a 2% margin"
 
 
-def test_a_claim_holds_only_where_it_holds_on_both_tasks():
+def test_a_claim_takes_the_weakest_verdict_of_the_tasks_it_ran_on():
     assert combine_verdicts([HOLDS, HOLDS]) == HOLDS
-    assert combine_verdicts([HOLDS, FAILS]) == PARTLY
-    assert combine_verdicts([PARTLY, FAILS]) == PARTLY
-    assert combine_verdicts([FAILS, FAILS]) == FAILS
+    assert combine_verdicts([HOLDS, PARTLY]) == PARTLY
+    assert combine_verdicts([HOLDS, REVERSED]) == REVERSED, "a reversal on one task is not a partial hold"
+    assert combine_verdicts([PARTLY, TIE]) == TIE
+    assert combine_verdicts([HOLDS, NOT_RUN]) == HOLDS, "a task not run is no evidence either way"
+    assert combine_verdicts([NOT_RUN, NOT_RUN]) == NOT_RUN
 
 
 def outcome(arm, seed, loss, accuracy=0.5):
@@ -87,7 +92,7 @@ def test_claims_are_judged_on_the_tasks_metric_seed_by_seed():
     expected = np.mean([np.exp(1.1 + s) - np.exp(1.0 + s) for s in range(3)])
     assert text["metric_difference"]["mean"] == pytest.approx(expected), "the char-LM is judged on perplexity"
     (reverse,) = judge_claims([Claim("b beats a", "b", "a", "paper")], rows, "mnist1d")
-    assert reverse["verdict"] == FAILS
+    assert reverse["verdict"] == REVERSED
 
 
 def test_every_study_builds_its_arms_and_claims_at_the_default_budgets():
@@ -127,7 +132,7 @@ def test_a_tiny_study_writes_its_tables_summary_and_export(tmp_path, capsys):
     summary = json.loads((export / "fig9-shakespeare.json").read_text())
     assert summary["task"] == "shakespeare" and summary["seeds"] == [0, 1] and summary["steps_per_worker"] == 4
     assert [row["arm"] for row in summary["rows"]] == ["baseline (1 worker)", "DiLoCo (1 worker, H=2)"]
-    assert summary["claims"][0]["verdict"] in (HOLDS, PARTLY, FAILS)
+    assert summary["claims"][0]["verdict"] in (HOLDS, PARTLY, TIE, REVERSED)
     (run_dir,) = [p for p in tmp_path.iterdir() if p.name.endswith("study-fig9-shakespeare")]
     lines = (run_dir / "results.jsonl").read_text().splitlines()
     assert len(lines) == 4 and (run_dir / "study.md").exists()

@@ -7,11 +7,19 @@ the paper's ordering holds) gets a mean and a 95% Student-t interval
 ``mean +- t_{0.975, n-1} sd(d) / sqrt(n)``. The verdict of one claim on one task:
 
 * **holds**: the interval lies above 0 (the paper's ordering, beyond seed noise);
-* **holds partly**: the mean is above 0 but the interval reaches 0;
-* **does not hold at this scale**: the mean is 0 or below.
+* **holds partly**: the mean is above 0 but the interval reaches 0 (the mean only);
+* **tie**: the interval spans 0 and the mean is 0 or below;
+* **reversed**: the interval lies below 0 (the opposite ordering, beyond seed noise);
+* **not run**: the study has no such arm on this task.
 
-A claim tested on two tasks holds if it holds on both, does not hold if it holds on
-neither (and is not partly true on either), and holds partly otherwise.
+A robustness claim ("X costs less than a margin m", on the relative difference) reads the
+same words off ``m - d``: *holds* when the whole interval is below the margin, *reversed*
+when the whole interval is above it.
+
+A claim tested on several tasks takes the weakest verdict of the tasks it was run on, in
+the order holds > holds partly > tie > reversed: it *holds* only if it holds on every
+task run, and one task's reversal makes it *reversed*. The per-task verdicts stand beside
+it on the page.
 
 The summaries these functions build are what ``diloco study ... --export DIR`` writes
 (``DIR/<study>-<task>.json``) and what ``docs/results.md`` quotes (``render_*`` below,
@@ -26,10 +34,11 @@ import numpy as np
 
 from diloco.tools.studies.study_stats import CLIPPED_MARK, CLIPPED_NOTE, RANGES, clip_interval, mean_interval
 
-__all__ = ["HOLDS", "PARTLY", "FAILS", "paired_difference", "verdict", "combine_verdicts", "summarise_arms",
+__all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "VERDICTS", "paired_difference", "verdict", "combine_verdicts", "summarise_arms",
            "judge_claims", "render_arms_table", "render_claims_table", "render_paper_table", "metric_of"]
 
-HOLDS, PARTLY, FAILS = "holds", "holds partly", "does not hold at this scale"
+HOLDS, PARTLY, TIE, REVERSED, NOT_RUN = "holds", "holds partly", "tie", "reversed", "not run"
+VERDICTS = (HOLDS, PARTLY, TIE, REVERSED, NOT_RUN)  # strongest first; NOT_RUN is no evidence
 
 
 def metric_of(task: str) -> tuple[str, str]:
@@ -45,26 +54,31 @@ def paired_difference(worse: list, better: list) -> dict:
 
 
 def verdict(difference: dict, margin: float | None = None) -> str:
-    """An ordering: ``HOLDS`` when the interval of ``worse - better`` is above 0, ``PARTLY``
-    when only its mean is, else ``FAILS``. With ``margin`` (a robustness claim on the
-    relative difference): ``HOLDS`` when the interval lies below the margin, ``PARTLY`` when
-    only its mean does, else ``FAILS``."""
+    """The verdict word of one claim on one task (the module docstring defines them).
+
+    ``difference`` is the paired ``worse - better`` (``mean``, ``low``, ``high``): positive
+    when the paper's ordering holds. With ``margin`` (a robustness claim on the relative
+    difference ``d``) the words are read off ``margin - d``.
+    """
+    mean, low, high = difference["mean"], difference["low"], difference["high"]
     if margin is not None:
-        if difference["high"] < margin:
-            return HOLDS
-        return PARTLY if difference["mean"] < margin else FAILS
-    if difference["low"] > 0:
+        mean, low, high = margin - mean, margin - high, margin - low
+    if low > 0:
         return HOLDS
-    return PARTLY if difference["mean"] > 0 else FAILS
+    if high < 0:
+        return REVERSED
+    return PARTLY if mean > 0 else TIE
 
 
 def combine_verdicts(verdicts: list) -> str:
-    """One verdict for a claim from its per-task verdicts."""
-    if verdicts and all(v == HOLDS for v in verdicts):
-        return HOLDS
-    if verdicts and all(v == FAILS for v in verdicts):
-        return FAILS
-    return PARTLY
+    """One verdict for a claim from its per-task verdicts: the weakest of those run."""
+    run = [v for v in verdicts if v != NOT_RUN]
+    if not run:
+        return NOT_RUN
+    for word in (REVERSED, TIE, PARTLY):
+        if word in run:
+            return word
+    return HOLDS
 
 
 def summarise_arms(outcomes: list, arms: list) -> list:

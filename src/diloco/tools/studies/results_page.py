@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 
 from diloco.tools.runs.folders import atomic_write_text
-from diloco.tools.studies.paper_report import interval_text, render_arms_table, render_claims_table, render_paper_table
+from diloco.tools.studies.paper_report import (interval_text, render_arms_table, render_claims_table, render_paper_table,
+                                               verdict)
 
 __all__ = ["ORDER", "TASKS", "BLOCK", "load_summaries", "render_block", "block_names", "rebuild", "main"]
 
@@ -36,12 +37,20 @@ BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end
 
 
 def load_summaries(directory) -> dict:
-    """``{(study, task): summary}`` for every ``<study>-<task>.json`` in ``directory``."""
+    """``{(study, task): summary}`` for every ``<study>-<task>.json`` in ``directory``.
+
+    Each claim's verdict is judged again from its stored paired interval by today's rule
+    (``paper_report.verdict``), so a file written under an older vocabulary renders in the
+    page's words.
+    """
     summaries = {}
     for path in sorted(Path(directory).glob("*.json")):
         study, _, task = path.stem.partition("-")
         if study in ORDER and task in TASKS:
-            summaries[(study, task)] = json.loads(path.read_text(encoding="utf-8"))
+            summary = json.loads(path.read_text(encoding="utf-8"))
+            for claim in summary.get("claims", []):
+                claim["verdict"] = verdict(claim["metric_difference"], claim.get("margin"))
+            summaries[(study, task)] = summary
     return summaries
 
 
