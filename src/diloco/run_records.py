@@ -25,7 +25,7 @@ from diloco._validation import (
 from diloco.config import DiLoCoConfig
 from diloco.evaluation import classification_accuracy, communication_savings, evaluate_loss
 from diloco.mechanisms import global_norm
-from diloco.model import Params, init_model_params
+from diloco.model import Params, init_model_params, relu
 from diloco.sharding import iid_shard_dataset, noniid_shard_dataset
 from diloco.text import bits_per_char, perplexity
 
@@ -240,18 +240,33 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
 def held_out_metrics(params: Params, x_eval, y_eval, encode=None) -> tuple[float, float]:
     """``(evaluate_loss, classification_accuracy)`` of ``params`` on held-out data.
 
-    Without ``encode`` these are milestones 28 and 29 on the whole array. With it, the
-    index windows are encoded ``EVAL_CHUNK`` rows at a time and the chunks' means are
-    combined, weighted by their sizes, so no dense ``(n, c V)`` matrix is ever built.
+    Without ``encode`` these are milestones 28 and 29 on the whole array. With an encoder
+    that has ``first_layer`` (``diloco.text.OneHot``) and a model with a hidden layer, the
+    first layer's pre-activation is gathered from the index windows (no one-hot matrix),
+    ``relu`` (milestone 02) applied once, and milestones 28 and 29 run on the remaining
+    layers. With another encoder, the windows are encoded ``EVAL_CHUNK`` rows at a time.
+    Either way the chunks' means are combined, weighted by their sizes, so no dense
+    ``(n, c V)`` matrix is ever built.
     """
     if encode is None:
         return evaluate_loss(params, x_eval, y_eval), classification_accuracy(params, x_eval, y_eval)
     dtype = next(iter(params.values())).dtype
+    gather, layers = getattr(encode, "first_layer", None), len(params) // 2
+    if gather is not None and layers >= 2:  # a hidden layer to apply relu to
+        rest = {f"{kind}{layer - 1}": params[f"{kind}{layer}"] for layer in range(2, layers + 1) for kind in "Wb"}
+
+        def inputs(x_chunk):
+            return relu(gather(x_chunk, params["W1"]) + params["b1"])
+    else:
+        rest = params
+
+        def inputs(x_chunk):
+            return encode(x_chunk, dtype)
     loss_sum = correct = 0.0
     for start in range(0, len(y_eval), EVAL_CHUNK):
-        x_chunk, y_chunk = encode(x_eval[start:start + EVAL_CHUNK], dtype), y_eval[start:start + EVAL_CHUNK]
-        loss_sum += evaluate_loss(params, x_chunk, y_chunk) * len(y_chunk)
-        correct += classification_accuracy(params, x_chunk, y_chunk) * len(y_chunk)
+        x_chunk, y_chunk = inputs(x_eval[start:start + EVAL_CHUNK]), y_eval[start:start + EVAL_CHUNK]
+        loss_sum += evaluate_loss(rest, x_chunk, y_chunk) * len(y_chunk)
+        correct += classification_accuracy(rest, x_chunk, y_chunk) * len(y_chunk)
     return loss_sum / len(y_eval), correct / len(y_eval)
 
 

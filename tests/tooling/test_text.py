@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from diloco.text import (
     SHAKESPEARE_SHA256,
@@ -41,6 +43,47 @@ def test_one_hot_puts_one_block_per_position():
             encode(bad)
     with pytest.raises(ValueError, match=r"shape \(b, 2\)"):
         encode(np.zeros((1, 3)))
+
+
+def test_the_first_layer_adds_the_rows_the_characters_pick():
+    encode = OneHot(vocab_size=3, context=2)
+    weights = np.array([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0],  # position 0: characters 0, 1, 2
+                        [4.0, 40.0], [5.0, 50.0], [6.0, 60.0]])  # position 1
+    # [2, 0]: row 2 (3, 30) + row 3 (4, 40); [1, 1]: row 1 (2, 20) + row 4 (5, 50)
+    assert encode.first_layer(np.array([[2.0, 0.0], [1.0, 1.0]]), weights).tolist() == [[7.0, 70.0], [7.0, 70.0]]
+    assert encode.first_layer(np.array([[0, 2]]), weights.astype(np.float32)).dtype == np.float32
+    with pytest.raises(ValueError, match=r"weights must have shape \(6, h\)"):
+        encode.first_layer(np.array([[0, 1]]), weights[:5])
+    with pytest.raises(ValueError, match="integer character indices"):
+        encode.first_layer(np.array([[3, 0]]), weights)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 5), st.integers(1, 40), st.integers(0, 2**32 - 1))
+def test_the_gathered_first_layer_equals_the_one_hot_product(vocab, context, rows, seed):
+    rng = np.random.default_rng(seed)
+    encode = OneHot(vocab, context)
+    windows = rng.integers(0, vocab, (rows, context)).astype(np.float32)
+    weights = rng.standard_normal((vocab * context, 7)) * 10.0 ** rng.integers(-3, 4)
+    dense = encode(windows) @ weights
+    np.testing.assert_allclose(encode.first_layer(windows, weights), dense, rtol=1e-12, atol=1e-12 * np.abs(dense).max())
+
+
+def test_held_out_metrics_gather_the_first_layer_and_match_the_dense_milestones():
+    from diloco.evaluation import classification_accuracy, evaluate_loss
+    from diloco.model import init_model_params
+    from diloco.run_records import EVAL_CHUNK, held_out_metrics
+
+    rng = np.random.default_rng(3)
+    encode = OneHot(5, 3)
+    windows = rng.integers(0, 5, (EVAL_CHUNK + 37, 3)).astype(np.float32)  # two chunks, the second short
+    labels = rng.integers(0, 5, len(windows))
+    for hidden in ((8,), (8, 6)):
+        params = init_model_params([15, *hidden, 5], rng)
+        dense = encode(windows)
+        loss, accuracy = held_out_metrics(params, windows, labels, encode)
+        assert loss == pytest.approx(evaluate_loss(params, dense, labels), rel=1e-12)
+        assert accuracy == pytest.approx(classification_accuracy(params, dense, labels), abs=1e-12)
 
 
 def test_the_bundled_text_is_the_published_one():

@@ -42,9 +42,6 @@ __all__ = ["ALGORITHMS", "EXECUTORS", "RunState", "train", "initial_state", "che
            "diloco_only_settings", "is_course_algorithm"]
 
 ALGORITHMS = ("diloco", "sync")
-# The stacked executor one-hot encodes the held-out set once per run while it stays this
-# small (the char-LM's 8,192 windows of 6 x 65 inputs are 26 MB in float64); beyond, chunks.
-EVAL_ENCODED_MAX_BYTES = 2**28
 EXECUTORS = ("reference", "stacked", "mpi")
 
 
@@ -206,9 +203,6 @@ def train(algo: str, x, y, config, *, x_eval=None, y_eval=None, rng=None, encode
     config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng, encode=encode)
     exe = make_executor(executor, shards, config, encode, comm, timeout, layout)
     state = initial_state(algo, params, config, rng) if start is None else start
-    if executor == "stacked" and encode is not None and x_eval is not None and (
-            x_eval.shape[0] * encode.num_features * np.dtype(config.dtype).itemsize <= EVAL_ENCODED_MAX_BYTES):
-        x_eval, encode = encode(x_eval, np.dtype(config.dtype)), None  # the held-out set encoded once per run
     if algo == "sync":
         return _sync_rounds(exe, state, config, shards, x_eval, y_eval, encode, tuple(hooks))
     fields = not config.family.algorithm_is_diloco() if sync_fields is None else sync_fields
