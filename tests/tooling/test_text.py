@@ -66,7 +66,8 @@ def test_the_gathered_first_layer_equals_the_one_hot_product(vocab, context, row
     windows = rng.integers(0, vocab, (rows, context)).astype(np.float32)
     weights = rng.standard_normal((vocab * context, 7)) * 10.0 ** rng.integers(-3, 4)
     dense = encode(windows) @ weights
-    np.testing.assert_allclose(encode.first_layer(windows, weights), dense, rtol=1e-12, atol=1e-12 * np.abs(dense).max())
+    np.testing.assert_allclose(encode.first_layer(windows, weights), dense, rtol=1e-12,
+                               atol=1e-12 * np.abs(dense).max())
 
 
 def test_held_out_metrics_gather_the_first_layer_and_match_the_dense_milestones():

@@ -34,7 +34,8 @@ import numpy as np
 
 from diloco.tools.studies.study_stats import CLIPPED_MARK, CLIPPED_NOTE, RANGES, clip_interval, mean_interval
 
-__all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "VERDICTS", "paired_difference", "verdict", "combine_verdicts", "summarise_arms",
+__all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "VERDICTS", "paired_difference", "verdict",
+           "combine_verdicts", "summarise_arms",
            "judge_claims", "render_arms_table", "render_claims_table", "render_paper_table", "metric_of"]
 
 HOLDS, PARTLY, TIE, REVERSED, NOT_RUN = "holds", "holds partly", "tie", "reversed", "not run"
