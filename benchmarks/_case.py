@@ -26,6 +26,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(1, str(HERE))  # torch_mlp, workloads; after the diloco chosen by PYTHONPATH
 
+import charlm  # noqa: E402
 from workloads import MODELS, make_data  # noqa: E402
 
 
@@ -164,6 +165,10 @@ def main() -> None:
         elif spec["impl"] == "matmul":
             clock = time.process_time if spec.get("clock") == "cpu" else time.perf_counter
             result = {"gflops": matmul_peak(spec["dtype"], [tuple(s) for s in spec["shapes"]], clock=clock)}
+        elif spec["impl"] == "charlm-eval":
+            result = charlm.run_eval(spec)
+        elif spec["impl"].startswith("charlm-"):
+            result = charlm.run_charlm(spec)
         else:
             result = run_training(spec)
     result["diloco_path"] = str(Path(diloco.__file__).parent)

@@ -23,7 +23,7 @@ and the report prints it beside each figure: the machine is often shared, and a 
 taken under load is marked as such, never passed off as an idle one. Speed is reported
 here, never asserted in tests.
 
-Adding a workload (the char-LM, a whole study): see ``EXTRA_WORKLOADS`` below.
+The char-LM workload and one whole study: ``charlm.py`` (``EXTRA_WORKLOADS`` below).
 """
 
 from __future__ import annotations
@@ -44,13 +44,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import charlm  # noqa: E402
 import layout_grid  # noqa: E402
 from report import write_report  # noqa: E402
 from workloads import MODELS  # noqa: E402
 
 MAIN_COMMIT = "e7f3c6c"
 IMPLS = ("reference@main", "reference", "fast", "fast-numpy", "torch-foreach", "torch-fused")
-KERNEL_OF = {"fast": "numba", "fast-numpy": "numpy"}  # DILOCO_ADAMW_KERNEL of each fast implementation
+KERNEL_OF = {"fast": "numba", "fast-numpy": "numpy", "charlm-fast": "numba"}  # DILOCO_ADAMW_KERNEL of each fast case
 PEAK_SHAPES = {"a": [32, 64, 128], "b": [128, 784, 512], "square": [1024, 1024, 1024]}
 
 
@@ -264,17 +265,11 @@ def measure_compare(repeats: int, log) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# EXTRA_WORKLOADS: the place for the char-LM workload (390-128-65, K=8, H=50, batch 32, reference
-# path against the fast executor, float64 and float32, plus held-out evaluation against its matmul
-# floor) and for one whole study (`diloco study table2 --data shakespeare --seeds 5`, CPU seconds
-# via `timed_command`). Each entry maps a name to a function `(repeats, log) -> dict`; its result
-# is handed to `report.write_report(extra=...)`, which passes it to `report.EXTRA_SECTIONS[name]`
-# (a function `(result) -> (lines, target rows)`) if one is registered there. Interleave the
-# repeats as `measure_training` does, time fresh processes (`run_case`, `timed_command`) and record
-# the load average of each measurement.
-EXTRA_WORKLOADS: dict = {}
-# ---------------------------------------------------------------------------------------------
+# EXTRA_WORKLOADS: name -> function (repeats, log) -> result, handed to report.EXTRA_SECTIONS[name]
+# (a function result -> (lines, target rows)). The char-LM and the whole study: benchmarks/charlm.py.
+EXTRA_WORKLOADS: dict = {
+    "charlm": lambda repeats, log: charlm.measure(repeats, log, run_case, timed_command, sys.executable),
+}
 
 
 def main() -> None:

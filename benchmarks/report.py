@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import charlm
 import numpy as np
 from workloads import MODELS, flops_per_worker_step
 
@@ -192,7 +193,9 @@ def targets_section(rates, training, peaks, compare, memory, impls) -> tuple[lis
 
 # The report's hook for bench.EXTRA_WORKLOADS: name -> function(result) -> (lines, target rows), where the
 # target rows are (target, measured, verdict) tuples appended to the targets table.
-EXTRA_SECTIONS: dict = {}
+EXTRA_SECTIONS: dict = {
+    "charlm": lambda result: charlm.section(result, _median, loads, IDLE_LOAD),
+}
 
 
 def write_report(path: Path, *, training, gaps, peaks, threads, memory, adamw, compare, layouts, grid, impls,

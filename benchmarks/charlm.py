@@ -1,0 +1,178 @@
+"""The char-LM and whole-study workloads of ``make bench`` (``bench.EXTRA_WORKLOADS``).
+
+* **char-LM training**: Tiny Shakespeare, 390-128-65 (6 characters of context, one-hot),
+  batch 32, K = 8, H = 50, through the one driver (``diloco.core.driver.train``) on the
+  reference executor (the milestone functions) and the stacked executor (``--engine
+  fast``), float64 and float32. Timed over 2 rounds (800 worker-steps) after a warm-up
+  round, without held-out evaluation (measured on its own below).
+* **held-out evaluation**: ``diloco.run_records.held_out_metrics`` on the 8,192 held-out
+  windows (the first layer gathered from the windows, then milestones 28 and 29), against
+  its *matmul floor*: the two dense products ``X W1`` (8,192 x 390 x 128) and
+  ``relu(.) W2`` (8,192 x 128 x 65) that a one-hot evaluation would need, timed alone.
+* **a whole study**: ``diloco study table2 --data shakespeare --seeds 5 --total-steps 1000``
+  (the fast engine, its default), CPU seconds of the command, against the 152 s the issue
+  measured before this work (on this machine's predecessor; the ratio to that fixed
+  figure is only indicative) and against ``--engine reference`` in the same run.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+CHARLM = {"workers": 8, "H": 50, "batch": 32, "hidden": (128,), "rounds": 2, "lr": 3e-3}
+STUDY_ARGS = ["study", "table2", "--data", "shakespeare", "--seeds", "5", "--total-steps", "1000",
+              "-q", "--no-plots"]
+STUDY_BEFORE_CPU = 152.0  # seconds, issue 18's figure for the same command before
+
+
+def run_charlm(spec: dict) -> dict:
+    """One char-LM training case (in a fresh ``_case.py`` process)."""
+    import numpy as np
+
+    from diloco import AdamWConfig, DiLoCoConfig
+    from diloco.core.driver import train
+    from diloco.text import load_shakespeare
+
+    text = load_shakespeare(6)
+    data = text.dataset
+    config = DiLoCoConfig(num_workers=CHARLM["workers"], inner_steps=CHARLM["H"], batch_size=CHARLM["batch"],
+                          hidden_sizes=CHARLM["hidden"], dtype=spec["dtype"], rounds=CHARLM["rounds"] + 1,
+                          inner=AdamWConfig(lr=CHARLM["lr"]))
+    marks = []
+
+    class Clock:
+        def finished(self, record, get_state):
+            marks.append((time.perf_counter(), time.process_time()))
+
+    executor = {"reference": "reference", "fast": "stacked"}[spec["impl"].removeprefix("charlm-")]
+    params = train("diloco", data.x_train, data.y_train, config, encode=text.encode, executor=executor,
+                   hooks=[Clock()]).params
+    (wall_0, cpu_0), (wall_1, cpu_1) = marks[0], marks[-1]
+    out = {"wall": wall_1 - wall_0, "cpu": cpu_1 - cpu_0,
+           "worker_steps": CHARLM["workers"] * CHARLM["H"] * CHARLM["rounds"]}
+    if spec.get("save"):
+        np.savez(spec["save"], **{k: np.asarray(v) for k, v in params.items()})
+    return out
+
+
+def run_eval(spec: dict, repeats: int = 5) -> dict:
+    """CPU seconds of one held-out evaluation and of its matmul floor (best of ``repeats``)."""
+    import numpy as np
+
+    from diloco.model import init_model_params
+    from diloco.run_records import held_out_metrics
+    from diloco.text import load_shakespeare
+
+    text = load_shakespeare(6)
+    data, dtype = text.dataset, np.dtype(spec["dtype"])
+    params = init_model_params([text.encode.num_features, *CHARLM["hidden"], text.encode.vocab_size],
+                               np.random.default_rng(0), dtype=dtype)
+    dense = text.encode(data.x_test, dtype)
+    hidden = np.empty((len(data.y_test), CHARLM["hidden"][0]), dtype=dtype)
+    logits = np.empty((len(data.y_test), text.encode.vocab_size), dtype=dtype)
+
+    def floor():
+        np.matmul(dense, params["W1"], out=hidden)
+        np.matmul(hidden, params["W2"], out=logits)
+
+    def evaluate():
+        held_out_metrics(params, data.x_test, data.y_test, text.encode)
+
+    out = {}
+    for name, work in (("eval", evaluate), ("floor", floor)):
+        work()
+        times = []
+        for _ in range(repeats):
+            start = time.process_time()
+            work()
+            times.append(time.process_time() - start)
+        out[name] = min(times)
+    out["windows"] = len(data.y_test)
+    return out
+
+
+def measure(repeats: int, log, run_case, timed_command, python: str) -> dict:
+    """Interleaved repeats of every char-LM case, the evaluation, and the study command."""
+    cases = [(dtype, impl) for dtype in ("float64", "float32") for impl in ("charlm-reference", "charlm-fast")]
+    out: dict = {"training": {case: [] for case in cases}, "eval": {"float64": [], "float32": []}, "study": {}}
+    for repeat in range(repeats):
+        for dtype, impl in cases:
+            result = run_case({"impl": impl, "dtype": dtype})
+            out["training"][(dtype, impl)].append(result)
+            log(f"  repeat {repeat + 1}/{repeats} char-LM {dtype} {impl}: "
+                f"{result['worker_steps'] / result['cpu']:.0f} worker-steps per CPU-second")
+        for dtype in out["eval"]:
+            out["eval"][dtype].append(run_case({"impl": "charlm-eval", "dtype": dtype}))
+    diloco = str(Path(python).parent / "diloco")
+    study_repeats = max(1, min(3, repeats))  # a whole study is minutes; 3 repeats at most
+    with tempfile.TemporaryDirectory() as runs:
+        for repeat in range(study_repeats):
+            for label, extra in (("fast (default)", []), ("reference", ["--engine", "reference"])):
+                result = timed_command([diloco, *STUDY_ARGS, "--runs-dir", runs, *extra])
+                out["study"].setdefault(label, []).append(result)
+                log(f"  study repeat {repeat + 1}/{study_repeats} {label}: {result['cpu']:.0f} CPU s")
+    return out
+
+
+def section(result: dict, median, loads, idle_load: float) -> tuple[list, list]:
+    """The report's char-LM section and its target rows."""
+
+    def state(results):
+        busy = loads(results)
+        return " (loaded machine)" if busy and max(busy) >= idle_load else ""
+
+    def rate(results):
+        return median([r["worker_steps"] / r["cpu"] for r in results])
+
+    def spread(results):
+        values = [r["worker_steps"] / r["cpu"] for r in results]
+        return f"{median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
+
+    training = result["training"]
+    lines = ["", "## The char-LM, one BLAS thread", "",
+             "Tiny Shakespeare, 390-128-65, batch 32, K = 8, H = 50, through the one driver: the reference "
+             "executor (the milestone functions) against the stacked executor (`--engine fast`), timed over 2 "
+             "rounds after a warm-up round, no held-out evaluation (below). Worker-steps per CPU-second, "
+             "median (min-max).", "",
+             "| dtype | executor | worker-steps per CPU-second | vs reference | load average, median (max) |",
+             "|---|---|---|---|---|"]
+    rows = []
+    for dtype in ("float64", "float32"):
+        ref, fast = training[(dtype, "charlm-reference")], training[(dtype, "charlm-fast")]
+        ratio = rate(fast) / rate(ref)
+        for impl, results in (("reference", ref), ("fast", fast)):
+            busy = loads(results)
+            lines.append(f"| {dtype} | {impl} | {spread(results)} | {rate(results) / rate(ref):.2f}x "
+                         f"| {median(busy):.2f} ({max(busy):.2f}) |")
+        goal = 2.5 if dtype == "float64" else 4.0
+        rows.append((f"fast >= {goal}x the reference path on the char-LM, {dtype}", f"{ratio:.2f}x",
+                     ("met" if ratio >= goal else "**missed**") + state(ref + fast)))
+    lines += ["", "Held-out evaluation of the 8,192 windows (`held_out_metrics`: the first layer gathered from "
+                  "the windows, then milestones 28 and 29 on the rest) against its matmul floor (the dense "
+                  "`X W1` and `relu(.) W2` of a one-hot evaluation, timed alone); CPU milliseconds, best of 5 "
+                  "per repeat, median over the repeats.", "",
+              "| dtype | evaluation ms | matmul floor ms | evaluation / floor |", "|---|---|---|---|"]
+    for dtype, results in result["eval"].items():
+        ev, fl = median([r["eval"] for r in results]), median([r["floor"] for r in results])
+        lines.append(f"| {dtype} | {1e3 * ev:.1f} | {1e3 * fl:.1f} | {ev / fl:.2f} |")
+        rows.append((f"held-out evaluation <= 2x its matmul floor, {dtype}", f"{ev / fl:.2f}x",
+                     ("met" if ev / fl <= 2 else "**missed**") + state(results)))
+    study = result["study"]
+    if study:
+        fast_cpu = median([r["cpu"] for r in study["fast (default)"]])
+        ref_cpu = median([r["cpu"] for r in study["reference"]])
+        lines += ["", f"`diloco {' '.join(STUDY_ARGS)}`: CPU seconds of the whole command (all its processes), "
+                      f"median (min-max) of {len(study['fast (default)'])} interleaved repeats.", "",
+                  "| engine | CPU s | wall s |", "|---|---|---|"]
+        for label, results in study.items():
+            cpus, walls = [r["cpu"] for r in results], [r["wall"] for r in results]
+            lines.append(f"| {label} | {median(cpus):.0f} ({min(cpus):.0f}-{max(cpus):.0f}) "
+                         f"| {median(walls):.0f} |")
+        rows.append((f"the study (table2, shakespeare, 5 seeds) >= 3x less CPU than {STUDY_BEFORE_CPU:.0f} s",
+                     f"{fast_cpu:.0f} s ({STUDY_BEFORE_CPU / fast_cpu:.2f}x less; {ref_cpu / fast_cpu:.2f}x less "
+                     f"than --engine reference in this run)",
+                     ("met" if STUDY_BEFORE_CPU / fast_cpu >= 3 else "**missed**")
+                     + state(study["fast (default)"])))
+    return lines, rows
