@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from diloco import DiLoCoConfig
 from diloco.config_sections import CommSpec
@@ -26,7 +28,7 @@ from diloco.core.driver import check_algorithm, train
 from diloco.core.hooks import Guard
 from diloco.data import load_digits_split
 from diloco.family.config import FamilyConfig
-from diloco.methods.sparse import SparseConfig, encode_sparse, params_from_bytes, params_to_bytes
+from diloco.methods.sparse import SparseConfig, decode_sparse, encode_sparse, params_from_bytes, params_to_bytes
 from diloco.params import average_params, subtract_params
 from diloco.tools.runs.training import train_resumable
 
@@ -98,6 +100,36 @@ def test_full_density_without_quantisation_averages_exactly_diloco_s_pseudo_grad
         assert all(ex.delta[key].tobytes() == want[key].tobytes() for key in want)
         if feedback:
             assert all(not np.any(r[key]) for r in ex.residuals.values() for key in r)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), workers=st.integers(1, 4), chunk=st.integers(1, 12),
+       density=st.sampled_from([0.05, 0.3, 1.0]), bits=st.sampled_from([None, 2]),
+       transform=st.sampled_from(["none", "dct"]), decay=st.sampled_from([1.0, 0.5]),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_the_core_exchange_is_the_mean_of_what_was_sent_and_keeps_the_rest(seed, workers, chunk, density, bits,
+                                                                          transform, decay, dtype):
+    """Through the core's message bytes: the exchanged delta is the mean of the decoded payloads, and
+    every worker's sent tensor plus its new residual is ``decay * old + delta_k`` (nothing lost)."""
+    rng = np.random.default_rng(seed)
+    deltas = {k: {"w": rng.normal(size=(3, 5)).astype(dtype), "b": rng.normal(size=4).astype(dtype)}
+              for k in range(workers)}
+    old = {k: {key: rng.normal(size=v.shape).astype(v.dtype) for key, v in d.items()} for k, d in deltas.items()}
+    spec = CommSpec(error_feedback=True, topk=density, topk_chunk=chunk, topk_bits=bits, topk_transform=transform,
+                    topk_decay=decay)
+    ex = all_reduce(deltas, spec, old)
+    config = SparseConfig(chunk, density, bits, transform, decay)
+    sent = {}
+    for k in deltas:
+        owed = {key: decay * old[k][key] + deltas[k][key] for key in deltas[k]}
+        sent[k] = {key: decode_sparse(encode_sparse(value, config)) for key, value in owed.items()}
+        for key in owed:
+            tol = 1e-5 if dtype == np.float32 else 1e-12
+            np.testing.assert_allclose(sent[k][key] + ex.residuals[k][key], owed[key], rtol=tol, atol=tol)
+    want = average_params([sent[k] for k in range(workers)])
+    for key in want:
+        np.testing.assert_array_equal(ex.delta[key], want[key])
+    assert ex.bytes_sent == (workers - 1) * ex.payload_bytes
 
 
 def test_full_density_training_is_diloco_up_to_the_order_of_one_subtraction():
