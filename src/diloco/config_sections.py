@@ -17,10 +17,16 @@ from typing import Any, NamedTuple
 
 from diloco._validation import check_nonneg_int, check_positive_int, check_real
 
-__all__ = ["FamilyConfig", "CommSpec", "FORMATS", "PATTERNS", "check_known_fields"]
+__all__ = ["FamilyConfig", "CommSpec", "FORMATS", "PATTERNS", "TRANSFORMS", "SPARSE_BITS", "MAX_DCT_CHUNK",
+           "check_known_fields"]
 
 # Wire formats of outer gradients (diloco.core.quantize).
 FORMATS = ("float64", "float32", "float16", "bfloat16", "int8", "fp4")
+# Sparse outer gradients (diloco.methods.sparse): the transforms before top-k, the value
+# widths besides the dtype's own (None), and the largest DCT chunk (a C x C matrix product).
+TRANSFORMS = ("none", "dct")
+SPARSE_BITS = (None, 2)
+MAX_DCT_CHUNK = 1024
 
 
 def check_known_fields(cls, data, what: str) -> None:
@@ -46,13 +52,22 @@ class CommSpec(NamedTuple):
         Fraction of each tensor's smallest-magnitude entries each worker drops.
     error_feedback : bool
         Carry each worker's encoding error into its next outer gradient.
+    topk : float in (0, 1] or None
+        Sparse outer gradients (``diloco.methods.sparse``): the fraction of every chunk
+        each worker sends; None: dense (the fields above apply).
+    topk_chunk, topk_bits, topk_transform, topk_decay
+        The ``SparseConfig``'s chunk, bits, transform and decay (used only with ``topk``).
     """
 
     fmt: str | None = None
     block_size: int = 32
     sign_prune: float = 0.0
     error_feedback: bool = False
-
+    topk: float | None = None
+    topk_chunk: int = 4096
+    topk_bits: int | None = None
+    topk_transform: str = "none"
+    topk_decay: float = 1.0
 
 
 PATTERNS = ("strided", "sequential")
@@ -76,6 +91,20 @@ class FamilyConfig:
         Fraction of each outer gradient's smallest entries dropped (DiLoCo, Table 6).
     error_feedback : bool
         Carry each worker's encoding error into its next outer gradient.
+    topk : float in (0, 1] or None
+        Sparse outer gradients (SparseLoCo, DeMo; ``diloco.methods.sparse``): the fraction
+        of every chunk of each outer gradient a worker sends; None = dense. Not with
+        ``comm_dtype`` or ``sign_prune`` (the payload has its own widths).
+    topk_chunk : int >= 1
+        C, values per chunk of the flattened tensor (4096; at most 1024 with the DCT).
+    topk_bits : None or 2
+        The kept values' width: the params' dtype (None), or 2-bit codes with one scale
+        per chunk.
+    topk_transform : "none" or "dct"
+        Top-k of the values (SparseLoCo) or of their chunked orthonormal DCT-II (DeMo).
+    topk_decay : float in [0, 1]
+        beta, the error-feedback buffer's decay, ``e <- beta e + Delta`` (1; needs
+        ``error_feedback``).
     fragments : int >= 1
         P, fragments of Streaming DiLoCo (1 = the whole model at once).
     pattern : "strided" or "sequential"
@@ -100,6 +129,11 @@ class FamilyConfig:
     comm_block: int = 32
     sign_prune: float = 0.0
     error_feedback: bool = False
+    topk: float | None = None
+    topk_chunk: int = 4096
+    topk_bits: int | None = None
+    topk_transform: str = "none"
+    topk_decay: float = 1.0
     fragments: int = 1
     pattern: str = "strided"
     overlap: int | None = None
@@ -118,6 +152,7 @@ class FamilyConfig:
             for name in ("error_feedback", "eager"):
                 if not isinstance(getattr(self, name), bool):
                     raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            topk, topk_decay = self._check_topk()
             check_positive_int(self.fragments, "fragments")
             if self.pattern not in PATTERNS:
                 raise ValueError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
@@ -133,14 +168,42 @@ class FamilyConfig:
                                                                         low_open=True)
         except (TypeError, ValueError) as exc:
             raise _field_error(exc) from None
-        for name, value in (("sign_prune", prune), ("mix", mix), ("bandwidth", bandwidth), ("latency", latency),
+        for name, value in (("sign_prune", prune), ("topk", topk), ("topk_decay", topk_decay), ("mix", mix),
+                            ("bandwidth", bandwidth), ("latency", latency),
                             ("step_time", step_time)):
             object.__setattr__(self, name, value)
+
+    def _check_topk(self) -> tuple:
+        """The sparse fields, checked (each error names its field); returns ``(topk, topk_decay)``."""
+        chunk = check_positive_int(self.topk_chunk, "topk_chunk")
+        if self.topk_bits not in SPARSE_BITS or isinstance(self.topk_bits, bool):
+            raise ValueError(f"topk_bits must be one of {SPARSE_BITS}, got {self.topk_bits!r}")
+        if self.topk_transform not in TRANSFORMS:
+            raise ValueError(f"topk_transform must be one of {TRANSFORMS}, got {self.topk_transform!r}")
+        decay = check_real(self.topk_decay, "topk_decay", low=0.0, high=1.0)
+        if self.topk is None:
+            changed = [f"{name}={getattr(self, name)!r}" for name, default in
+                       (("topk_chunk", 4096), ("topk_bits", None), ("topk_transform", "none"), ("topk_decay", 1.0))
+                       if getattr(self, name) != default]
+            if changed:
+                raise ValueError(f"{', '.join(changed)} configure(s) sparse outer gradients: set topk too")
+            return None, decay
+        topk = check_real(self.topk, "topk", low=0.0, low_open=True, high=1.0)
+        if self.topk_transform == "dct" and chunk > MAX_DCT_CHUNK:
+            raise ValueError(f"topk_chunk must be <= {MAX_DCT_CHUNK} with topk_transform='dct' (the DCT of a chunk is "
+                             f"a C x C matrix product), got {chunk}")
+        if self.comm_dtype is not None or self.sign_prune:
+            raise ValueError("topk (sparse outer gradients) cannot be combined with comm_dtype or sign_prune: the "
+                             "sparse payload has its own value widths (topk_bits)")
+        if decay != 1.0 and not self.error_feedback:
+            raise ValueError(f"topk_decay={decay!r} decays the error-feedback buffer: it needs error_feedback=True")
+        return topk, decay
 
     @property
     def comm(self) -> CommSpec:
         """The ``CommSpec`` of the wire-format fields."""
-        return CommSpec(self.comm_dtype, self.comm_block, self.sign_prune, self.error_feedback)
+        return CommSpec(self.comm_dtype, self.comm_block, self.sign_prune, self.error_feedback, self.topk,
+                        self.topk_chunk, self.topk_bits, self.topk_transform, self.topk_decay)
 
     @property
     def simulates_network(self) -> bool:

@@ -24,6 +24,14 @@ DiLoCo bit for bit.
 Error feedback (Seide et al., 2014; Karimireddy et al., 2019): each worker keeps what its
 encoding lost, ``e_k <- (Delta_k + e_k) - D(E(Delta_k + e_k))``, and adds it to its next
 outer gradient, so quantisation errors are delayed rather than lost.
+
+Sparse outer gradients (``CommSpec.topk``: SparseLoCo's chunked top-k, DeMo's top-k of a
+chunked DCT) are not summed on the way, since the sum of sparse tensors is not sparse:
+every worker's message, ``methods.sparse.params_to_bytes`` of its payloads (after
+``compress_with_feedback``, the one top-k + error-feedback transform), is all-gathered as
+those bytes and decoded on receipt, and each worker averages the K decoded tensors. So
+``bytes_sent = (K-1) |message|``, the ring all-gather's, with ``|message|`` the sum of
+``encoded_nbytes`` over the tensors; under MPI exactly those bytes travel.
 """
 
 from __future__ import annotations
@@ -35,12 +43,20 @@ import numpy as np
 from diloco._validation import api_checks
 from diloco.config_sections import CommSpec
 from diloco.core.quantize import FORMATS, Encoded, decode, encode, sign_prune_mask
+from diloco.methods.sparse import (
+    ErrorFeedbackState,
+    SparseConfig,
+    compress_with_feedback,
+    decode_sparse,
+    params_from_bytes,
+    params_to_bytes,
+)
 from diloco.model import Params
 from diloco.outer import compute_outer_gradient
 from diloco.params import average_params, subtract_params
 
-__all__ = ["CommSpec", "Exchange", "is_native", "encode_delta", "reduce_decoded", "all_reduce", "exchange",
-           "exchange_deltas", "native_bytes"]
+__all__ = ["CommSpec", "Exchange", "is_native", "sparse_config", "encode_delta", "reduce_decoded", "all_reduce",
+           "exchange", "exchange_deltas", "native_bytes"]
 
 
 class Exchange(NamedTuple):
@@ -66,7 +82,14 @@ class Exchange(NamedTuple):
 
 def is_native(spec: CommSpec, dtype) -> bool:
     """True when nothing is encoded: the plain milestone path applies."""
-    return (spec.fmt is None or spec.fmt == np.dtype(dtype).name) and spec.sign_prune == 0.0
+    return (spec.fmt is None or spec.fmt == np.dtype(dtype).name) and spec.sign_prune == 0.0 and spec.topk is None
+
+
+def sparse_config(spec: CommSpec) -> SparseConfig | None:
+    """The ``SparseConfig`` of a spec's ``topk`` fields; None when outer gradients are dense."""
+    if spec.topk is None:
+        return None
+    return SparseConfig(spec.topk_chunk, spec.topk, spec.topk_bits, spec.topk_transform, spec.topk_decay)
 
 
 def native_bytes(num_values: int, num_workers: int, itemsize: int) -> float:
@@ -143,6 +166,8 @@ def all_reduce(local: dict, spec: CommSpec, residuals: dict | None = None, weigh
         size = sum(value.size for value in delta.values())
         return Exchange(delta, native_bytes(size, len(order), dtype.itemsize), size * dtype.itemsize,
                         {k: residuals.get(k, {}) for k in local})
+    if spec.topk is not None:
+        return _sparse_all_reduce(local, spec, residuals, weights, global_params, gather)
     payloads, new_residuals = {}, {}
     for k, item in local.items():
         delta_k = subtract_params(global_params, item) if global_params is not None else item
@@ -169,6 +194,27 @@ def all_reduce(local: dict, spec: CommSpec, residuals: dict | None = None, weigh
     mean_payload = sent / num_workers
     bytes_sent = (num_workers - 1) / num_workers * (mean_payload + reduced_bytes)
     return Exchange(delta, float(bytes_sent), int(round(mean_payload)), new_residuals)
+
+
+def _sparse_all_reduce(local: dict, spec: CommSpec, residuals: dict, weights, global_params, gather) -> Exchange:
+    """The all-gather of sparse messages (module doc): compress, send the bytes, decode, average."""
+    config = sparse_config(spec)
+    messages, new_residuals = {}, {}
+    for k, item in local.items():
+        delta_k = subtract_params(global_params, item) if global_params is not None else item
+        old = residuals.get(k, {})
+        owed = {key: old[key] if spec.error_feedback and key in old else np.zeros_like(v) for key, v in delta_k.items()}
+        payloads, _, state = compress_with_feedback(delta_k, ErrorFeedbackState(owed), config)
+        messages[k] = params_to_bytes(payloads)
+        new_residuals[k] = {**old, **state.residual} if spec.error_feedback else dict(old)
+    everyone = gather(messages)
+    order = sorted(everyone)
+    like = global_params if global_params is not None else next(iter(local.values()))
+    decoded = [{key: decode_sparse(p) for key, p in params_from_bytes(everyone[k], like, config).items()}
+               for k in order]
+    delta = average_params(decoded, None if weights is None else [weights[k] for k in order])
+    mean_message = sum(len(everyone[k]) for k in order) / len(order)
+    return Exchange(delta, float((len(order) - 1) * mean_message), int(round(mean_message)), new_residuals)
 
 
 def exchange_deltas(deltas: list, spec: CommSpec, residuals: list | None = None, weights=None) -> Exchange:

@@ -69,7 +69,8 @@ class RunState(NamedTuple):
 # own fields and its family section's. One table for the refusal and for ``baseline_config``.
 DILOCO_ONLY = ("outer_optimizer", "outer_lr", "outer_momentum", "nesterov", "outer_beta2", "outer_eps",
                "shard_weighting", "drop_prob", "record_similarity")
-DILOCO_ONLY_FAMILY = ("comm_dtype", "sign_prune", "error_feedback", "fragments", "overlap", "mix", "eager")
+DILOCO_ONLY_FAMILY = ("comm_dtype", "sign_prune", "error_feedback", "topk", "topk_chunk", "topk_bits",
+                      "topk_transform", "topk_decay", "fragments", "overlap", "mix", "eager")
 
 
 def diloco_only_settings(config) -> list[str]:

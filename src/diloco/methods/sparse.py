@@ -39,14 +39,16 @@ from typing import NamedTuple
 import numpy as np
 
 from diloco._validation import check_float_array, check_params, check_positive_int, check_real
+from diloco.config_sections import MAX_DCT_CHUNK, TRANSFORMS
 from diloco.model import Params
 
 __all__ = ["TRANSFORMS", "MAX_DCT_CHUNK", "SparseConfig", "SparsePayload", "ErrorFeedbackState", "kept_per_chunk",
            "chunk_lengths", "dct_matrix", "chunked_dct", "chunked_idct", "topk_mask", "encode_sparse", "decode_sparse",
-           "encoded_nbytes", "to_bytes", "from_bytes", "init_error_feedback", "compress_with_feedback"]
+           "encoded_nbytes", "to_bytes", "from_bytes", "params_to_bytes", "params_from_bytes", "init_error_feedback",
+           "compress_with_feedback"]
 
-TRANSFORMS = ("none", "dct")
-MAX_DCT_CHUNK = 1024  # the DCT is a C x C matrix product: 8 MB of float64 at 1024
+# TRANSFORMS ("none", "dct") and MAX_DCT_CHUNK (1024: the DCT is a C x C matrix product, 8 MB
+# of float64) live in diloco.config_sections, which validates FamilyConfig's sparse fields.
 _LEVELS = np.array([-1.0, -1.0 / 3.0, 1.0 / 3.0, 1.0])
 
 
@@ -259,6 +261,26 @@ def from_bytes(buffer: bytes, shape, config: SparseConfig, dtype) -> SparsePaylo
     if not (np.all(np.isfinite(scales)) and (config.bits or np.all(np.isfinite(values)))):
         raise ValueError("buffer holds a value or scale that is not finite (corrupt payload)")
     return SparsePayload(shape, dtype.name, config, indices, values, scales)
+
+
+def params_to_bytes(payloads: dict) -> bytes:
+    """One worker's message: the ``to_bytes`` of every tensor's payload, in key order, back to back."""
+    return b"".join(to_bytes(payload) for payload in payloads.values())
+
+
+def params_from_bytes(buffer: bytes, like: Params, config: SparseConfig) -> dict:
+    """The payloads of a ``params_to_bytes`` message, for tensors shaped and typed like ``like``.
+
+    Each tensor's length is ``encoded_nbytes`` (the receiver knows shapes and config), so
+    the message carries no framing. Raises ``ValueError`` when ``buffer`` is not exactly
+    their sum long (or a part is corrupt, as ``from_bytes`` says).
+    """
+    sizes = [encoded_nbytes(value.size, config, value.dtype) for value in like.values()]
+    if len(buffer) != sum(sizes):
+        raise ValueError(f"buffer must be {sum(sizes)} bytes for these tensors, got {len(buffer)}")
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    return {key: from_bytes(buffer[offsets[i]:offsets[i + 1]], value.shape, config, value.dtype)
+            for i, (key, value) in enumerate(like.items())}
 
 
 def init_error_feedback(params: Params) -> ErrorFeedbackState:

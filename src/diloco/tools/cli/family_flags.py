@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from diloco.config_sections import TRANSFORMS
 from diloco.core.netsim import parse_bandwidth, parse_duration
 from diloco.core.quantize import FORMATS
 from diloco.family.config import PATTERNS, FamilyConfig
@@ -29,6 +30,17 @@ def add_family_flags(parser: argparse.ArgumentParser) -> None:
                        help="drop this fraction of each outer gradient's smallest entries, TIES merge (0)")
     group.add_argument("--error-feedback", action="store_true", default=None,
                        help="carry each worker's encoding error into its next outer gradient")
+    group.add_argument("--topk", type=float, default=None, metavar="FRACTION",
+                       help="sparse outer gradients (SparseLoCo): send this fraction of every chunk, e.g. 0.02 "
+                            "(docs/concepts/sparse.md)")
+    group.add_argument("--topk-chunk", type=int, default=None, metavar="C",
+                       help="--topk: values per chunk of the flattened tensor (4096; at most 1024 with the DCT)")
+    group.add_argument("--topk-bits", type=int, default=None, metavar="2",
+                       help="--topk: kept values as 2-bit codes with one scale per chunk (default: full width)")
+    group.add_argument("--topk-transform", choices=TRANSFORMS, default=None,
+                       help="--topk: top-k of the values (none) or of their chunked DCT (dct, DeMo)")
+    group.add_argument("--topk-decay", type=float, default=None, metavar="BETA",
+                       help="--topk --error-feedback: the buffer's decay, e <- beta e + delta (1)")
     group.add_argument("--fragments", type=int, default=None, metavar="P",
                        help="Streaming DiLoCo: sync P fragments of layers in turn (1)")
     group.add_argument("--fragment-pattern", dest="pattern", choices=PATTERNS, default=None,
@@ -50,7 +62,8 @@ def add_family_flags(parser: argparse.ArgumentParser) -> None:
 def build_family(args, defaults: dict | None = None) -> FamilyConfig:
     """The ``FamilyConfig`` of the parsed flags (over ``defaults``)."""
     changes = dict(defaults or {})
-    for name in ("comm_dtype", "sign_prune", "error_feedback", "fragments", "pattern", "overlap", "mix", "eager"):
+    for name in ("comm_dtype", "sign_prune", "error_feedback", "topk", "topk_chunk", "topk_bits", "topk_transform",
+                 "topk_decay", "fragments", "pattern", "overlap", "mix", "eager"):
         if getattr(args, name, None) is not None:
             changes[name] = getattr(args, name)
     if getattr(args, "comm_block", None) is not None:

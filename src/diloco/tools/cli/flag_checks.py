@@ -78,11 +78,12 @@ def _largest_tensor(config, data) -> int:
 def _check_family(args, config, data) -> None:
     comm_dtype = _given(args, "comm_dtype")
     lossy = comm_dtype in LOSSY_FORMATS or (comm_dtype == "float32" and config.dtype == "float64") or bool(
-        _given(args, "sign_prune"))
+        _given(args, "sign_prune")) or config.family.topk is not None
     wire = f"--comm-dtype {comm_dtype}" if comm_dtype else "no --comm-dtype"
     if _given(args, "error_feedback") and not lossy:
         raise CliError(f"--error-feedback has no effect with {wire}: nothing is lost on the wire; it needs a lossy "
-                       f"--comm-dtype (int8, fp4, float16, bfloat16, or float32 with float64 params) or --sign-prune")
+                       f"--comm-dtype (int8, fp4, float16, bfloat16, or float32 with float64 params), --sign-prune "
+                       f"or --topk")
     block = _given(args, "comm_block")
     if block is None:
         return

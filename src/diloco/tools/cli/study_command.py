@@ -34,6 +34,10 @@ __all__ = ["run_study_command"]
 
 
 def run_study_command(args) -> int:
+    if args.study == "sparse":  # SparseLoCo and DeMo at equal bytes: diloco.tools.studies.beyond_sparse
+        from diloco.tools.studies.beyond_sparse import run_sparse_study
+
+        return run_sparse_study(args)
     if args.study in FAMILY_STUDIES:  # compression, streaming, bandwidth: diloco.tools.studies.family_study
         from diloco.tools.studies.family_study import run_family_study_command
 

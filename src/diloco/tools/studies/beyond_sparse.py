@@ -1,0 +1,272 @@
+"""``diloco study sparse``: sparse outer gradients (SparseLoCo, DeMo) against DiLoCo at equal bytes.
+
+Seven arms on one task (``--data shakespeare`` or ``--data mnist1d``), K = 4 workers, H = 10.
+The first five keep DiLoCo's outer Nesterov (lr 0.7, momentum 0.9), so only the wire
+differs; the last two follow SparseLoCo's recipe, in which the error-feedback buffer
+replaces the outer momentum: outer SGD without momentum at lr 1, buffer decay 0.95 (our
+choice of beta):
+
+* ``DiLoCo (float64)``: full precision, the ring all-reduce's ``2 (K-1)/K N 8`` bytes a round;
+* ``DiLoCo fp4``: 4-bit outer gradients (E2M1, one scale per 32 values), the byte budget
+  of the equal-bytes arms;
+* ``top-k 2-bit + EF``: SparseLoCo's transform, chunks of 4096, values as 2-bit codes,
+  error feedback, at the density ``matched_density`` finds: the largest multiple of 0.1%
+  whose message does not cost more bytes a round than ``DiLoCo fp4`` (counted exactly,
+  ``methods.sparse.encoded_nbytes``);
+* ``top-k 2-bit, no EF``: the same bytes, the residual dropped;
+* ``DeMo: DCT top-k + EF``: top-k of the chunked DCT (chunks of 1024), values at full
+  width, at its own matched density;
+* ``SparseLoCo (SGD outer) top-k 2-bit + EF``: SparseLoCo's recipe at the matched density
+  of the third arm;
+* ``SparseLoCo (SGD outer) 2%``: the paper's setting, 2% of each chunk, 2-bit, error
+  feedback (far fewer bytes than every other arm).
+
+The char-LM is evaluated on 2,048 held-out windows (``--eval-windows``), every round.
+The claims (``Claim``) are judged as the paper studies' (``paper_report``): paired over
+seeds, 95% interval, the five verdict words. ``--export DIR`` writes
+``DIR/beyond-sparse-<task>.json``; ``python -m diloco.tools.studies.beyond_sparse`` renders
+the ``beyond-sparse-*`` blocks of ``docs/results-beyond.md`` from those files (a test
+requires the page to hold exactly that).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from diloco.config import AdamWConfig
+from diloco.core.quantize import encode
+from diloco.methods.sparse import SparseConfig, encoded_nbytes
+from diloco.tools.cli.errors import CliError
+from diloco.tools.cli.flags import build_config, load_dataset
+from diloco.tools.cli.run_setup import thread_limit
+from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
+from diloco.tools.studies.paper_report import (
+    judge_claims,
+    render_arms_table,
+    render_claims_table,
+    summarise_arms,
+    verdict,
+)
+from diloco.tools.studies.paper_studies import Arm, Claim, run_arm
+
+__all__ = ["TASKS", "K", "H", "FP4_BLOCK", "tensor_shapes", "fp4_round_bytes", "sparse_round_bytes",
+           "matched_density", "sparse_arms", "sparse_claims", "run_sparse_study", "render_bytes_table",
+           "render_block", "rebuild", "main"]
+
+TASKS = {
+    "shakespeare": {"hidden_sizes": (128,), "inner": {"lr": 3e-3}, "steps": 400},
+    "mnist1d": {"hidden_sizes": (128,), "inner": {"lr": 1e-3}, "steps": 800},
+}
+K, H = 4, 10
+EVAL_WINDOWS = 2048  # the char-LM's held-out windows (--eval-windows), evaluated every round
+FP4_BLOCK = 32
+TOPK_CHUNK, DCT_CHUNK = 4096, 1024
+PAPER_DENSITY = 0.02
+# SparseLoCo's recipe: the error-feedback buffer (decay beta) replaces the outer momentum.
+SPARSELOCO_OUTER = {"outer_optimizer": "sgd", "outer_momentum": 0.0, "nesterov": False, "outer_lr": 1.0}
+SPARSELOCO_FEEDBACK = {"error_feedback": True, "topk_decay": 0.95}
+MARGIN = 0.05  # "comparable": a relative cost under 5% of the metric
+BLOCK = re.compile(r"<!-- generated: (?P<name>beyond-sparse-[\w-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
+
+
+def tensor_shapes(num_features: int, hidden_sizes, num_classes: int) -> list:
+    """The MLP's tensors: per layer its weight (in, out) and its bias (out,)."""
+    widths = (num_features, *hidden_sizes, num_classes)
+    return [shape for a, b in zip(widths[:-1], widths[1:], strict=True) for shape in ((a, b), (b,))]
+
+
+def fp4_round_bytes(shapes, workers: int, block: int = FP4_BLOCK) -> float:
+    """Bytes a worker sends a round with ``--comm-dtype fp4``: ``(K-1)/K (payload + reduced payload)``."""
+    payload = sum(encode(np.zeros(shape), "fp4", block_size=block).nbytes for shape in shapes)
+    return (workers - 1) / workers * 2 * payload
+
+
+def sparse_round_bytes(shapes, workers: int, config: SparseConfig, dtype=np.float64) -> float:
+    """Bytes a worker sends a round with sparse outer gradients: ``(K-1)`` copies of its message."""
+    return float((workers - 1) * sum(encoded_nbytes(int(np.prod(s)), config, dtype) for s in shapes))
+
+
+def matched_density(shapes, workers: int, budget: float, **sparse) -> float:
+    """The largest density, a multiple of 0.001, whose round costs at most ``budget`` bytes."""
+    best = None
+    for step in range(1, 1001):
+        density = step / 1000
+        if sparse_round_bytes(shapes, workers, SparseConfig(density=density, **sparse)) > budget:
+            break
+        best = density
+    if best is None:
+        raise ValueError(f"no density fits {budget:.0f} bytes a round")
+    return best
+
+
+def sparse_arms(shapes, workers: int, steps: int, inner_steps: int) -> list:
+    """The seven arms of the module doc, for a model of ``shapes`` (densities matched to fp4's bytes)."""
+    budget = fp4_round_bytes(shapes, workers)
+    topk = matched_density(shapes, workers, budget, chunk=TOPK_CHUNK, bits=2)
+    dct = matched_density(shapes, workers, budget, chunk=DCT_CHUNK, transform="dct")
+    shared = {"num_workers": workers, "inner_steps": inner_steps, "rounds": steps // inner_steps}
+    two_bit = {"topk_chunk": TOPK_CHUNK, "topk_bits": 2}
+    return [
+        Arm("DiLoCo (float64)", "diloco", shared),
+        Arm("DiLoCo fp4", "diloco", {**shared, "family": {"comm_dtype": "fp4", "comm_block": FP4_BLOCK}}),
+        Arm(f"top-k {topk:.1%} 2-bit + EF", "diloco",
+            {**shared, "family": {"topk": topk, **two_bit, "error_feedback": True}}),
+        Arm(f"top-k {topk:.1%} 2-bit, no EF", "diloco", {**shared, "family": {"topk": topk, **two_bit}}),
+        Arm(f"DeMo: DCT top-k {dct:.1%} + EF", "diloco",
+            {**shared, "family": {"topk": dct, "topk_chunk": DCT_CHUNK, "topk_transform": "dct",
+                                  "error_feedback": True}}),
+        Arm(f"SparseLoCo (SGD outer) top-k {topk:.1%} 2-bit + EF", "diloco",
+            {**shared, **SPARSELOCO_OUTER, "family": {"topk": topk, **two_bit, **SPARSELOCO_FEEDBACK}}),
+        Arm(f"SparseLoCo (SGD outer) {PAPER_DENSITY:.0%} 2-bit + EF", "diloco",
+            {**shared, **SPARSELOCO_OUTER, "family": {"topk": PAPER_DENSITY, **two_bit, **SPARSELOCO_FEEDBACK}}),
+    ]
+
+
+SPARSELOCO = ('"extreme compression ratios of up to 1-3% sparsity and 2-bit quantization while outperforming '
+              'full-precision DiLoCo" (SparseLoCo, abstract)')
+
+
+def sparse_claims(arms) -> list:
+    full, fp4, topk, no_ef, demo, recipe, paper = (a.label for a in arms)
+    return [
+        Claim("SparseLoCo at 2%, 2-bit, with error feedback beats full-precision DiLoCo", paper, full, SPARSELOCO),
+        Claim("At equal bytes, SparseLoCo (top-k 2-bit + EF, SGD outer) beats DiLoCo with fp4 outer gradients",
+              recipe, fp4, "not in these words: SparseLoCo reports lower loss than DiLoCo at fewer bytes "
+              "(abstract); the equal-bytes test is ours"),
+        Claim("At equal bytes, error feedback makes top-k better (Nesterov outer)", topk, no_ef,
+              '"outer momentum can be locally approximated by an error feedback combined with aggressive '
+              'sparsity" (SparseLoCo, abstract)'),
+        Claim(f"DeMo-style DCT top-k + EF costs under {MARGIN:.0%} against full-precision DiLoCo", full, demo,
+              '"transmits up to 85x less data per GPU than AdamW-DDP while achieving comparable loss and accuracy" '
+              "(DeMo, abstract; there against data-parallel AdamW)", margin=MARGIN),
+    ]
+
+
+def _num_features(data) -> int:
+    encode_fn = getattr(data, "encode", None)
+    return encode_fn.num_features if encode_fn is not None else int(data.x_train.shape[1])
+
+
+def run_sparse_study(args) -> int:
+    """The ``diloco study sparse`` command (module doc)."""
+    task = getattr(args, "data", None) or "digits"
+    if task not in TASKS:
+        raise CliError(f"study sparse runs on --data {' or --data '.join(TASKS)}, got --data {task}")
+    if getattr(args, "values", None):
+        raise CliError("study sparse has fixed arms and takes no --values")
+    defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
+                "num_workers": K, "inner_steps": H}
+    config = build_config(args, defaults)
+    steps = args.total_steps if getattr(args, "total_steps", None) is not None else TASKS[task]["steps"]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or steps % config.inner_steps:
+        raise CliError(f"--total-steps must be a positive multiple of H={config.inner_steps}, got {steps!r}")
+    if args.seeds < 5:
+        raise CliError(f"--seeds must be at least 5 for this study's paired intervals, got {args.seeds}")
+    if task == "shakespeare" and getattr(args, "eval_windows", None) is None:
+        args.eval_windows = EVAL_WINDOWS
+    data, data_info = load_dataset(args, config.dtype)
+    shapes = tensor_shapes(_num_features(data), config.hidden_sizes, data.num_classes)
+    arms = sparse_arms(shapes, config.num_workers, steps, config.inner_steps)
+    seeds = list(range(config.seed, config.seed + args.seeds))
+    run_dir = create_run_dir(args.runs_dir, args.name or f"study-sparse-{task}")
+    write_json(run_dir / "config.json", {"command": "study", "study": "sparse", "task": task,
+                                         "config": config.to_dict(), "steps_per_worker": steps, "seeds": seeds,
+                                         "arms": [a._asdict() for a in arms], "data": data_info})
+    write_json(run_dir / "environment.json", environment_record(seed=config.seed))
+    results = JsonlWriter(run_dir / "results.jsonl")
+    if not args.quiet:
+        print(f"study sparse on {task}: {len(arms)} arms x {len(seeds)} seeds, {steps} steps per worker")
+    threads, limit = thread_limit(args, config, data)
+    started, outcomes = time.perf_counter(), []
+    try:
+        with limit:
+            _run_arms(arms, config, seeds, data, results, args.quiet, outcomes)
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"study sparse: {exc}") from None
+    rows = summarise_arms(outcomes, arms)
+    command = " ".join(["diloco study sparse --data", task, "--seeds", str(args.seeds)]
+                       + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else []))
+    summary = {"study": "sparse", "title": "Sparse outer gradients at equal bytes", "reference": "SparseLoCo, DeMo",
+               "task": task, "data": data_info, "config": config.to_dict(), "steps_per_worker": steps,
+               "seeds": seeds, "blas_threads": threads, "rows": rows,
+               "claims": judge_claims(sparse_claims(arms), rows, task),
+               "seconds": time.perf_counter() - started, "command": command}
+    write_json(run_dir / "summary.json", summary)
+    table = render_block(summary)
+    atomic_write_text(run_dir / "study.md", f"# Sparse outer gradients ({task})\n\n{table}")
+    export = getattr(args, "export", None)
+    if export:
+        target = Path(export)
+        target.mkdir(parents=True, exist_ok=True)
+        write_json(target / f"beyond-sparse-{task}.json", summary)
+    print(table, end="")
+    print(f"run folder: {run_dir} ({summary['seconds']:.0f} s)")
+    return 0
+
+
+def _run_arms(arms, config, seeds, data, results, quiet: bool, outcomes: list) -> None:
+    for arm in arms:
+        for seed in seeds:
+            outcome = run_arm(arm, config, seed, data, encode=data.encode)
+            outcomes.append(outcome)
+            results.write_line(outcome)
+            if not quiet:
+                print(f"  {arm.label}, seed {seed}: held-out loss {outcome['eval_loss']:.4f} "
+                      f"({outcome['seconds']:.1f} s)", flush=True)
+
+
+def render_bytes_table(summary: dict) -> str:
+    """Markdown: each arm's bytes sent per worker over the run, and against full-precision DiLoCo."""
+    rows = summary["rows"]
+    full = rows[0]["bytes_sent"]
+    lines = ["| arm | bytes sent per worker, whole run | of full-precision DiLoCo's |", "|---|---:|---:|"]
+    lines += [f"| {row['arm']} | {row['bytes_sent']:,.0f} | {row['bytes_sent'] / full:.2%} |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render_block(summary: dict) -> str:
+    """The results page's block of one task: bytes, arms, claims."""
+    return (render_bytes_table(summary) + "\n" + render_arms_table(summary) + "\n" + render_claims_table(summary)
+            + f"\nSeeds {summary['seeds']}; {summary['steps_per_worker']} steps per worker; "
+              f"wall time {summary['seconds'] / 60:.1f} min (one process).\n")
+
+
+def load_summaries(directory) -> dict:
+    """``{task: summary}`` of every ``beyond-sparse-<task>.json`` in ``directory``, verdicts judged again."""
+    summaries = {}
+    for path in sorted(Path(directory).glob("beyond-sparse-*.json")):
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        for claim in summary["claims"]:
+            claim["verdict"] = verdict(claim["metric_difference"], claim.get("margin"))
+        summaries[path.stem.removeprefix("beyond-sparse-")] = summary
+    return summaries
+
+
+def rebuild(page: str, summaries: dict) -> str:
+    """``page`` with every ``beyond-sparse-<task>`` block rendered again from ``summaries``."""
+    def body(match):
+        task = match.group("name").removeprefix("beyond-sparse-")
+        text = (render_block(summaries[task]) if task in summaries
+                else f"*Not run: `docs/assets/results/{match.group('name')}.json` is missing.*\n")
+        return f"<!-- generated: {match.group('name')} -->\n{text}<!-- end: {match.group('name')} -->"
+    return BLOCK.sub(body, page)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    page_path = Path(argv[0] if argv else "docs/results-beyond.md")
+    results = Path(argv[1] if len(argv) > 1 else page_path.parent / "assets" / "results")
+    atomic_write_text(page_path, rebuild(page_path.read_text(encoding="utf-8"), load_summaries(results)))
+    print(f"{page_path}: beyond-sparse blocks rendered from {results}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

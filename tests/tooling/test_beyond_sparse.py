@@ -1,0 +1,104 @@
+"""``diloco study sparse`` (diloco.tools.studies.beyond_sparse): the byte budgets worked by hand
+and against the records, the matched densities, the command's refusals, and the results
+page's section, which must hold exactly the rendering of the exported files."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diloco import DiLoCoConfig
+from diloco.core.driver import train
+from diloco.data import load_digits_split
+from diloco.methods.sparse import SparseConfig
+from diloco.tools.studies.beyond_sparse import (
+    BLOCK,
+    TASKS,
+    fp4_round_bytes,
+    load_summaries,
+    matched_density,
+    rebuild,
+    render_block,
+    sparse_arms,
+    sparse_round_bytes,
+    tensor_shapes,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "results-beyond.md"
+RESULTS = ROOT / "docs" / "assets" / "results"
+
+
+def test_the_budgets_worked_by_hand():
+    assert tensor_shapes(3, (4,), 2) == [(3, 4), (4,), (4, 2), (2,)]
+    # 64 values in fp4 blocks of 32: per block 32 x 4 bits = 16 bytes + 1 scale byte; two blocks = 34
+    # bytes; K = 2: (K-1)/K x (payload + reduced payload) = 1/2 x 68 = 34.
+    assert fp4_round_bytes([(64,)], 2) == 34.0
+    # 64 values, chunks of 64, 25%: 16 kept, 6-bit indices (12 bytes) + 16 float64 (128); K = 3: 2 copies.
+    assert sparse_round_bytes([(64,)], 3, SparseConfig(chunk=64, density=0.25)) == 2 * 140.0
+    # the same, 2-bit: one float64 scale (8) + 12 bytes of indices + 16 x 2 bits (4 bytes) = 24.
+    assert sparse_round_bytes([(64,)], 3, SparseConfig(chunk=64, density=0.25, bits=2)) == 2 * 24.0
+
+
+def test_the_matched_density_is_the_largest_that_fits():
+    shapes = tensor_shapes(64, (16,), 10)
+    budget = fp4_round_bytes(shapes, 4)
+    density = matched_density(shapes, 4, budget, chunk=256, bits=2)
+    assert sparse_round_bytes(shapes, 4, SparseConfig(chunk=256, density=density, bits=2)) <= budget
+    assert sparse_round_bytes(shapes, 4, SparseConfig(chunk=256, density=density + 0.001, bits=2)) > budget
+    with pytest.raises(ValueError, match="no density fits"):
+        matched_density(shapes, 4, 1.0, chunk=256)
+
+
+def test_the_arms_record_the_bytes_the_study_budgets():
+    data = load_digits_split(seed=0)
+    x, y = data.x_train[:240], data.y_train[:240]
+    shapes = tensor_shapes(64, (16,), 10)
+    arms = sparse_arms(shapes, 4, 4, 2)
+    budget = fp4_round_bytes(shapes, 4)
+    base = DiLoCoConfig(hidden_sizes=(16,), batch_size=8, seed=0)
+    sent = {}
+    for arm in arms:
+        history = train("diloco", x, y, base.replace(**arm.changes), x_eval=x[:20], y_eval=y[:20]).history
+        sent[arm.label] = history[-1]["cumulative_bytes"]
+    fp4, full = sent[arms[1].label], sent[arms[0].label]
+    assert fp4 == 2 * budget and full == 2 * 2 * 3 / 4 * 8 * sum(int(np.prod(s)) for s in shapes)
+    for arm in arms[2:6]:  # the equal-bytes arms: at most the fp4 budget
+        assert sent[arm.label] <= fp4, arm.label
+        assert sent[arm.label] > 0.9 * fp4, arm.label
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--data", "mnist1d", "--seeds", "4"], "--seeds must be at least 5"),
+    (["--data", "digits", "--seeds", "5"], "study sparse runs on --data shakespeare or --data mnist1d"),
+    (["--data", "mnist1d", "--seeds", "5", "--total-steps", "15"], "--total-steps must be a positive multiple"),
+])
+def test_the_command_refuses_in_one_line(argv, message, tmp_path, capsys):
+    from cli_helpers import run_cli
+
+    status, _, err = run_cli(["study", "sparse", *argv, "--runs-dir", tmp_path, "-q"], capsys)
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_results_page_section_is_exactly_the_rendering_of_the_files():
+    page = PAGE.read_text(encoding="utf-8")
+    summaries = load_summaries(RESULTS)
+    assert set(summaries) == set(TASKS), "docs/assets/results/beyond-sparse-<task>.json: run the study"
+    names = [m.group("name") for m in BLOCK.finditer(page)]
+    assert sorted(names) == sorted(f"beyond-sparse-{task}" for task in TASKS)
+    for match in BLOCK.finditer(page):
+        task = match.group("name").removeprefix("beyond-sparse-")
+        assert match.group("body") == render_block(summaries[task]), (
+            "run python -m diloco.tools.studies.beyond_sparse to render the section again")
+        before = page[page.rindex("\n## ", 0, match.start()):match.start()]
+        commands = re.findall(rf"^diloco study sparse --data {task}\b.*$", before, re.M)
+        assert commands, f"no command beside the block of {task}"
+        command = commands[-1]
+        assert "--export docs/assets/results" in command
+        assert int(re.search(r"--seeds (\d+)", command).group(1)) == len(summaries[task]["seeds"]) >= 5
+        steps = re.search(r"--total-steps (\d+)", command)
+        assert (int(steps.group(1)) if steps else TASKS[task]["steps"]) == summaries[task]["steps_per_worker"]
+    assert rebuild(page, summaries) == page
