@@ -330,8 +330,8 @@ def _diloco_rounds(exe, state: RunState, config, shards, x_eval, y_eval, encode,
             before = history[-1]["sim_cumulative_seconds"] if history else 0.0
             now = clock["now"] if asynchronous else before + synchronous_round_seconds(config, trip)
             record["sim_seconds"], record["sim_cumulative_seconds"] = now - before, now
-        if asynchronous:
-            record["arrivals"], record["max_staleness"] = arrived
+        if asynchronous:  # one outer step per group of arrivals
+            record["all_reduces"], (record["arrivals"], record["max_staleness"]) = len(syncs), arrived
         if config.drop_prob > 0:
             record["dropped_workers"] = sorted(set(dropped)) if len(plan) > 1 else dropped
         if config.record_similarity:
