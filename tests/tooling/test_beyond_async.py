@@ -119,7 +119,8 @@ def test_equal_time_rounds_worked_by_hand():
 def test_the_results_page_holds_exactly_the_rendered_blocks():
     page = (ROOT / "docs" / "results-beyond.md").read_text(encoding="utf-8")
     blocks = list(beyond_async.BLOCK.finditer(page))
-    assert {m["name"] for m in blocks} == {"beyond-async", "beyond-async-shakespeare", "beyond-async-digits"}
+    assert {m["name"] for m in blocks} == {"beyond-async", "beyond-async-shakespeare", "beyond-async-digits",
+                                           "beyond-async-shakespeare-spread0.5", "beyond-async-digits-spread0.5"}
     for match in blocks:
         assert match["body"] == beyond_async.render_named(match["name"], ROOT / "docs" / "assets" / "results"), \
             f"{match['name']}: run python -m diloco.tools.studies.beyond_async"

@@ -41,6 +41,8 @@ from diloco.core.schedule import (
     merge_step,
     round_plan,
     synchronous_round_seconds,
+    worker_local_steps,
+    worker_step_times,
 )
 from diloco.core.sync import eager_consensus, eager_sync, merge_fragment, sync_fragment
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record
@@ -272,6 +274,7 @@ def _diloco_rounds(exe, state: RunState, config, shards, x_eval, y_eval, encode,
     exe.load(starts, state.worker_states)
     speeds, asynchronous = config.asynchrony.simulates_speeds, config.asynchrony.asynchronous
     trip = _trip_seconds(config, params) if speeds else 0.0
+    work = worker_step_times(config) * worker_local_steps(config) if speeds else None  # H_k c_k
     if asynchronous:
         groups = async_plan(config, trip)
         clock = extra.get("async") or initial_clock(params, num_workers, config.asynchrony.delayed_nesterov > 0)
@@ -330,6 +333,8 @@ def _diloco_rounds(exe, state: RunState, config, shards, x_eval, y_eval, encode,
             before = history[-1]["sim_cumulative_seconds"] if history else 0.0
             now = clock["now"] if asynchronous else before + synchronous_round_seconds(config, trip)
             record["sim_seconds"], record["sim_cumulative_seconds"] = now - before, now
+            busy = work[arrived[0]].sum() if asynchronous else work.sum()  # compute seconds of the round's trips
+            record["sim_utilization"] = float(min(1.0, busy / (num_workers * (now - before))))
         if asynchronous:  # one outer step per group of arrivals
             record["all_reduces"], (record["arrivals"], record["max_staleness"]) = len(syncs), arrived
         if config.drop_prob > 0:

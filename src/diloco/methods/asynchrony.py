@@ -22,6 +22,11 @@ The paper's two fixes, as we restate them from its text:
   ``H_k = floor(H v_k / max_j v_j)`` with ``v_k = 1 / c_k``, so that all workers take
   about the same wall time per round and slow workers' updates are not stale.
 
+The training core runs these rules as a sync schedule (``diloco.core.schedule.async_plan``,
+``DiLoCoConfig.asynchrony``): ``arrival_schedule`` orders the arrivals, and
+``delayed_outer_update`` is delayed Nesterov for a group of simultaneous arrivals, through
+the core's outer optimizer (``tests/tooling/test_async_core.py``).
+
 Reductions (``tests/tooling/test_asynchrony.py``): with equal speeds the arrivals come
 in round-robin order, K at a time from the same model, and K delayed-Nesterov arrivals
 with ``N = K`` are milestones 22-23 applied once to milestone 15's average of them, bit
