@@ -103,7 +103,7 @@ def test_the_async_study_runs_and_judges_the_claims(tmp_path, capsys):
     # the fast worker did 4x the straggler's steps in the same time; synchronous DiLoCo only H a round
     steps = {row["arm"]: row["steps_per_worker"] for row in summary["rows"]}
     assert steps[beyond_async.SYNC] == 6 and steps[beyond_async.ASYNC] == 24
-    assert "Command: `diloco study async --data digits --seeds 2 --workers 2 --inner-steps 3 --rounds 2" in out
+    assert "Command: `.venv/bin/diloco study async --data digits --seeds 2 --workers 2 --inner-steps 3 --rounds 2" in out
 
 
 def test_equal_time_rounds_worked_by_hand():
@@ -123,4 +123,4 @@ def test_the_results_page_holds_exactly_the_rendered_blocks():
                                            "beyond-async-shakespeare-spread0.5", "beyond-async-digits-spread0.5"}
     for match in blocks:
         assert match["body"] == beyond_async.render_named(match["name"], ROOT / "docs" / "assets" / "results"), \
-            f"{match['name']}: run python -m diloco.tools.studies.beyond_async"
+            f"{match['name']}: run .venv/bin/python -m diloco.tools.studies.beyond_async"

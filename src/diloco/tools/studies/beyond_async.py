@@ -285,7 +285,7 @@ def render_block(summary: dict) -> str:
     horizon = summary["horizon_seconds"]
     horizon = (f"{horizon:g} simulated seconds" if not isinstance(horizon, list) else
                "the seed's own time (" + ", ".join(f"{h:.0f}" for h in horizon) + " simulated seconds)")
-    return (f"Command: `{summary['command']} --export docs/assets/results` ({summary['seconds'] / 60:.1f} min of "
+    return (f"Command: `.venv/bin/{summary['command']} --export docs/assets/results` ({summary['seconds'] / 60:.1f} min of "
             f"wall time, one process). K = {config['num_workers']}, H = {config['inner_steps']}, speeds "
             f"{_speeds(speeds, config['num_workers'])}; every arm is compared at T = {horizon}, "
             f"{config['rounds']} synchronous rounds; seeds {summary['seeds']}. Steps/worker: the fastest worker's "
