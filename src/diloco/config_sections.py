@@ -250,6 +250,8 @@ class AsyncConfig:
                 check_nonneg_int(self.straggler, "straggler")
             factor = check_real(self.straggler_factor, "straggler_factor", low=0.0, low_open=True)
             check_nonneg_int(self.delayed_nesterov, "delayed_nesterov")
+            if self.straggler is None and factor != 4.0:
+                raise ValueError("straggler_factor needs straggler (the worker it slows down)")
             if times is not None and spread > 0:
                 raise ValueError("give step_times or speed_spread, not both")
             if not self.asynchronous and (self.delayed_nesterov or self.dynamic_local_steps):

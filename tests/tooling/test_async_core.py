@@ -245,7 +245,8 @@ def test_config_round_trips():
     ({"step_times": ()}, "one time per worker"),
     ({"speed_spread": -1.0}, "speed_spread"),
     ({"straggler": -1}, "straggler"),
-    ({"straggler_factor": 0.0}, "straggler_factor"),
+    ({"straggler_factor": 0.0, "straggler": 0}, "straggler_factor"),
+    ({"straggler_factor": 2.0}, "straggler_factor needs straggler"),
     ({"delayed_nesterov": 2}, "set asynchronous=True"),
     ({"dynamic_local_steps": True}, "set asynchronous=True"),
     ({"asynchronous": "yes"}, "asynchronous must be a bool"),
@@ -280,3 +281,51 @@ def test_undefined_combinations_are_refused_in_one_line(changes, message):
 def test_the_baseline_refuses_the_asynchronous_settings():
     with pytest.raises(ValueError, match="no outer gradient.*asynchrony.asynchronous=True"):
         check_algorithm("sync", BASE.replace(asynchrony={"asynchronous": True}))
+
+
+MPI_SCRIPT = """
+import json, sys
+import numpy as np
+from mpi4py import MPI
+sys.path.insert(0, sys.argv[2])
+import test_async_core as t
+from diloco.core.driver import train
+
+out = []
+for config in t.MPI_CONFIGS:
+    x, y, x_eval, y_eval = t._digits()
+    result = train("diloco", x, y, config, x_eval=x_eval, y_eval=y_eval, executor="mpi", comm=MPI.COMM_WORLD,
+                   timeout=60)
+    out.append([np.concatenate([v.ravel() for v in result.params.values()]).tobytes().hex(),
+                [r["eval_loss"] for r in result.history]])
+if MPI.COMM_WORLD.rank == 0:
+    json.dump(out, open(sys.argv[1], "w"))
+"""
+MPI_CONFIGS = [BASE.replace(num_workers=3, asynchrony={"asynchronous": True, "step_times": (1.0, 2.0, 3.0)}),
+               BASE.replace(num_workers=3, family={"comm_dtype": "int8", "error_feedback": True},
+                            asynchrony={"asynchronous": True, "step_times": (1.0, 2.0, 3.0), "delayed_nesterov": 2}),
+               BASE.replace(num_workers=3, drop_prob=0.4, record_similarity=True,
+                            asynchrony={"asynchronous": True, "speed_spread": 0.7, "dynamic_local_steps": True})]
+
+
+@pytest.mark.slow
+def test_three_mpi_ranks_with_unequal_speeds_are_the_single_process_run_bit_for_bit(tmp_path):
+    """Groups where some ranks have no arrival, and stale workers from different versions."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
+    from cli_helpers import mpiexec
+
+    (tmp_path / "run.py").write_text(MPI_SCRIPT, encoding="utf-8")
+    done = subprocess.run([mpiexec(), "-n", "3", sys.executable, "run.py", "out.json", str(Path(__file__).parent)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())
+    for config, (params_hex, losses) in zip(MPI_CONFIGS, got, strict=True):
+        want = _run(config)
+        assert max(r["max_staleness"] for r in want.history) > 0
+        assert np.concatenate([v.ravel() for v in want.params.values()]).tobytes().hex() == params_hex
+        assert losses == [r["eval_loss"] for r in want.history]

@@ -103,7 +103,7 @@ def test_the_async_study_runs_and_judges_the_claims(tmp_path, capsys):
     # the fast worker did 4x the straggler's steps in the same time; synchronous DiLoCo only H a round
     steps = {row["arm"]: row["steps_per_worker"] for row in summary["rows"]}
     assert steps[beyond_async.SYNC] == 6 and steps[beyond_async.ASYNC] == 24
-    assert "Command: `.venv/bin/diloco study async --data digits --seeds 2 --workers 2 --inner-steps 3 --rounds 2" in out
+    assert "`.venv/bin/diloco study async --data digits --seeds 2 --workers 2 --inner-steps 3 --rounds 2" in out
 
 
 def test_equal_time_rounds_worked_by_hand():
