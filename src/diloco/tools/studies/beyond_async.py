@@ -286,7 +286,8 @@ def render_block(summary: dict) -> str:
     horizon = (f"{horizon:g} simulated seconds" if not isinstance(horizon, list) else
                "the seed's own time (" + ", ".join(f"{h:.0f}" for h in horizon) + " simulated seconds)")
     return (f"Command: `.venv/bin/{summary['command']} --export docs/assets/results` "
-            f"({summary['seconds'] / 60:.1f} min of wall time, one process). K = {config['num_workers']}, H = {config['inner_steps']}, speeds "
+            f"({summary['seconds'] / 60:.1f} min of wall time, one process). K = {config['num_workers']}, "
+            f"H = {config['inner_steps']}, speeds "
             f"{_speeds(speeds, config['num_workers'])}; every arm is compared at T = {horizon}, "
             f"{config['rounds']} synchronous rounds; seeds {summary['seeds']}. Steps/worker: the fastest worker's "
             f"steps by T, and all-reduces: outer steps (groups of arrivals), both of seed {summary['seeds'][0]}.\n\n"
