@@ -10,7 +10,8 @@ MPI) and for both algorithms, and proves each cell one of two things:
 * **it is refused by design, in one line, before any work**: only the synchronous
   baseline refuses, and only what configures an outer gradient it does not have.
 
-``docs/architecture.md`` shows ``render_matrix()``, generated from the same table.
+``docs/architecture.md`` shows ``render_matrix()``, generated from the same table, with
+``REFUSED_COMBINATIONS``: pairs of features that are refused together by design.
 """
 
 from __future__ import annotations
