@@ -28,7 +28,7 @@ from diloco._validation import (
     check_real,
     check_seed,
 )
-from diloco.config_sections import FamilyConfig, check_known_fields
+from diloco.config_sections import AsyncConfig, FamilyConfig, check_known_fields
 
 __all__ = ["AdamWConfig", "DiLoCoConfig", "OUTER_OPTIMIZER_NAMES"]
 
@@ -173,6 +173,9 @@ class DiLoCoConfig:
         format and error feedback, Streaming DiLoCo's fragments, overlap and mixing, eager
         updates, the simulated network. The default is plain DiLoCo. The milestone
         functions ignore it; ``diloco.core`` runs it.
+    asynchrony : AsyncConfig
+        The workers' speeds and asynchronous DiLoCo (``diloco.config_sections.AsyncConfig``,
+        Liu et al. 2024); the default is synchronous DiLoCo with equal workers.
     """
 
     num_workers: int = 8
@@ -199,6 +202,7 @@ class DiLoCoConfig:
     drop_prob: float = 0.0
     record_similarity: bool = False
     family: FamilyConfig = field(default_factory=FamilyConfig)
+    asynchrony: AsyncConfig = field(default_factory=AsyncConfig)
 
     def __post_init__(self) -> None:
         try:
@@ -223,6 +227,8 @@ class DiLoCoConfig:
                 raise TypeError(f"inner must be an AdamWConfig, got {type(self.inner).__name__}")
             if not isinstance(self.family, FamilyConfig):
                 raise TypeError(f"family must be a FamilyConfig, got {type(self.family).__name__}")
+            if not isinstance(self.asynchrony, AsyncConfig):
+                raise TypeError(f"asynchrony must be an AsyncConfig, got {type(self.asynchrony).__name__}")
             mechanisms = self._check_mechanisms()
         except (TypeError, ValueError) as exc:
             raise _field_error("DiLoCoConfig", exc) from None
@@ -266,12 +272,15 @@ class DiLoCoConfig:
             changes["inner"] = dataclasses.replace(self.inner, **changes["inner"])
         if isinstance(changes.get("family"), dict):
             changes["family"] = dataclasses.replace(self.family, **changes["family"])
+        if isinstance(changes.get("asynchrony"), dict):
+            changes["asynchrony"] = dataclasses.replace(self.asynchrony, **changes["asynchrony"])
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; ``DiLoCoConfig.from_dict`` inverts it."""
         out = dataclasses.asdict(self)
         out["hidden_sizes"] = list(self.hidden_sizes)
+        out["asynchrony"] = self.asynchrony.to_dict()
         return out
 
     @classmethod
@@ -285,6 +294,8 @@ class DiLoCoConfig:
             data["inner"] = AdamWConfig(**inner)
         if "family" in data:
             data["family"] = FamilyConfig.from_dict(data["family"])
+        if "asynchrony" in data:
+            data["asynchrony"] = AsyncConfig.from_dict(data["asynchrony"])
         if "hidden_sizes" in data and isinstance(data["hidden_sizes"], list):
             data["hidden_sizes"] = tuple(data["hidden_sizes"])
         return cls(**data)

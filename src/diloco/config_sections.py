@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from diloco._validation import check_nonneg_int, check_positive_int, check_real
 
 __all__ = ["FamilyConfig", "CommSpec", "FORMATS", "PATTERNS", "TRANSFORMS", "SPARSE_BITS", "MAX_DCT_CHUNK",
-           "check_known_fields"]
+           "check_known_fields", "AsyncConfig"]
 
 # Wire formats of outer gradients (diloco.core.quantize).
 FORMATS = ("float64", "float32", "float16", "bfloat16", "int8", "fp4")
@@ -250,4 +250,122 @@ class FamilyConfig:
     def from_dict(cls, data: dict[str, Any]) -> FamilyConfig:
         """Build from a dict (``DiLoCoConfig.to_dict()["family"]``); unknown keys raise ``ValueError``."""
         check_known_fields(cls, data, "DiLoCoConfig.family")
+        return cls(**data)
+
+
+# --- Asynchronous DiLoCo with heterogeneous workers (Liu et al. 2024): the `asynchrony` section ---
+
+def _async_error(exc: Exception) -> Exception:
+    return type(exc)(f"AsyncConfig.{exc}")
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    """The workers' speeds and the asynchronous schedule (``diloco.methods.asynchrony``).
+
+    The default (every field at its default) is synchronous DiLoCo with equal workers and
+    no simulated clock. Speeds alone (``step_times``, ``speed_spread`` or a straggler)
+    keep DiLoCo synchronous and add its simulated time to every record, each round
+    waiting for the slowest worker; ``asynchronous`` applies each worker's
+    pseudo-gradient when it arrives.
+
+    Attributes
+    ----------
+    asynchronous : bool
+        Apply every group of arrivals to the current global model (Liu et al. 2024).
+    step_times : tuple of float > 0, or None
+        Seconds per inner step of each worker (one per worker); None: 1 s each, or drawn.
+    speed_spread : float >= 0
+        Draw ``c_k = exp(spread z_k)`` (``draw_step_times``) from a generator seeded by the
+        run's ``seed`` alone (never the run's own stream); 0: equal workers.
+    straggler : int >= 0 or None
+        The index of a worker ``straggler_factor`` times slower.
+    straggler_factor : float > 0
+    delayed_nesterov : int >= 0
+        N, delayed Nesterov momentum: the outer momentum step every N arrivals (0: off,
+        plain asynchronous outer steps).
+    dynamic_local_steps : bool
+        DyLU: worker k takes ``H_k = floor(H v_k / max v)`` inner steps.
+    """
+
+    asynchronous: bool = False
+    step_times: tuple[float, ...] | None = None
+    speed_spread: float = 0.0
+    straggler: int | None = None
+    straggler_factor: float = 4.0
+    delayed_nesterov: int = 0
+    dynamic_local_steps: bool = False
+
+    def __post_init__(self) -> None:
+        try:
+            for name in ("asynchronous", "dynamic_local_steps"):
+                if not isinstance(getattr(self, name), bool):
+                    raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            times = self.step_times
+            if times is not None:
+                if isinstance(times, (str, bytes, dict)) or not hasattr(times, "__iter__"):
+                    raise TypeError(f"step_times must be a tuple of seconds per step, got {times!r}")
+                times = tuple(check_real(t, f"step_times[{i}]", low=0.0, low_open=True) for i, t in enumerate(times))
+                if not times:
+                    raise ValueError("step_times must hold one time per worker, got none")
+            spread = check_real(self.speed_spread, "speed_spread", low=0.0)
+            if self.straggler is not None:
+                check_nonneg_int(self.straggler, "straggler")
+            factor = check_real(self.straggler_factor, "straggler_factor", low=0.0, low_open=True)
+            check_nonneg_int(self.delayed_nesterov, "delayed_nesterov")
+            if self.straggler is None and factor != 4.0:
+                raise ValueError("straggler_factor needs straggler (the worker it slows down)")
+            if times is not None and spread > 0:
+                raise ValueError("give step_times or speed_spread, not both")
+            if not self.asynchronous and (self.delayed_nesterov or self.dynamic_local_steps):
+                raise ValueError("delayed_nesterov and dynamic_local_steps are rules of the asynchronous schedule: "
+                                 "set asynchronous=True")
+        except (TypeError, ValueError) as exc:
+            raise _async_error(exc) from None
+        for name, value in (("step_times", times), ("speed_spread", spread), ("straggler_factor", factor)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def simulates_speeds(self) -> bool:
+        """True when the workers have speeds (so the records carry the simulated clock)."""
+        return self.asynchronous or self.step_times is not None or self.speed_spread > 0 or self.straggler is not None
+
+    def check_against(self, config) -> None:
+        """Raise ``ValueError`` unless these settings fit ``config`` (a ``DiLoCoConfig``), in one line."""
+        if self.step_times is not None and len(self.step_times) != config.num_workers:
+            raise ValueError(f"asynchrony.step_times has {len(self.step_times)} times for {config.num_workers} "
+                             f"workers: give one per worker")
+        if self.straggler is not None and self.straggler >= config.num_workers:
+            raise ValueError(f"asynchrony.straggler must be a worker index in [0, {config.num_workers}), "
+                             f"got {self.straggler}")
+        if not self.asynchronous:
+            return
+        family = config.family
+        for name, bad in (("fragments", family.fragments != 1), ("overlap", bool(family.overlap)),
+                          ("eager", family.eager)):
+            if bad:
+                raise ValueError(f"asynchronous DiLoCo with {name} is not defined here (each arrival updates the "
+                                 f"whole model at once): use {name} at its default with asynchronous")
+        if self.delayed_nesterov and config.drop_prob > 0:
+            raise ValueError("delayed Nesterov with drop_prob > 0 is not defined here (it counts arrivals, and a "
+                             "dropped one carries nothing): use drop_prob=0 with delayed_nesterov")
+        if self.delayed_nesterov and config.outer_optimizer != "sgd":
+            raise ValueError(f"delayed Nesterov is a rule of the SGD/Nesterov outer optimizer, not of "
+                             f"outer_optimizer={config.outer_optimizer!r}: use --outer-optimizer sgd")
+
+    def replace(self, **changes: Any) -> AsyncConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["step_times"] = None if self.step_times is None else list(self.step_times)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AsyncConfig:
+        """Build from a dict (``DiLoCoConfig.to_dict()["asynchrony"]``); unknown keys raise ``ValueError``."""
+        check_known_fields(cls, data, "DiLoCoConfig.asynchrony")
+        data = dict(data)
+        if isinstance(data.get("step_times"), list):
+            data["step_times"] = tuple(data["step_times"])
         return cls(**data)

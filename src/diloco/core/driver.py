@@ -23,6 +23,7 @@ with default settings the driver computes exactly what ``train_diloco`` and
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -31,10 +32,22 @@ from diloco._validation import milestone
 from diloco.adamw import init_adamw_state
 from diloco.config import DiLoCoConfig
 from diloco.core.executors import MPIExecutor, ReferenceExecutor
-from diloco.core.schedule import event_steps, fragment_keys, merge_step, round_plan
+from diloco.core.netsim import all_reduce_seconds
+from diloco.core.outer import outer_optimizer
+from diloco.core.schedule import (
+    async_plan,
+    event_steps,
+    fragment_keys,
+    merge_step,
+    round_plan,
+    synchronous_round_seconds,
+    worker_local_steps,
+    worker_step_times,
+)
 from diloco.core.sync import eager_consensus, eager_sync, merge_fragment, sync_fragment
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record
 from diloco.mechanisms import normalised_weights, pseudo_grad_weights, uses_plain_worker
+from diloco.methods.asynchrony import AsyncOuterState, delayed_outer_update
 from diloco.model import Params
 from diloco.outer import OuterState, init_outer_optimizer
 
@@ -71,14 +84,19 @@ DILOCO_ONLY = ("outer_optimizer", "outer_lr", "outer_momentum", "nesterov", "out
                "shard_weighting", "drop_prob", "record_similarity")
 DILOCO_ONLY_FAMILY = ("comm_dtype", "sign_prune", "error_feedback", "topk", "topk_chunk", "topk_bits",
                       "topk_transform", "topk_decay", "fragments", "overlap", "mix", "eager")
+ASYNC_FIELDS = ("asynchronous", "step_times", "speed_spread", "straggler", "straggler_factor", "delayed_nesterov",
+                "dynamic_local_steps")  # the baseline has no outer gradient to apply on arrival
 
 
 def diloco_only_settings(config) -> list[str]:
     """The settings of ``config`` that configure DiLoCo's outer gradient, off their defaults."""
     plain, plain_family = type(config)(), type(config.family)()
+    plain_async = type(config.asynchrony)()
     return ([f"{n}={getattr(config, n)!r}" for n in DILOCO_ONLY if getattr(config, n) != getattr(plain, n)]
             + [f"{n}={getattr(config.family, n)!r}" for n in DILOCO_ONLY_FAMILY
-               if getattr(config.family, n) != getattr(plain_family, n)])
+               if getattr(config.family, n) != getattr(plain_family, n)]
+            + [f"asynchrony.{n}={getattr(config.asynchrony, n)!r}" for n in ASYNC_FIELDS
+               if getattr(config.asynchrony, n) != getattr(plain_async, n)])
 
 
 def is_course_algorithm(config, encode=None) -> bool:
@@ -88,14 +106,15 @@ def is_course_algorithm(config, encode=None) -> bool:
     uniform = config.shard_weighting == "uniform" or (config.shard_weighting == "auto" and config.iid)
     return (uses_plain_worker(config, encode) and uniform
             and config.outer_optimizer == "sgd" and config.drop_prob == 0 and not config.record_similarity
-            and config.family == type(config.family)())
+            and config.family == type(config.family)() and config.asynchrony == type(config.asynchrony)())
 
 
 def baseline_config(config):
     """``config`` with the DiLoCo-only settings at their defaults: what ``compare`` trains the baseline with."""
     plain, plain_family = type(config)(), type(config.family)()
     return config.replace(**{n: getattr(plain, n) for n in DILOCO_ONLY},
-                          family=config.family.replace(**{n: getattr(plain_family, n) for n in DILOCO_ONLY_FAMILY}))
+                          family=config.family.replace(**{n: getattr(plain_family, n) for n in DILOCO_ONLY_FAMILY}),
+                          asynchrony=type(config.asynchrony)())
 
 
 def check_algorithm(algo: str, config) -> None:
@@ -109,6 +128,7 @@ def check_algorithm(algo: str, config) -> None:
                              f"to an outer optimizer: {', '.join(names)} configure(s) DiLoCo only")
         return
     config.family.check_against(config)
+    config.asynchrony.check_against(config)
     if _eager(config) and config.drop_prob > 0:
         raise ValueError("eager updates with drop_prob > 0 are not defined (the eager rule needs every worker's "
                          "fresh outer gradient): use drop_prob=0 with eager, or eager=False")
@@ -247,14 +267,25 @@ def _diloco_rounds(exe, state: RunState, config, shards, x_eval, y_eval, encode,
     residuals, pending, eager = dict(extra["residuals"]), list(extra["pending"]), extra.get("eager")
     starts = state.worker_params or {k: params for k in range(num_workers)}
     exe.load(starts, state.worker_states)
+    speeds, asynchronous = config.asynchrony.simulates_speeds, config.asynchrony.asynchronous
+    trip = _trip_seconds(config, params) if speeds else 0.0
+    work = worker_step_times(config) * worker_local_steps(config) if speeds else None  # H_k c_k
+    if asynchronous:
+        groups = async_plan(config, trip)
+        clock = extra.get("async") or initial_clock(params, num_workers, config.asynchrony.delayed_nesterov > 0)
+        extra = {k: v for k, v in extra.items() if k != "async"}
     for round_index in range(state.round + 1, config.rounds + 1):
         exe.round_index = round_index
-        rngs = rng.spawn(num_workers)
         losses = {k: [] for k in exe.workers}
         syncs, deltas, dropped, cosines = [], {}, [], []
         done = 0
-        stops = event_steps(plan, [item[0] for item in pending], round_index, inner_steps)
-        for h in stops + ([inner_steps] if not stops or stops[-1] < inner_steps else []):
+        if asynchronous:
+            params, outer[0], residuals, clock, arrived = _arrivals(groups[round_index - 1], exe, params, outer[0],
+                                                                      keys[0], clock, config, rng, weights, residuals,
+                                                                      (losses, syncs, deltas, dropped, cosines))
+        rngs = None if asynchronous else rng.spawn(num_workers)
+        stops = [] if asynchronous else event_steps(plan, [item[0] for item in pending], round_index, inner_steps)
+        for h in [] if asynchronous else stops + ([inner_steps] if not stops or stops[-1] < inner_steps else []):
             if h > done:
                 for k, values in exe.run(rngs, h - done).items():
                     losses[k].append(values)
@@ -283,16 +314,24 @@ def _diloco_rounds(exe, state: RunState, config, shards, x_eval, y_eval, encode,
                         exe.write(k, merge_fragment(local[k], received, family.mix))
         if eager_mode:
             params = eager_consensus(eager["thetas"], exe, weights)
-        step_losses = exe.gather({k: np.concatenate(v) for k, v in losses.items()})
+        step_losses = exe.gather({k: np.concatenate(v) for k, v in losses.items() if v})
         mean_losses = {k: float(v.mean()) for k, v in step_losses.items()}
         pseudo_grad = {key: deltas[key] for key in order if key in deltas}
         record = round_record([mean_losses[k] for k in sorted(mean_losses)], params, config, pseudo_grad=pseudo_grad)
         if fields:
             record["all_reduces"] = len(syncs)
             record["bytes_sent"] = float(sum(s[1] for s in syncs))
-            record["peak_sync_bytes"] = float(max(s[1] for s in syncs))
+            record["peak_sync_bytes"] = float(max((s[1] for s in syncs), default=0.0))
             record["bytes_per_step"] = record["bytes_sent"] / inner_steps
             record["syncs"] = syncs
+        if speeds:  # the simulated clock of workers with speeds: the arrivals', or the wait for the slowest
+            before = history[-1]["sim_cumulative_seconds"] if history else 0.0
+            now = clock["now"] if asynchronous else before + synchronous_round_seconds(config, trip)
+            record["sim_seconds"], record["sim_cumulative_seconds"] = now - before, now
+            busy = work[arrived[0]].sum() if asynchronous else work.sum()  # compute seconds of the round's trips
+            record["sim_utilization"] = float(min(1.0, busy / (num_workers * (now - before))))
+        if asynchronous:  # one outer step per group of arrivals
+            record["all_reduces"], (record["arrivals"], record["max_staleness"]) = len(syncs), arrived
         if config.drop_prob > 0:
             record["dropped_workers"] = sorted(set(dropped)) if len(plan) > 1 else dropped
         if config.record_similarity:
@@ -304,12 +343,15 @@ def _diloco_rounds(exe, state: RunState, config, shards, x_eval, y_eval, encode,
             exe.collective_seconds, exe.sent_bytes = 0.0, 0
 
         def get_state(round_index=round_index, params=params, outer=tuple(outer), residuals=residuals,
-                      pending=tuple(pending), eager=eager):
+                      pending=tuple(pending), eager=eager, clock=clock if asynchronous else None):
             worker_params, worker_states = exe.snapshot()
             state_extra = {"residuals": residuals, "pending": list(pending)}
             if eager is not None:
                 state_extra["eager"] = eager
-            return RunState(round_index, params, _join(list(outer), order), worker_params, worker_states, rng,
+            if clock is not None:
+                state_extra["async"] = clock
+            joined = [o.outer if isinstance(o, AsyncOuterState) else o for o in outer]
+            return RunState(round_index, params, _join(joined, order), worker_params, worker_states, rng,
                             history, state_extra)
 
         record["round"] = round_index
@@ -317,3 +359,76 @@ def _diloco_rounds(exe, state: RunState, config, shards, x_eval, y_eval, encode,
         finish_record(record, round_index, config, params, x_eval, y_eval, history, encode=encode)
         _call(hooks, "finished", record, get_state)
     return TrainResult(params, history)
+
+
+# --- Asynchronous DiLoCo (Liu et al. 2024): a sync schedule of groups of arrivals ---
+
+def _trip_seconds(config, params) -> float:
+    """Seconds of one trip of a pseudo-gradient on the simulated network (0 without one):
+    the all-reduce of the params' own bytes (``diloco.core.netsim``)."""
+    family = config.family
+    if not family.simulates_network:
+        return 0.0
+    size = sum(int(np.asarray(v).size) for v in params.values())
+    itemsize = np.dtype(config.dtype).itemsize
+    payload = 2.0 * (config.num_workers - 1) / config.num_workers * size * itemsize
+    return all_reduce_seconds(payload, config.num_workers, family.bandwidth, family.latency)
+
+
+def initial_clock(params: Params, num_workers: int, delayed: bool) -> dict:
+    """``RunState.extra["async"]`` before the first arrival: every worker starts from version 0
+    (``starts[k] = (version, params)``), no arrival applied, simulated second 0; with
+    delayed Nesterov its anchor and pending arrivals."""
+    clock = {"starts": {k: (0, params) for k in range(num_workers)}, "version": 0, "now": 0.0, "delayed": None}
+    if delayed:
+        clock["delayed"] = {"anchor": {k: v.copy() for k, v in params.items()}, "pending": [], "arrivals": 0}
+    return clock
+
+
+def _arrivals(groups, exe, params, outer, keys, clock, config, rng, weights, residuals, out):
+    """One round of asynchronous DiLoCo: each group of arrivals, in order of simulated time.
+
+    The group's workers take their H_k inner steps from the model they started from
+    (worker k's batches from child k of ``rng.spawn(K)``, one spawn per group, so equal
+    speeds spend the run's generator as DiLoCo's rounds do); ``sync_fragment`` averages
+    their pseudo-gradients ``start_k - theta_k`` and applies them to the current global
+    model (the outer optimizer, or delayed Nesterov); the kept workers restart from the
+    result (``merge_fragment``), and every arriving worker's next pseudo-gradient is
+    measured from it.
+    """
+    losses, syncs, deltas, dropped, cosines = out
+    period = config.asynchrony.delayed_nesterov
+    starts, version = dict(clock["starts"]), clock["version"]
+    update, delayed = None, clock["delayed"]
+    if period:
+        update = functools.partial(delayed_outer_update, period=period, update=outer_optimizer(config).update)
+        outer = AsyncOuterState(outer, delayed["anchor"], tuple(delayed["pending"]), delayed["arrivals"])
+    arrived, stale = [], 0
+    for group in groups:
+        rngs = rng.spawn(config.num_workers)
+        for h in sorted(set(group.steps)):
+            chosen = [k for k, steps in zip(group.workers, group.steps, strict=True) if steps == h]
+            for k, values in exe.run(rngs, h, workers=chosen).items():
+                losses[k].append(values)
+        result = sync_fragment(params, keys, outer, exe, config, rng, weights, residuals, workers=group.workers,
+                               starts=starts, outer_update=update)
+        params, outer, residuals = result.global_params, result.outer_state, result.residuals
+        deltas.clear()  # the round's record shows its last group's outer gradient
+        deltas.update(result.delta)
+        dropped.extend(result.dropped)
+        cosines.append(result.cosine)
+        syncs.append([config.inner_steps, result.bytes_sent, 0])
+        local = exe.read(tuple(result.received))
+        for k in result.targets:
+            if k in local:
+                exe.write(k, merge_fragment(local[k], result.received, config.family.mix))
+        stale = max([stale] + [version - v for v in group.versions])
+        version += len(group.workers)
+        for k in group.workers:
+            starts[k] = (version, params)
+        arrived.extend(group.workers)
+    if period:
+        delayed = {"anchor": outer.anchor, "pending": list(outer.pending), "arrivals": outer.arrivals}
+        outer = outer.outer
+    clock = {"starts": starts, "version": version, "now": groups[-1].time, "delayed": delayed}
+    return params, outer, residuals, clock, (arrived, stale)

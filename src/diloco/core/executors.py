@@ -4,7 +4,8 @@ Every executor offers the same few methods to ``diloco.core.driver``:
 
 * ``load(worker_params, worker_states)``: the workers' parameters and AdamW states
   (dicts keyed by worker index; the baseline has one shared model, key 0);
-* ``run(rngs, steps)``: ``steps`` inner steps of every local worker, each from its own
+* ``run(rngs, steps, workers=None)``: ``steps`` inner steps of every local worker (or
+  of the local ones among ``workers``: an asynchronous group), each from its own
   carried params and AdamW state, worker k drawing its batches from ``rngs[k]``;
   returns ``{k: losses (steps,)}``;
 * ``run_sync(rngs, steps)``: the synchronous baseline's steps: every worker's gradient,
@@ -56,9 +57,9 @@ class ReferenceExecutor:
         self.params = {k: dict(v) for k, v in worker_params.items()}
         self.states = dict(worker_states)
 
-    def run(self, rngs, steps: int) -> dict:
+    def run(self, rngs, steps: int, workers=None) -> dict:
         config, losses = self.config, {}
-        for k in self.workers:
+        for k in self.workers if workers is None else [k for k in self.workers if k in workers]:
             x_k, y_k = self.shards[k]
             if self.plain:
                 self.params[k], self.states[k], losses[k] = inner_train_worker(

@@ -10,14 +10,15 @@ MPI) and for both algorithms, and proves each cell one of two things:
 * **it is refused by design, in one line, before any work**: only the synchronous
   baseline refuses, and only what configures an outer gradient it does not have.
 
-``docs/architecture.md`` shows ``render_matrix()``, generated from the same table.
+``docs/architecture.md`` shows ``render_matrix()``, generated from the same table, with
+``REFUSED_COMBINATIONS``: pairs of features that are refused together by design.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Feature", "FEATURES", "EXECUTOR_NAMES", "cell", "render_matrix"]
+__all__ = ["Feature", "FEATURES", "REFUSED_COMBINATIONS", "EXECUTOR_NAMES", "cell", "render_matrix"]
 
 EXECUTOR_NAMES = ("reference", "stacked", "mpi")
 
@@ -63,6 +64,22 @@ FEATURES = (
     Feature("divergence guard", "--max-loss", {}, hook="guard"),
     Feature("checkpoint and resume", "--checkpoint-every / --resume", {}, hook="resume"),
     Feature("network clock", "--bandwidth 1Mbit", {"family": {"bandwidth": 1e6, "step_time": 0.01}}, hook="clock"),
+    Feature("worker speeds (synchronous clock)", "--step-times 1,2", {"asynchrony": {"step_times": (1.0, 2.0)}}, True),
+    Feature("asynchronous DiLoCo", "--async --step-times 1,2",
+            {"asynchrony": {"asynchronous": True, "step_times": (1.0, 2.0)}}, True),
+    Feature("delayed Nesterov", "--async --step-times 1,2 --delayed-nesterov 2",
+            {"asynchrony": {"asynchronous": True, "step_times": (1.0, 2.0), "delayed_nesterov": 2}}, True),
+    Feature("dynamic local steps", "--async --step-times 1,2 --dynamic-local-steps",
+            {"asynchrony": {"asynchronous": True, "step_times": (1.0, 2.0), "dynamic_local_steps": True}}, True),
+)
+
+# Combinations refused by design, in one line, before any work (``check_algorithm``).
+REFUSED_COMBINATIONS = (
+    ("asynchronous DiLoCo", "streaming fragments, overlap tau, eager updates",
+     "each arrival updates the whole model at once"),
+    ("delayed Nesterov", "outer Adam, outer Lion", "a rule of the SGD/Nesterov outer optimizer"),
+    ("delayed Nesterov", "dropped outer gradients", "it counts arrivals, and a dropped one carries nothing"),
+    ("eager updates", "dropped outer gradients", "the eager rule needs every worker's fresh outer gradient"),
 )
 
 
@@ -83,4 +100,6 @@ def render_matrix() -> str:
     for feature in FEATURES:
         cells = [cell(feature, algo, ex) for algo in ("diloco", "sync") for ex in EXECUTOR_NAMES]
         lines.append(f"| {feature.name} | `{feature.flag}` | " + " | ".join(cells) + " |")
+    lines += ["", "Refused by design, in one line (on every executor):", ""]
+    lines += [f"* {feature} with {others}: {why}." for feature, others, why in REFUSED_COMBINATIONS]
     return "\n".join(lines) + "\n"

@@ -53,6 +53,8 @@ class NetworkTimer:
         self.clock, self.last = None, time.perf_counter()
 
     def finished(self, record, get_state) -> None:
+        if "sim_cumulative_seconds" in record:  # workers with speeds: the driver's own clock (diloco.core.schedule)
+            return
         if self.clock is None:
             step_time = self.family.step_time
             if step_time is None:  # measured on the first round

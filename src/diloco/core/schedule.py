@@ -24,10 +24,12 @@ import numpy as np
 
 from diloco._validation import api_checks
 from diloco.config_sections import PATTERNS
+from diloco.methods.asynchrony import arrival_schedule, draw_step_times, dynamic_local_steps, synchronous_round_time
 from diloco.model import Params
 
 __all__ = ["SyncEvent", "fragment_layers", "fragment_keys", "sync_offsets", "sync_steps", "round_plan",
-           "merge_step", "event_steps"]
+           "merge_step", "event_steps", "ArrivalGroup", "worker_step_times", "worker_local_steps", "async_plan",
+           "synchronous_round_seconds"]
 
 
 class SyncEvent(NamedTuple):
@@ -107,3 +109,82 @@ def event_steps(plan: list[SyncEvent], pending_steps, round_index: int, inner_st
     due = {event.h for event in plan}
     due.update(step - first for step in pending_steps if first < step <= first + inner_steps)
     return sorted(due)
+
+
+# --- Asynchronous DiLoCo (Liu et al. 2024): the arrival groups of every round, as data ---
+
+class ArrivalGroup(NamedTuple):
+    """Workers whose pseudo-gradients reach the server at simulated second ``time``, together.
+
+    ``steps[i]`` inner steps of ``workers[i]`` stand behind its arrival, computed from the
+    global model of version ``versions[i]`` (the arrivals applied when it started). The
+    group is applied at once; its workers then restart from the new global model.
+    """
+
+    time: float
+    workers: tuple
+    steps: tuple
+    versions: tuple
+
+
+def worker_step_times(config) -> np.ndarray:
+    """Seconds per inner step of each worker (``config.asynchrony``): given, drawn, or 1 s each.
+
+    Drawn times come from a generator seeded by ``config.seed`` and a fixed tag, never from
+    the run's own generator, so the batches and drops stay DiLoCo's.
+    """
+    section = config.asynchrony
+    if section.step_times is not None:
+        times = np.array(section.step_times, dtype=np.float64)
+    else:
+        times = draw_step_times(config.num_workers, np.random.default_rng([config.seed, 0xA5C]),
+                                spread=section.speed_spread)
+    if section.straggler is not None:
+        times[section.straggler] *= section.straggler_factor
+    return times
+
+
+def worker_local_steps(config) -> np.ndarray:
+    """H_k of each worker: H, or with dynamic local updates ``dynamic_local_steps`` (DyLU)."""
+    if config.asynchrony.dynamic_local_steps:
+        return dynamic_local_steps(worker_step_times(config), config.inner_steps)
+    return np.full(config.num_workers, config.inner_steps, dtype=np.int64)
+
+
+def async_plan(config, comm_time: float = 0.0) -> list[list[ArrivalGroup]]:
+    """The arrival groups of rounds 1..R of asynchronous DiLoCo.
+
+    ``diloco.methods.asynchrony.arrival_schedule`` orders the arrivals (worker k's trip
+    takes ``H_k c_k + comm_time``); arrivals at the same simulated time form one group.
+    A round ends at the first group boundary where every worker has arrived at least once
+    in it, so it spans about one trip of the slowest worker (what a synchronous round
+    waits for), and with equal speeds it is one group of all K workers: a DiLoCo round.
+    """
+    num_workers, rounds = config.num_workers, config.rounds
+    times, steps = worker_step_times(config), worker_local_steps(config)
+    budget = rounds * num_workers * 2
+    while True:
+        arrivals = arrival_schedule(times, steps, budget, comm_time=comm_time)
+        plan, groups, seen, i, n = [], [], set(), 0, arrivals.worker.size
+        while len(plan) < rounds:
+            j = i
+            while j < n and arrivals.time[j] == arrivals.time[i]:
+                j += 1
+            if j == n:  # the last group may be cut short: schedule more arrivals
+                break
+            groups.append(ArrivalGroup(float(arrivals.time[i]), tuple(int(k) for k in arrivals.worker[i:j]),
+                                       tuple(int(h) for h in arrivals.steps[i:j]),
+                                       tuple(int(v) for v in arrivals.version[i:j])))
+            seen.update(groups[-1].workers)
+            i = j
+            if len(seen) == num_workers:
+                plan.append(groups)
+                groups, seen = [], set()
+        if len(plan) == rounds:
+            return plan
+        budget *= 2
+
+
+def synchronous_round_seconds(config, comm_time: float = 0.0) -> float:
+    """One synchronous DiLoCo round with these speeds: the wait for the slowest, ``max_k H_k c_k + comm``."""
+    return synchronous_round_time(worker_step_times(config), worker_local_steps(config), comm_time=comm_time)

@@ -29,6 +29,7 @@ from diloco.core.comm import all_reduce
 from diloco.core.outer import copy_outer_state, outer_optimizer
 from diloco.mechanisms import draw_dropped, mean_pairwise_cosine
 from diloco.model import Params
+from diloco.outer import OuterState
 from diloco.params import average_params, scale_params, subtract_params
 
 __all__ = ["SyncResult", "sync_fragment", "eager_outer_gradient", "eager_sync", "merge_fragment"]
@@ -52,27 +53,57 @@ def _kept_weights(weights, kept) -> dict | None:
     return None if weights is None else {k: weights[k] for k in kept}
 
 
+def _bases(local: dict, sub_global: Params, keys: tuple, kept: list, starts) -> tuple[dict, Params]:
+    """What ``all_reduce`` forms ``base - theta_k`` from: every worker's own start snapshot.
+
+    DiLoCo (``starts`` None) and an asynchronous group that started from one model version
+    hand it the parameters and that model (milestone 24, bit for bit). Workers that started
+    from different versions hand it ``-(start_k - theta_k)`` around a zero model, which gives
+    back each ``start_k - theta_k`` exactly (IEEE negation and ``0 - x`` are exact).
+    """
+    if starts is None:
+        return local, sub_global
+    versions = {starts[k][0] for k in kept}
+    if len(versions) == 1:
+        start = starts[kept[0]][1]
+        return local, {key: start[key] for key in keys}
+    items = {k: {key: -(starts[k][1][key] - theta[key]) for key in keys} for k, theta in local.items()}
+    return items, {key: np.zeros_like(value) for key, value in sub_global.items()}
+
+
 def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, config, rng, weights, residuals: dict,
-                  ) -> SyncResult:
-    """Synchronise fragment ``keys`` (steps 1-4 of the module doc); the merge is the driver's, later."""
+                  *, workers=None, starts: dict | None = None, outer_update=None) -> SyncResult:
+    """Synchronise fragment ``keys`` (steps 1-4 of the module doc); the merge is the driver's, later.
+
+    Asynchronous DiLoCo syncs a group of arrivals: ``workers`` (default: all K), each
+    with ``starts[k] = (version, params)``, the global model it started from (default:
+    ``global_params`` for every worker); the group's outer gradient is applied to the
+    current ``global_params`` by ``outer_update(params, delta, state, config, count=...)``
+    (default: the config's outer optimizer), ``count`` the arrivals kept.
+    """
     num_workers = config.num_workers
     dropped = draw_dropped(rng, config)  # [] unless drop_prob > 0
-    kept = [k for k in range(num_workers) if k not in dropped]
-    local = executor.read(keys)
+    arriving = range(num_workers) if workers is None else sorted(workers)
+    kept = [k for k in arriving if k not in dropped]
+    local = {k: v for k, v in executor.read(keys).items() if k in arriving}
     sub_global = {key: global_params[key] for key in keys}
     cosine = None
     if config.record_similarity:
-        everyone = executor.gather(local)
-        cosine = mean_pairwise_cosine(sub_global, [everyone[k] for k in sorted(everyone)])
+        items, base = _bases(local, sub_global, keys, list(arriving), starts)
+        everyone = executor.gather(items)
+        cosine = mean_pairwise_cosine(base, [everyone[k] for k in sorted(everyone)])
     if not kept:  # every outer gradient was dropped: nothing reached the server, no outer step
         delta = {key: np.zeros_like(value) for key, value in sub_global.items()}
         received = {key: value.copy() for key, value in sub_global.items()}
-        return SyncResult({**global_params, **received}, copy_outer_state(outer_state), delta, received, (), 0.0,
-                          dropped, cosine, residuals)
-    ex = all_reduce({k: v for k, v in local.items() if k in kept}, config.family.comm,
-                    {k: residuals.get(k, {}) for k in local if k in kept}, _kept_weights(weights, kept),
-                    global_params=sub_global, gather=executor.gather)
-    received, new_outer = outer_optimizer(config).update(sub_global, ex.delta, outer_state, config)
+        same = copy_outer_state(outer_state) if isinstance(outer_state, OuterState) else outer_state
+        return SyncResult({**global_params, **received}, same, delta, received, (), 0.0, dropped, cosine, residuals)
+    items, base = _bases({k: v for k, v in local.items() if k in kept}, sub_global, keys, kept, starts)
+    ex = all_reduce(items, config.family.comm, {k: residuals.get(k, {}) for k in local if k in kept},
+                    _kept_weights(weights, kept), global_params=base, gather=executor.gather)
+    if outer_update is None:
+        received, new_outer = outer_optimizer(config).update(sub_global, ex.delta, outer_state, config)
+    else:
+        received, new_outer = outer_update(sub_global, ex.delta, outer_state, config, count=len(kept))
     new_residuals = {**residuals, **ex.residuals}
     return SyncResult({**global_params, **received}, new_outer, ex.delta, received, tuple(kept), ex.bytes_sent,
                       dropped, cosine, new_residuals)

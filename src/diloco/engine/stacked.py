@@ -73,12 +73,15 @@ class StackedExecutor:
             pack(worker_params[k], self.params[k], self.flat)
             pack(worker_states[k].m, self.m[k], self.flat)
             pack(worker_states[k].v, self.v[k], self.flat)
-        self.step = int(worker_states[0].step)
+        self.steps = [int(worker_states[k].step) for k in range(rows)]  # per worker: asynchronous ones differ
+        self.step = self.steps[0]
         if self.sync_model:
             self.stack = WorkerStack(self.flat, 1, K, b, self.dtype)
             self.stacked = True
         else:
-            self.stacked = choose_layout(K, P, self.layout_name, itemsize=self.dtype.itemsize) == "stacked"
+            # asynchronous groups are subsets of the workers at their own step counts: one at a time
+            self.stacked = (not self.config.asynchrony.asynchronous
+                            and choose_layout(K, P, self.layout_name, itemsize=self.dtype.itemsize) == "stacked")
             self.stack = WorkerStack(self.flat, K if self.stacked else 1, 1, b, self.dtype)
         self.scratch = adamw_scratch(self.stack.params.size, self.dtype)
 
@@ -103,10 +106,12 @@ class StackedExecutor:
         adamw_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, self.step + 1,
                      self._inner(self.step + 1), self.scratch)
 
-    def run(self, rngs, steps: int) -> dict:
+    def run(self, rngs, steps: int, workers=None) -> dict:
         K, b, stack = self.config.num_workers, self.config.batch_size, self.stack
+        chosen = range(K) if workers is None else [k for k in range(K) if k in workers]
         losses = np.empty((K, steps))
-        if self.stacked:
+        if self.stacked:  # every worker (the asynchronous schedule uses the per-worker layout)
+            self.step = self.steps[0]
             stack.params[...] = self.params
             for h in range(steps):
                 for k in range(K):
@@ -115,10 +120,10 @@ class StackedExecutor:
                 self._update(slice(0, K))
                 self.step += 1
             self.params[...] = stack.params
+            self.steps = [self.step] * K
         else:
-            first = self.step
-            for k in range(K):
-                self.step = first
+            for k in chosen:
+                self.step = self.steps[k]
                 stack.params[0] = self.params[k]
                 for h in range(steps):
                     draw_batch(self.shards[k], b, rngs[k], stack.x[0], stack.labels[0], self.encode)
@@ -126,7 +131,8 @@ class StackedExecutor:
                     self._update(slice(k, k + 1))
                     self.step += 1
                 self.params[k] = stack.params[0]
-        return {k: losses[k] for k in range(K)}
+                self.steps[k] = self.step
+        return {k: losses[k] for k in chosen}
 
     def run_sync(self, rngs, steps: int) -> dict:
         K, b, stack = self.config.num_workers, self.config.batch_size, self.stack
@@ -140,6 +146,7 @@ class StackedExecutor:
             self._update(slice(0, 1))
             self.step += 1
         self.params[...] = stack.params
+        self.steps = [self.step]
         return {k: losses[k] for k in range(K)}
 
     def shared(self) -> dict:
@@ -161,5 +168,6 @@ class StackedExecutor:
     def snapshot(self) -> tuple[dict, dict]:
         rows = range(self.params.shape[0])
         params = {k: unpack(self.params[k], self.flat) for k in rows}
-        states = {k: AdamWState(self.step, unpack(self.m[k], self.flat), unpack(self.v[k], self.flat)) for k in rows}
+        states = {k: AdamWState(self.steps[k], unpack(self.m[k], self.flat), unpack(self.v[k], self.flat))
+                  for k in rows}
         return params, states

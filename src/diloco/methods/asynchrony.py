@@ -22,6 +22,11 @@ The paper's two fixes, as we restate them from its text:
   ``H_k = floor(H v_k / max_j v_j)`` with ``v_k = 1 / c_k``, so that all workers take
   about the same wall time per round and slow workers' updates are not stale.
 
+The training core runs these rules as a sync schedule (``diloco.core.schedule.async_plan``,
+``DiLoCoConfig.asynchrony``): ``arrival_schedule`` orders the arrivals, and
+``delayed_outer_update`` is delayed Nesterov for a group of simultaneous arrivals, through
+the core's outer optimizer (``tests/tooling/test_async_core.py``).
+
 Reductions (``tests/tooling/test_asynchrony.py``): with equal speeds the arrivals come
 in round-robin order, K at a time from the same model, and K delayed-Nesterov arrivals
 with ``N = K`` are milestones 22-23 applied once to milestone 15's average of them, bit
@@ -49,7 +54,8 @@ from diloco.outer import OuterState, init_outer_optimizer, nesterov_param_update
 from diloco.params import average_params
 
 __all__ = ["Arrivals", "AsyncOuterState", "draw_step_times", "dynamic_local_steps", "arrival_schedule",
-           "synchronous_round_time", "init_async_outer", "async_nesterov_step", "delayed_nesterov_step"]
+           "synchronous_round_time", "init_async_outer", "async_nesterov_step", "delayed_nesterov_step",
+           "delayed_outer_update"]
 
 
 class Arrivals(NamedTuple):
@@ -290,3 +296,35 @@ def delayed_nesterov_step(params: Params, state: AsyncOuterState, pseudo_grad: P
     anchor = {k: v.copy() for k, v in new_params.items()}
     return new_params, AsyncOuterState(outer, anchor, (), state.arrivals + 1)
 
+
+
+def delayed_outer_update(params: Params, delta: Params, state: AsyncOuterState, config, *, count: int = 1,
+                         period: int, update) -> tuple[Params, AsyncOuterState]:
+    """Delayed Nesterov for a *group* of ``count`` arrivals whose mean pseudo-gradient is ``delta``.
+
+    The training core's form of ``delayed_nesterov_step``: a group of g arrivals moves the
+    params by ``-lr g delta / N`` (the g arrivals' ``-lr g_t / N``) while fewer than N
+    arrivals are pending; at the first group that brings N or more, the pending groups'
+    mean (weighted by their counts; ``delta`` itself when it is the only one) goes through
+    ``update`` (the outer optimizer, ``diloco.core.outer``) from the anchor, the params of
+    the last momentum step. ``state.pending`` holds ``(count, delta)`` pairs. With equal
+    speeds every group is the K workers and N = K makes every group a momentum step from
+    the current model: DiLoCo's outer step, bit for bit.
+
+    Returns
+    -------
+    (new_params, new_state)
+    """
+    period = check_positive_int(period, "period")
+    count = check_positive_int(count, "count")
+    if not isinstance(state, AsyncOuterState):
+        raise TypeError(f"state must be an AsyncOuterState, got {type(state).__name__}")
+    pending = state.pending + ((count, delta),)
+    held = sum(c for c, _ in pending)
+    if held < period:
+        new_params = {k: params[k] - config.outer_lr * (count * delta[k] / period) for k in params}
+        return new_params, AsyncOuterState(state.outer, state.anchor, pending, state.arrivals + count)
+    mean = delta if len(pending) == 1 else average_params([d for _, d in pending], [c for c, _ in pending])
+    new_params, outer = update(state.anchor, mean, state.outer, config)
+    anchor = {k: v.copy() for k, v in new_params.items()}
+    return new_params, AsyncOuterState(outer, anchor, (), state.arrivals + count)

@@ -66,5 +66,6 @@ def family_summary(family: FamilyConfig | None, config, records_by_algo: dict, n
 def print_family(extra: dict) -> None:
     """One line per algorithm with its simulated time, when a network was simulated."""
     for algo, sim in extra.get("simulated", {}).items():
+        step = "per worker: --step-times" if sim["step_time"] is None else f"{sim['step_time']:.3g} s"
         print(f"{algo}: simulated {sim['seconds']:.3g} s on the network, compute utilization "
-              f"{100 * sim['compute_utilization']:.1f}% (step time {sim['step_time']:.3g} s)")
+              f"{100 * sim['compute_utilization']:.1f}% (step time {step})")

@@ -22,6 +22,7 @@ from diloco.data import (
     load_mnist1d,
     load_npz_dataset,
 )
+from diloco.tools.cli.async_flags import add_async_flags, build_async
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.family_flags import add_family_flags, build_family
 from diloco.tools.cli.flag_checks import check_data_file
@@ -72,6 +73,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                           help="label-skewed shards: per class, Dirichlet(alpha) proportions across workers")
     add_mechanism_flags(parser)  # the paper's mechanisms: lr schedule, clipping, weights, outer Adam, drops
     add_family_flags(parser)  # compression, Streaming DiLoCo, eager, the simulated network
+    add_async_flags(parser)  # asynchronous DiLoCo, the workers' speeds
 
 
 def add_execution_flags(parser: argparse.ArgumentParser) -> None:
@@ -192,6 +194,8 @@ def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | Non
                 merged["inner"] = {**config.inner.to_dict(), **data["inner"]}
             if isinstance(data.get("family"), dict):
                 merged["family"] = {**config.family.to_dict(), **data["family"]}
+            if isinstance(data.get("asynchrony"), dict):
+                merged["asynchrony"] = {**config.asynchrony.to_dict(), **data["asynchrony"]}
             config = DiLoCoConfig.from_dict(merged)
         changes = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name, None) is not None}
         if "hidden_sizes" in changes:
@@ -205,6 +209,9 @@ def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | Non
         family = build_family(args, config.family.to_dict())
         if family != config.family:
             changes["family"] = family
+        asynchrony = build_async(args, config.asynchrony.to_dict())
+        if asynchrony != config.asynchrony:
+            changes["asynchrony"] = asynchrony
         return config.replace(**changes) if changes else config
     except (TypeError, ValueError) as exc:
         raise CliError(f"invalid config: {exc}") from None

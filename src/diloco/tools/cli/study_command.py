@@ -38,6 +38,10 @@ def run_study_command(args) -> int:
         from diloco.tools.studies.beyond_sparse import run_sparse_study
 
         return run_sparse_study(args)
+    if args.study == "async":  # asynchronous DiLoCo at equal simulated time: diloco.tools.studies.beyond_async
+        from diloco.tools.studies.beyond_async import run_async_study
+
+        return run_async_study(args)
     if args.study in FAMILY_STUDIES:  # compression, streaming, bandwidth: diloco.tools.studies.family_study
         from diloco.tools.studies.family_study import run_family_study_command
 

@@ -48,6 +48,19 @@ def pack_extra(extra: dict) -> tuple[dict, dict]:
             _put(arrays, f"extra.previous{k}", delta)
         if eager["previous_global"] is not None:
             _put(arrays, "extra.previous_global", eager["previous_global"])
+    clock = extra.get("async")  # asynchronous DiLoCo: each worker's start snapshot, the clock, delayed Nesterov
+    if clock is not None:
+        meta["async"] = {"versions": {str(k): int(v) for k, (v, _) in clock["starts"].items()},
+                         "version": int(clock["version"]), "now": float(clock["now"]), "delayed": None}
+        for k, (_, start) in clock["starts"].items():
+            _put(arrays, f"extra.start{k}", start)
+        delayed = clock["delayed"]
+        if delayed is not None:
+            meta["async"]["delayed"] = {"arrivals": int(delayed["arrivals"]),
+                                        "counts": [int(c) for c, _ in delayed["pending"]]}
+            _put(arrays, "extra.anchor", delayed["anchor"])
+            for i, (_, delta) in enumerate(delayed["pending"]):
+                _put(arrays, f"extra.held{i}", delta)
     return arrays, meta
 
 
@@ -67,4 +80,12 @@ def unpack_extra(arrays: dict, meta: dict | None) -> dict:
         extra["eager"] = {"thetas": {k: _take(arrays, f"extra.theta{k}") for k in eager["workers"]}, "outer": outer,
                           "previous_local": {k: _take(arrays, f"extra.previous{k}") for k in eager["previous"]},
                           "previous_global": _take(arrays, "extra.previous_global") if eager["has_global"] else None}
+    clock = meta.get("async")
+    if clock is not None:
+        delayed = clock["delayed"]
+        if delayed is not None:
+            delayed = {"anchor": _take(arrays, "extra.anchor"), "arrivals": delayed["arrivals"],
+                       "pending": [(c, _take(arrays, f"extra.held{i}")) for i, c in enumerate(delayed["counts"])]}
+        starts = {int(k): (v, _take(arrays, f"extra.start{k}")) for k, v in clock["versions"].items()}
+        extra["async"] = {"starts": starts, "version": clock["version"], "now": clock["now"], "delayed": delayed}
     return extra

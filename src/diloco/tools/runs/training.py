@@ -41,7 +41,7 @@ def _plain_starts(config) -> bool:
     """Whether every worker starts each round from the global params (no need to save theirs)."""
     family = config.family
     return (config.drop_prob == 0 and family.fragments == 1 and family.mix == 1.0 and not family.eager
-            and family.tau(config.inner_steps) == 0)
+            and family.tau(config.inner_steps) == 0 and not config.asynchrony.asynchronous)
 
 
 def state_of_checkpoint(checkpoint: Checkpoint) -> RunState:

@@ -1,0 +1,54 @@
+"""Flags of asynchronous DiLoCo with heterogeneous workers (``DiLoCoConfig.asynchrony``).
+
+``add_config_flags`` (``diloco.tools.cli.flags``) calls ``add_async_flags``, so train,
+compare and study take them; ``build_async`` turns them into an ``AsyncConfig`` over the
+config's own (``CliError``: one line, exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from diloco.config_sections import AsyncConfig
+from diloco.tools.cli.errors import CliError
+
+__all__ = ["add_async_flags", "build_async"]
+
+
+def add_async_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("asynchronous DiLoCo, heterogeneous workers (docs/concepts/asynchrony.md)")
+    group.add_argument("--async", dest="asynchronous", action="store_true", default=None,
+                       help="apply each worker's pseudo-gradient when it arrives (Liu et al. 2024)")
+    group.add_argument("--step-times", default=None, metavar="C1,C2,...",
+                       help="simulated seconds per inner step of each worker, e.g. 1,1,1,4 (default: 1 each)")
+    group.add_argument("--speed-spread", type=float, default=None, metavar="SIGMA",
+                       help="draw each worker's step time exp(SIGMA z), z ~ N(0,1), from the seed (0)")
+    group.add_argument("--straggler", type=int, default=None, metavar="K",
+                       help="worker K is --straggler-factor times slower")
+    group.add_argument("--straggler-factor", type=float, default=None, metavar="F", help="(4)")
+    group.add_argument("--delayed-nesterov", type=int, default=None, metavar="N",
+                       help="delayed Nesterov: the outer momentum step every N arrivals (needs --async)")
+    group.add_argument("--dynamic-local-steps", action="store_true", default=None,
+                       help="dynamic local updates: H_k in proportion to worker k's speed (needs --async)")
+
+
+def _times(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in str(text).split(","))
+    except ValueError:
+        raise CliError(f"--step-times must be comma-separated seconds per step, e.g. 1,1,2,4, got {text!r}") from None
+
+
+def build_async(args, defaults: dict | None = None) -> AsyncConfig:
+    """The ``AsyncConfig`` of the parsed flags (over ``defaults``, a ``to_dict()``)."""
+    changes = dict(defaults or {})
+    for name in ("asynchronous", "speed_spread", "straggler", "straggler_factor", "delayed_nesterov",
+                 "dynamic_local_steps"):
+        if getattr(args, name, None) is not None:
+            changes[name] = getattr(args, name)
+    if getattr(args, "step_times", None) is not None:
+        changes["step_times"] = _times(args.step_times)
+    try:
+        return AsyncConfig.from_dict(changes)
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"invalid asynchrony setting: {exc}") from None

@@ -1,0 +1,361 @@
+"""``diloco study async``: asynchronous DiLoCo against synchronous DiLoCo at equal simulated time.
+
+Liu et al. 2024 ("Asynchronous Local-SGD Training for Language Modeling", arXiv
+2401.09135) in miniature. K workers, one of them a straggler (``--straggler``, default
+the last worker, ``--straggler-factor`` times slower, 4 by default; or ``--step-times``).
+Four arms on the same seeds (so the same shards, initial model and speeds):
+
+* ``synchronous DiLoCo``: every round waits for the straggler (``max_k H c_k``);
+* ``async``: each group of arrivals is applied at once by the outer Nesterov step;
+* ``async + delayed Nesterov``: the momentum step every N = K arrivals;
+* ``async + DN + dynamic local steps``: and H_k in proportion to each worker's speed.
+
+Every arm runs until the simulated clock (``diloco.core.schedule``) reaches the time
+synchronous DiLoCo takes for ``--rounds`` rounds, T = R (H c_max + trip); its held-out
+metrics at T (the last evaluation at or before T) are compared seed by seed
+(``diloco.tools.studies.paper_report``: paired 95% intervals and the verdict words). The
+time each arm takes to reach synchronous DiLoCo's mean loss at T is reported beside it.
+
+``--export DIR`` writes ``DIR/beyond-async-<task>.json``; ``render_block`` renders it for
+``docs/results-beyond.md`` (``rebuild`` rewrites the page's generated blocks, and
+``tests/tooling/test_beyond_async.py`` checks the page holds exactly them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from diloco.config import AdamWConfig
+from diloco.core.driver import train
+from diloco.core.schedule import async_plan, synchronous_round_seconds, worker_local_steps
+from diloco.tools.cli.errors import CliError
+from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
+from diloco.tools.studies.paper_report import (
+    combine_verdicts,
+    interval_text,
+    judge_claims,
+    render_arms_table,
+    render_claims_table,
+    summarise_arms,
+    verdict,
+)
+from diloco.tools.studies.paper_runs import Arm, outcome_of
+from diloco.tools.studies.paper_studies import Claim
+from diloco.tools.studies.study_stats import mean_interval
+
+__all__ = ["NAME", "TASKS", "arms", "claims", "run_async_study", "render_block", "rebuild", "equal_time_rounds"]
+
+NAME = "async"
+# Per task: the model, the inner lr, K, H and the rounds of synchronous DiLoCo that set T.
+TASKS = {
+    "shakespeare": {"hidden_sizes": (128,), "inner": {"lr": 3e-3}, "num_workers": 4, "inner_steps": 20, "rounds": 10},
+    "digits": {"hidden_sizes": (64,), "inner": {"lr": 3e-3}, "num_workers": 4, "inner_steps": 20, "rounds": 10},
+}
+SYNC, ASYNC, DN, DYLU = ("synchronous DiLoCo", "async", "async + delayed Nesterov",
+                         "async + DN + dynamic local steps")
+PAPER = "Liu et al. 2024, abstract"
+
+
+def arms(config) -> list:
+    """The four arms over ``config.asynchrony``'s speeds (DN's N = K)."""
+    speeds = {k: v for k, v in config.asynchrony.to_dict().items()
+              if k in ("step_times", "speed_spread", "straggler", "straggler_factor")}
+    period = config.num_workers
+    return [Arm(SYNC, "diloco", {"asynchrony": {**speeds}}),
+            Arm(ASYNC, "diloco", {"asynchrony": {**speeds, "asynchronous": True}}),
+            Arm(DN, "diloco", {"asynchrony": {**speeds, "asynchronous": True, "delayed_nesterov": period}}),
+            Arm(DYLU, "diloco", {"asynchrony": {**speeds, "asynchronous": True, "delayed_nesterov": period,
+                                                "dynamic_local_steps": True}})]
+
+
+def claims(_arms=None) -> list:
+    """The paper's claims, as orderings of two arms at equal simulated time."""
+    return [
+        Claim("asynchronous DiLoCo with delayed Nesterov and dynamic local updates beats synchronous DiLoCo "
+              "in wall-clock time", DYLU, SYNC,
+              f"\"significantly surpasses it in terms of wall clock time\" ({PAPER})"),
+        Claim("delayed Nesterov beats plain asynchronous Nesterov (stale momentum is the challenge)", DN, ASYNC,
+              f"\"We identify momentum acceleration on the global parameters when worker gradients are stale "
+              f"as a key challenge\" ({PAPER})"),
+        Claim("dynamic local updates improve on delayed Nesterov alone", DYLU, DN,
+              f"\"adjusts the workers' local training steps based on their computation speed\" ({PAPER})"),
+        Claim("plain asynchronous DiLoCo beats synchronous DiLoCo in wall-clock time (our question, not a claim "
+              "of the paper)", ASYNC, SYNC,
+              f"not claimed; per update the paper finds the opposite: \"with naive implementations, asynchronous "
+              f"Local-SGD takes more iterations to converge than its synchronous counterpart\" ({PAPER})"),
+    ]
+
+
+def equal_time_rounds(config, horizon: float) -> int:
+    """The rounds an asynchronous ``config`` needs for its clock to reach ``horizon`` seconds."""
+    rounds = max(1, config.rounds)
+    while True:
+        plan = async_plan(config.replace(rounds=rounds))
+        for index, groups in enumerate(plan):
+            if groups[-1].time >= horizon - 1e-9:
+                return index + 1
+        rounds *= 2
+
+
+def _at(history: list, horizon: float) -> list:
+    """The records up to simulated second ``horizon`` (the evaluation at or before it is the last)."""
+    kept = [r for r in history if r["sim_cumulative_seconds"] <= horizon + 1e-9]
+    if not kept:
+        raise ValueError(f"no evaluation within {horizon:g} simulated seconds: run more rounds")
+    return kept
+
+
+def _steps_per_worker(history: list, config) -> int:
+    if not config.asynchrony.asynchronous:
+        return len(history) * config.inner_steps
+    steps = worker_local_steps(config)
+    counts = np.zeros(config.num_workers, dtype=np.int64)
+    for record in history:
+        for k in record["arrivals"]:
+            counts[k] += steps[k]
+    return int(counts.max())
+
+
+def horizon_of(config, seed: int) -> float:
+    """T for ``seed``: synchronous DiLoCo's R rounds, each the slowest worker's trip (the speeds may
+    be drawn from the seed)."""
+    return config.rounds * synchronous_round_seconds(config.replace(seed=int(seed)), 0.0)
+
+
+def run_arm(arm: Arm, base, seed: int, data) -> dict:
+    """Train ``arm`` with ``seed`` until the clock passes T (``horizon_of``); the outcome at T."""
+    config = base.replace(**arm.changes, seed=int(seed))
+    horizon = horizon_of(base, seed)
+    if config.asynchrony.asynchronous:
+        config = config.replace(rounds=equal_time_rounds(config, horizon))
+    start = time.perf_counter()
+    result = train("diloco", data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test,
+                   encode=data.encode, executor="stacked" if config.engine == "fast" else "reference")
+    seconds = time.perf_counter() - start
+    history = _at(result.history, horizon)
+    outcome = outcome_of(arm, seed, config, history, seconds, config.engine)
+    outcome["steps_per_worker"] = _steps_per_worker(history, config)
+    outcome["sim_seconds"] = history[-1]["sim_cumulative_seconds"]
+    outcome["time_curve"] = [[r["sim_cumulative_seconds"], r["eval_loss"]] for r in result.history]
+    return outcome
+
+
+def _time_to(curve: list, target: float):
+    return next((t for t, loss in curve if loss <= target), None)
+
+
+def _time_to_target(outcomes: list, rows: list) -> dict:
+    """Each arm's simulated seconds to reach synchronous DiLoCo's mean held-out loss at T."""
+    sync = next(row for row in rows if row["arm"] == SYNC)
+    target = float(np.mean(sync["per_seed_eval_loss"]))
+    table = {"target_loss": target, "arms": []}
+    for row in rows:
+        times = [_time_to(o["time_curve"], target) for o in sorted(outcomes, key=lambda o: o["seed"])
+                 if o["arm"] == row["arm"]]
+        reached = [t for t in times if t is not None]
+        table["arms"].append({"arm": row["arm"], "per_seed": times, "reached": len(reached), "seeds": len(times),
+                              "seconds": mean_interval(reached) if len(reached) >= 2 else None})
+    return table
+
+
+def run_async_study(args) -> int:
+    from diloco.tools.cli.flags import build_config, load_dataset
+    from diloco.tools.cli.run_setup import thread_limit
+
+    task = getattr(args, "data", None) or "digits"
+    if task not in TASKS:
+        raise CliError(f"study async runs on --data {' or --data '.join(TASKS)}, got --data {task}")
+    spec = TASKS[task]
+    defaults = {"hidden_sizes": spec["hidden_sizes"], "inner": AdamWConfig(**spec["inner"]), "engine": "fast",
+                "num_workers": spec["num_workers"], "inner_steps": spec["inner_steps"], "rounds": spec["rounds"]}
+    config = build_config(args, defaults)
+    if not config.asynchrony.simulates_speeds:  # the default straggler: the last worker, 4x slower
+        config = config.replace(asynchrony={"straggler": config.num_workers - 1, "straggler_factor": 4.0})
+    if config.asynchrony.asynchronous or config.asynchrony.delayed_nesterov or config.asynchrony.dynamic_local_steps:
+        raise CliError("study async sets --async, --delayed-nesterov and --dynamic-local-steps per arm: "
+                       "give only the speeds (--step-times, --speed-spread, --straggler, --straggler-factor)")
+    if args.seeds < 2:
+        raise CliError(f"--seeds must be at least 2 for paired intervals, got {args.seeds}")
+    study_arms = arms(config)
+    try:
+        for arm in study_arms:
+            from diloco.core.driver import check_algorithm
+
+            check_algorithm("diloco", config.replace(**arm.changes))
+    except ValueError as exc:
+        raise CliError(f"study async: {exc}") from None
+    data, data_info = load_dataset(args, config.dtype)
+    threads, limit = thread_limit(args, config, data)
+    if config.family.simulates_network:
+        raise CliError("study async compares compute time only: leave out --bandwidth")
+    seeds = list(range(config.seed, config.seed + args.seeds))
+    horizons = [horizon_of(config, seed) for seed in seeds]
+    horizon = horizons[0] if len(set(horizons)) == 1 else horizons
+    run_dir = create_run_dir(args.runs_dir, args.name or f"study-async-{task}")
+    write_json(run_dir / "config.json", {"command": "study", "study": NAME, "task": task, "config": config.to_dict(),
+                                         "horizon_seconds": horizon, "seeds": seeds,
+                                         "arms": [a._asdict() for a in study_arms], "data": data_info,
+                                         "blas_threads": threads})
+    write_json(run_dir / "environment.json", environment_record(seed=config.seed))
+    results = JsonlWriter(run_dir / "results.jsonl")
+    if not args.quiet:
+        print(f"study async (Liu et al. 2024) on {task}: {len(study_arms)} arms x {len(seeds)} seeds, "
+              f"equal simulated time {horizon} s ({config.rounds} synchronous rounds)")
+    outcomes, started = [], time.perf_counter()
+    try:
+        with limit:
+            for arm in study_arms:
+                for seed in seeds:
+                    outcome = run_arm(arm, config, seed, data)
+                    outcomes.append(outcome)
+                    results.write_line(outcome)
+                    if not args.quiet:
+                        print(f"  {arm.label}, seed {seed}: loss {outcome['eval_loss']:.4f} at "
+                              f"{outcome['sim_seconds']:g} s ({outcome['seconds']:.1f} s)", flush=True)
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"study async: {exc}") from None
+    rows = summarise_arms(outcomes, study_arms)
+    for row in rows:
+        row["sim_seconds"] = float(np.mean([o["sim_seconds"] for o in outcomes if o["arm"] == row["arm"]]))
+    command = ["diloco study async", "--data", task, "--seeds", str(args.seeds)]
+    for flag, name in (("--workers", "num_workers"), ("--inner-steps", "inner_steps"), ("--rounds", "rounds")):
+        if getattr(config, name) != spec[name]:
+            command += [flag, str(getattr(config, name))]
+    command += _speed_flags(config)
+    summary = {"study": NAME, "title": "asynchronous DiLoCo against synchronous DiLoCo at equal simulated time",
+               "reference": "Liu et al. 2024, arXiv 2401.09135", "task": task, "data": data_info,
+               "config": config.to_dict(), "horizon_seconds": horizon, "seeds": seeds, "rows": rows,
+               "claims": judge_claims(claims(), rows, task), "time_to_target": _time_to_target(outcomes, rows),
+               "seconds": time.perf_counter() - started, "command": " ".join(command)}
+    write_json(run_dir / "summary.json", summary)
+    block = render_block(summary)
+    atomic_write_text(run_dir / "study.md", f"# Asynchronous DiLoCo ({task})\n\n{block}")
+    export = getattr(args, "export", None)
+    if export:
+        target = Path(export)
+        target.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(target / f"beyond-async-{task}{_suffix(config)}.json",
+                          json.dumps(summary, indent=1, allow_nan=False) + "\n")
+    print(block, end="")
+    print(f"run folder: {run_dir}")
+    return 0
+
+
+def _speed_flags(config) -> list:
+    """The speed flags of ``config`` that differ from the study's default straggler."""
+    section, flags = config.asynchrony, []
+    if section.step_times is not None:
+        flags += ["--step-times", ",".join(f"{t:g}" for t in section.step_times)]
+    if section.speed_spread:
+        flags += ["--speed-spread", f"{section.speed_spread:g}"]
+    if section.straggler is not None and (section.straggler != config.num_workers - 1 or section.speed_spread
+                                          or section.step_times is not None):
+        flags += ["--straggler", str(section.straggler)]
+    if section.straggler is not None and section.straggler_factor != 4.0:
+        flags += ["--straggler-factor", f"{section.straggler_factor:g}"]
+    return flags
+
+
+def _suffix(config) -> str:
+    """``""`` for the default straggler, else e.g. ``"-spread0.5"``: one exported file per setting."""
+    flags = _speed_flags(config)
+    return "" if not flags else "-" + "".join(f.lstrip("-").split("-")[-1] if f.startswith("--") else f
+                                              for f in flags).replace(",", "_")
+
+
+def _time_table(summary: dict) -> str:
+    table = summary["time_to_target"]
+    lines = [f"| arm | simulated seconds to synchronous DiLoCo's mean held-out loss at T ({table['target_loss']:.3f}), "
+             "mean [95% CI] | seeds that reached it |", "|---|---|---:|"]
+    for row in table["arms"]:
+        seconds = "n/a" if row["seconds"] is None else interval_text(row["seconds"], digits=0)
+        lines.append(f"| {row['arm']} | {seconds} | {row['reached']} of {row['seeds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_block(summary: dict) -> str:
+    """The page's block for one task: the command, the arms, the claims, the time to target."""
+    config = summary["config"]
+    speeds = config["asynchrony"]
+    horizon = summary["horizon_seconds"]
+    horizon = (f"{horizon:g} simulated seconds" if not isinstance(horizon, list) else
+               "the seed's own time (" + ", ".join(f"{h:.0f}" for h in horizon) + " simulated seconds)")
+    return (f"Command: `.venv/bin/{summary['command']} --export docs/assets/results` "
+            f"({summary['seconds'] / 60:.1f} min of wall time, one process). K = {config['num_workers']}, "
+            f"H = {config['inner_steps']}, speeds "
+            f"{_speeds(speeds, config['num_workers'])}; every arm is compared at T = {horizon}, "
+            f"{config['rounds']} synchronous rounds; seeds {summary['seeds']}. Steps/worker: the fastest worker's "
+            f"steps by T, and all-reduces: outer steps (groups of arrivals), both of seed {summary['seeds'][0]}.\n\n"
+            + render_arms_table(summary) + "\n" + render_claims_table(summary) + "\n" + _time_table(summary))
+
+
+def _speeds(section: dict, num_workers: int) -> str:
+    if section.get("step_times"):
+        return "c = " + ", ".join(f"{t:g}" for t in section["step_times"]) + " s per step"
+    text = "1 s per step" if not section.get("speed_spread") else f"log-normal, spread {section['speed_spread']:g}"
+    if section.get("straggler") is not None:
+        text += f", worker {section['straggler']} {section['straggler_factor']:g}x slower"
+    return text
+
+
+BLOCK = re.compile(r"<!-- generated: (?P<name>beyond-async[\w.-]*) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
+
+
+def _summary_table(summaries: dict) -> str:
+    """One row per claim: each task's verdict and the combined one (the weakest run)."""
+    tasks = sorted(summaries, key=lambda name: (not name.startswith("shakespeare"), name))
+    lines = ["| claim | the paper | " + " | ".join(f"{_label(t)}" for t in tasks) + " | verdict |",
+             "|---|---|" + "---|" * len(tasks) + "---|"]
+    for claim in claims():
+        words = []
+        for task in tasks:
+            judged = next((c for c in summaries[task]["claims"] if c["text"] == claim.text), None)
+            words.append("not run" if judged is None else verdict(judged["metric_difference"]))
+        lines.append(f"| {claim.text} | {claim.paper} | " + " | ".join(words)
+                     + f" | **{combine_verdicts(words)}** |")
+    return "\n".join(lines) + "\n"
+
+
+def _label(name: str) -> str:
+    """``shakespeare-spread0.5`` -> ``char-LM, speeds spread 0.5``."""
+    task, _, setting = name.partition("-")
+    words = {"shakespeare": "char-LM"}.get(task, task)
+    return f"{words}, " + ("one straggler" if not setting else setting.replace("spread", "speeds spread "))
+
+
+def render_named(name: str, directory) -> str:
+    """The body of the page's block ``name``: ``beyond-async`` (the claims) or ``beyond-async-<task>``."""
+    summaries = {path.stem.removeprefix("beyond-async-"): json.loads(path.read_text(encoding="utf-8"))
+                 for path in sorted(Path(directory).glob("beyond-async-*.json"))}
+    for summary in summaries.values():
+        summary["claims"] = judge_claims(claims(), summary["rows"], summary["task"])
+    if name == "beyond-async":
+        return _summary_table(summaries)
+    task = name.removeprefix("beyond-async-")
+    if task not in summaries:
+        raise ValueError(f"no summary docs/assets/results/{name}.json for the block {name}")
+    summary = summaries[task]
+    summary["claims"] = judge_claims(claims(), summary["rows"], summary["task"])  # today's claims and words
+    return render_block(summary)
+
+
+def rebuild(page, directory) -> str:
+    """``page`` (a Markdown path) with every ``beyond-async*`` block rendered again; written if changed."""
+    path = Path(page)
+    text = path.read_text(encoding="utf-8")
+    new = BLOCK.sub(lambda m: f"<!-- generated: {m['name']} -->\n{render_named(m['name'], directory)}"
+                              f"<!-- end: {m['name']} -->", text)
+    if new != text:
+        atomic_write_text(path, new)
+    return new
+
+
+if __name__ == "__main__":  # python -m diloco.tools.studies.beyond_async: rebuild the page's blocks
+    root = Path(__file__).resolve().parents[4]
+    rebuild(root / "docs" / "results-beyond.md", root / "docs" / "assets" / "results")
+    print("docs/results-beyond.md: asynchronous blocks rebuilt")
