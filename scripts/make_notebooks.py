@@ -402,11 +402,118 @@ compare them on the worked examples of `docs/concepts/compression.md` and `docs/
 ]
 
 
+BEYOND_2025 = [
+    ("md", """# Beyond DiLoCo, 2024-2025: asynchronous workers, sparse outer gradients, Muon
+
+Three methods that followed DiLoCo, each a transform or a sync schedule of the one training core
+(`diloco.core.driver.train`), so each runs on every executor with checkpoints, the divergence
+guard and `--config`:
+
+* **asynchronous DiLoCo** (Liu et al. 2024, arXiv 2401.09135): the server applies each worker's
+  pseudo-gradient when it arrives, so a slow worker no longer holds the others back; delayed
+  Nesterov momentum and dynamic local updates are the paper's two fixes for stale updates;
+* **sparse outer gradients** (SparseLoCo, arXiv 2508.15706; DeMo, arXiv 2411.19870): each worker
+  sends the top 1-3% of its pseudo-gradient per chunk, with error feedback;
+* **a Muon inner optimizer** (MuLoCo, arXiv 2505.23725): Newton-Schulz orthogonalised momentum
+  for the weight matrices, AdamW for the biases.
+
+One small run of each on the digits, one figure per method. The concept pages in
+`docs/concepts/` have the equations; `docs/results-beyond.md` the 5-seed studies and their
+verdicts (this notebook's single runs prove nothing by themselves)."""),
+    ("code", """%matplotlib inline
+import matplotlib.pyplot as plt
+import numpy as np
+
+from diloco import DiLoCoConfig, train_diloco
+from diloco.config import MuonConfig
+from diloco.config_sections import AsyncConfig, FamilyConfig
+from diloco.core.driver import train
+from diloco.data import load_digits_split
+
+data = load_digits_split(seed=0)
+config = DiLoCoConfig(num_workers=4, inner_steps=20, rounds=8, hidden_sizes=(32, 32))
+
+
+def run(cfg, algo="diloco"):
+    return train(algo, data.x_train, data.y_train, cfg, x_eval=data.x_test, y_eval=data.y_test)
+
+
+def losses(result):
+    return [r["eval_loss"] for r in result.history]"""),
+    ("md", """## 1. Asynchronous DiLoCo with a straggler
+
+Worker 3 is four times slower. Synchronous DiLoCo waits for it every round; asynchronous
+DiLoCo applies each group of arrivals to the current global model. The records carry the
+simulated clock (`sim_cumulative_seconds`, one second per inner step of a normal worker). With
+equal speeds the asynchronous schedule *is* DiLoCo, bit for bit:"""),
+    ("code", """equal = run(config.replace(asynchrony=AsyncConfig(asynchronous=True)))
+plain = train_diloco(data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test)
+print("equal speeds: asynchronous equals train_diloco bit for bit:",
+      all(np.array_equal(equal.params[k], plain.params[k]) for k in plain.params))
+
+slow = dict(straggler=3, straggler_factor=4.0)
+arms = {"synchronous DiLoCo": AsyncConfig(**slow),
+        "asynchronous": AsyncConfig(asynchronous=True, **slow),
+        "asynchronous + delayed Nesterov (N=4)": AsyncConfig(asynchronous=True, delayed_nesterov=4, **slow),
+        "+ dynamic local steps": AsyncConfig(asynchronous=True, delayed_nesterov=4, dynamic_local_steps=True,
+                                             **slow)}
+horizon = run(config.replace(asynchrony=arms["synchronous DiLoCo"])).history[-1]["sim_cumulative_seconds"]
+fig, ax = plt.subplots(figsize=(6, 4))
+for name, spec in arms.items():
+    rounds = config.rounds if name.startswith("synchronous") else 4 * config.rounds
+    history = run(config.replace(asynchrony=spec, rounds=rounds)).history
+    points = [(r["sim_cumulative_seconds"], r["eval_loss"]) for r in history if r["sim_cumulative_seconds"] <= horizon]
+    ax.plot(*zip(*points), "o-", markersize=3, label=name)
+ax.set(xlabel="simulated seconds", ylabel="held-out loss", yscale="log",
+       title="one worker 4x slower: loss against simulated time")
+ax.legend(fontsize=8)
+plt.show()"""),
+    ("md", """## 2. Sparse outer gradients
+
+Each worker keeps the largest 2% of its pseudo-gradient per chunk of 4096 values and sends the
+values with their indices; error feedback carries what it did not send into its next round.
+The records count the bytes of indices and values at their real widths. With every entry kept
+and no quantisation the exchange is DiLoCo's mean:"""),
+    ("code", """dense = run(config)
+full = run(config.replace(family=FamilyConfig(topk=1.0)))
+gap = max(float(np.max(np.abs(full.params[k] - dense.params[k]))) for k in dense.params)
+print(f"top-k at 100%: largest parameter difference from DiLoCo {gap:.1e}")
+
+sparse = {"DiLoCo (float64)": config, "DiLoCo, fp4": config.replace(family=FamilyConfig(comm_dtype="fp4")),
+          "top-2% + error feedback": config.replace(family=FamilyConfig(topk=0.02, error_feedback=True)),
+          "top-2%, 2-bit values + error feedback": config.replace(
+              family=FamilyConfig(topk=0.02, topk_bits=2, error_feedback=True))}
+fig, ax = plt.subplots(figsize=(6, 4))
+for name, cfg in sparse.items():
+    history = run(cfg).history
+    ax.plot([r["cumulative_bytes"] for r in history], [r["eval_loss"] for r in history], "o-", markersize=3,
+            label=name)
+ax.set(xscale="log", xlabel="bytes sent per worker", ylabel="held-out loss", title="loss against bytes sent")
+ax.legend(fontsize=8)
+plt.show()"""),
+    ("md", """## 3. Muon as the inner optimizer
+
+Muon orthogonalises each weight matrix's momentum with five Newton-Schulz steps before the
+update; the biases keep AdamW. MuLoCo's claim is that it combines well with DiLoCo as $K$ grows;
+here one seed, $K = 1$ and $K = 4$:"""),
+    ("code", """fig, ax = plt.subplots(figsize=(6, 4))
+for workers in (1, 4):
+    for name, cfg in (("AdamW", config), ("Muon", config.replace(inner_optimizer="muon", muon=MuonConfig()))):
+        history = run(cfg.replace(num_workers=workers)).history
+        ax.plot([r["round"] for r in history], [r["eval_loss"] for r in history], "o-" if workers == 4 else "s--",
+                markersize=3, label=f"{name}, K={workers}")
+ax.set(xlabel="outer round", ylabel="held-out loss", yscale="log", title="inner AdamW against inner Muon")
+ax.legend(fontsize=8)
+plt.show()"""),
+]
+
+
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
     "02_ablations.ipynb": ABLATIONS,
     "03_noniid.ipynb": NONIID,
     "04_beyond_diloco.ipynb": BEYOND,
+    "05_beyond_diloco_2025.ipynb": BEYOND_2025,
 }
 
 
