@@ -263,3 +263,19 @@ def test_plain_diloco_never_calls_the_streaming_schedule(monkeypatch):
     assert len(result.history) == 2
     with pytest.raises(NotImplementedError, match="x02"):  # more than one fragment does use it
         driver.train("diloco", x, y, dataclasses.replace(config, family=FamilyConfig(fragments=2)))
+
+
+def test_the_command_line_names_a_stub_it_reaches_in_one_line(monkeypatch, tmp_path, capsys):
+    """In a workspace, `diloco train --fragments 2` before x02 is written: the stub's message, no traceback."""
+    from diloco.core import driver
+    from diloco.tools.cli.main import main
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError(stub_message(by_code("x02"), "fragment_keys"))
+
+    monkeypatch.setattr(driver, "fragment_keys", stub)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--fragments", "2", "--rounds", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("diloco train: error: exercise x02 streaming_schedule: fragment_keys is not implemented "
+                           "yet (see docs/exercises/x02-streaming-schedule.md)"), err
