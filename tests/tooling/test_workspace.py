@@ -140,7 +140,9 @@ def test_workspace_has_no_solution_line(fresh):
 
 
 def test_no_test_file_repeats_a_whole_solution_body():
-    regions = regions_mod.package_regions()
+    regions = dict(regions_mod.package_regions())
+    regions.update({f"{found.exercise.code} ({name})": found.region
+                    for (_, name), found in regions_mod.package_exercise_regions().items()})
     for path in (REPO / "tests").rglob("*.py"):
         text = {line.strip() for line in path.read_text().splitlines()}
         for number, region in regions.items():
