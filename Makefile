@@ -78,7 +78,8 @@ lint: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench.py
 
-# Learner workspace: the project with the 30 milestone bodies as stubs (docs/learner-guide.md).
+# Learner workspace: the project with the 30 milestone bodies, and those of the optional exercises
+# x01-x03 (docs/exercises/), as stubs (docs/learner-guide.md).
 WS ?= workspace
 
 workspace: $(VENV)/.installed-dev

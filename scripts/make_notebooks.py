@@ -395,10 +395,11 @@ ax.legend()
 plt.show()"""),
     ("md", """## Exercises
 
-Two graded exercises sit outside the course's 30 milestones: `x01` (an fp4 E2M1 quantiser with a
-power-of-two block scale) and `x02` (the strided fragment schedule). The reference implementations
-are `diloco.core.quantize.encode` and `diloco.core.schedule.sync_steps`; write your own and
-compare them on the worked examples of `docs/concepts/compression.md` and `docs/concepts/streaming.md`."""),
+Three graded exercises sit outside the course's 30 milestones (`docs/exercises/`): `x01` (the fp4
+E2M1 quantiser with a power-of-two scale per block), `x02` (the streaming fragment schedule) and
+`x03` (top-k with error feedback). In a workspace they are stubs of the library's own functions
+(`diloco.core.quantize`, `diloco.core.schedule`, `diloco.methods.sparse`): `make test M=x01`
+runs one, and `make grade` reports them under the 30 milestones, outside the score."""),
 ]
 
 

@@ -1,7 +1,8 @@
 """Suite-wide rules.
 
 * Every milestone test carries exactly one milestone marker ``m01`` .. ``m30`` (so
-  ``pytest -m m07`` runs milestone 7 alone and the grader can attribute every result).
+  ``pytest -m m07`` runs milestone 7 alone and the grader can attribute every result), or
+  the marker of one optional exercise, ``x01`` .. (``diloco.exercises``), instead.
   A test without one, or with two, is a collection error.
 * Tests of the supporting tools (grader, workspace, CLI, notebooks, docs) live in
   ``tests/tooling/``. They are marked ``tooling`` automatically, carry no milestone
@@ -55,6 +56,17 @@ settings.register_profile(
 settings.load_profile(PROFILE)
 
 _MILESTONE = re.compile(r"^m(0[1-9]|[12][0-9]|30)$")
+_EXERCISE_MARKERS = None  # the exercises' markers, read from diloco.exercises at collection
+
+
+def _is_unit_marker(name: str) -> bool:
+    """A milestone's marker (m01..m30) or an exercise's (x01..)."""
+    global _EXERCISE_MARKERS
+    if _EXERCISE_MARKERS is None:
+        from diloco.exercises import EXERCISES
+
+        _EXERCISE_MARKERS = {e.marker for e in EXERCISES}
+    return bool(_MILESTONE.match(name)) or name in _EXERCISE_MARKERS
 
 
 def pytest_configure(config):
@@ -63,10 +75,12 @@ def pytest_configure(config):
 
 
 def _stub_markers() -> set[str]:
-    """Markers of the milestones whose function, or a prerequisite's, is still a stub."""
+    """Markers of the milestones whose function, or a prerequisite's, is still a stub, and of
+    the exercises with a function still a stub."""
     import importlib
     import inspect
 
+    from diloco import exercises
     from diloco.milestones import MILESTONES, all_dependencies, stub_message
 
     stubs = set()
@@ -74,7 +88,13 @@ def _stub_markers() -> set[str]:
         function = getattr(importlib.import_module(f"diloco.{milestone.module}"), milestone.name)
         if stub_message(milestone) in inspect.getsource(function):
             stubs.add(milestone.number)
-    return {m.marker for m in MILESTONES if stubs & {m.number, *all_dependencies(m.number)}}
+    markers = {m.marker for m in MILESTONES if stubs & {m.number, *all_dependencies(m.number)}}
+    for exercise in exercises.EXERCISES:
+        for module, name in exercise.functions:
+            function = getattr(importlib.import_module(f"diloco.{module}"), name)
+            if exercises.stub_message(exercise, name) in inspect.getsource(function):
+                markers.add(exercise.marker)
+    return markers
 
 
 def _hypothesis_settings(item, stubbed: bool) -> settings:
@@ -113,7 +133,7 @@ def pytest_collection_modifyitems(config, items):
     tooling_dir = Path(__file__).parent / "tooling"
     milestone_items = []
     for item in items:
-        marks = {m.name for m in item.iter_markers() if _MILESTONE.match(m.name)}
+        marks = {m.name for m in item.iter_markers() if _is_unit_marker(m.name)}
         if tooling_dir in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.tooling)
             if marks:
@@ -126,5 +146,6 @@ def pytest_collection_modifyitems(config, items):
     bad += _apply_settings(milestone_items, stubbed)
     if bad:
         raise pytest.UsageError(
-            "every test needs exactly one milestone marker (m01..m30), and no @settings:\n  " + "\n  ".join(bad)
+            "every test needs exactly one milestone marker (m01..m30) or exercise marker (x01..), and no "
+            "@settings:\n  " + "\n  ".join(bad)
         )

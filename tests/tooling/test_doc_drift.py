@@ -29,7 +29,7 @@ GUIDE = DOCS / "learner-guide.md"
 
 # What a learner reads and types: every command here must run as printed.
 LEARNER_FILES = sorted([ROOT / "README.md", GUIDE, DOCS / "glossary.md", TEMPLATE_DIR / "README.md",
-                        *(DOCS / "milestones").glob("*.md")])
+                        *(DOCS / "milestones").glob("*.md"), *(DOCS / "exercises").glob("*.md")])
 # Programs that exist only inside an activated virtual environment (or not at all).
 NEEDS_ACTIVATION = ("pytest", "diloco", "python", "mkdocs", "jupyter", "mpiexec", "pip", "ruff", "npm")
 FENCE = re.compile(r"^\s*(```|~~~)\s*([\w-]*)")

@@ -21,6 +21,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from diloco.exercises import EXERCISES
 from diloco.milestones import MILESTONES, all_dependencies
 from diloco.tools.cli.main import main
 from diloco.tools.grading import grade_verdicts
@@ -30,17 +31,22 @@ from diloco.tools.grading.grade_text import plain_math, round_tolerances, shown_
 from diloco.tools.grading.grader import FAILED, LOCKED, NOT_STARTED, PASSED, grade
 from diloco.tools.grading.lessons import common_mistakes
 from diloco.tools.workspace.create import create_workspace
-from diloco.tools.workspace.regions import stub_source
+from diloco.tools.workspace.regions import exercise_module_path, stub_exercise_source, stub_source
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "docs" / "results.schema.json").read_text())
 
 
-def fill_in(ws: Path, keep) -> None:
-    """Copy the reference bodies of milestones ``keep`` into workspace ``ws``."""
+def fill_in(ws: Path, keep, exercises=()) -> None:
+    """Copy the reference bodies of milestones ``keep`` into workspace ``ws``, and those of the
+    exercises (codes, ``x01``) or exercise functions (names, ``_topk_flat``) in ``exercises``."""
     for module in sorted({m.module for m in MILESTONES}):
         source = (REPO / "src" / "diloco" / f"{module}.py").read_text()
         (ws / "src" / "diloco" / f"{module}.py").write_text(stub_source(source, module, keep=keep))
+    for module in sorted({module for e in EXERCISES for module, _ in e.functions}):
+        source = exercise_module_path(module).read_text()
+        exercise_module_path(module, ws / "src" / "diloco").write_text(
+            stub_exercise_source(source, module, keep=exercises))
 
 
 def tree_digest(root: Path) -> dict:
@@ -63,8 +69,9 @@ def fresh(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=[2, 6])
 def first_k(request, tmp_path_factory):
+    """Milestones 1..k done; with k = 6 also exercise x01, and half of x03 (its top-k, not its feedback)."""
     ws = create_workspace(tmp_path_factory.mktemp(f"k{request.param}") / "ws")
-    fill_in(ws, range(1, request.param + 1))
+    fill_in(ws, range(1, request.param + 1), ("x01", "_topk_flat") if request.param == 6 else ())
     return request.param, grade(ws)
 
 
@@ -92,9 +99,15 @@ def test_fresh_workspace_grades_zero(fresh):
     assert fresh["json"]["score"] == 0
     assert fresh["json"]["output"] == (
         "0/30 passed - next: 01 init_model_params (docs/milestones/01-init-model-params.md)")
-    by_number = {t["extra_data"]["milestone"]: t["extra_data"] for t in fresh["json"]["tests"]}
+    by_number = {t["extra_data"]["milestone"]: t["extra_data"] for t in fresh["json"]["tests"]
+                 if "milestone" in t["extra_data"]}
     for m in MILESTONES:  # exactly the milestones with prerequisites are locked
         assert by_number[m.number]["state"] == (LOCKED if m.depends_on else NOT_STARTED)
+    exercises = [t for t in fresh["json"]["tests"] if "exercise" in t["extra_data"]]
+    assert [t["number"] for t in exercises] == [e.code for e in EXERCISES]
+    for t in exercises:  # and 0 of the exercises: each still raises its stubs
+        assert t["extra_data"]["state"] == NOT_STARTED and t["status"] == "failed", t
+        assert t["score"] == t["max_score"] == 0
 
 
 def test_grading_does_not_touch_the_submission(fresh):
@@ -112,7 +125,17 @@ def test_first_k_milestones_pass(first_k):
     assert Path(report.imported_from).is_relative_to(report.impl / "src" / "diloco")
     table = grading.format_table(report)
     assert table.splitlines()[-1] == report.progress_line()
-    assert sum(" passed" in line for line in table.splitlines()[4:-2]) == k
+    assert sum(" passed" in line for line in table.splitlines()[4:36]) == k
+    states = {r.milestone.code: r for r in report.exercises}
+    if k == 6:  # x01 done, x03 half done: neither changes the score
+        assert states["x01"].status == PASSED, (states["x01"].summary, states["x01"].detail)
+        assert states["x03"].status == FAILED and states["x03"].summary == "still a stub: compress_with_feedback"
+        assert states["x03"].tests_passed > 0 and states["x02"].status == NOT_STARTED
+        assert "optional exercises: 1 of 3 done (not part of the 30-milestone score)" in table
+        row = r"^ x03 topk_error_feedback +FAILED +still a stub: compress_with_feedback$"
+        assert re.search(row, table, re.M), table
+    else:
+        assert {r.status for r in report.exercises} == {NOT_STARTED}
 
 
 def test_a_realistic_mistake_fails_and_locks_its_dependents(naive_softmax):
@@ -149,18 +172,28 @@ def test_json_validates_against_the_documented_schema_and_adds_up(fresh, first_k
         assert results["output_format"] == "text" and {t["output_format"] for t in results["tests"]} == {"text"}
         assert results["score"] == sum(t["score"] for t in results["tests"])
         assert results["max_score"] == sum(t["max_score"] for t in results["tests"]) == 30
-        assert [t["number"] for t in results["tests"]] == [f"{n:02d}" for n in range(1, 31)]
-        assert all((t["status"] == "passed") == (t["score"] == t["max_score"]) for t in results["tests"])
+        assert [t["number"] for t in results["tests"]] == [f"{n:02d}" for n in range(1, 31)] + [
+            e.code for e in EXERCISES]
+        milestones, exercises = results["tests"][:30], results["tests"][30:]
+        assert all((t["status"] == "passed") == (t["score"] == t["max_score"]) for t in milestones)
+        assert all(t["score"] == t["max_score"] == 0 for t in exercises)
     broken = json.loads(json.dumps(fresh["json"]))
     del broken["tests"][3]["output_format"]
-    with pytest.raises(jsonschema.ValidationError, match="output_format"):
+    with pytest.raises(jsonschema.ValidationError):
         validator.validate(broken)
+    points = json.loads(json.dumps(fresh["json"]))
+    points["tests"][30]["max_score"] = 1.0  # an exercise may never carry points
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate(points)
 
 
 def test_junit_xml(fresh):
     root = fresh["xml"]
-    cases = root.findall("./testsuite/testcase")
+    cases = root.findall("./testsuite[@name='diloco-milestones']/testcase")
     assert len(cases) == 30
+    extra = root.find("./testsuite[@name='diloco-exercises']")
+    assert [c.get("name") for c in extra.findall("testcase")] == [e.label for e in EXERCISES]
+    assert int(extra.get("failures")) == len(EXERCISES) and int(root.get("tests")) == 30
     locked = sum(1 for m in MILESTONES if m.depends_on)
     assert int(root.get("skipped")) == locked == len(root.findall(".//skipped"))
     assert int(root.get("failures")) == 30 - locked
@@ -336,6 +369,9 @@ def test_the_reference_grades_30_of_30_through_the_sandbox():
     failing = [(r.milestone.label, r.status, r.summary, r.detail[:3]) for r in report.results if not r.passed]
     assert report.score == 30, failing
     assert report.sandbox.startswith("separate process")
+    exercises = [(r.milestone.label, r.status, r.summary, r.detail[:3]) for r in report.exercises if not r.passed]
+    assert len(report.exercises) == len(EXERCISES) and not exercises, exercises  # and every exercise
+    assert all(r.tests_total >= 8 for r in report.exercises)
 
 
 def test_the_rerun_command_tests_the_graded_code_from_where_it_is_printed(tmp_path, monkeypatch):
@@ -437,7 +473,7 @@ def test_the_autograder_zip_grades_the_reference_30_and_a_fresh_workspace_0(tmp_
     validator = jsonschema.Draft202012Validator(SCHEMA)
     for keep, score in ((range(1, 31), 30), ((), 0)):
         shutil.rmtree(root / "submission", ignore_errors=True)
-        fill_in(create_workspace(root / "submission"), keep)
+        fill_in(create_workspace(root / "submission"), keep, [e.code for e in EXERCISES] if keep else ())
         run = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env, capture_output=True,
                              text=True)
         assert run.returncode == 0, run.stderr[-2000:]
@@ -446,3 +482,5 @@ def test_the_autograder_zip_grades_the_reference_30_and_a_fresh_workspace_0(tmp_
         assert results["score"] == score, (results["output"], [t["output"][:300] for t in results["tests"]][:3])
         assert "(testing " + str(root / "submission") in run.stdout, "it graded the submission, not the reference"
         assert "local, not sandboxed" not in results["output"]
+        states = {t["extra_data"]["state"] for t in results["tests"] if "exercise" in t["extra_data"]}
+        assert states == ({PASSED} if score else {NOT_STARTED}), states  # every exercise, or none

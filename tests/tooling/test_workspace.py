@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from diloco.exercises import EXERCISES
 from diloco.milestones import MILESTONES
 from diloco.tools.cli.main import main
 from diloco.tools.workspace import create as workspace
@@ -113,6 +114,11 @@ def test_workspace_layout(fresh):
     assert re.search(r"^test:", makefile, re.M) and re.search(r"^grade:", makefile, re.M)
     for module in MODULES:
         assert "NotImplementedError" in (fresh / "src/diloco" / f"{module}.py").read_text()
+    for e in EXERCISES:  # the optional exercises: every function they list is a stub
+        for module, name in e.functions:
+            text = regions_mod.exercise_module_path(module, fresh / "src" / "diloco").read_text()
+            assert f'"exercise {e.label}: {name} is not implemented yet (see {e.lesson})"' in text, (module, name)
+        assert (fresh / e.lesson).is_file()
 
 
 def test_workspace_has_no_solution_line(fresh):
@@ -124,11 +130,19 @@ def test_workspace_has_no_solution_line(fresh):
     everywhere = regions_mod.solution_lines(public=regions_mod.public_dirs())
     assert regions_mod.find_solution_lines(fresh, everywhere) == []
     for path in (fresh / "src").rglob("*.py"):
-        assert not [line for line in path.read_text().splitlines() if regions_mod._MARKER.match(line)], path
+        lines = path.read_text().splitlines()
+        assert not [line for line in lines if regions_mod._MARKER.match(line)], path
+        assert not [line for line in lines if regions_mod._EXERCISE_MARKER.match(line)], path
+    exercise_lines = {line.strip() for found in regions_mod.package_exercise_regions().values()
+                      for line in found.region.body} & strict
+    assert len(exercise_lines) > 15, "the exercises' solution lines are part of the scan"
+    assert not [p for p in (fresh / "src").rglob("*") if p.suffix in {".orig", ".rej", ".bak"}]
 
 
 def test_no_test_file_repeats_a_whole_solution_body():
-    regions = regions_mod.package_regions()
+    regions = dict(regions_mod.package_regions())
+    regions.update({f"{found.exercise.code} ({name})": found.region
+                    for (_, name), found in regions_mod.package_exercise_regions().items()})
     for path in (REPO / "tests").rglob("*.py"):
         text = {line.strip() for line in path.read_text().splitlines()}
         for number, region in regions.items():
@@ -162,6 +176,7 @@ def test_cli_creates_a_workspace(created):
     folder, status, out, err = created
     assert status == 0 and err == ""
     assert "make grade" in out
+    assert "optional: 3 graded exercises beyond the 30 (x01, x02, x03; docs/exercises/)" in out  # make workspace too
     assert (folder / "src/diloco/model.py").is_file()
     assert [p.name for p in folder.parent.iterdir()] == ["workspace"]  # no staging directory left behind
 
@@ -179,3 +194,7 @@ def test_readme_milestone_list_matches_the_graph(readme, fresh):
         assert (int(number), name, lesson, summary) == (m.number, m.name, m.lesson, m.summary)
         assert needs == (", ".join(f"{d:02d}" for d in m.depends_on) or "-")
     assert workspace.milestone_list_markdown() in text
+    if readme == "workspace":
+        assert workspace.exercise_list_markdown() in text
+        for e in EXERCISES:
+            assert f"**{e.code}** [`{e.name}`]({e.lesson})" in text

@@ -260,7 +260,8 @@ def _diloco_rounds(exe, state: RunState, config, shards, x_eval, y_eval, encode,
     shares = normalised_weights(shards, config)
     rng, history, params = state.rng, list(state.history), state.global_params
     order = tuple(params)
-    keys = [tuple(params)] if eager_mode else fragment_keys(params, family.fragments, family.pattern)
+    # One fragment (DiLoCo, eager updates) is the whole model: the streaming schedule (exercise x02) is not needed.
+    keys = [order] if eager_mode or family.fragments == 1 else fragment_keys(params, family.fragments, family.pattern)
     plan = round_plan(config, keys)
     outer = _split(state.outer_state, keys)
     extra = {"residuals": {}, "pending": [], **state.extra}

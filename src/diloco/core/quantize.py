@@ -38,7 +38,7 @@ from diloco._validation import api_checks, shown
 from diloco.config_sections import FORMATS
 
 __all__ = ["FORMATS", "BITS", "E2M1_GRID", "Encoded", "encode", "decode", "quantize", "bfloat16_bits",
-           "bfloat16_values", "sign_prune_mask", "unit_bounds"]
+           "bfloat16_values", "sign_prune_mask", "unit_bounds", "scale_exponents", "fp4_codes"]
 
 BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16, "int8": 8, "fp4": 4}
 SCALED = ("int8", "fp4")
@@ -149,8 +149,15 @@ def bfloat16_values(codes: np.ndarray, dtype=np.float32) -> np.ndarray:
     return (codes.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(dtype)
 
 
-def _exponents(values: np.ndarray, unit_ids: np.ndarray, units: int, qmax: float) -> np.ndarray:
-    """Per unit, ``ceil(log2(amax / qmax))`` clamped to [-127, 127]; amax 0 gives -127."""
+def scale_exponents(values: np.ndarray, unit_ids: np.ndarray, units: int, qmax: float) -> np.ndarray:
+    """Per unit, ``ceil(log2(amax / qmax))`` clamped to [-127, 127]; amax 0 gives -127 (exercise x01).
+
+    ``values[i]`` belongs to unit ``unit_ids[i]`` (0 <= id < ``units``); ``amax`` is a unit's
+    largest ``|value|`` (0 for a unit with no values). Returns int16 of shape ``(units,)``:
+    the smallest exponent e with ``amax / 2^e <= qmax``, so no code saturates.
+    """
+    _check_exponent_args(values, unit_ids, units, qmax)
+    # BEGIN EXERCISE x01
     amax = np.zeros(units, dtype=np.float64)
     np.maximum.at(amax, unit_ids, np.abs(values).astype(np.float64))
     exponents = np.full(units, _EXP_MIN, dtype=np.int64)
@@ -158,10 +165,32 @@ def _exponents(values: np.ndarray, unit_ids: np.ndarray, units: int, qmax: float
     mantissa, exponent = np.frexp(amax[positive] / qmax)  # value = mantissa * 2^exponent, mantissa in [.5, 1)
     exponents[positive] = np.where(mantissa == 0.5, exponent - 1, exponent)
     return np.clip(exponents, _EXP_MIN, _EXP_MAX).astype(np.int16)
+    # END EXERCISE x01
 
 
-def _fp4_codes(scaled: np.ndarray) -> np.ndarray:
-    """E2M1 codes of ``scaled`` (= x / s, |scaled| <= 6 up to clipping), ties to even."""
+def _described(x) -> str:
+    return f"{x.dtype} array of shape {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
+
+
+def _check_exponent_args(values, unit_ids, units, qmax) -> None:
+    if not isinstance(values, np.ndarray) or values.ndim != 1 or not np.issubdtype(values.dtype, np.floating):
+        raise TypeError(f"values must be a 1-D floating numpy array, got {_described(values)}")
+    if (not isinstance(unit_ids, np.ndarray) or unit_ids.shape != values.shape
+            or not np.issubdtype(unit_ids.dtype, np.integer)):
+        raise TypeError(f"unit_ids must be an integer numpy array shaped like values {values.shape}, "
+                        f"got {_described(unit_ids)}")
+    if isinstance(units, bool) or not isinstance(units, (int, np.integer)) or units < 0:
+        raise ValueError(f"units must be a non-negative int, got {units!r}")
+    if isinstance(qmax, bool) or not isinstance(qmax, (int, float, np.floating)) or not 0 < qmax < np.inf:
+        raise ValueError(f"qmax must be a positive finite number, got {qmax!r}")
+
+
+def fp4_codes(scaled: np.ndarray) -> np.ndarray:
+    """E2M1 codes (uint8 ``sign << 3 | index``) of ``scaled`` (= x / s, |scaled| <= 6 up to clipping),
+    the nearest of ``E2M1_GRID``, ties to the even index (exercise x01)."""
+    if not isinstance(scaled, np.ndarray) or not np.issubdtype(scaled.dtype, np.floating):
+        raise TypeError(f"scaled must be a floating numpy array, got {_described(scaled)}")
+    # BEGIN EXERCISE x01
     magnitude = np.minimum(np.abs(scaled), 6.0)
     high = np.clip(np.searchsorted(E2M1_GRID, magnitude), 1, 7)
     low = high - 1
@@ -171,6 +200,7 @@ def _fp4_codes(scaled: np.ndarray) -> np.ndarray:
     index = np.where(tie, np.where(low % 2 == 0, low, high), index)
     sign = np.signbit(scaled).astype(np.uint8) << 3
     return (sign | index.astype(np.uint8)).astype(np.uint8)
+    # END EXERCISE x01
 
 
 def encode(x: np.ndarray, fmt: str, *, block_size: int = 0, keep: np.ndarray | None = None) -> Encoded:
@@ -225,12 +255,12 @@ def encode(x: np.ndarray, fmt: str, *, block_size: int = 0, keep: np.ndarray | N
     elif fmt == "bfloat16":
         codes = bfloat16_bits(values)
     else:
-        exponents = _exponents(values, unit_ids, units, _QMAX[fmt])
+        exponents = scale_exponents(values, unit_ids, units, _QMAX[fmt])
         scaled = np.ldexp(values, -exponents[unit_ids].astype(np.int32))  # exact: a power of two
         if fmt == "int8":
             codes = np.clip(np.rint(scaled), -127, 127).astype(np.int8)
         else:
-            codes = _fp4_codes(scaled)
+            codes = fp4_codes(scaled)
     return Encoded(fmt, tuple(x.shape), unit, codes, exponents, keep)
 
 

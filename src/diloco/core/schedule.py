@@ -53,18 +53,22 @@ def fragment_layers(num_layers: int, fragments: int, pattern: str = "strided") -
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
     if not 1 <= fragments <= num_layers:
         raise ValueError(f"fragments must be between 1 and the number of layers ({num_layers}), got {fragments}")
+    # BEGIN EXERCISE x02
     layers = list(range(1, num_layers + 1))
     if pattern == "strided":
         return [layers[p::fragments] for p in range(fragments)]
     return [list(chunk) for chunk in np.array_split(layers, fragments)]
+    # END EXERCISE x02
 
 
 def fragment_keys(params: Params, fragments: int, pattern: str = "strided") -> list[tuple[str, ...]]:
     """The parameter keys (``W_l``, ``b_l``) of each fragment of an MLP's params."""
     api_checks.fragment_keys(params, fragments, pattern)
+    # BEGIN EXERCISE x02
     num_layers = len(params) // 2
     return [tuple(key for layer in group for key in (f"W{layer}", f"b{layer}"))
             for group in fragment_layers(num_layers, fragments, pattern)]
+    # END EXERCISE x02
 
 
 def sync_offsets(fragments: int, inner_steps: int) -> list[int]:
@@ -72,14 +76,18 @@ def sync_offsets(fragments: int, inner_steps: int) -> list[int]:
     api_checks.sync_offsets(fragments, inner_steps)
     if fragments > inner_steps:
         raise ValueError(f"fragments ({fragments}) must not exceed inner_steps ({inner_steps})")
+    # BEGIN EXERCISE x02
     return [(p * inner_steps) // fragments for p in range(fragments)]
+    # END EXERCISE x02
 
 
 def sync_steps(fragment: int, fragments: int, inner_steps: int, total_steps: int) -> list[int]:
     """The 1-based inner steps ``t <= total_steps`` at which ``fragment`` synchronises."""
     api_checks.sync_steps(fragment, fragments, inner_steps, total_steps)
+    # BEGIN EXERCISE x02
     offset = sync_offsets(fragments, inner_steps)[fragment]
     return list(range(offset if offset > 0 else inner_steps, total_steps + 1, inner_steps))
+    # END EXERCISE x02
 
 
 def round_plan(config, keys: list[tuple[str, ...]]) -> list[SyncEvent]:
@@ -89,7 +97,7 @@ def round_plan(config, keys: list[tuple[str, ...]]) -> list[SyncEvent]:
     every round.
     """
     inner_steps = config.inner_steps
-    offsets = sync_offsets(len(keys), inner_steps)
+    offsets = sync_offsets(len(keys), inner_steps) if len(keys) > 1 else [0]  # one fragment: DiLoCo's sync after H
     events = [SyncEvent(offset if offset > 0 else inner_steps, p, tuple(k))
               for p, (k, offset) in enumerate(zip(keys, offsets, strict=True))]
     return sorted(events, key=lambda e: (e.h, e.fragment))

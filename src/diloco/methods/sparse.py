@@ -146,7 +146,8 @@ def chunked_idct(coefficients: np.ndarray, chunk: int) -> np.ndarray:
 
 
 def _topk_flat(flat: np.ndarray, config: SparseConfig) -> np.ndarray:
-    """Flat positions kept: per chunk the k largest |x|, ties to the earlier index, ascending."""
+    """Flat positions kept: per chunk the k largest |x|, ties to the earlier index, ascending (exercise x03)."""
+    # BEGIN EXERCISE x03
     kept, chunk = kept_per_chunk(flat.size, config), config.chunk
     full = flat.size // chunk  # the full chunks at once, then the shorter last one
     parts = [(0, flat[:full * chunk].reshape(full, chunk), kept[:full])] if full else []
@@ -157,6 +158,7 @@ def _topk_flat(flat: np.ndarray, config: SparseConfig) -> np.ndarray:
         order = np.sort(np.argsort(-np.abs(rows), axis=1, kind="stable")[:, :counts[0]], axis=1)
         positions.append((start + order + rows.shape[1] * np.arange(rows.shape[0])[:, None]).ravel())
     return np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, dtype=np.int64)
+    # END EXERCISE x03
 
 
 def topk_mask(x: np.ndarray, config: SparseConfig) -> np.ndarray:
@@ -291,7 +293,7 @@ def init_error_feedback(params: Params) -> ErrorFeedbackState:
 
 def compress_with_feedback(delta: Params, state: ErrorFeedbackState, config: SparseConfig
                            ) -> tuple[dict, Params, ErrorFeedbackState]:
-    """One worker's compressed send with error feedback, for every array of ``delta``.
+    """One worker's compressed send with error feedback, for every array of ``delta`` (exercise x03).
 
     ``e' = beta e + delta``, ``payload = encode(e')``, ``sent = decode(payload)``,
     ``e'' = e' - sent``; so ``sent + e'' == beta e + delta`` (up to one rounding of the
@@ -313,8 +315,10 @@ def compress_with_feedback(delta: Params, state: ErrorFeedbackState, config: Spa
         old = state.residual[key]
         if old.shape != value.shape or old.dtype != value.dtype:
             raise ValueError(f"state.residual[{key!r}] must be {value.dtype} {value.shape} like delta, got {old.shape}")
+        # BEGIN EXERCISE x03
         buffer = value + old if config.decay == 1.0 else config.decay * old + value
         payloads[key] = encode_sparse(buffer, config)
         sent[key] = decode_sparse(payloads[key])
         residual[key] = buffer - sent[key]
+        # END EXERCISE x03
     return payloads, sent, ErrorFeedbackState(residual)

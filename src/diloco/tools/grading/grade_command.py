@@ -32,8 +32,10 @@ def _write(path: str, text: str) -> None:
 def _cmd_grade(args) -> int:
     impl = Path(args.impl) if args.impl else Path.cwd()
     progress = None if args.quiet else (
-        lambda wave: print(f"running {len(wave)} milestone(s): {' '.join(f'm{n:02d}' for n in wave)}",
-                           file=sys.stderr, flush=True))
+        lambda wave, extra: print(f"running {len(wave)} milestone(s)"
+                                  + (f" and {len(extra)} optional exercise(s)" if extra else "")
+                                  + f": {' '.join([*(f'm{n:02d}' for n in wave), *extra])}",
+                                  file=sys.stderr, flush=True))
     try:
         report = grade(impl, args.tests, timeout=args.timeout, on_wave=progress, sandbox=not args.trust_submission,
                        sandbox_user=args.sandbox_user, call_timeout=args.call_timeout)
@@ -53,9 +55,10 @@ def add_parsers(subparsers) -> None:
     parser = subparsers.add_parser(
         "grade", help="grade the 30 milestones of a diloco package (a workspace or a submission)",
         description="Run the milestone tests against a diloco package in dependency order and print a "
-                    "table of the 30 milestones. Milestones whose prerequisites do not pass are locked "
-                    "and not run. The graded folder is not modified. See docs/learner-guide.md and "
-                    "docs/instructor-guide.md.",
+                    "table of the 30 milestones, then the optional exercises (x01..) in a section of "
+                    "their own, which never change the score. Milestones whose prerequisites do not "
+                    "pass are locked and not run. The graded folder is not modified. See "
+                    "docs/learner-guide.md and docs/instructor-guide.md.",
     )
     _add_arguments(parser)
     parser.set_defaults(func=_cmd_grade)

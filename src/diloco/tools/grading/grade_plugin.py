@@ -28,7 +28,8 @@ except NameError:  # pragma: no cover - Python 3.10
 
 _OUT = int(os.environ["DILOCO_GRADE_RECORDS_FD"])
 _SANDBOX = os.environ.get("DILOCO_GRADE_SANDBOX")
-_MARK = re.compile(r"^m(0[1-9]|[12][0-9]|30)$")
+# A milestone's marker (m01..m30) or an optional exercise's (x01.., diloco.exercises).
+_MARK = re.compile(r"^(m(0[1-9]|[12][0-9]|30)|x(0[1-9]|[1-9][0-9]))$")
 
 
 def _write(record):
@@ -46,6 +47,8 @@ if _SANDBOX:
 def pytest_configure(config):
     for number in range(1, 31):
         config.addinivalue_line("markers", f"m{number:02d}: milestone {number:02d}")
+    for number in range(1, 10):
+        config.addinivalue_line("markers", f"x{number:02d}: optional exercise x{number:02d}")
     config.addinivalue_line("markers", "tooling: tests of the supporting tools")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     try:  # the suite's profile without shrinking (defined in tests/conftest.py): much faster
@@ -73,7 +76,7 @@ def pytest_unconfigure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    if _SANDBOX:  # each milestone has its own budget of sandbox restarts
+    if _SANDBOX:  # each milestone (and exercise) has its own budget of sandbox restarts
         proxy.begin(_marker(item) or item.nodeid)
 
 
@@ -134,7 +137,7 @@ def pytest_runtest_makereport(item, call):
         record["exc_type"] = type(first).__name__
         record["message"] = str(first)[:4000]
         record["notes"] = [str(n)[:500] for n in getattr(first, "__notes__", [])][:5]
-        record["stubs"] = [str(e) for e in excs if type(e) is NotImplementedError]
+        record["stubs"] = [str(e) for e in excs if type(e) is NotImplementedError]  # a milestone's or exercise's
         record["all_stub"] = all(type(e) is NotImplementedError for e in excs)
         record["where"] = _where(first)
         if type(first).__name__ == "AssertionError" and not str(first).strip():

@@ -1,7 +1,9 @@
 """The grader's verdict types and output formats: the table, Gradescope ``results.json``, JUnit XML.
 
 Each milestone ends as one of ``passed``, ``not started``, ``failed``, ``locked`` or
-``error`` (see ``diloco.tools.grading.grader``); ``GradeReport`` holds the 30 verdicts.
+``error`` (see ``diloco.tools.grading.grader``); ``GradeReport`` holds the 30 verdicts, and
+those of the optional exercises (``diloco.exercises``), which every output shows in a
+section of its own and none counts in the score.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import NamedTuple
 
+from diloco.exercises import EXERCISES, Exercise
 from diloco.milestones import MILESTONES, Milestone
 from diloco.tools.grading.lessons import mistakes_link
 
@@ -26,7 +29,7 @@ PASSED, NOT_STARTED, FAILED, LOCKED, ERROR = "passed", "not started", "failed", 
 
 
 class MilestoneResult(NamedTuple):
-    """The verdict on one milestone.
+    """The verdict on one milestone (or one optional exercise: ``milestone`` is then an ``Exercise``).
 
     ``summary`` is one line for the table; ``detail`` the failing check's message
     lines; ``blocked_by`` the prerequisites that did not pass (for ``locked``);
@@ -34,7 +37,7 @@ class MilestoneResult(NamedTuple):
     lesson's "Common mistakes" bullets that name one of them, as plain text.
     """
 
-    milestone: Milestone
+    milestone: Milestone | Exercise
     status: str
     summary: str = ""
     detail: tuple[str, ...] = ()
@@ -56,6 +59,7 @@ class GradeReport(NamedTuple):
 
     ``sandbox`` names the protections the graded code ran under (``diloco.tools.sandbox.box``);
     empty when it ran inside the test process (local mode, ``--trust-submission``).
+    ``exercises`` holds the verdicts on the optional exercises, outside ``score``.
     """
 
     results: tuple[MilestoneResult, ...]
@@ -64,6 +68,7 @@ class GradeReport(NamedTuple):
     tests_dir: Path
     duration: float
     sandbox: str = ""
+    exercises: tuple[MilestoneResult, ...] = ()
 
     @property
     def mode_line(self) -> str:
@@ -81,6 +86,15 @@ class GradeReport(NamedTuple):
 
     def result(self, number: int) -> MilestoneResult:
         return next(r for r in self.results if r.milestone.number == number)
+
+    def exercise(self, code: str) -> MilestoneResult:
+        """The verdict on exercise ``code`` (``x01``)."""
+        return next(r for r in self.exercises if r.milestone.code == code)
+
+    def exercise_line(self) -> str:
+        """``optional exercises: 1 of 3 done (not part of the 30-milestone score)``."""
+        done = sum(r.passed for r in self.exercises)
+        return f"optional exercises: {done} of {len(self.exercises)} done (not part of the 30-milestone score)"
 
     def next_milestone(self) -> Milestone | None:
         """The lowest-numbered milestone that is unlocked and not passed."""
@@ -176,6 +190,15 @@ def format_table(report: GradeReport) -> str:
         out.append(f" {r.milestone.number:02d} {r.milestone.name:<{width}}  {_WORDS[r.status]:<11}  {note}".rstrip())
         if r.status in (FAILED, ERROR):
             out += failure_lines(r, " " * 8, rerun_command(report, r))
+    if report.exercises:
+        out += ["", f" {'#':<3} {'optional exercise':<{width - 1}}  {'status':<11}  notes",
+                f" --- {'-' * (width - 1)}  {'-' * 11}  {'-' * 5}"]
+        for r in report.exercises:
+            note = "" if r.status == PASSED else r.milestone.lesson if r.status == NOT_STARTED else r.summary
+            out.append(f" {r.milestone.code} {r.milestone.name:<{width - 1}}  {_WORDS[r.status]:<11}  {note}".rstrip())
+            if r.status in (FAILED, ERROR):
+                out += failure_lines(r, " " * 8, rerun_command(report, r))
+        out += ["", report.exercise_line()]
     out += ["", report.progress_line()]
     return "\n".join(out)
 
@@ -184,15 +207,42 @@ def _output_text(r: MilestoneResult, rerun: str | None = None) -> str:
     if r.status == PASSED:
         return f"passed ({r.tests_passed}/{r.tests_total} tests)"
     if r.status == NOT_STARTED:
-        return f"not started: the function still raises NotImplementedError. Lesson: {r.milestone.lesson}"
+        what = ("its functions still raise NotImplementedError" if isinstance(r.milestone, Exercise)
+                else "the function still raises NotImplementedError")
+        return f"not started: {what}. Lesson: {r.milestone.lesson}"
     if r.status == LOCKED:
         return f"locked: {r.summary}; its tests were not run"
     head = "failed" if r.status == FAILED else "error"
     return "\n".join([f"{head}: {r.summary}", *failure_lines(r, rerun=rerun)])
 
 
+def _exercise_entry(r: MilestoneResult, output: str) -> dict:
+    """An optional exercise's test entry: no points (``max_score`` 0), so never in the score."""
+    e = r.milestone
+    return {
+        "name": f"{e.label} (optional exercise, no points)",
+        "number": e.code,
+        "score": 0.0,
+        "max_score": 0.0,
+        "status": "passed" if r.passed else "failed",
+        "output": output,
+        "output_format": "text",
+        "visibility": "visible",
+        "extra_data": {
+            "exercise": e.code,
+            "state": r.status,
+            "tests_passed": r.tests_passed,
+            "tests_total": r.tests_total,
+            "depends_on": list(e.depends_on),
+            "blocked_by": list(r.blocked_by),
+            "lesson": e.lesson,
+        },
+    }
+
+
 def to_gradescope(report: GradeReport) -> dict:
-    """Gradescope's ``results.json``: one test entry per milestone, one point each.
+    """Gradescope's ``results.json``: one test entry per milestone, one point each, then one
+    entry per optional exercise with no points (``max_score`` 0).
 
     Every output is ``"output_format": "text"``, which Gradescope shows as it is, so the
     expected and got columns stay aligned; the rerun command is the learner's own.
@@ -219,6 +269,7 @@ def to_gradescope(report: GradeReport) -> dict:
                 "lesson": m.lesson,
             },
         })
+    tests += [_exercise_entry(r, _output_text(r, f"{r.rerun} (in your workspace)")) for r in report.exercises]
     return {
         "score": float(sum(t["score"] for t in tests)),
         "max_score": float(sum(t["max_score"] for t in tests)),
@@ -231,37 +282,50 @@ def to_gradescope(report: GradeReport) -> dict:
     }
 
 
-def to_junit_xml(report: GradeReport) -> str:
-    """JUnit XML: a testcase per milestone; not started and failed are failures, locked is skipped."""
-    counts = {s: sum(r.status == s for r in report.results) for s in _WORDS}
+def _suite_attrs(name: str, results: tuple[MilestoneResult, ...], duration: float) -> dict:
+    counts = {s: sum(r.status == s for r in results) for s in _WORDS}
     failures, errors, skipped = counts[FAILED] + counts[NOT_STARTED], counts[ERROR], counts[LOCKED]
-    attrs = dict(name="diloco-milestones", tests=str(len(report.results)), failures=str(failures),
-                 errors=str(errors), skipped=str(skipped), time=f"{report.duration:.3f}")
+    return dict(name=name, tests=str(len(results)), failures=str(failures), errors=str(errors),
+                skipped=str(skipped), time=f"{duration:.3f}")
+
+
+def to_junit_xml(report: GradeReport) -> str:
+    """JUnit XML: a testcase per milestone (testsuite ``diloco-milestones``), and per optional
+    exercise (testsuite ``diloco-exercises``); not started and failed are failures, locked is
+    skipped. The root ``testsuites`` element counts the milestones only, as the score does."""
+    attrs = _suite_attrs("diloco-milestones", report.results, report.duration)
     suites = ET.Element("testsuites", attrs)
-    suite = ET.SubElement(suites, "testsuite", attrs)
-    ET.SubElement(ET.SubElement(suite, "properties"), "property", name="grading", value=report.mode_line)
-    for r in report.results:
-        case = ET.SubElement(suite, "testcase", classname="diloco.milestones",
-                             name=f"{r.milestone.marker} {r.milestone.name}", time=f"{r.duration:.3f}")
-        rerun = rerun_command(report, r)
-        if r.status == FAILED:
-            ET.SubElement(case, "failure", message=r.summary, type="Failed").text = _output_text(r, rerun)
-        elif r.status == NOT_STARTED:
-            ET.SubElement(case, "failure", message="not started", type="NotStarted").text = _output_text(r)
-        elif r.status == ERROR:
-            ET.SubElement(case, "error", message=r.summary, type="Error").text = _output_text(r, rerun)
-        elif r.status == LOCKED:
-            ET.SubElement(case, "skipped", message=f"locked: {r.summary}")
+    groups = [(attrs, report.results, "diloco.milestones")]
+    if report.exercises:
+        groups.append((_suite_attrs("diloco-exercises", report.exercises, sum(r.duration for r in report.exercises)),
+                       report.exercises, "diloco.exercises"))
+    for suite_attrs, results, classname in groups:
+        suite = ET.SubElement(suites, "testsuite", suite_attrs)
+        ET.SubElement(ET.SubElement(suite, "properties"), "property", name="grading", value=report.mode_line)
+        for r in results:
+            case = ET.SubElement(suite, "testcase", classname=classname,
+                                 name=f"{r.milestone.marker} {r.milestone.name}", time=f"{r.duration:.3f}")
+            rerun = rerun_command(report, r)
+            if r.status == FAILED:
+                ET.SubElement(case, "failure", message=r.summary, type="Failed").text = _output_text(r, rerun)
+            elif r.status == NOT_STARTED:
+                ET.SubElement(case, "failure", message="not started", type="NotStarted").text = _output_text(r)
+            elif r.status == ERROR:
+                ET.SubElement(case, "error", message=r.summary, type="Error").text = _output_text(r, rerun)
+            elif r.status == LOCKED:
+                ET.SubElement(case, "skipped", message=f"locked: {r.summary}")
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
 def error_report(impl: Path, message: str) -> dict:
-    """``results.json`` for a submission that cannot be graded: every milestone 0 points."""
+    """``results.json`` for a submission that cannot be graded: every milestone 0 points (and
+    every exercise an error)."""
     tests = [{"name": m.label, "number": f"{m.number:02d}", "score": 0.0, "max_score": 1.0, "status": "failed",
               "output": f"error: {message}", "output_format": "text", "visibility": "visible",
               "extra_data": {"milestone": m.number, "state": ERROR, "tests_passed": 0, "tests_total": 0,
                              "depends_on": list(m.depends_on), "blocked_by": [], "lesson": m.lesson}}
              for m in MILESTONES]
-    return {"score": 0.0, "max_score": float(len(tests)), "execution_time": 0.0, "output": f"error: {message}",
+    tests += [_exercise_entry(MilestoneResult(e, ERROR, message), f"error: {message}") for e in EXERCISES]
+    return {"score": 0.0, "max_score": float(len(MILESTONES)), "execution_time": 0.0, "output": f"error: {message}",
             "output_format": "text", "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}

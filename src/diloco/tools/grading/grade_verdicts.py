@@ -1,9 +1,16 @@
-"""The grader's verdicts: from the plugin's records of one wave to one ``MilestoneResult``."""
+"""The grader's verdicts: from the plugin's records of one wave to one ``MilestoneResult``.
+
+The same rules judge a milestone and an optional exercise (``diloco.exercises.Exercise``,
+which has a milestone's ``marker``, ``label``, ``lesson`` and ``depends_on``); an exercise
+that stubs several functions is ``not started`` while every one of them still raises its
+stub, and ``FAILED`` (naming the rest) once some are written.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from diloco.exercises import Exercise, by_code, stub_code
 from diloco.milestones import Milestone, by_number, stub_number, test_command
 from diloco.tools.grading.grade_report import ERROR, FAILED, LOCKED, NOT_STARTED, PASSED, MilestoneResult
 from diloco.tools.grading.grade_text import plain_math, round_tolerances, shown_lines
@@ -19,11 +26,32 @@ def _humanise(record: dict) -> str:
     return record.get("name", record.get("nodeid", "?")).removeprefix("test_").replace("_", " ")
 
 
-def _rerun(milestone: Milestone) -> str:
-    return test_command(milestone)
+def _rerun(milestone: Milestone | Exercise) -> str:
+    return test_command(milestone)  # make test M=<marker>, for an exercise too
 
 
-def classify(milestone: Milestone, records: list[dict], crash: str, tests_dir: Path) -> MilestoneResult:
+def _own_stub(unit: Milestone | Exercise, message: str) -> bool:
+    if isinstance(unit, Exercise):
+        found = stub_code(message)
+        return found is not None and found[0] == unit.code
+    return stub_number(message) == unit.number
+
+
+def _other_stub(message: str) -> str | None:
+    """``18 sample_worker_batch`` or ``x01 fp4_quantiser's fp4_codes``: the stub a message is from."""
+    number = stub_number(message)
+    if number is not None:
+        return by_number(number).label
+    found = stub_code(message)
+    if found is not None:
+        try:
+            return f"{by_code(found[0]).label}'s {found[1]}"
+        except KeyError:
+            return None
+    return None
+
+
+def classify(milestone: Milestone | Exercise, records: list[dict], crash: str, tests_dir: Path) -> MilestoneResult:
     marker = milestone.marker
     collected = [nodeid for r in records if r["kind"] == "collected" for nodeid, m in r["items"] if m == marker]
     collect_errors = [r for r in records if r["kind"] == "collect_error"]
@@ -55,19 +83,25 @@ def classify(milestone: Milestone, records: list[dict], crash: str, tests_dir: P
         if passed == 0:
             return MilestoneResult(milestone, ERROR, "every test was skipped", **common)
         return MilestoneResult(milestone, PASSED, f"{passed} tests passed", **common)
-    own_stub = [f for f in failures
-                if f.get("all_stub") and all(stub_number(s) == milestone.number for s in f["stubs"])]
+    own_stub = [f for f in failures if f.get("all_stub") and all(_own_stub(milestone, s) for s in f["stubs"])]
     if len(own_stub) == len(failures):
+        if isinstance(milestone, Exercise):
+            stubbed = {stub_code(s)[1] for f in own_stub for s in f["stubs"]}
+            left = [name for name in milestone.function_names if name in stubbed]
+            if len(left) < len(milestone.function_names):  # some of its functions are written
+                return MilestoneResult(milestone, FAILED, f"still a stub: {', '.join(left)}",
+                                       (f"{milestone.code} stubs {', '.join(milestone.function_names)}: write "
+                                        f"{' and '.join(left)} too",),
+                                       failing=tuple(f["nodeid"] for f in failures), **common)
         return MilestoneResult(milestone, NOT_STARTED, f"still the stub ({milestone.lesson})", **common)
     real = [f for f in failures if f not in own_stub]
     # The first failure that shows expected beside got, else simply the first failure.
     first = next((f for f in real if "expected" in f.get("message", "") and "got" in f.get("message", "")), real[0])
     check = _humanise(first)
     if first.get("all_stub") and first.get("stubs"):
-        other = stub_number(first["stubs"][0])
+        other = _other_stub(first["stubs"][0])
         if other is not None:
-            needed = by_number(other)
-            detail = (f"it calls {needed.label}, which is still a stub: do that one first",)
+            detail = (f"it calls {other}, which is still a stub: do that one first",)
             return MilestoneResult(milestone, FAILED, f"{check}", detail, **common)
     message = round_tolerances(first.get("message", "").strip())
     where = "" if first["when"] == "call" else f" (in test {first['when']})"
@@ -83,7 +117,7 @@ def classify(milestone: Milestone, records: list[dict], crash: str, tests_dir: P
                            mistakes=tuple(plain_math(m.text) for m in mistakes), **common)
 
 
-def locked(milestone: Milestone, status: dict[int, MilestoneResult]) -> MilestoneResult:
+def locked(milestone: Milestone | Exercise, status: dict[int, MilestoneResult]) -> MilestoneResult:
     blocked = tuple(d for d in milestone.depends_on if not status[d].passed)
     needs = by_number(blocked[0]).label if len(blocked) == 1 else ", ".join(f"{d:02d}" for d in blocked)
     return MilestoneResult(milestone, LOCKED, f"needs {needs}", blocked_by=blocked, rerun=_rerun(milestone))

@@ -138,12 +138,18 @@ def kill_leftovers(records: list[dict], folder: str) -> None:
             pass
 
 
-def run_wave(numbers: list[int], tests_dir: Path, workdir: Workdir, python: str,
+def _markers(units: list) -> list[str]:
+    """``[3, "x01"]`` -> ``["m03", "x01"]``: milestone numbers as their markers, exercise codes as they are."""
+    return [unit if isinstance(unit, str) else f"m{unit:02d}" for unit in units]
+
+
+def run_wave(units: list, tests_dir: Path, workdir: Workdir, python: str,
               timeout: float) -> tuple[list[dict], str]:
-    """Run the tests of milestones ``numbers``; the plugin's records and any crash text."""
+    """Run the tests of ``units`` (milestone numbers, exercise codes ``x01``); the plugin's records
+    and any crash text."""
     command = [
         python, "-m", "pytest", str(tests_dir),
-        "-m", " or ".join(f"m{n:02d}" for n in numbers),
+        "-m", " or ".join(_markers(units)),
         "-c", str(workdir.path / "pytest.ini"), "--rootdir", str(tests_dir.parent),
         "--confcutdir", str(tests_dir), "--ignore", str(tests_dir / "tooling"),
         "-p", "no:cacheprovider", "-p", "_diloco_grade_plugin", "-q", "--tb=no", "--no-header",
@@ -173,9 +179,10 @@ def run_wave(numbers: list[int], tests_dir: Path, workdir: Workdir, python: str,
     return records, crash
 
 
-def unreported(numbers: list[int], records: list[dict]) -> str:
-    """Crash text when a collected test of ``numbers`` has no outcome, whatever pytest's status."""
-    markers = {f"m{n:02d}" for n in numbers}
+def unreported(units: list, records: list[dict]) -> str:
+    """Crash text when a collected test of ``units`` (milestone numbers, exercise codes) has no
+    outcome, whatever pytest's status."""
+    markers = set(_markers(units))
     collected = [nodeid for r in records if r["kind"] == "collected" for nodeid, marker in r.get("items", [])
                  if marker in markers]
     done = {r.get("nodeid") for r in records if r["kind"] == "test" and r.get("when") in ("call", "setup")

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from diloco.exercises import EXERCISES, by_code
 from diloco.milestones import MILESTONES, by_number
 from diloco.tools.grading.grade_report import (
     ERROR,
@@ -114,7 +115,7 @@ def default_tests_dir() -> Path:
 
 
 def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float = 600.0,
-          python: str | None = None, on_wave: Callable[[list[int]], None] | None = None,
+          python: str | None = None, on_wave: Callable[[list[int], list[str]], None] | None = None,
           sandbox: bool = True, sandbox_user: str = "nobody", call_timeout: float = 120.0,
           disk: int = 64 << 20) -> GradeReport:
     """Grade the ``diloco`` package in folder ``impl`` against the milestone tests.
@@ -125,7 +126,8 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     tests : folder of milestone tests (default: the suite shipped with this grader).
     timeout : seconds allowed for each wave of tests.
     python : interpreter for the test runs (default: this one); needs numpy, pytest, hypothesis.
-    on_wave : called with the milestone numbers of each wave before it runs.
+    on_wave : called with the milestone numbers and the exercise codes (``x01``) of each wave
+        before it runs.
     sandbox : run the graded code only in the sandbox (``diloco.tools.sandbox.box``); ``False``
         runs it inside the test process (local mode, ``--local``: fast, forgeable).
     sandbox_user : the account the sandbox runs as when the grader is root.
@@ -147,6 +149,7 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
         raise GradingError(f"no tests in {tests_dir}")
     python = python or sys.executable
     status: dict[int, MilestoneResult] = {}
+    done: dict[str, MilestoneResult] = {}  # the optional exercises, by code: never in the score
     with tempfile.TemporaryDirectory(prefix="diloco-grade-") as tmp:
         config, guarded = None, ""
         if sandbox:
@@ -176,29 +179,41 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
                             and not all(status[d].passed for d in m.depends_on)):
                         status[m.number] = locked(m, status)
                         locked_any = True
+                for e in EXERCISES:  # an exercise needs milestones only, and is locked like one
+                    if (e.code not in done and all(d in status for d in e.depends_on)
+                            and not all(status[d].passed for d in e.depends_on)):
+                        done[e.code] = locked(e, status)
+                        locked_any = True
                 wave = [m.number for m in MILESTONES
                         if m.number not in status and all(d in status and status[d].passed for d in m.depends_on)]
-                if not wave:
+                extra = [e.code for e in EXERCISES
+                         if e.code not in done and all(d in status and status[d].passed for d in e.depends_on)]
+                if not wave and not extra:
                     if locked_any:
                         continue
                     break
                 if on_wave is not None:
-                    on_wave(wave)
-                records, crash = run_wave(wave, tests_dir, workdir, python, timeout)
+                    on_wave(wave, extra)
+                records, crash = run_wave([*wave, *extra], tests_dir, workdir, python, timeout)
                 for record in records:
                     if record["kind"] == "import" and "file" in record and Path(record["file"]).resolve() != Path(
                             imported).resolve():
                         raise GradingError(f"the tests imported diloco from {record['file']}, not {imported}")
-                crash = crash or unreported(wave, records)
+                crash = crash or unreported([*wave, *extra], records)
                 for number in wave:
                     status[number] = classify(by_number(number), records, crash, tests_dir)
+                for code in extra:
+                    done[code] = classify(by_code(code), records, crash, tests_dir)
         finally:
             if config is not None:
                 shutil.rmtree(config["folder"], ignore_errors=True)
         for m in MILESTONES:  # only reachable with a cycle in the graph
             status.setdefault(m.number, MilestoneResult(m, LOCKED, "dependency cycle"))
+        for e in EXERCISES:
+            done.setdefault(e.code, MilestoneResult(e, LOCKED, "dependency cycle"))
     results = tuple(status[m.number] for m in MILESTONES)
-    return GradeReport(results, impl, imported_from, tests_dir, time.perf_counter() - start, guarded)
+    return GradeReport(results, impl, imported_from, tests_dir, time.perf_counter() - start, guarded,
+                       tuple(done[e.code] for e in EXERCISES))
 
 
 # The command line (``diloco grade``, and this file run as a script) lives in grade_command,

@@ -2,7 +2,8 @@
 
 ``install(config)`` replaces every public function of the grader's own ``diloco``
 modules (``PROXIED_MODULES``: the 30 milestones and the other public functions of those
-modules, such as ``adamw_step`` or ``load_digits``) with a proxy of the same name. The
+modules, such as ``adamw_step`` or ``load_digits``, and the modules the optional exercises
+stub, such as ``core.quantize``) with a proxy of the same name. The
 grading plugin calls it before any test module is imported, so ``from diloco.model import
 softmax`` in a test gets the proxy. The classes stay the grader's: the records on the list
 of ``wire_names.RECORDS`` (NamedTuples, config dataclasses, ``OneHot``) cross as their
@@ -47,7 +48,9 @@ from diloco.tools.sandbox.wire_values import Decoder, Encoder, Names, snapshot
 
 __all__ = ["PROXIED_MODULES", "MAX_STARTS", "SandboxError", "install", "begin", "hello", "call", "shutdown"]
 
-PROXIED_MODULES = ("model", "adamw", "params", "sharding", "outer", "loop", "evaluation", "data")
+PROXIED_MODULES = ("model", "adamw", "params", "sharding", "outer", "loop", "evaluation", "data",
+                   # the modules of the optional exercises (diloco.exercises)
+                   "core.quantize", "core.schedule", "methods.sparse")
 MAX_STARTS = 4
 
 

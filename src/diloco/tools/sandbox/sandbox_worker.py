@@ -134,7 +134,7 @@ class Worker:
             decoder = values.Decoder(self.registry, self.names, blobs, make_callable=self._callback, opaque=True)
             args = [decoder.decode(item) for item in header["args"]]
             kwargs = {str(key): decoder.decode(item) for key, item in header["kwargs"].items()}
-            module, _, name = str(header["fn"]).partition(".")
+            module, _, name = str(header["fn"]).rpartition(".")  # "model.relu", "core.quantize.encode"
             function = getattr(importlib.import_module(f"diloco.{module}"), name)
         except Exception as exc:  # noqa: BLE001 - the submission's own classes may refuse the values
             self.send({"kind": "refused", "id": self.call_id,

@@ -28,6 +28,10 @@ RECORDS: dict[str, tuple[str, ...] | None] = {
     "config.AdamWConfig": None,
     "config.DiLoCoConfig": None,
     "config_sections.FamilyConfig": None,
+    "core.quantize.Encoded": None,  # the records of the optional exercises' modules
+    "methods.sparse.SparseConfig": None,
+    "methods.sparse.SparsePayload": None,
+    "methods.sparse.ErrorFeedbackState": None,
     "data.Dataset": None,
     "data.Standardizer": None,
     "evaluation.CommunicationReport": None,

@@ -10,6 +10,12 @@ every such region with a stub that raises ``NotImplementedError(stub_message(m))
 ``RegionError`` is raised when a milestone function has no region, a region is
 unbalanced, nested or outside a milestone function; ``find_solution_lines`` finds any
 solution line that would survive into a workspace.
+
+The optional exercises (``diloco.exercises``) work the same way in the library's other
+modules: each function an exercise stubs has one region between ``# BEGIN EXERCISE xNN``
+and ``# END EXERCISE xNN`` (``exercise_regions``, ``package_exercise_regions``), which
+``stub_exercise_source`` replaces with a stub raising
+``NotImplementedError(diloco.exercises.stub_message(...))``; the leak scan covers them too.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+from diloco import exercises as exercise_table
+from diloco.exercises import Exercise
 from diloco.milestones import MILESTONES, Milestone, stub_message, test_command
 
 __all__ = [
@@ -33,6 +41,12 @@ __all__ = [
     "package_regions",
     "stub_source",
     "stub_lines",
+    "ExerciseRegion",
+    "exercise_regions",
+    "package_exercise_regions",
+    "exercise_module_path",
+    "stub_exercise_source",
+    "exercise_stub_lines",
     "solution_lines",
     "find_solution_lines",
     "public_dirs",
@@ -42,6 +56,7 @@ __all__ = [
 # The ``diloco`` package (this module lives in ``diloco/tools``).
 PACKAGE_DIR = Path(__file__).resolve().parents[2]
 _MARKER = re.compile(r"^(?P<indent>[ \t]*)#[ \t]*(?P<kind>BEGIN|END) SOLUTION[ \t]*$")
+_EXERCISE_MARKER = re.compile(r"^(?P<indent>[ \t]*)#[ \t]*(?P<kind>BEGIN|END) EXERCISE(?:[ \t]+(?P<code>\S+))?[ \t]*$")
 # Copied from the project into a workspace, when present (tests/tooling is left out).
 COPIED_DIRS = ("tests", "docs", "notebooks", "scripts")
 # Parts of the package left out of a workspace, as paths relative to ``diloco/``, because
@@ -98,15 +113,9 @@ def _function_spans(source: str, path: str) -> list[tuple[str, int, int]]:
     return spans
 
 
-def solution_regions(source: str, path: str = "<source>") -> list[SolutionRegion]:
-    """Every solution region of one module's source, in order.
-
-    Raises
-    ------
-    RegionError
-        A BEGIN without END (or the reverse), nested regions, markers of different
-        indentation, an empty region, or a region outside a top-level function.
-    """
+def _marked_regions(source: str, path: str, marker: re.Pattern, what: str) -> list[tuple[SolutionRegion, str]]:
+    """Every region between ``BEGIN <what>`` and ``END <what>`` markers, with the code the
+    markers carry (``x01``; "" for solution markers), in order."""
     lines = source.splitlines()
     spans = _function_spans(source, path)
 
@@ -118,30 +127,46 @@ def solution_regions(source: str, path: str = "<source>") -> list[SolutionRegion
 
     regions, open_at = [], None
     for line_no, line in enumerate(lines, start=1):
-        match = _MARKER.match(line)
+        match = marker.match(line)
         if not match:
             continue
+        code = (match.groupdict().get("code") or "")
         if match["kind"] == "BEGIN":
             if open_at is not None:
-                raise RegionError(f"{path}:{line_no}: BEGIN SOLUTION inside the region opened at line {open_at[0]}")
-            open_at = (line_no, match["indent"])
+                raise RegionError(f"{path}:{line_no}: BEGIN {what} inside the region opened at line {open_at[0]}")
+            open_at = (line_no, match["indent"], code)
             continue
         if open_at is None:
-            raise RegionError(f"{path}:{line_no}: END SOLUTION without a BEGIN SOLUTION before it")
-        begin, indent = open_at
+            raise RegionError(f"{path}:{line_no}: END {what} without a BEGIN {what} before it")
+        begin, indent, begin_code = open_at
         open_at = None
         if match["indent"] != indent:
-            raise RegionError(f"{path}:{line_no}: END SOLUTION is indented differently from its BEGIN (line {begin})")
+            raise RegionError(f"{path}:{line_no}: END {what} is indented differently from its BEGIN (line {begin})")
+        if code != begin_code:
+            raise RegionError(f"{path}:{line_no}: END {what} {code} closes BEGIN {what} {begin_code} (line {begin})")
         function = function_at(begin)
         if function is None or function_at(line_no) != function:
-            raise RegionError(f"{path}:{begin}: solution region (lines {begin}-{line_no}) is not inside one function")
+            raise RegionError(f"{path}:{begin}: {what.lower()} region (lines {begin}-{line_no}) is not inside one "
+                              "function")
         body = tuple(lines[begin:line_no - 1])
         if not any(text.strip() for text in body):
-            raise RegionError(f"{path}:{begin}: empty solution region in {function}()")
-        regions.append(SolutionRegion(path, function, begin, line_no, indent, body))
+            raise RegionError(f"{path}:{begin}: empty {what.lower()} region in {function}()")
+        regions.append((SolutionRegion(path, function, begin, line_no, indent, body), code))
     if open_at is not None:
-        raise RegionError(f"{path}:{open_at[0]}: BEGIN SOLUTION is never closed by an END SOLUTION")
+        raise RegionError(f"{path}:{open_at[0]}: BEGIN {what} is never closed by an END {what}")
     return regions
+
+
+def solution_regions(source: str, path: str = "<source>") -> list[SolutionRegion]:
+    """Every solution region of one module's source, in order.
+
+    Raises
+    ------
+    RegionError
+        A BEGIN without END (or the reverse), nested regions, markers of different
+        indentation, an empty region, or a region outside a top-level function.
+    """
+    return [region for region, _ in _marked_regions(source, path, _MARKER, "SOLUTION")]
 
 
 def _module_milestones(module: str) -> dict[str, Milestone]:
@@ -221,6 +246,102 @@ def stub_source(source: str, module: str, *, keep: Iterable[int] = (), path: str
     return "\n".join(out) + "\n"
 
 
+class ExerciseRegion(NamedTuple):
+    """The marked body of one function an exercise stubs (``region.function`` of ``module``)."""
+
+    exercise: Exercise
+    module: str
+    region: SolutionRegion
+
+
+def exercise_module_path(module: str, package_dir: Path | str = PACKAGE_DIR) -> Path:
+    """``core.quantize`` -> ``<package>/core/quantize.py``."""
+    return Path(package_dir, *module.split(".")).with_suffix(".py")
+
+
+def exercise_regions(source: str, module: str, path: str = "<source>") -> dict[str, ExerciseRegion]:
+    """The exercise regions of module ``module`` (``core.quantize``), by function.
+
+    Raises
+    ------
+    RegionError
+        Malformed markers (as ``solution_regions``), a region whose code is no exercise, in
+        a function its exercise does not list, a second region in one function, or a listed
+        function of this module without its region.
+    """
+    listed = {name: e for (mod, name), e in exercise_table.exercise_functions().items() if mod == module}
+    found: dict[str, ExerciseRegion] = {}
+    for region, code in _marked_regions(source, path, _EXERCISE_MARKER, "EXERCISE"):
+        exercise = listed.get(region.function)
+        if exercise is None or exercise.code != code:
+            owner = f"exercise {exercise.code}" if exercise is not None else "no exercise"
+            raise RegionError(f"{path}:{region.begin}: EXERCISE {code or '(no code)'} region in {region.function}(), "
+                              f"which belongs to {owner} (diloco.exercises.EXERCISES)")
+        if region.function in found:
+            raise RegionError(f"{path}:{region.begin}: a second exercise region in {region.function}()")
+        found[region.function] = ExerciseRegion(exercise, module, region)
+    missing = [name for name in listed if name not in found]
+    if missing:
+        raise RegionError(f"{path}: exercise function(s) {', '.join(missing)} have no exercise region "
+                          "(mark the body with BEGIN EXERCISE xNN / END EXERCISE xNN comments)")
+    return found
+
+
+def package_exercise_regions(package_dir: Path | str = PACKAGE_DIR) -> dict[tuple[str, str], ExerciseRegion]:
+    """The region of every function of every exercise, by ``(module, function)``.
+
+    Also checks that no other module of the package carries an exercise region.
+    """
+    package_dir = Path(package_dir)
+    modules = {module for module, _ in exercise_table.exercise_functions()}
+    found: dict[tuple[str, str], ExerciseRegion] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        module = ".".join(path.relative_to(package_dir).with_suffix("").parts)
+        source = path.read_text(encoding="utf-8")
+        if module in modules:
+            found.update({(module, name): r for name, r in exercise_regions(source, module, str(path)).items()})
+        elif _marked_regions(source, str(path), _EXERCISE_MARKER, "EXERCISE"):
+            raise RegionError(f"{path}: exercise regions are only allowed in the functions diloco.exercises lists")
+    for module in modules:
+        if not exercise_module_path(module, package_dir).is_file():
+            raise RegionError(f"{package_dir}: exercise module {module} is missing")
+    return found
+
+
+def exercise_stub_lines(exercise: Exercise, function: str, indent: str) -> list[str]:
+    """The body a learner starts from, in place of the region of ``function``."""
+    return [
+        f"{indent}# TODO exercise {exercise.label}: write this part of {function} here (the checks above stay).",
+        f"{indent}# Lesson: {exercise.lesson}    Test it: {exercise_table.test_command(exercise)}",
+        f"{indent}raise NotImplementedError(",
+        f'{indent}    "{exercise_table.stub_message(exercise, function)}"',
+        f"{indent})",
+    ]
+
+
+def stub_exercise_source(source: str, module: str, *, keep: Iterable[str] = (), path: str = "<source>") -> str:
+    """``source`` of module ``module`` with the region of every exercise function stubbed.
+
+    Regions of the exercises whose codes are in ``keep``, and of the functions named in
+    ``keep``, keep their body (markers dropped): a workspace in which those are done.
+    """
+    keep = set(keep)
+    regions = sorted(exercise_regions(source, module, path).values(), key=lambda r: r.region.begin)
+    lines = source.splitlines()
+    out: list[str] = []
+    cursor = 0
+    for found in regions:
+        region = found.region
+        out.extend(lines[cursor:region.begin - 1])
+        done = found.exercise.code in keep or region.function in keep
+        out.extend(region.body if done else exercise_stub_lines(found.exercise, region.function, region.indent))
+        cursor = region.end
+    out.extend(lines[cursor:])
+    return "\n".join(out) + "\n"
+
+
 def _text_lines(root: Path) -> Iterable[tuple[Path, list[str]]]:
     """``(path, lines)`` of every readable text file under ``root`` (notebook cells unpacked)."""
     for path in sorted(Path(root).rglob("*")):
@@ -248,14 +369,15 @@ def solution_lines(package_dir: Path | str = PACKAGE_DIR, public: Iterable[Path 
     solution text).
     """
     package_dir = Path(package_dir)
-    regions = package_regions(package_dir)
-    inside = {line.strip() for region in regions.values() for line in region.body}
+    regions = list(package_regions(package_dir).values())
+    regions += [found.region for found in package_exercise_regions(package_dir).values()]
+    inside = {line.strip() for region in regions for line in region.body}
     outside: set[str] = set()
     for path, lines in _text_lines(package_dir):
         if path.suffix != ".py" or is_reference_only(path):
             continue
         masked = set()
-        for region in regions.values():
+        for region in regions:
             if Path(region.path) == path:
                 masked.update(range(region.begin - 1, region.end))
         outside.update(line.strip() for i, line in enumerate(lines) if i not in masked)
