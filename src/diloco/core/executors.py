@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from diloco.mechanisms import scheduled_adamw_step, train_worker, uses_plain_worker
+from diloco.mechanisms import inner_step, train_worker, uses_plain_worker
 from diloco.model import cross_entropy_loss, model_backward, model_forward
 from diloco.params import average_params
 from diloco.sharding import inner_train_worker, sample_worker_batch
@@ -84,8 +84,8 @@ class ReferenceExecutor:
             for k in self.workers:
                 losses[k][step], grads[k] = self._gradient(params, k, rngs[k])
             everyone = self.gather(grads)
-            params, state = scheduled_adamw_step(params, state, average_params([everyone[k] for k in
-                                                                                sorted(everyone)]), self.config)
+            params, state = inner_step(params, state, average_params([everyone[k] for k in sorted(everyone)]),
+                                       self.config)
         self.params[0], self.states[0] = params, state
         return losses
 

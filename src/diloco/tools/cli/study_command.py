@@ -34,6 +34,10 @@ __all__ = ["run_study_command"]
 
 
 def run_study_command(args) -> int:
+    if args.study == "muon":  # MuLoCo's claims: diloco.tools.studies.beyond_muon
+        from diloco.tools.studies.beyond_muon import run_muon_study
+
+        return run_muon_study(args)
     if args.study in FAMILY_STUDIES:  # compression, streaming, bandwidth: diloco.tools.studies.family_study
         from diloco.tools.studies.family_study import run_family_study_command
 
