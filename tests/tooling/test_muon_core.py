@@ -299,7 +299,9 @@ def test_a_gap_claim_is_the_paired_difference_of_two_differences():
 def test_the_arms_pair_every_k_at_equal_bytes():
     from diloco.tools.studies.beyond_muon import muon_arms, muon_claims
 
-    arms = muon_arms(10, 100, (1, 4), {"adamw": 0.003, "muon": 0.02})
+    lrs = {"diloco K=1": {"adamw": 0.003, "muon": 0.02}, "diloco K=4": {"adamw": 0.003, "muon": 0.02},
+           "sync K=4": {"adamw": 0.001, "muon": 0.01}}
+    arms = muon_arms(10, 100, (1, 4), lrs)
     by_label = {a.label: a for a in arms}
     for k in (1, 4):
         adam, muon = by_label[f"DiLoCo (AdamW) K={k}"], by_label[f"MuLoCo (Muon) K={k}"]
@@ -309,7 +311,7 @@ def test_the_arms_pair_every_k_at_equal_bytes():
         BASE.replace(**adam.changes), BASE.replace(**muon.changes)  # valid configs
     assert {c.better for c in muon_claims((1, 4))} <= set(by_label)
     with pytest.raises(ValueError, match="multiple of H"):
-        muon_arms(30, 100, (1,), {"adamw": 0.003, "muon": 0.02})
+        muon_arms(30, 100, (1,), lrs)
 
 
 def test_the_results_page_holds_the_rendered_summaries():

@@ -28,7 +28,8 @@ from diloco.tools.cli.flag_checks import check_data_file
 from diloco.tools.cli.paper_flags import add_mechanism_flags, add_text_flags, load_text_dataset, mechanism_changes
 
 __all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "MUON_FLAGS", "DATA_DEFAULTS", "DEFAULT_MAX_LOSS", "add_config_flags",
-           "add_data_flags", "add_execution_flags", "add_output_flags", "add_recovery_flags", "build_config", "load_dataset"]
+           "add_data_flags", "add_execution_flags", "add_output_flags", "add_recovery_flags", "build_config",
+           "load_dataset"]
 
 # Flags of DiLoCoConfig fields: (flag(s), argparse options). Inner AdamW fields follow.
 CONFIG_FLAGS = {

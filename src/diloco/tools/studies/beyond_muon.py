@@ -12,9 +12,11 @@ MuLoCo is DiLoCo with Muon as the inner optimizer (``DiLoCoConfig.inner_optimize
   have to the paper's 2-bit quantisation (the 2-bit format of the sparse-outer-gradient
   method has not landed here).
 
-Each optimizer's learning rate is tuned first, at K = 4 on tuning seeds (1000, ...) that
-are not the reported seeds, over ``ADAMW_GRID`` / ``MUON_GRID`` (``--muon-lr`` fixes
-Muon's instead, ``--lr`` AdamW's). Claims are judged seed by seed with
+Each optimizer's learning rate is tuned first, for every setting (DiLoCo at each K, the
+data-parallel baseline) on tuning seeds (1000, ...) that are not the reported seeds, over
+``ADAMW_GRID`` / ``MUON_GRID`` (``--muon-lr`` fixes Muon's instead, ``--lr`` AdamW's); a
+Muon arm's biases use AdamW at AdamW's tuned lr of the same setting, and the compressed
+arms keep the uncompressed arms' lrs. Claims are judged seed by seed with
 ``diloco.tools.studies.paper_report`` (the verdict words of the results pages); a claim
 about a *gap* (Muon's advantage growing with K, the gap to the data-parallel baseline,
 the cost of compression) is an interaction, the per-seed difference of two paired
@@ -45,7 +47,7 @@ from diloco.tools.studies.paper_report import (
 from diloco.tools.studies.paper_studies import Arm, Claim, run_arm
 from diloco.tools.studies.study_stats import mean_interval
 
-__all__ = ["TASKS", "KS", "ADAMW_GRID", "MUON_GRID", "TUNE_K", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER",
+__all__ = ["TASKS", "KS", "ADAMW_GRID", "MUON_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting",
            "muon_arms", "muon_claims", "interaction_specs", "judge_interactions", "run_muon_study",
            "render_section", "rebuild_page", "main"]
 
@@ -56,9 +58,8 @@ TASKS = {
     "mnist1d": {"hidden_sizes": (128,), "inner_steps": 50, "steps": 1000},
 }
 KS = (1, 2, 4, 8)
-TUNE_K = 4
 COMPRESSION_K = 4
-ADAMW_GRID = (1e-3, 3e-3, 1e-2)
+ADAMW_GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 MUON_GRID = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 TUNE_SEED_BASE = 1000
 
@@ -87,15 +88,23 @@ def _dp_label(optimizer: str, k: int) -> str:
     return f"data-parallel {'AdamW' if optimizer == 'adamw' else 'Muon'} (sync, K={k})"
 
 
+def setting(algo: str, k: int) -> str:
+    """The key of a setting's tuned lrs: ``"diloco K=4"``, ``"sync K=8"``."""
+    return f"{algo} K={k}"
+
+
 def _optimizer(optimizer: str, lrs: dict, muon: MuonConfig) -> dict:
-    """The config changes of an arm's inner optimizer, with its tuned lr."""
+    """The config changes of an arm's inner optimizer; ``lrs`` is ``{"adamw": lr, "muon": lr}``."""
     if optimizer == "adamw":
         return {"inner_optimizer": "adamw", "muon": MuonConfig().to_dict(), "inner": {"lr": lrs["adamw"]}}
     return {"inner_optimizer": "muon", "muon": {**muon.to_dict(), "lr": lrs["muon"]}, "inner": {"lr": lrs["adamw"]}}
 
 
 def muon_arms(h: int, steps: int, ks, lrs: dict, muon: MuonConfig | None = None) -> list:
-    """Every arm of the study (module doc), the DiLoCo arms recording worker agreement."""
+    """Every arm of the study (module doc), the DiLoCo arms recording worker agreement.
+
+    ``lrs`` maps each ``setting(algo, k)`` to ``{"adamw": lr, "muon": lr}``.
+    """
     muon = MuonConfig() if muon is None else muon
     if steps % h:
         raise ValueError(f"steps per worker ({steps}) must be a multiple of H={h}")
@@ -105,17 +114,19 @@ def muon_arms(h: int, steps: int, ks, lrs: dict, muon: MuonConfig | None = None)
         for optimizer in ("adamw", "muon"):
             arms.append(Arm(_label(optimizer, k), "diloco", {"num_workers": k, "inner_steps": h, "rounds": rounds,
                                                              "record_similarity": k > 1,
-                                                             **_optimizer(optimizer, lrs, muon)}))
+                                                             **_optimizer(optimizer, lrs[setting("diloco", k)],
+                                                                          muon)}))
     top = max(ks)
     for optimizer in ("adamw", "muon"):
         arms.append(Arm(_dp_label(optimizer, top), "sync", {"num_workers": top, "inner_steps": h, "rounds": rounds,
-                                                            **_optimizer(optimizer, lrs, muon)}))
+                                                            **_optimizer(optimizer, lrs[setting("sync", top)],
+                                                                         muon)}))
     if COMPRESSION_K in ks:
         for optimizer in ("adamw", "muon"):
             arms.append(Arm(_label(optimizer, COMPRESSION_K, ", fp4 + error feedback"), "diloco",
                             {"num_workers": COMPRESSION_K, "inner_steps": h, "rounds": rounds,
                              "family": {"comm_dtype": "fp4", "error_feedback": True},
-                             **_optimizer(optimizer, lrs, muon)}))
+                             **_optimizer(optimizer, lrs[setting("diloco", COMPRESSION_K)], muon)}))
     return arms
 
 
@@ -178,23 +189,23 @@ def judge_interactions(specs: list, rows: list, task: str) -> list:
 
 # --- the command ------------------------------------------------------------------------------
 
-def _tune(optimizer, grid, base, h, steps, data, seeds, lrs, muon, on_run) -> tuple[float, list]:
-    """The grid value with the lowest mean final held-out loss at K = TUNE_K on ``seeds``."""
+def _tune(optimizer, grid, algo, k, base, h, steps, data, seeds, lrs, muon, on_run) -> tuple[float, list]:
+    """The grid value with the lowest mean final held-out loss of ``algo`` at K = ``k`` on ``seeds``."""
     records = []
     for value in grid:
-        arm = Arm(f"tune {optimizer} lr {value:g}", "diloco",
-                  {"num_workers": TUNE_K, "inner_steps": h, "rounds": steps // h,
+        arm = Arm(f"tune {optimizer} {setting(algo, k)} lr {value:g}", algo,
+                  {"num_workers": k, "inner_steps": h, "rounds": steps // h,
                    **_optimizer(optimizer, {**lrs, optimizer: value}, muon)})
         losses = []
         for seed in seeds:
             outcome = run_arm(arm, base, seed, data, encode=data.encode)
             losses.append(outcome["eval_loss"])
             on_run(outcome)
-        records.append({"optimizer": optimizer, "lr": value, "num_workers": TUNE_K, "seeds": list(seeds),
+        records.append({"optimizer": optimizer, "setting": setting(algo, k), "lr": value, "seeds": list(seeds),
                         "eval_loss": float(np.mean(losses))})
     finite = [r for r in records if np.isfinite(r["eval_loss"])]
     if not finite:
-        raise CliError(f"study muon: every {optimizer} lr of the grid diverged")
+        raise CliError(f"study muon: every {optimizer} lr of the grid diverged ({setting(algo, k)})")
     return min(finite, key=lambda r: r["eval_loss"])["lr"], records
 
 
@@ -249,7 +260,7 @@ def run_muon_study(args) -> int:
                                          "data": data_info, "blas_threads": threads})
     write_json(run_dir / "environment.json", environment_record(seed=config.seed))
     results = JsonlWriter(run_dir / "results.jsonl")
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
 
     def finished(outcome, phase):
         results.write_line({**outcome, "phase": phase})
@@ -259,11 +270,14 @@ def run_muon_study(args) -> int:
 
     try:
         with limit:
-            lrs = {"adamw": base.inner.lr, "muon": muon.lr}
-            lrs["adamw"], adamw_tuning = _tune("adamw", grids["adamw"], base, h, steps, data, tuning_seeds, lrs,
-                                               muon, lambda o: finished(o, "tune"))
-            lrs["muon"], muon_tuning = _tune("muon", grids["muon"], base, h, steps, data, tuning_seeds, lrs, muon,
-                                             lambda o: finished(o, "tune"))
+            lrs, tuning = {}, []
+            for algo, k in [("diloco", k) for k in ks] + [("sync", max(ks))]:
+                chosen = {"adamw": base.inner.lr, "muon": muon.lr}
+                for optimizer in ("adamw", "muon"):  # Muon's biases at AdamW's chosen lr
+                    chosen[optimizer], records = _tune(optimizer, grids[optimizer], algo, k, base, h, steps, data,
+                                                       tuning_seeds, chosen, muon, lambda o: finished(o, "tune"))
+                    tuning += records
+                lrs[setting(algo, k)] = chosen
             arms = muon_arms(h, steps, ks, lrs, muon)
             outcomes = []
             for arm in arms:
@@ -281,10 +295,11 @@ def run_muon_study(args) -> int:
         "study": "muon", "title": "MuLoCo: Muon as DiLoCo's inner optimizer", "reference": "MuLoCo, arXiv 2505.23725",
         "task": task, "data": data_info, "config": base.to_dict(), "muon": muon.to_dict(), "steps_per_worker": steps,
         "ks": list(ks), "seeds": seeds, "tune_seeds": tuning_seeds, "tuned_lr": lrs,
-        "tuning": adamw_tuning + muon_tuning, "rows": rows,
+        "tuning": tuning, "rows": rows,
         "claims": judge_claims(muon_claims(ks), rows, task),
         "gaps": judge_interactions(interaction_specs(ks), rows, task),
-        "seconds": time.perf_counter() - started, "command": command,
+        "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
+        "command": command,
     }
     write_json(run_dir / "summary.json", summary)
     table = render_section(summary)
@@ -316,16 +331,23 @@ def _gap_text(stats, relative: bool) -> str:
 def render_section(summary: dict) -> str:
     """Markdown for one task: the tuning grid, the arms, the claims, the gap claims."""
     field, name = metric_of(summary["task"])
+    cost = f"{summary['seconds'] / 60:.1f} min wall-clock"
+    if summary.get("cpu_seconds") is not None:
+        cost += f", {summary['cpu_seconds'] / 60:.1f} min of CPU"
     lines = [f"Command: `{summary['command']} --export docs/assets/results` "
-             f"({summary['seconds'] / 60:.1f} min on one core). Seeds {summary['seeds']}, "
+             f"({cost}, one process on a shared 2-core machine). Seeds {summary['seeds']}, "
              f"{summary['steps_per_worker']} steps per worker, H={summary['config']['inner_steps']}, "
              f"hidden sizes {summary['config']['hidden_sizes']}.", "",
-             f"Learning rates tuned at K={TUNE_K} on seed(s) {summary['tune_seeds']} (final held-out loss; "
-             f"chosen: AdamW {summary['tuned_lr']['adamw']:g}, Muon {summary['tuned_lr']['muon']:g}; the biases of "
-             f"the Muon arms use AdamW at AdamW's chosen lr):", "",
-             "| optimizer | lr | held-out loss |", "|---|---:|---:|"]
-    for record in summary["tuning"]:
-        lines.append(f"| {record['optimizer']} | {record['lr']:g} | {_num(record['eval_loss'], 4)} |")
+             f"Learning rates tuned per setting on seed(s) {summary['tune_seeds']} (final held-out loss at each "
+             f"lr; **bold** the chosen one; a Muon arm's biases use AdamW at AdamW's chosen lr of the same setting; "
+             f"the fp4 arms keep the lrs of DiLoCo K={COMPRESSION_K}):", "",
+             "| setting | optimizer | held-out loss at each lr |", "|---|---|---|"]
+    for key, chosen in summary["tuned_lr"].items():
+        for optimizer in ("adamw", "muon"):
+            cells = [f"{'**' if r['lr'] == chosen[optimizer] else ''}{r['lr']:g}: {_num(r['eval_loss'], 4)}"
+                     f"{'**' if r['lr'] == chosen[optimizer] else ''}"
+                     for r in summary["tuning"] if r["setting"] == key and r["optimizer"] == optimizer]
+            lines.append(f"| {key} | {optimizer} | {', '.join(cells)} |")
     lines += ["", f"| arm | bytes sent per worker | {name}, mean [95% CI] | accuracy, mean [95% CI] "
                   "| workers' pseudo-gradient cosine |", "|---|---:|---|---|---|"]
     for row in summary["rows"]:
