@@ -14,7 +14,7 @@ MuLoCo is DiLoCo with Muon as the inner optimizer (``DiLoCoConfig.inner_optimize
 
 Each optimizer's learning rate is tuned first, for every setting (DiLoCo at each K, the
 data-parallel baseline) on tuning seeds (1000, ...) that are not the reported seeds, over
-``ADAMW_GRID`` / ``MUON_GRID`` (``--muon-lr`` fixes Muon's instead, ``--lr`` AdamW's); a
+``ADAMW_GRID`` / the task's ``muon_grid`` (``--muon-lr`` fixes Muon's instead, ``--lr`` AdamW's); a
 Muon arm's biases use AdamW at AdamW's tuned lr of the same setting, and the compressed
 arms keep the uncompressed arms' lrs. Claims are judged seed by seed with
 ``diloco.tools.studies.paper_report`` (the verdict words of the results pages); a claim
@@ -38,6 +38,7 @@ from diloco.config import MuonConfig
 from diloco.tools.cli.errors import CliError
 from diloco.tools.studies.paper_report import (
     NOT_RUN,
+    combine_verdicts,
     interval_text,
     judge_claims,
     metric_of,
@@ -47,20 +48,22 @@ from diloco.tools.studies.paper_report import (
 from diloco.tools.studies.paper_studies import Arm, Claim, run_arm
 from diloco.tools.studies.study_stats import mean_interval
 
-__all__ = ["TASKS", "KS", "ADAMW_GRID", "MUON_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting",
+__all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting",
            "muon_arms", "muon_claims", "interaction_specs", "judge_interactions", "run_muon_study",
-           "render_section", "rebuild_page", "main"]
+           "render_section", "render_claims", "rebuild_page", "main"]
 
-# Per task: the model, H, and the budget (steps per worker), small enough that the whole
-# study runs in minutes on one core.
+# Per task: the model, H, the budget (steps per worker), small enough that the whole study
+# runs in minutes on one core, and Muon's lr grid (MNIST-1D's best lr sat at the lower edge
+# of the char-LM's grid, so its grid starts lower).
 TASKS = {
-    "shakespeare": {"hidden_sizes": (64,), "inner_steps": 30, "steps": 300},
-    "mnist1d": {"hidden_sizes": (128,), "inner_steps": 50, "steps": 1000},
+    "shakespeare": {"hidden_sizes": (64,), "inner_steps": 30, "steps": 300,
+                    "muon_grid": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)},
+    "mnist1d": {"hidden_sizes": (128,), "inner_steps": 50, "steps": 1000,
+                "muon_grid": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)},
 }
 KS = (1, 2, 4, 8)
 COMPRESSION_K = 4
 ADAMW_GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
-MUON_GRID = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 TUNE_SEED_BASE = 1000
 
 # The paper's words (arXiv 2505.23725: v2's abstract for the K claims, v1's for compression).
@@ -251,7 +254,7 @@ def run_muon_study(args) -> int:
     seeds = list(range(config.seed, config.seed + args.seeds))
     tuning_seeds = [TUNE_SEED_BASE + i for i in range(tune_seeds)]
     grids = {"adamw": (args.lr,) if getattr(args, "lr", None) is not None else ADAMW_GRID,
-             "muon": (args.muon_lr,) if getattr(args, "muon_lr", None) is not None else MUON_GRID}
+             "muon": (args.muon_lr,) if getattr(args, "muon_lr", None) is not None else spec["muon_grid"]}
     run_dir = create_run_dir(args.runs_dir, args.name or f"study-muon-{task}")
     write_json(run_dir / "config.json", {"command": "study", "study": "muon", "task": task, "config": base.to_dict(),
                                          "muon": muon.to_dict(), "steps_per_worker": steps, "seeds": seeds,
@@ -334,7 +337,7 @@ def render_section(summary: dict) -> str:
     cost = f"{summary['seconds'] / 60:.1f} min wall-clock"
     if summary.get("cpu_seconds") is not None:
         cost += f", {summary['cpu_seconds'] / 60:.1f} min of CPU"
-    lines = [f"Command: `{summary['command']} --export docs/assets/results` "
+    lines = [f"Command: `.venv/bin/{summary['command']} --export docs/assets/results` "
              f"({cost}, one process on a shared 2-core machine). Seeds {summary['seeds']}, "
              f"{summary['steps_per_worker']} steps per worker, H={summary['config']['inner_steps']}, "
              f"hidden sizes {summary['config']['hidden_sizes']}.", "",
@@ -375,6 +378,34 @@ def render_section(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_claims(summaries: dict) -> str:
+    """Markdown: every claim once, its verdict on each task (``summaries``: task -> summary) and
+    the weakest of them (``combine_verdicts``)."""
+    tasks = [task for task in TASKS if task in summaries]
+    names = {"shakespeare": "char-LM (perplexity)", "mnist1d": "MNIST-1D (held-out loss)"}
+    lines = ["| claim | the paper | " + " | ".join(f"{names[t]}: paired difference [95% CI], verdict" for t in tasks)
+             + " | verdict |", "|---|---|" + "---|" * len(tasks) + "---|"]
+    order, found = [], {}
+    for task in tasks:
+        for item in summaries[task]["claims"] + summaries[task]["gaps"]:
+            if item["text"] not in found:
+                order.append(item["text"])
+                found[item["text"]] = item["paper"]
+    for text in order:
+        cells, verdicts = [], []
+        for task in tasks:
+            item = next((c for c in summaries[task]["claims"] + summaries[task]["gaps"] if c["text"] == text), None)
+            if item is None or item["verdict"] == NOT_RUN:
+                cells.append(NOT_RUN)
+                continue
+            diff = item["metric_difference"]
+            relative = item.get("relative") or item.get("margin") is not None
+            cells.append(f"{_gap_text(diff, relative)}: {item['verdict']}")
+            verdicts.append(item["verdict"])
+        lines.append(f"| {text} | {found[text]} | " + " | ".join(cells) + f" | **{combine_verdicts(verdicts)}** |")
+    return "\n".join(lines) + "\n"
+
+
 BLOCK = re.compile(r"<!-- generated: beyond-muon-(?P<task>[\w]+) -->\n.*?<!-- end: beyond-muon-(?P=task) -->", re.S)
 
 
@@ -382,6 +413,11 @@ def rebuild_page(page: str, directory) -> str:
     """``page`` with every ``beyond-muon-<task>`` block rendered from ``directory``'s summaries."""
     def render(match):
         task = match.group("task")
+        if task == "claims":
+            summaries = {t: json.loads((Path(directory) / f"beyond-muon-{t}.json").read_text(encoding="utf-8"))
+                         for t in TASKS if (Path(directory) / f"beyond-muon-{t}.json").is_file()}
+            body = render_claims(summaries) if summaries else "*Not run yet.*\n"
+            return f"<!-- generated: beyond-muon-claims -->\n{body}<!-- end: beyond-muon-claims -->"
         path = Path(directory) / f"beyond-muon-{task}.json"
         body = render_section(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else "*Not run yet.*\n"
         return f"<!-- generated: beyond-muon-{task} -->\n{body}<!-- end: beyond-muon-{task} -->"
