@@ -323,3 +323,26 @@ def test_the_results_page_holds_the_rendered_summaries():
         "docs/results-beyond.md: run python -m diloco.tools.studies.beyond_muon"
     for task in ("shakespeare", "mnist1d"):
         assert f"<!-- generated: beyond-muon-{task} -->" in page
+
+
+def test_a_tiny_muon_study_tunes_runs_judges_and_exports(tmp_path, capsys):
+    export = tmp_path / "export"
+    argv = ["study", "muon", "--data", "shakespeare", "--seeds", "2", "--total-steps", "4", "-H", "2",
+            "--eval-windows", "32", "--context", "2", "--hidden-sizes", "4", "-q", "--values", "1,4",
+            "--lr", "0.003", "--inner-optimizer", "muon", "--muon-lr", "0.02", "--muon-momentum", "0.9",
+            "--runs-dir", tmp_path, "--export", export]
+    status, out, err = run_cli(argv, capsys)
+    assert status == 0, err
+    summary = json.loads((export / "beyond-muon-shakespeare.json").read_text())
+    assert summary["ks"] == [1, 4] and summary["seeds"] == [0, 1] and summary["tune_seeds"] == [1000]
+    assert set(summary["tuned_lr"]) == {"diloco K=1", "diloco K=4", "sync K=4"}
+    assert all(lr == {"adamw": 0.003, "muon": 0.02} for lr in summary["tuned_lr"].values())  # fixed by the flags
+    rows = {row["arm"]: row for row in summary["rows"]}
+    assert rows["DiLoCo (AdamW) K=4"]["bytes_sent"] == rows["MuLoCo (Muon) K=4"]["bytes_sent"]  # equal bytes
+    assert rows["MuLoCo (Muon) K=4, fp4 + error feedback"]["bytes_sent"] < rows["MuLoCo (Muon) K=4"]["bytes_sent"]
+    muon_arm = next(row for row in summary["rows"] if row["arm"] == "MuLoCo (Muon) K=4")
+    assert muon_arm["changes"]["muon"]["momentum"] == 0.9  # --muon-* reach the Muon arms
+    assert [c["verdict"] for c in summary["claims"] + summary["gaps"]]
+    assert "MuLoCo beats DiLoCo at K=4" in out
+    status, _, err = run_cli(["study", "muon", "--data", "digits", "--runs-dir", tmp_path, "-q"], capsys)
+    assert status == 2 and "--data shakespeare or --data mnist1d" in err
