@@ -26,13 +26,8 @@ import sys
 from pathlib import Path
 
 from diloco.tools.runs.folders import atomic_write_text
-from diloco.tools.studies.paper_report import (
-    interval_text,
-    render_arms_table,
-    render_claims_table,
-    render_paper_table,
-    verdict,
-)
+from diloco.tools.studies.paper_report import (interval_text, render_arms_table, render_claims_table, render_paper_table,
+                                               verdict)
 
 __all__ = ["ORDER", "TASKS", "BLOCK", "load_summaries", "render_block", "block_names", "rebuild", "main"]
 
