@@ -2,13 +2,13 @@
 
 Every executor offers the same few methods to ``diloco.core.driver``:
 
-* ``load(worker_params, worker_states)``: the workers' parameters and AdamW states
+* ``load(worker_params, worker_states)``: the workers' parameters and AdamW (or Muon) states
   (dicts keyed by worker index; the baseline has one shared model, key 0);
 * ``run(rngs, steps)``: ``steps`` inner steps of every local worker, each from its own
   carried params and AdamW state, worker k drawing its batches from ``rngs[k]``;
   returns ``{k: losses (steps,)}``;
 * ``run_sync(rngs, steps)``: the synchronous baseline's steps: every worker's gradient,
-  averaged (one all-reduce per step), one AdamW step on the shared model;
+  averaged (one all-reduce per step), one inner step (``inner_step``: AdamW or Muon) on the shared model;
 * ``read(keys)`` / ``write(k, params)``: the local workers' parameters of a fragment;
 * ``gather(items)``: the collective, merging a dict keyed by worker index across
   processes (identity in one process);
