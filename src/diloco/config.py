@@ -30,7 +30,8 @@ from diloco._validation import (
 )
 from diloco.config_sections import AsyncConfig, FamilyConfig, check_known_fields
 
-__all__ = ["AdamWConfig", "DiLoCoConfig", "OUTER_OPTIMIZER_NAMES"]
+__all__ = ["AdamWConfig", "MuonConfig", "DiLoCoConfig", "OUTER_OPTIMIZER_NAMES", "INNER_OPTIMIZER_NAMES",
+           "MUON_SCALES"]
 
 _DTYPES = ("float32", "float64")
 _ENGINES = ("reference", "fast")
@@ -38,6 +39,10 @@ _LR_SCHEDULES = ("constant", "cosine")
 _SHARD_WEIGHTINGS = ("auto", "uniform", "size")
 # The outer optimizers diloco.core.outer.OUTER_OPTIMIZERS implements (a test checks the two agree).
 OUTER_OPTIMIZER_NAMES = ("sgd", "adam", "lion")
+# The inner optimizers diloco.mechanisms.inner_step dispatches to (AdamW, or Muon: diloco.methods.muon).
+INNER_OPTIMIZER_NAMES = ("adamw", "muon")
+# Muon's shape scales (diloco.methods.muon.shape_scale).
+MUON_SCALES = ("muon", "moonlight")
 
 
 def _dtype_name(dtype) -> str:
@@ -98,6 +103,68 @@ class AdamWConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class MuonConfig:
+    """Hyper-parameters of the Muon inner optimizer (``diloco.methods.muon``, MuLoCo).
+
+    Muon updates the 2-D weight matrices; every other array (the biases) gets AdamW
+    with the run's ``DiLoCoConfig.inner`` (``muon_step``'s ``adam`` argument).
+
+    Attributes
+    ----------
+    lr : float > 0
+        Learning rate of the orthogonalised step (Muon's default 0.02).
+    momentum : float in [0, 1)
+        mu, the momentum of the weight matrices (Muon's default 0.95).
+    nesterov : bool
+        Orthogonalise ``G + mu B`` (True, the default) or ``B``.
+    weight_decay : float >= 0
+        Decoupled decay of the weight matrices, ``W (1 - lr wd)``; ``lr * wd < 1``.
+    ns_steps : int >= 1
+        Newton-Schulz steps (5).
+    scale : one of ``MUON_SCALES``
+        ``"muon"``: ``sqrt(max(1, fan_out / fan_in))``; ``"moonlight"``: ``0.2 sqrt(max(fan_in, fan_out))``.
+    keys : tuple of str, or None
+        The arrays Muon updates; None means every 2-D array.
+    """
+
+    lr: float = 0.02
+    momentum: float = 0.95
+    nesterov: bool = True
+    weight_decay: float = 0.0
+    ns_steps: int = 5
+    scale: str = "muon"
+    keys: tuple | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            lr = check_real(self.lr, "lr", low=0.0, low_open=True)
+            momentum = check_real(self.momentum, "momentum", low=0.0, high=1.0, high_open=True)
+            nesterov = check_bool(self.nesterov, "nesterov")
+            weight_decay = check_real(self.weight_decay, "weight_decay", low=0.0)
+            ns_steps = check_positive_int(self.ns_steps, "ns_steps")
+            if lr * weight_decay >= 1.0:
+                raise ValueError(f"weight_decay: lr * weight_decay must be < 1, got {lr} * {weight_decay}")
+            if self.scale not in MUON_SCALES:
+                raise ValueError(f"scale must be one of {MUON_SCALES}, got {self.scale!r}")
+            keys = self.keys
+            if keys is not None:
+                if (isinstance(keys, (str, bytes, Mapping)) or not hasattr(keys, "__iter__")
+                        or not all(isinstance(k, str) for k in keys)):
+                    raise TypeError(f"keys must be a tuple of str or None, got {keys!r}")
+                keys = tuple(keys)
+        except (TypeError, ValueError) as exc:
+            raise _field_error("MuonConfig", exc) from None
+        for name, value in (("lr", lr), ("momentum", momentum), ("nesterov", nesterov),
+                            ("weight_decay", weight_decay), ("ns_steps", ns_steps), ("keys", keys)):
+            object.__setattr__(self, name, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["keys"] = None if self.keys is None else list(self.keys)
+        return out
 
 
 @dataclass(frozen=True)
@@ -168,6 +235,13 @@ class DiLoCoConfig:
     record_similarity : bool
         Add ``pseudo_grad_cosine`` (mean pairwise cosine between the workers' own
         pseudo-gradients) to every DiLoCo record (False).
+    inner_optimizer : "adamw" or "muon"
+        The workers' (and the baseline's) optimizer: AdamW with ``inner`` (default, the
+        milestones), or Muon with ``muon`` on the weight matrices and AdamW with ``inner``
+        on the biases (MuLoCo; ``diloco.methods.muon``). Muon runs through ``diloco.core``,
+        never the milestone functions.
+    muon : MuonConfig
+        Muon's hyper-parameters; off their defaults only with ``inner_optimizer="muon"``.
     family : FamilyConfig
         The nested section of the post-2023 family (``diloco.config_sections``): wire
         format and error feedback, Streaming DiLoCo's fragments, overlap and mixing, eager
@@ -201,6 +275,8 @@ class DiLoCoConfig:
     outer_eps: float = 0.1
     drop_prob: float = 0.0
     record_similarity: bool = False
+    inner_optimizer: str = "adamw"
+    muon: MuonConfig = field(default_factory=MuonConfig)
     family: FamilyConfig = field(default_factory=FamilyConfig)
     asynchrony: AsyncConfig = field(default_factory=AsyncConfig)
 
@@ -252,6 +328,12 @@ class DiLoCoConfig:
         if self.outer_optimizer not in OUTER_OPTIMIZER_NAMES:
             raise ValueError(f"outer_optimizer must be one of {OUTER_OPTIMIZER_NAMES}, got {self.outer_optimizer!r}")
         record_similarity = check_bool(self.record_similarity, "record_similarity")
+        if self.inner_optimizer not in INNER_OPTIMIZER_NAMES:
+            raise ValueError(f"inner_optimizer must be one of {INNER_OPTIMIZER_NAMES}, got {self.inner_optimizer!r}")
+        if not isinstance(self.muon, MuonConfig):
+            raise TypeError(f"muon must be a MuonConfig, got {type(self.muon).__name__}")
+        if self.inner_optimizer != "muon" and self.muon != MuonConfig():
+            raise ValueError("muon settings need inner_optimizer='muon' (AdamW would ignore them)")
         return {
             "warmup_steps": warmup_steps,
             "record_similarity": record_similarity,
@@ -267,9 +349,11 @@ class DiLoCoConfig:
         return self.rounds * self.inner_steps
 
     def replace(self, **changes: Any) -> DiLoCoConfig:
-        """A copy with some fields changed (validated again). ``inner`` and ``family`` may be dicts."""
+        """A copy with some fields changed (validated again). ``inner``, ``muon`` and ``family`` may be dicts."""
         if isinstance(changes.get("inner"), dict):
             changes["inner"] = dataclasses.replace(self.inner, **changes["inner"])
+        if isinstance(changes.get("muon"), dict):
+            changes["muon"] = dataclasses.replace(self.muon, **changes["muon"])
         if isinstance(changes.get("family"), dict):
             changes["family"] = dataclasses.replace(self.family, **changes["family"])
         if isinstance(changes.get("asynchrony"), dict):
@@ -281,6 +365,7 @@ class DiLoCoConfig:
         out = dataclasses.asdict(self)
         out["hidden_sizes"] = list(self.hidden_sizes)
         out["asynchrony"] = self.asynchrony.to_dict()
+        out["muon"] = self.muon.to_dict()
         return out
 
     @classmethod
@@ -292,6 +377,9 @@ class DiLoCoConfig:
             inner = data["inner"]
             check_known_fields(AdamWConfig, inner, "DiLoCoConfig.inner")
             data["inner"] = AdamWConfig(**inner)
+        if "muon" in data:
+            check_known_fields(MuonConfig, data["muon"], "DiLoCoConfig.muon")
+            data["muon"] = MuonConfig(**data["muon"])
         if "family" in data:
             data["family"] = FamilyConfig.from_dict(data["family"])
         if "asynchrony" in data:

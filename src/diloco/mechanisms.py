@@ -10,6 +10,8 @@ mechanism              config field(s)             what this module gives the co
 inner lr schedule      ``lr_schedule``,            ``inner_lr``, ``scheduled_adamw_step``
                        ``warmup_steps``
 gradient clipping      ``clip_norm``               ``clip_by_global_norm``, ``scheduled_adamw_step``
+inner optimizer        ``inner_optimizer``,        ``inner_step`` (AdamW, or Muon: ``diloco.methods
+                       ``muon``                    .muon``), ``init_inner_state``
 shard-size weights     ``shard_weighting``         ``pseudo_grad_weights``
 outer optimizer        ``outer_optimizer``,        ``outer_step`` (``diloco.core.outer``: SGD /
                        ``outer_beta2``,            heavy ball / Nesterov through 22-23, Adam
@@ -40,7 +42,8 @@ from diloco.outer import OuterState
 from diloco.sharding import sample_worker_batch
 
 __all__ = [
-    "COSINE_FLOOR", "global_norm", "inner_lr", "scheduled_adamw_step", "clip_by_global_norm", "train_worker",
+    "COSINE_FLOOR", "global_norm", "inner_lr", "scheduled_lr", "scheduled_adamw_step", "clip_by_global_norm",
+    "inner_step", "init_inner_state", "train_worker",
     "uses_plain_worker", "pseudo_grad_weights", "normalised_weights", "outer_step",
     "draw_dropped", "mean_pairwise_cosine",
 ]
@@ -78,7 +81,11 @@ def inner_lr(config: DiLoCoConfig, step: int) -> float:
     every worker and the baseline follow the same curve over the run.
     """
     api_checks.inner_lr(config, step)
-    peak = config.inner.lr
+    return scheduled_lr(config.inner.lr, config, step)
+
+
+def scheduled_lr(peak: float, config: DiLoCoConfig, step: int) -> float:
+    """``inner_lr``'s schedule with another peak (Muon's ``config.muon.lr``), unchecked."""
     if config.lr_schedule == "constant":
         return peak
     warmup, total = config.warmup_steps, config.total_steps
@@ -126,10 +133,43 @@ def scheduled_adamw_step(params: Params, state: AdamWState, grads: Params, confi
     return adamw_step(params, state, grads, inner)
 
 
+def inner_step(params: Params, state, grads: Params, config: DiLoCoConfig) -> tuple:
+    """One inner step of ``config.inner_optimizer``: the core's only call of an inner optimizer.
+
+    ``"adamw"``: ``scheduled_adamw_step``. ``"muon"``: the gradients clipped as for AdamW,
+    then ``diloco.methods.muon.muon_step`` with ``config.muon`` on the weight matrices and
+    ``config.inner`` on the biases, both learning rates on the run's schedule (each
+    ``scheduled_lr`` of its own peak at step ``state.step + 1``).
+    """
+    if config.inner_optimizer == "adamw":
+        return scheduled_adamw_step(params, state, grads, config)
+    from diloco.methods.muon import muon_step
+
+    if config.clip_norm is not None:
+        grads, _ = clip_by_global_norm(grads, config.clip_norm)
+    muon, adam = config.muon, config.inner
+    if config.lr_schedule != "constant":
+        muon = dataclasses.replace(muon, lr=scheduled_lr(muon.lr, config, state.step + 1))
+        adam = dataclasses.replace(adam, lr=scheduled_lr(adam.lr, config, state.step + 1))
+    return muon_step(params, state, grads, muon, adam)
+
+
+def init_inner_state(params: Params, config: DiLoCoConfig):
+    """A fresh state of ``config.inner_optimizer`` for ``params`` (``AdamWState`` or ``MuonState``)."""
+    if config.inner_optimizer == "adamw":
+        from diloco.adamw import init_adamw_state
+
+        return init_adamw_state(params)
+    from diloco.methods.muon import init_muon
+
+    return init_muon(params, config.muon)
+
+
 def uses_plain_worker(config: DiLoCoConfig, encode=None) -> bool:
-    """Whether milestone 20 (``inner_train_worker``) runs the workers as they are: a
-    constant lr, no clipping and no input encoder."""
-    return config.lr_schedule == "constant" and config.clip_norm is None and encode is None
+    """Whether milestone 20 (``inner_train_worker``) runs the workers as they are: AdamW
+    with a constant lr, no clipping and no input encoder."""
+    return (config.lr_schedule == "constant" and config.clip_norm is None and encode is None
+            and config.inner_optimizer == "adamw")
 
 
 def train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_shard: np.ndarray,
@@ -139,14 +179,15 @@ def train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_
 
     For ``h = 1 .. H``: ``(x_b, y_b) = sample_worker_batch(x_shard, y_shard, B, rng)``,
     ``x_b = encode(x_b)`` when an encoder is given, then forward, loss, backward and
-    ``scheduled_adamw_step``. The random draws are those of ``inner_train_worker``.
+    ``inner_step`` (``scheduled_adamw_step``, or Muon). The random draws are those of
+    ``inner_train_worker``.
 
     Parameters
     ----------
     params : dict of str -> ndarray
         Where the worker starts.
-    adam_state : AdamWState
-        The worker's carried AdamW state.
+    adam_state : AdamWState or MuonState
+        The worker's carried inner-optimizer state.
     x_shard : ndarray of shape (n_k, d_raw)
         Features, or index windows when ``encode`` is given.
     y_shard : ndarray of shape (n_k,)
@@ -172,7 +213,7 @@ def train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_
         logits, cache = model_forward(worker_params, x_batch)
         losses[step] = cross_entropy_loss(logits, y_batch)
         grads = model_backward(worker_params, cache, y_batch)
-        worker_params, adam_state = scheduled_adamw_step(worker_params, adam_state, grads, config)
+        worker_params, adam_state = inner_step(worker_params, adam_state, grads, config)
     return worker_params, adam_state, losses
 
 

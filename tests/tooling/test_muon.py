@@ -100,11 +100,11 @@ def rotation(angle: float) -> np.ndarray:
 
 def test_first_step_on_a_rotation_gradient_and_adamw_on_the_bias():
     lr, mu, wd = 0.1, 0.9, 0.5
-    config = MuonConfig(lr=lr, momentum=mu, weight_decay=wd, adam=AdamWConfig(lr=0.01, weight_decay=0.1))
+    config = MuonConfig(lr=lr, momentum=mu, weight_decay=wd)
     params = {"W1": np.array([[1.0, 2.0], [3.0, 4.0]]), "b1": np.array([0.5, -0.5])}
     q = rotation(0.3)
     grads = {"W1": 2.0 * q, "b1": np.array([0.2, -4.0])}
-    new, state = muon_step(params, init_muon(params), grads, config)
+    new, state = muon_step(params, init_muon(params), grads, config, AdamWConfig(lr=0.01, weight_decay=0.1))
     # Nesterov direction (1 + mu) 2 Q has Frobenius norm (1 + mu) 2 sqrt(2); every singular
     # value of X0 is x0 = 2 (1 + mu) / (2 (1 + mu) sqrt(2) + 1e-7), then five quintic steps.
     x0 = 2 * (1 + mu) / (2 * (1 + mu) * np.sqrt(2) + 1e-7)
@@ -169,10 +169,16 @@ def test_bad_input_names_the_argument():
         muon_step(params, (0, {}, None), params, config)
     with pytest.raises(TypeError, match="config"):
         muon_step(params, state, params, AdamWConfig())
+    with pytest.raises(TypeError, match="adam"):
+        muon_step(params, state, params, config, MuonConfig())
     with pytest.raises(ValueError, match="state.momentum"):
         muon_step(params, MuonState(0, {}, state.adam), params, config)
     with pytest.raises(ValueError, match="matrix"):
         newton_schulz(np.ones(3))
+    with pytest.raises(ValueError, match="matrix"):
+        newton_schulz(np.ones((2, 2, 2, 2)))
+    with pytest.raises(ValueError, match="matrix"):
+        newton_schulz(np.array([[1.0, np.inf]]))
     with pytest.raises(TypeError, match="matrix"):
         newton_schulz(np.ones((2, 2), dtype=np.int64))
     with pytest.raises(ValueError, match="steps"):
@@ -183,6 +189,12 @@ def test_bad_input_names_the_argument():
         MuonConfig(momentum=1.0)
     with pytest.raises(ValueError, match="MuonConfig.scale"):
         MuonConfig(scale="adam")
+    with pytest.raises(ValueError, match="MuonConfig.weight_decay"):
+        MuonConfig(lr=0.5, weight_decay=2.0)
+    with pytest.raises(ValueError, match="MuonConfig.ns_steps"):
+        MuonConfig(ns_steps=0)
+    with pytest.raises(TypeError, match="MuonConfig.keys"):
+        MuonConfig(keys="W1")
     with pytest.raises(ValueError, match="MuonConfig.keys"):
         init_muon(params, MuonConfig(keys=("b1",)))
 
@@ -213,3 +225,32 @@ def test_matches_the_pytorch_reference_implementation():
     params, grads = {"W1": weight}, {"W1": grad}
     new, _ = muon_step(params, MuonState(0, {"W1": buf}, None), grads, MuonConfig(weight_decay=0.1))
     np.testing.assert_allclose(new["W1"], t_weight.numpy().T, rtol=1e-10, atol=1e-12)
+
+
+def test_the_reference_implementations_ema_form_is_the_same_step():
+    """The Muon reference's current form (``momentum.lerp_(grad, 1 - beta)``, ``grad.lerp_(momentum,
+    beta)``) keeps B' = beta B + (1 - beta) G and orthogonalises (1 - beta) G + beta B'. With
+    B_ema = (1 - beta) B_sum that is (1 - beta) (G + beta B_sum'): our direction times a positive
+    scalar, which the Frobenius normalisation removes (up to eps). Written out here in NumPy."""
+    rng = np.random.default_rng(7)
+    beta, lr = 0.95, 0.02
+    weight = rng.standard_normal((3, 5))
+    params, state = {"W1": weight}, init_muon({"W1": weight})
+    ema = np.zeros((3, 5))
+    for _ in range(4):
+        grad = rng.standard_normal((3, 5))
+        ema = ema + (1 - beta) * (grad - ema)                # momentum.lerp_(grad, 1 - beta)
+        update = grad + beta * (ema - grad)                  # grad.lerp_(momentum, beta)
+        weight = weight - lr * np.sqrt(max(1, 5 / 3)) * newton_schulz(update, eps=0.0)
+        params, state = muon_step(params, state, {"W1": grad}, MuonConfig(lr=lr, momentum=beta))
+    np.testing.assert_allclose(params["W1"], weight, rtol=1e-6, atol=1e-6)
+
+
+def test_a_stack_is_its_matrices_one_by_one():
+    rng = np.random.default_rng(8)
+    for shape in [(3, 4, 6), (2, 7, 3), (1, 5, 5)]:
+        stack = rng.standard_normal(shape)
+        each = np.stack([newton_schulz(m) for m in stack])
+        np.testing.assert_allclose(newton_schulz(stack), each, rtol=1e-12, atol=1e-14)
+    stack = rng.standard_normal((2, 3, 3)).astype(np.float32)
+    assert newton_schulz(stack).dtype == np.float32

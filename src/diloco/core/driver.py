@@ -29,7 +29,6 @@ from typing import NamedTuple
 import numpy as np
 
 from diloco._validation import milestone
-from diloco.adamw import init_adamw_state
 from diloco.config import DiLoCoConfig
 from diloco.core.executors import MPIExecutor, ReferenceExecutor
 from diloco.core.netsim import all_reduce_seconds
@@ -46,7 +45,7 @@ from diloco.core.schedule import (
 )
 from diloco.core.sync import eager_consensus, eager_sync, merge_fragment, sync_fragment
 from diloco.loop import TrainResult, finish_record, prepare_training, round_record
-from diloco.mechanisms import normalised_weights, pseudo_grad_weights, uses_plain_worker
+from diloco.mechanisms import init_inner_state, normalised_weights, pseudo_grad_weights, uses_plain_worker
 from diloco.methods.asynchrony import AsyncOuterState, delayed_outer_update
 from diloco.model import Params
 from diloco.outer import OuterState, init_outer_optimizer
@@ -139,10 +138,10 @@ def _eager(config) -> bool:
 
 
 def initial_state(algo: str, params: Params, config, rng) -> RunState:
-    """Round 0: every worker at the initial model with a fresh AdamW state, a zero outer state."""
+    """Round 0: every worker at the initial model with a fresh inner-optimizer state, a zero outer state."""
     if algo == "sync":
-        return RunState(0, params, None, None, {0: init_adamw_state(params)}, rng, [], {})
-    states = {k: init_adamw_state(params) for k in range(config.num_workers)}
+        return RunState(0, params, None, None, {0: init_inner_state(params, config)}, rng, [], {})
+    states = {k: init_inner_state(params, config) for k in range(config.num_workers)}
     extra = {}
     if _eager(config):
         extra["eager"] = {"thetas": {k: params for k in range(config.num_workers)},

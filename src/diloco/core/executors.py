@@ -2,14 +2,14 @@
 
 Every executor offers the same few methods to ``diloco.core.driver``:
 
-* ``load(worker_params, worker_states)``: the workers' parameters and AdamW states
+* ``load(worker_params, worker_states)``: the workers' parameters and AdamW (or Muon) states
   (dicts keyed by worker index; the baseline has one shared model, key 0);
 * ``run(rngs, steps, workers=None)``: ``steps`` inner steps of every local worker (or
   of the local ones among ``workers``: an asynchronous group), each from its own
   carried params and AdamW state, worker k drawing its batches from ``rngs[k]``;
   returns ``{k: losses (steps,)}``;
 * ``run_sync(rngs, steps)``: the synchronous baseline's steps: every worker's gradient,
-  averaged (one all-reduce per step), one AdamW step on the shared model;
+  averaged (one all-reduce per step), one inner step (``inner_step``: AdamW or Muon) on the shared model;
 * ``read(keys)`` / ``write(k, params)``: the local workers' parameters of a fragment;
 * ``gather(items)``: the collective, merging a dict keyed by worker index across
   processes (identity in one process);
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from diloco.mechanisms import scheduled_adamw_step, train_worker, uses_plain_worker
+from diloco.mechanisms import inner_step, train_worker, uses_plain_worker
 from diloco.model import cross_entropy_loss, model_backward, model_forward
 from diloco.params import average_params
 from diloco.sharding import inner_train_worker, sample_worker_batch
@@ -85,8 +85,8 @@ class ReferenceExecutor:
             for k in self.workers:
                 losses[k][step], grads[k] = self._gradient(params, k, rngs[k])
             everyone = self.gather(grads)
-            params, state = scheduled_adamw_step(params, state, average_params([everyone[k] for k in
-                                                                                sorted(everyone)]), self.config)
+            params, state = inner_step(params, state, average_params([everyone[k] for k in sorted(everyone)]),
+                                       self.config)
         self.params[0], self.states[0] = params, state
         return losses
 

@@ -38,6 +38,7 @@ FEATURES = (
     Feature("gradient clipping", "--clip-norm 0.05", {"clip_norm": 0.05}),
     Feature("non-IID shards", "--noniid --alpha 0.3", {"iid": False, "alpha": 0.3}),
     Feature("float32", "--dtype float32", {"dtype": "float32"}),
+    Feature("Muon inner optimizer", "--inner-optimizer muon", {"inner_optimizer": "muon"}),
     Feature("character-level LM", "--data shakespeare", {}, hook="encode"),
     Feature("outer Adam", "--outer-optimizer adam", {"outer_optimizer": "adam", "outer_lr": 0.05}, True),
     Feature("outer Lion", "--outer-optimizer lion", {"outer_optimizer": "lion", "outer_lr": 0.01}, True),

@@ -1,4 +1,4 @@
-"""AdamW and the outer Nesterov step, in place on flat buffers.
+"""AdamW, Muon and the outer Nesterov step, in place on flat buffers.
 
 The same equations as milestones 08-11 and 22-23 (``diloco.adamw``, ``diloco.outer``).
 AdamW folds both bias corrections into two scalars, computed once per step::
@@ -43,7 +43,8 @@ import numpy as np
 from diloco.config import AdamWConfig, DiLoCoConfig
 
 __all__ = ["CHUNK", "KERNEL", "KERNELS", "SWITCH_VALUES", "kernel_for", "adamw_scratch", "adamw_update",
-           "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "outer_update", "mean_rows_into"]
+           "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "muon_update", "outer_update",
+           "mean_rows_into"]
 
 # Values per NumPy chunk (256 kB of float64 per array). Smaller chunks fit the L2 cache
 # better but pay NumPy's per-call cost more often: 2**13 to 2**15 measured, 2**15 fastest.
@@ -182,6 +183,50 @@ def adamw_update_numba(params, m, v, grads, step: int, config: AdamWConfig, scra
     flat = [array.reshape(-1) for array in (params, m, v, grads)]
     _numba_kernel()(*flat, cast(config.beta1), cast(1.0 - config.beta1), cast(config.beta2), cast(1.0 - config.beta2),
                     cast(a), cast(e), cast(decay))
+
+
+def muon_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.ndarray, step: int, muon,
+                adam: AdamWConfig, layout, matrices: tuple, scratch: tuple) -> None:
+    """One Muon step (``diloco.methods.muon.muon_step``) on every row of ``(S, P)`` buffers, in place.
+
+    The Muon matrices are views ``(S, fan_in, fan_out)`` of the buffers (``layer_views``):
+    ``B = mu B + G`` in place in ``m``, then one batched Newton-Schulz over the S rows
+    (``newton_schulz`` of the ``(S, m, n)`` stack) and ``W = W (1 - lr wd) - lr s NS5(U)``,
+    the reference's operations in its order. The other arrays (the biases) are gathered
+    into contiguous copies, stepped by ``adamw_update`` with ``adam`` (``v`` is theirs;
+    its entries of the matrices stay zero) and written back.
+
+    Parameters
+    ----------
+    params, m, v, grads : C-contiguous ndarrays of shape (S, P)
+    step : int >= 1
+    muon : MuonConfig (its lr already scheduled)
+    adam : AdamWConfig (its lr already scheduled)
+    layout : FlatLayout of the rows
+    matrices : tuple of str, the Muon keys (``muon_keys``)
+    scratch : from ``adamw_scratch(params.size, dtype)``
+    """
+    from diloco.engine.flat import layer_views
+    from diloco.methods.muon import newton_schulz, shape_scale
+
+    p_views, m_views, g_views = (layer_views(a, layout) for a in (params, m, grads))
+    mu, lr = muon.momentum, muon.lr
+    decay = 1.0 - lr * muon.weight_decay
+    for key in matrices:
+        buffer, g = m_views[key], g_views[key]
+        buffer *= mu                                    # B = mu B + G
+        buffer += g
+        direction = g + mu * buffer if muon.nesterov else buffer
+        update = newton_schulz(direction, muon.ns_steps) * shape_scale(p_views[key].shape[1:], muon.scale)
+        p_views[key] *= decay                           # W (1 - lr wd) - lr s NS5(U)
+        p_views[key] -= lr * update
+    others = [i for i, key in enumerate(layout.keys) if key not in matrices]
+    if others:
+        idx = np.concatenate([np.arange(layout.offsets[i], layout.offsets[i] + int(np.prod(layout.shapes[i])))
+                              for i in others])
+        rows = [np.ascontiguousarray(a[:, idx]) for a in (params, m, v, grads)]
+        adamw_update(*rows, step, adam, scratch)
+        params[:, idx], m[:, idx], v[:, idx] = rows[0], rows[1], rows[2]
 
 
 def mean_rows_into(rows: np.ndarray, out: np.ndarray, scratch: np.ndarray, *, first: bool, weight: float) -> None:

@@ -11,7 +11,10 @@ and stepping differ:
   (``choose_layout``);
 * the baseline is one model seeing the K batches as K groups (S = 1, G = K);
 * the lr schedule, clipping (per worker, by its global norm) and an input encoder (the
-  character-level task's one-hot windows, encoded into the batch buffer) run here too.
+  character-level task's one-hot windows, encoded into the batch buffer) run here too;
+* with ``inner_optimizer="muon"`` the moment buffers hold ``as_moments`` of the Muon
+  states (the matrices' momentum in ``m``) and ``muon_update`` steps them, one batched
+  Newton-Schulz over the K workers' ``(K, m, n)`` matrices.
 
 The random draws are the milestones': worker k draws each batch from its child
 generator with ``sample_worker_batch``'s rule, so for a seed the stacked executor sees
@@ -28,9 +31,9 @@ import numpy as np
 from diloco.adamw import AdamWState
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.layout import choose_layout
-from diloco.engine.optim import adamw_scratch, adamw_update
+from diloco.engine.optim import adamw_scratch, adamw_update, muon_update
 from diloco.engine.stack import WorkerStack
-from diloco.mechanisms import inner_lr
+from diloco.mechanisms import inner_lr, scheduled_lr
 
 __all__ = ["StackedExecutor", "draw_batch"]
 
@@ -69,6 +72,12 @@ class StackedExecutor:
         rows = 1 if self.sync_model else K
         self.params = np.empty((rows, P), dtype=self.dtype)
         self.m, self.v = np.empty((rows, P), dtype=self.dtype), np.empty((rows, P), dtype=self.dtype)
+        self.muon = self.config.inner_optimizer == "muon"
+        if self.muon:  # Muon states in AdamW's shape: the matrices' momentum in m, zeros in v
+            from diloco.methods.muon import as_moments, muon_keys
+
+            self.matrices = muon_keys(first, self.config.muon)
+            worker_states = {k: as_moments(worker_states[k], worker_params[k]) for k in range(rows)}
         for k in range(rows):
             pack(worker_params[k], self.params[k], self.flat)
             pack(worker_states[k].m, self.m[k], self.flat)
@@ -103,6 +112,13 @@ class StackedExecutor:
 
     def _update(self, rows: slice) -> None:
         self._clip(self.stack.grads)
+        if self.muon:
+            step, muon = self.step + 1, self.config.muon
+            if self.config.lr_schedule != "constant":
+                muon = dataclasses.replace(muon, lr=scheduled_lr(muon.lr, self.config, step))
+            muon_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, step, muon,
+                        self._inner(step), self.flat, self.matrices, self.scratch)
+            return
         adamw_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, self.step + 1,
                      self._inner(self.step + 1), self.scratch)
 
@@ -170,4 +186,8 @@ class StackedExecutor:
         params = {k: unpack(self.params[k], self.flat) for k in rows}
         states = {k: AdamWState(self.steps[k], unpack(self.m[k], self.flat), unpack(self.v[k], self.flat))
                   for k in rows}
+        if self.muon:
+            from diloco.methods.muon import from_moments
+
+            states = {k: from_moments(state, self.config.muon) for k, state in states.items()}
         return params, states

@@ -28,88 +28,26 @@ AdamW, as MuLoCo and Muon do: milestones 08-11 through ``diloco.adamw.adamw_step
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 from diloco._validation import (
-    check_bool,
-    check_float_array,
     check_params,
     check_positive_int,
     check_real,
     check_same_structure,
 )
 from diloco.adamw import AdamWState, adamw_step, init_adamw_state
-from diloco.config import AdamWConfig
+from diloco.config import MUON_SCALES, AdamWConfig, MuonConfig
 from diloco.model import Params
 
 __all__ = ["NS_COEFFICIENTS", "SHAPE_SCALES", "MuonConfig", "MuonState", "newton_schulz", "shape_scale",
-           "muon_keys", "init_muon", "muon_step"]
+           "muon_keys", "init_muon", "muon_step", "as_moments", "from_moments"]
 
 # The quintic's coefficients in the Muon reference implementation (Jordan et al., 2024).
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
-SHAPE_SCALES = ("muon", "moonlight")
-
-
-@dataclass(frozen=True)
-class MuonConfig:
-    """Hyper-parameters of the Muon inner optimizer.
-
-    Attributes
-    ----------
-    lr : float > 0
-        Learning rate of the orthogonalised step (Muon's default 0.02).
-    momentum : float in [0, 1)
-        mu, the momentum of the weight matrices (Muon's default 0.95).
-    nesterov : bool
-        Orthogonalise ``G + mu B`` (True, the default) or ``B``.
-    weight_decay : float >= 0
-        Decoupled decay of the weight matrices, ``W (1 - lr wd)``; ``lr * wd < 1``.
-    ns_steps : int >= 1
-        Newton-Schulz steps (5).
-    scale : one of ``SHAPE_SCALES``
-        ``"muon"``: ``sqrt(max(1, fan_out / fan_in))``; ``"moonlight"``: ``0.2 sqrt(max(fan_in, fan_out))``.
-    adam : AdamWConfig
-        The AdamW of every array that is not a Muon matrix (the biases).
-    keys : tuple of str, or None
-        The arrays Muon updates; None means every 2-D array.
-    """
-
-    lr: float = 0.02
-    momentum: float = 0.95
-    nesterov: bool = True
-    weight_decay: float = 0.0
-    ns_steps: int = 5
-    scale: str = "muon"
-    adam: AdamWConfig = field(default_factory=AdamWConfig)
-    keys: tuple | None = None
-
-    def __post_init__(self) -> None:
-        try:
-            lr = check_real(self.lr, "lr", low=0.0, low_open=True)
-            momentum = check_real(self.momentum, "momentum", low=0.0, high=1.0, high_open=True)
-            nesterov = check_bool(self.nesterov, "nesterov")
-            weight_decay = check_real(self.weight_decay, "weight_decay", low=0.0)
-            ns_steps = check_positive_int(self.ns_steps, "ns_steps")
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"MuonConfig.{exc}") from None
-        if lr * weight_decay >= 1.0:
-            raise ValueError(f"MuonConfig.weight_decay: lr * weight_decay must be < 1, got {lr} * {weight_decay}")
-        if self.scale not in SHAPE_SCALES:
-            raise ValueError(f"MuonConfig.scale must be one of {SHAPE_SCALES}, got {self.scale!r}")
-        if not isinstance(self.adam, AdamWConfig):
-            raise TypeError(f"MuonConfig.adam must be an AdamWConfig, got {type(self.adam).__name__}")
-        keys = self.keys
-        if keys is not None:
-            if isinstance(keys, str) or not isinstance(keys, Sequence) or not all(isinstance(k, str) for k in keys):
-                raise TypeError(f"MuonConfig.keys must be a tuple of str or None, got {keys!r}")
-            keys = tuple(keys)
-        for name, value in (("lr", lr), ("momentum", momentum), ("nesterov", nesterov),
-                            ("weight_decay", weight_decay), ("ns_steps", ns_steps), ("keys", keys)):
-            object.__setattr__(self, name, value)
+SHAPE_SCALES = MUON_SCALES
 
 
 class MuonState(NamedTuple):
@@ -140,9 +78,12 @@ def newton_schulz(matrix: np.ndarray, steps: int = 5, *, eps: float = 1e-7,
     The iteration pushes every singular value towards the fixed band the coefficients
     were tuned for (about 0.7 to 1.2), not exactly to 1.
 
+    A stack ``(S, m, n)`` (the stacked executor's K workers) is S independent matrices,
+    each with its own norm, in one batched ``np.matmul`` per product.
+
     Parameters
     ----------
-    matrix : ndarray of shape (m, n), float32 or float64, finite
+    matrix : ndarray of shape (m, n) or (S, m, n), float32 or float64, finite
     steps : int >= 1
     eps : float >= 0, keyword-only
         Added to the norm, so a zero matrix maps to zero.
@@ -150,26 +91,33 @@ def newton_schulz(matrix: np.ndarray, steps: int = 5, *, eps: float = 1e-7,
 
     Returns
     -------
-    ndarray of shape (m, n)
+    ndarray of the input's shape
         New array of the input's dtype.
 
     Raises
     ------
     TypeError, ValueError
-        ``matrix`` not a finite 2-D float array, ``steps`` not a positive int, ``eps`` negative.
+        ``matrix`` not a finite 2-D (or 3-D) float array, ``steps`` not a positive int, ``eps`` negative.
     """
-    check_float_array(matrix, "matrix", ndim=2)
+    if not isinstance(matrix, np.ndarray) or matrix.dtype not in (np.float32, np.float64):
+        raise TypeError(f"matrix must be a float32 or float64 ndarray, got "
+                        f"{matrix.dtype if isinstance(matrix, np.ndarray) else type(matrix).__name__}")
+    if matrix.ndim not in (2, 3):
+        raise ValueError(f"matrix must be 2-D (m, n) or a 3-D stack (S, m, n), got shape {matrix.shape}")
+    if not np.isfinite(matrix).all():
+        raise ValueError("matrix must be finite (no NaN or inf)")
     steps = check_positive_int(steps, "steps")
     eps = check_real(eps, "eps", low=0.0)
     a, b, c = (check_real(value, f"coefficients[{i}]") for i, value in enumerate(coefficients))
-    tall = matrix.shape[0] > matrix.shape[1]
+    tall = matrix.shape[-2] > matrix.shape[-1]
     # C order first, so G and G^T take the same sums and products (bit for bit).
-    x = np.ascontiguousarray(matrix.T if tall else matrix)
-    x = x / (float(np.linalg.norm(x)) + eps)  # Frobenius norm: every singular value <= 1
+    x = np.ascontiguousarray(np.swapaxes(matrix, -1, -2) if tall else matrix)
+    norm = np.sqrt(np.sum(x * x, axis=(-2, -1), keepdims=True))  # Frobenius: every singular value <= 1
+    x = x / (norm + eps)
     for _ in range(steps):
-        gram = x @ x.T
+        gram = x @ np.swapaxes(x, -1, -2)
         x = a * x + (b * gram + c * (gram @ gram)) @ x
-    return np.ascontiguousarray(x.T if tall else x)
+    return np.ascontiguousarray(np.swapaxes(x, -1, -2) if tall else x)
 
 
 def shape_scale(shape: tuple, scale: str = "muon") -> float:
@@ -221,7 +169,8 @@ def init_muon(params: Params, config: MuonConfig | None = None) -> MuonState:
                      adam=init_adamw_state(others) if others else None)
 
 
-def muon_step(params: Params, state: MuonState, grads: Params, config: MuonConfig) -> tuple[Params, MuonState]:
+def muon_step(params: Params, state: MuonState, grads: Params, config: MuonConfig,
+              adam: AdamWConfig | None = None) -> tuple[Params, MuonState]:
     """One Muon step: orthogonalised momentum for the matrices, AdamW for the rest.
 
     For every Muon matrix ``W`` (gradient ``G``, momentum ``B``)::
@@ -230,14 +179,16 @@ def muon_step(params: Params, state: MuonState, grads: Params, config: MuonConfi
         U  = G + mu B'   (nesterov)   or   B'
         W' = W (1 - lr wd) - lr s NS5(U)
 
-    and ``adamw_step`` with ``config.adam`` on the other arrays. Pure: the inputs are
-    not modified and the results share no memory with them.
+    and ``adamw_step`` with ``adam`` on the other arrays. Pure: the inputs are not
+    modified and the results share no memory with them.
 
     Parameters
     ----------
     params, grads : dicts with the same keys, shapes and dtype (float32 or float64)
     state : MuonState from ``init_muon`` (or a previous step) for these params
     config : MuonConfig
+    adam : AdamWConfig, optional
+        The biases' AdamW (a run's ``DiLoCoConfig.inner``); None: ``AdamWConfig()``.
 
     Returns
     -------
@@ -247,10 +198,13 @@ def muon_step(params: Params, state: MuonState, grads: Params, config: MuonConfi
     ------
     TypeError, ValueError
         Mismatched structures (naming ``grads`` or ``state.momentum``), non-finite values,
-        a ``config`` that is not a MuonConfig.
+        a ``config`` that is not a MuonConfig, an ``adam`` that is not an AdamWConfig.
     """
     if not isinstance(config, MuonConfig):
         raise TypeError(f"config must be a MuonConfig, got {type(config).__name__}")
+    adam = AdamWConfig() if adam is None else adam
+    if not isinstance(adam, AdamWConfig):
+        raise TypeError(f"adam must be an AdamWConfig, got {type(adam).__name__}")
     check_params(params)
     check_params(grads, "grads")
     check_same_structure(params, grads, "params", "grads")
@@ -273,9 +227,39 @@ def muon_step(params: Params, state: MuonState, grads: Params, config: MuonConfi
         step = newton_schulz(direction, config.ns_steps) * shape_scale(params[key].shape, config.scale)
         new_params[key] = params[key] * decay - lr * step
         new_momentum[key] = buffer
-    adam = state.adam
+    adam_state = state.adam
     if others:
-        updated, adam = adamw_step({k: params[k] for k in others}, state.adam, {k: grads[k] for k in others},
-                                   config.adam)
+        updated, adam_state = adamw_step({k: params[k] for k in others}, state.adam,
+                                         {k: grads[k] for k in others}, adam)
         new_params.update(updated)
-    return {key: new_params[key] for key in params}, MuonState(state.step + 1, new_momentum, adam)
+    return {key: new_params[key] for key in params}, MuonState(state.step + 1, new_momentum, adam_state)
+
+
+def as_moments(state: MuonState, params: Params) -> AdamWState:
+    """A Muon state in AdamW's shape, over every key of ``params`` (in its order).
+
+    ``m`` holds the momentum ``B`` of the Muon matrices and AdamW's first moment of the
+    other arrays; ``v`` holds AdamW's second moment of the other arrays and zeros for the
+    matrices. The stacked executor's ``(K, P)`` moment buffers and the checkpoints store a
+    Muon worker this way; ``from_moments`` inverts it exactly (copies, no arithmetic).
+    """
+    if not isinstance(state, MuonState):
+        raise TypeError(f"state must be a MuonState, got {type(state).__name__}")
+    m, v = {}, {}
+    for key, value in params.items():
+        if key in state.momentum:
+            m[key], v[key] = state.momentum[key].copy(), np.zeros_like(value)
+        else:
+            m[key], v[key] = state.adam.m[key].copy(), state.adam.v[key].copy()
+    return AdamWState(state.step, m, v)
+
+
+def from_moments(moments: AdamWState, config: MuonConfig) -> MuonState:
+    """The Muon state ``as_moments`` stored in ``moments`` (AdamW's shape) for ``config``'s matrices."""
+    if not isinstance(moments, AdamWState):
+        raise TypeError(f"moments must be an AdamWState, got {type(moments).__name__}")
+    matrices = muon_keys(moments.m, config)
+    others = [key for key in moments.m if key not in matrices]
+    adam = AdamWState(moments.step, {k: moments.m[k].copy() for k in others},
+                      {k: moments.v[k].copy() for k in others}) if others else None
+    return MuonState(moments.step, {k: moments.m[k].copy() for k in matrices}, adam)

@@ -93,7 +93,7 @@ def add_parsers(subparsers) -> None:
     from diloco.tools.studies.family_study import FAMILY_STUDIES  # compression, streaming, bandwidth
 
     names = sorted(STUDIES) + sorted(PAPER_STUDIES)  # the paper's artefacts: diloco.tools.studies.paper_command
-    names += sorted(FAMILY_STUDIES) + ["sparse", "async"]  # beyond DiLoCo: tools.studies.beyond_sparse, beyond_async
+    names += sorted(FAMILY_STUDIES) + ["sparse", "async", "muon"]  # beyond DiLoCo: tools.studies.beyond_*
     study.add_argument("study", choices=names, metavar="NAME", help=", ".join(names))
     study.add_argument("--seeds", type=int, default=3, help="seeds per variant, from --seed on (3)")
     study.add_argument("--values", metavar="V1,V2,...",

@@ -28,8 +28,9 @@ from diloco.tools.cli.family_flags import add_family_flags, build_family
 from diloco.tools.cli.flag_checks import check_data_file
 from diloco.tools.cli.paper_flags import add_mechanism_flags, add_text_flags, load_text_dataset, mechanism_changes
 
-__all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "DATA_DEFAULTS", "DEFAULT_MAX_LOSS", "add_config_flags", "add_data_flags",
-           "add_execution_flags", "add_output_flags", "add_recovery_flags", "build_config", "load_dataset"]
+__all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "MUON_FLAGS", "DATA_DEFAULTS", "DEFAULT_MAX_LOSS", "add_config_flags",
+           "add_data_flags", "add_execution_flags", "add_output_flags", "add_recovery_flags", "build_config",
+           "load_dataset"]
 
 # Flags of DiLoCoConfig fields: (flag(s), argparse options). Inner AdamW fields follow.
 CONFIG_FLAGS = {
@@ -48,6 +49,9 @@ CONFIG_FLAGS = {
     "alpha": (("--alpha",), {"type": float, "help": "Dirichlet concentration of --noniid shards (0.5)"}),
     "seed": (("--seed",), {"type": int, "help": "seeds sharding, initialisation and batches (0)"}),
     "dtype": (("--dtype",), {"choices": ("float32", "float64"), "help": "parameter dtype (float64)"}),
+    "inner_optimizer": (("--inner-optimizer",), {"choices": ("adamw", "muon"),
+                                                 "help": "the workers' optimizer: AdamW (default) or Muon on the "
+                                                         "weight matrices with AdamW on the biases (MuLoCo)"}),
     "engine": (("--engine",), {"choices": ("reference", "fast"),
                                "help": "executor: the milestone functions (reference, the default of train and "
                                        "compare) or diloco.engine, the same algorithm faster (fast, the default "
@@ -60,6 +64,18 @@ INNER_FLAGS = {
     "eps": (("--eps",), {"type": float, "help": "AdamW epsilon (1e-8)"}),
     "weight_decay": (("--weight-decay",), {"type": float, "help": "AdamW decoupled weight decay (0.01)"}),
 }
+# Muon's fields (DiLoCoConfig.muon), with --inner-optimizer muon; dest "muon_<field>".
+MUON_FLAGS = {
+    "lr": (("--muon-lr",), {"type": float, "help": "Muon learning rate of the weight matrices (0.02)"}),
+    "momentum": (("--muon-momentum",), {"type": float, "help": "Muon momentum mu (0.95)"}),
+    "nesterov": (("--muon-nesterov",), {"action": argparse.BooleanOptionalAction,
+                                        "help": "orthogonalise G + mu B (default) or B (--no-muon-nesterov)"}),
+    "weight_decay": (("--muon-weight-decay",), {"type": float, "help": "Muon decoupled weight decay (0)"}),
+    "ns_steps": (("--muon-ns-steps",), {"type": int, "help": "Newton-Schulz steps (5)"}),
+    "scale": (("--muon-scale",), {"choices": ("muon", "moonlight"),
+                                  "help": "shape scale: sqrt(max(1, fan_out/fan_in)) (muon, default) or "
+                                          "0.2 sqrt(max(fan_in, fan_out)) (moonlight)"}),
+}
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +83,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--config", metavar="FILE.json", help="start from this config (a run's config.json works)")
     for name, (flags, options) in {**CONFIG_FLAGS, **INNER_FLAGS}.items():
         group.add_argument(*flags, dest=name, default=None, **options)
+    muon = parser.add_argument_group("Muon inner optimizer (with --inner-optimizer muon; docs/concepts/muon.md)")
+    for name, (flags, options) in MUON_FLAGS.items():
+        muon.add_argument(*flags, dest=f"muon_{name}", default=None, **options)
     sharding = group.add_mutually_exclusive_group()
     sharding.add_argument("--iid", dest="iid", action="store_true", default=None, help="IID shards (default)")
     sharding.add_argument("--noniid", dest="iid", action="store_false",
@@ -196,6 +215,8 @@ def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | Non
                 merged["family"] = {**config.family.to_dict(), **data["family"]}
             if isinstance(data.get("asynchrony"), dict):
                 merged["asynchrony"] = {**config.asynchrony.to_dict(), **data["asynchrony"]}
+            if isinstance(data.get("muon"), dict):
+                merged["muon"] = {**config.muon.to_dict(), **data["muon"]}
             config = DiLoCoConfig.from_dict(merged)
         changes = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name, None) is not None}
         if "hidden_sizes" in changes:
@@ -205,6 +226,13 @@ def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | Non
         inner = {name: getattr(args, name) for name in INNER_FLAGS if getattr(args, name, None) is not None}
         if inner:
             changes["inner"] = inner
+        muon = {name: getattr(args, f"muon_{name}") for name in MUON_FLAGS
+                if getattr(args, f"muon_{name}", None) is not None}
+        if muon:
+            if changes.get("inner_optimizer", config.inner_optimizer) != "muon":
+                given = ", ".join(MUON_FLAGS[name][0][0] for name in muon)
+                raise CliError(f"{given} configure(s) Muon: add --inner-optimizer muon")
+            changes["muon"] = muon
         changes.update(mechanism_changes(args))
         family = build_family(args, config.family.to_dict())
         if family != config.family:

@@ -42,6 +42,10 @@ def run_study_command(args) -> int:
         from diloco.tools.studies.beyond_async import run_async_study
 
         return run_async_study(args)
+    if args.study == "muon":  # MuLoCo's claims: diloco.tools.studies.beyond_muon
+        from diloco.tools.studies.beyond_muon import run_muon_study
+
+        return run_muon_study(args)
     if args.study in FAMILY_STUDIES:  # compression, streaming, bandwidth: diloco.tools.studies.family_study
         from diloco.tools.studies.family_study import run_family_study_command
 

@@ -1,0 +1,440 @@
+"""``diloco study muon``: MuLoCo's claims (Thérien et al. 2025, arXiv 2505.23725) in miniature.
+
+MuLoCo is DiLoCo with Muon as the inner optimizer (``DiLoCoConfig.inner_optimizer =
+"muon"``, ``diloco.methods.muon``). The study runs, on one task (``--data shakespeare`` or
+``--data mnist1d``) and over ``--seeds`` paired seeds:
+
+* DiLoCo with AdamW and with Muon inside, at K = 1, 2, 4, 8 workers (``--values``), the
+  same H, rounds, model and wire, so each pair sends the same bytes;
+* the data-parallel baselines (the synchronous algorithm, K = the largest K) with each
+  optimizer, for MuLoCo's "relative to their data parallel baselines";
+* both at K = 4 with the core's fp4 (E2M1) wire and error feedback: the closest format we
+  have to the paper's 2-bit quantisation (the 2-bit format of the sparse-outer-gradient
+  method has not landed here).
+
+Each optimizer's learning rate is tuned first, for every setting (DiLoCo at each K, the
+data-parallel baseline) on tuning seeds (1000, ...) that are not the reported seeds, over
+``ADAMW_GRID`` / the task's ``muon_grid`` (``--muon-lr`` fixes Muon's instead, ``--lr`` AdamW's); a
+Muon arm's biases use AdamW at AdamW's tuned lr of the same setting, and the compressed
+arms keep the uncompressed arms' lrs. Claims are judged seed by seed with
+``diloco.tools.studies.paper_report`` (the verdict words of the results pages); a claim
+about a *gap* (Muon's advantage growing with K, the gap to the data-parallel baseline,
+the cost of compression) is an interaction, the per-seed difference of two paired
+differences. ``--export DIR`` writes ``DIR/beyond-muon-<task>.json``, which
+``docs/results-beyond.md`` renders (``python -m diloco.tools.studies.beyond_muon``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from diloco.config import MuonConfig
+from diloco.tools.cli.errors import CliError
+from diloco.tools.studies.paper_report import (
+    NOT_RUN,
+    combine_verdicts,
+    interval_text,
+    judge_claims,
+    metric_of,
+    summarise_arms,
+    verdict,
+)
+from diloco.tools.studies.paper_studies import Arm, Claim, run_arm
+from diloco.tools.studies.study_stats import mean_interval
+
+__all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting",
+           "muon_arms", "muon_claims", "interaction_specs", "judge_interactions", "run_muon_study",
+           "render_section", "render_claims", "rebuild_page", "main"]
+
+# Per task: the model, H, the budget (steps per worker), small enough that the whole study
+# runs in minutes on one core, and Muon's lr grid (MNIST-1D's best lr sat at the lower edge
+# of the char-LM's grid, so its grid starts lower).
+TASKS = {
+    "shakespeare": {"hidden_sizes": (64,), "inner_steps": 30, "steps": 300,
+                    "muon_grid": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)},
+    "mnist1d": {"hidden_sizes": (128,), "inner_steps": 50, "steps": 1000,
+                "muon_grid": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)},
+}
+KS = (1, 2, 4, 8)
+COMPRESSION_K = 4
+ADAMW_GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+TUNE_SEED_BASE = 1000
+
+# The paper's words (arXiv 2505.23725: v2's abstract for the K claims, v1's for compression).
+PAPER = {
+    "absolute": "\"with K≥1 workers, MuLoCo (Muon inner optimizer DiLoCo) achieves superior performance to DiLoCo "
+                "in absolute terms\" (abstract, v2)",
+    "grows": "\"relative to AdamW, Muon yields more directionally correct pseudogradients as the number of "
+             "workers (K) increases\" (abstract, v2)",
+    "relative": "\"for K>2 it outperforms DiLoCo relative to their data parallel baselines\" (abstract, v2)",
+    "lossless": "\"leveraging Muon as the inner optimizer for DiLoCo along with an error-feedback accumulator "
+                "allows to aggressively compress the communicated delta to 2-bits with next to no performance "
+                "degradation\" (abstract, v1)",
+    "less_bytes": "\"MuLoCo (Muon inner optimizer DiLoCo) significantly outperforms DiLoCo while communicating 8X "
+                  "less\" (abstract, v1)",
+}
+LOSSLESS_MARGIN = 0.01  # "next to no degradation", read as less than 1% of the metric
+
+
+def _label(optimizer: str, k: int, suffix: str = "") -> str:
+    name = "DiLoCo (AdamW)" if optimizer == "adamw" else "MuLoCo (Muon)"
+    return f"{name} K={k}{suffix}"
+
+
+def _dp_label(optimizer: str, k: int) -> str:
+    return f"data-parallel {'AdamW' if optimizer == 'adamw' else 'Muon'} (sync, K={k})"
+
+
+def setting(algo: str, k: int) -> str:
+    """The key of a setting's tuned lrs: ``"diloco K=4"``, ``"sync K=8"``."""
+    return f"{algo} K={k}"
+
+
+def _optimizer(optimizer: str, lrs: dict, muon: MuonConfig) -> dict:
+    """The config changes of an arm's inner optimizer; ``lrs`` is ``{"adamw": lr, "muon": lr}``."""
+    if optimizer == "adamw":
+        return {"inner_optimizer": "adamw", "muon": MuonConfig().to_dict(), "inner": {"lr": lrs["adamw"]}}
+    return {"inner_optimizer": "muon", "muon": {**muon.to_dict(), "lr": lrs["muon"]}, "inner": {"lr": lrs["adamw"]}}
+
+
+def muon_arms(h: int, steps: int, ks, lrs: dict, muon: MuonConfig | None = None) -> list:
+    """Every arm of the study (module doc), the DiLoCo arms recording worker agreement.
+
+    ``lrs`` maps each ``setting(algo, k)`` to ``{"adamw": lr, "muon": lr}``.
+    """
+    muon = MuonConfig() if muon is None else muon
+    if steps % h:
+        raise ValueError(f"steps per worker ({steps}) must be a multiple of H={h}")
+    rounds = steps // h
+    arms = []
+    for k in ks:
+        for optimizer in ("adamw", "muon"):
+            arms.append(Arm(_label(optimizer, k), "diloco", {"num_workers": k, "inner_steps": h, "rounds": rounds,
+                                                             "record_similarity": k > 1,
+                                                             **_optimizer(optimizer, lrs[setting("diloco", k)],
+                                                                          muon)}))
+    top = max(ks)
+    for optimizer in ("adamw", "muon"):
+        arms.append(Arm(_dp_label(optimizer, top), "sync", {"num_workers": top, "inner_steps": h, "rounds": rounds,
+                                                            **_optimizer(optimizer, lrs[setting("sync", top)],
+                                                                         muon)}))
+    if COMPRESSION_K in ks:
+        for optimizer in ("adamw", "muon"):
+            arms.append(Arm(_label(optimizer, COMPRESSION_K, ", fp4 + error feedback"), "diloco",
+                            {"num_workers": COMPRESSION_K, "inner_steps": h, "rounds": rounds,
+                             "family": {"comm_dtype": "fp4", "error_feedback": True},
+                             **_optimizer(optimizer, lrs[setting("diloco", COMPRESSION_K)], muon)}))
+    return arms
+
+
+def muon_claims(ks) -> list:
+    """The two-arm claims: MuLoCo beats DiLoCo at every K; fp4 + EF costs MuLoCo < 1%; MuLoCo
+    compressed beats DiLoCo uncompressed."""
+    claims = [Claim(f"MuLoCo beats DiLoCo at K={k} (equal bytes)", _label("muon", k), _label("adamw", k),
+                    PAPER["absolute"]) for k in ks]
+    if COMPRESSION_K in ks:
+        fp4 = ", fp4 + error feedback"
+        claims.append(Claim(f"fp4 + error feedback costs MuLoCo (K={COMPRESSION_K}) less than "
+                            f"{100 * LOSSLESS_MARGIN:.0f}%", _label("muon", COMPRESSION_K),
+                            _label("muon", COMPRESSION_K, fp4), PAPER["lossless"], margin=LOSSLESS_MARGIN))
+        claims.append(Claim(f"MuLoCo with fp4 + error feedback beats DiLoCo uncompressed (K={COMPRESSION_K}, "
+                            f"~1/16 of its bytes)", _label("muon", COMPRESSION_K, fp4), _label("adamw", COMPRESSION_K),
+                            PAPER["less_bytes"]))
+    return claims
+
+
+def interaction_specs(ks) -> list:
+    """The gap claims: ``(text, paper, (a, b), (c, d), relative)``, judged on the per-seed
+    ``(a - b) - (c - d)`` (positive when the paper holds); with ``relative`` each gap is
+    divided by its second arm's value (a relative cost)."""
+    low, top = min(ks), max(ks)
+    specs = []
+    if top > low:
+        specs.append((f"Muon's advantage over AdamW (held-out metric) grows from K={low} to K={top}", PAPER["grows"],
+                      (_label("adamw", top), _label("muon", top)), (_label("adamw", low), _label("muon", low)),
+                      False))
+    specs.append((f"MuLoCo is closer to its data-parallel baseline than DiLoCo to its own (K={top})", PAPER["relative"],
+                  (_label("adamw", top), _dp_label("adamw", top)), (_label("muon", top), _dp_label("muon", top)),
+                  False))
+    if COMPRESSION_K in ks:
+        fp4 = ", fp4 + error feedback"
+        specs.append((f"fp4 + error feedback costs Muon less than AdamW (K={COMPRESSION_K}, relative)",
+                      PAPER["lossless"], (_label("adamw", COMPRESSION_K, fp4), _label("adamw", COMPRESSION_K)),
+                      (_label("muon", COMPRESSION_K, fp4), _label("muon", COMPRESSION_K)), True))
+    return specs
+
+
+def judge_interactions(specs: list, rows: list, task: str) -> list:
+    """Each gap claim with its paired interval and verdict (``paper_report.verdict``)."""
+    by_arm = {row["arm"]: row for row in rows}
+    field, _ = metric_of(task)
+    judged = []
+    for text, paper, first, second, relative in specs:
+        arms = [by_arm.get(label) for label in (*first, *second)]
+        if any(arm is None for arm in arms) or len({tuple(arm["seeds"]) for arm in arms}) != 1:
+            judged.append({"text": text, "paper": paper, "verdict": NOT_RUN, "first_gap": None, "second_gap": None,
+                           "metric_difference": None})
+            continue
+        a, b, c, d = (np.asarray(arm[f"per_seed_{field}"], dtype=np.float64) for arm in arms)
+        gap1, gap2 = (a - b, c - d) if not relative else ((a - b) / b, (c - d) / d)
+        difference = mean_interval(gap1 - gap2)
+        judged.append({"text": text, "paper": paper, "relative": relative, "first": list(first),
+                       "second": list(second), "first_gap": mean_interval(gap1), "second_gap": mean_interval(gap2),
+                       "metric_difference": difference, "verdict": verdict(difference)})
+    return judged
+
+
+# --- the command ------------------------------------------------------------------------------
+
+def _tune(optimizer, grid, algo, k, base, h, steps, data, seeds, lrs, muon, on_run) -> tuple[float, list]:
+    """The grid value with the lowest mean final held-out loss of ``algo`` at K = ``k`` on ``seeds``."""
+    records = []
+    for value in grid:
+        arm = Arm(f"tune {optimizer} {setting(algo, k)} lr {value:g}", algo,
+                  {"num_workers": k, "inner_steps": h, "rounds": steps // h,
+                   **_optimizer(optimizer, {**lrs, optimizer: value}, muon)})
+        losses = []
+        for seed in seeds:
+            outcome = run_arm(arm, base, seed, data, encode=data.encode)
+            losses.append(outcome["eval_loss"])
+            on_run(outcome)
+        records.append({"optimizer": optimizer, "setting": setting(algo, k), "lr": value, "seeds": list(seeds),
+                        "eval_loss": float(np.mean(losses))})
+    finite = [r for r in records if np.isfinite(r["eval_loss"])]
+    if not finite:
+        raise CliError(f"study muon: every {optimizer} lr of the grid diverged ({setting(algo, k)})")
+    return min(finite, key=lambda r: r["eval_loss"])["lr"], records
+
+
+def _ks(values) -> tuple:
+    if not values:
+        return KS
+    try:
+        ks = tuple(sorted({int(v) for v in values}))
+    except ValueError:
+        raise CliError(f"--values must be worker counts K (ints), got {list(values)}") from None
+    if not ks or ks[0] < 1:
+        raise CliError(f"--values: K must be positive ints, got {list(values)}")
+    return ks
+
+
+def run_muon_study(args) -> int:
+    """``diloco study muon``: tune, run every arm on every seed, judge, write, export."""
+    from diloco.tools.cli.flags import build_config, load_dataset
+    from diloco.tools.cli.run_setup import check_plotting, split_values, thread_limit
+    from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
+
+    task = getattr(args, "data", None) or "shakespeare"
+    if task not in TASKS:
+        raise CliError(f"study muon runs on --data shakespeare or --data mnist1d, got --data {task}")
+    spec = TASKS[task]
+    config = build_config(args, {"hidden_sizes": spec["hidden_sizes"], "inner_steps": spec["inner_steps"]})
+    muon = config.muon  # --muon-* flags (with --inner-optimizer muon) set Muon's other hyper-parameters
+    base = config.replace(inner_optimizer="adamw", muon=MuonConfig())
+    h = config.inner_steps
+    steps = args.total_steps if getattr(args, "total_steps", None) is not None else (
+        args.rounds * h if getattr(args, "rounds", None) is not None else spec["steps"])
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or steps % h:
+        raise CliError(f"--total-steps must be a positive multiple of H={h}, got {steps!r}")
+    if args.seeds < 2:
+        raise CliError(f"--seeds must be at least 2 for paired intervals, got {args.seeds}")
+    tune_seeds = getattr(args, "tune_seeds", 1)
+    if isinstance(tune_seeds, bool) or not isinstance(tune_seeds, int) or tune_seeds < 1:
+        raise CliError(f"--tune-seeds must be a positive int, got {tune_seeds!r}")
+    ks = _ks(split_values(args.values) if getattr(args, "values", None) else None)
+    check_plotting(args)
+    data, data_info = load_dataset(args, config.dtype)
+    threads, limit = thread_limit(args, config, data)
+    seeds = list(range(config.seed, config.seed + args.seeds))
+    tuning_seeds = [TUNE_SEED_BASE + i for i in range(tune_seeds)]
+    grids = {"adamw": (args.lr,) if getattr(args, "lr", None) is not None else ADAMW_GRID,
+             "muon": (args.muon_lr,) if getattr(args, "muon_lr", None) is not None else spec["muon_grid"]}
+    run_dir = create_run_dir(args.runs_dir, args.name or f"study-muon-{task}")
+    write_json(run_dir / "config.json", {"command": "study", "study": "muon", "task": task, "config": base.to_dict(),
+                                         "muon": muon.to_dict(), "steps_per_worker": steps, "seeds": seeds,
+                                         "tune_seeds": tuning_seeds, "ks": list(ks),
+                                         "grids": {k: list(v) for k, v in grids.items()},
+                                         "data": data_info, "blas_threads": threads})
+    write_json(run_dir / "environment.json", environment_record(seed=config.seed))
+    results = JsonlWriter(run_dir / "results.jsonl")
+    started, cpu_started = time.perf_counter(), time.process_time()
+
+    def finished(outcome, phase):
+        results.write_line({**outcome, "phase": phase})
+        if not args.quiet:
+            print(f"  {phase} {outcome['arm']} seed {outcome['seed']}: eval loss {outcome['eval_loss']:.4f} "
+                  f"({outcome['seconds']:.1f} s)", flush=True)
+
+    try:
+        with limit:
+            lrs, tuning = {}, []
+            for algo, k in [("diloco", k) for k in ks] + [("sync", max(ks))]:
+                chosen = {"adamw": base.inner.lr, "muon": muon.lr}
+                for optimizer in ("adamw", "muon"):  # Muon's biases at AdamW's chosen lr
+                    chosen[optimizer], records = _tune(optimizer, grids[optimizer], algo, k, base, h, steps, data,
+                                                       tuning_seeds, chosen, muon, lambda o: finished(o, "tune"))
+                    tuning += records
+                lrs[setting(algo, k)] = chosen
+            arms = muon_arms(h, steps, ks, lrs, muon)
+            outcomes = []
+            for arm in arms:
+                for seed in seeds:
+                    outcome = run_arm(arm, base, seed, data, encode=data.encode)
+                    outcomes.append(outcome)
+                    finished(outcome, "eval")
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"study muon: {exc}") from None
+    rows = summarise_arms(outcomes, arms)
+    command = " ".join(["diloco study muon", "--data", task, "--seeds", str(args.seeds)]
+                       + (["--total-steps", str(steps)] if steps != spec["steps"] else [])
+                       + (["--values", ",".join(str(k) for k in ks)] if ks != KS else []))
+    summary = {
+        "study": "muon", "title": "MuLoCo: Muon as DiLoCo's inner optimizer", "reference": "MuLoCo, arXiv 2505.23725",
+        "task": task, "data": data_info, "config": base.to_dict(), "muon": muon.to_dict(), "steps_per_worker": steps,
+        "ks": list(ks), "seeds": seeds, "tune_seeds": tuning_seeds, "tuned_lr": lrs,
+        "tuning": tuning, "rows": rows,
+        "claims": judge_claims(muon_claims(ks), rows, task),
+        "gaps": judge_interactions(interaction_specs(ks), rows, task),
+        "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
+        "command": command,
+    }
+    write_json(run_dir / "summary.json", summary)
+    table = render_section(summary)
+    atomic_write_text(run_dir / "study.md", f"# MuLoCo in miniature ({task})\n\n{table}")
+    export = getattr(args, "export", None)
+    if export:
+        target = Path(export)
+        target.mkdir(parents=True, exist_ok=True)
+        write_json(target / f"beyond-muon-{task}.json", summary)
+    print(table, end="")
+    print(f"run folder: {run_dir} ({summary['seconds']:.0f} s)")
+    return 0
+
+
+# --- the results page -------------------------------------------------------------------------
+
+def _num(value, digits: int = 3) -> str:
+    return "n/a" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _gap_text(stats, relative: bool) -> str:
+    if stats is None:
+        return "n/a"
+    if relative:
+        return f"{100 * stats['mean']:+.2f}% [{100 * stats['low']:+.2f}%, {100 * stats['high']:+.2f}%]"
+    return interval_text(stats)
+
+
+def render_section(summary: dict) -> str:
+    """Markdown for one task: the tuning grid, the arms, the claims, the gap claims."""
+    field, name = metric_of(summary["task"])
+    cost = f"{summary['seconds'] / 60:.1f} min wall-clock"
+    if summary.get("cpu_seconds") is not None:
+        cost += f", {summary['cpu_seconds'] / 60:.1f} min of CPU"
+    lines = [f"Command: `.venv/bin/{summary['command']} --export docs/assets/results` "
+             f"({cost}, one process on a shared 2-core machine). Seeds {summary['seeds']}, "
+             f"{summary['steps_per_worker']} steps per worker, H={summary['config']['inner_steps']}, "
+             f"hidden sizes {summary['config']['hidden_sizes']}.", "",
+             f"Learning rates tuned per setting on seed(s) {summary['tune_seeds']} (final held-out loss at each "
+             f"lr; **bold** the chosen one; a Muon arm's biases use AdamW at AdamW's chosen lr of the same setting; "
+             f"the fp4 arms keep the lrs of DiLoCo K={COMPRESSION_K}):", "",
+             "| setting | optimizer | held-out loss at each lr |", "|---|---|---|"]
+    for key, chosen in summary["tuned_lr"].items():
+        for optimizer in ("adamw", "muon"):
+            cells = [f"{'**' if r['lr'] == chosen[optimizer] else ''}{r['lr']:g}: {_num(r['eval_loss'], 4)}"
+                     f"{'**' if r['lr'] == chosen[optimizer] else ''}"
+                     for r in summary["tuning"] if r["setting"] == key and r["optimizer"] == optimizer]
+            lines.append(f"| {key} | {optimizer} | {', '.join(cells)} |")
+    lines += ["", f"| arm | bytes sent per worker | {name}, mean [95% CI] | accuracy, mean [95% CI] "
+                  "| workers' pseudo-gradient cosine |", "|---|---:|---|---|---|"]
+    for row in summary["rows"]:
+        cosine = row.get("pseudo_grad_cosine")
+        lines.append(f"| {row['arm']} | {row['bytes_sent'] / 1e3:,.1f} kB | {interval_text(row[field], field=field)} "
+                     f"| {interval_text(row['eval_accuracy'], field='eval_accuracy')} "
+                     f"| {'n/a' if cosine is None else interval_text(cosine)} |")
+    lines += ["", f"| claim | the paper | ours: {name}, the paper's better arm vs its worse arm "
+                  "| paired difference (worse minus better) [95% CI] | verdict |", "|---|---|---|---|---|"]
+    for claim in summary["claims"]:
+        diff = claim["metric_difference"]
+        text = (f"{100 * diff['mean']:+.2f}% [{100 * diff['low']:+.2f}%, {100 * diff['high']:+.2f}%], "
+                f"margin {100 * claim['margin']:.0f}%") if claim.get("margin") is not None else interval_text(diff)
+        lines.append(f"| {claim['text']} | {claim['paper']} | {_num(claim['better_metric'])} vs "
+                     f"{_num(claim['worse_metric'])} | {text} | **{claim['verdict']}** |")
+    for gap in summary["gaps"]:
+        if gap["verdict"] == NOT_RUN:
+            lines.append(f"| {gap['text']} | {gap['paper']} | not run | | **{NOT_RUN}** |")
+            continue
+        relative = gap["relative"]
+        lines.append(f"| {gap['text']} | {gap['paper']} | gap {_gap_text(gap['first_gap'], relative)} "
+                     f"({gap['first'][0]} minus {gap['first'][1]}) vs {_gap_text(gap['second_gap'], relative)} "
+                     f"({gap['second'][0]} minus {gap['second'][1]}) | {_gap_text(gap['metric_difference'], relative)} "
+                     f"| **{gap['verdict']}** |")
+    return "\n".join(lines) + "\n"
+
+
+def render_claims(summaries: dict) -> str:
+    """Markdown: every claim once, its verdict on each task (``summaries``: task -> summary) and
+    the weakest of them (``combine_verdicts``)."""
+    tasks = [task for task in TASKS if task in summaries]
+    names = {"shakespeare": "char-LM (perplexity)", "mnist1d": "MNIST-1D (held-out loss)"}
+    lines = ["| claim | the paper | " + " | ".join(f"{names[t]}: paired difference [95% CI], verdict" for t in tasks)
+             + " | verdict |", "|---|---|" + "---|" * len(tasks) + "---|"]
+    order, found = [], {}
+    for task in tasks:
+        for item in summaries[task]["claims"] + summaries[task]["gaps"]:
+            if item["text"] not in found:
+                order.append(item["text"])
+                found[item["text"]] = item["paper"]
+    for text in order:
+        cells, verdicts = [], []
+        for task in tasks:
+            item = next((c for c in summaries[task]["claims"] + summaries[task]["gaps"] if c["text"] == text), None)
+            if item is None or item["verdict"] == NOT_RUN:
+                cells.append(NOT_RUN)
+                continue
+            diff = item["metric_difference"]
+            relative = item.get("relative") or item.get("margin") is not None
+            cells.append(f"{_gap_text(diff, relative)}: {item['verdict']}")
+            verdicts.append(item["verdict"])
+        lines.append(f"| {text} | {found[text]} | " + " | ".join(cells) + f" | **{combine_verdicts(verdicts)}** |")
+    return "\n".join(lines) + "\n"
+
+
+BLOCK = re.compile(r"<!-- generated: beyond-muon-(?P<task>[\w]+) -->\n.*?<!-- end: beyond-muon-(?P=task) -->", re.S)
+
+
+def rebuild_page(page: str, directory) -> str:
+    """``page`` with every ``beyond-muon-<task>`` block rendered from ``directory``'s summaries."""
+    def render(match):
+        task = match.group("task")
+        if task == "claims":
+            summaries = {t: json.loads((Path(directory) / f"beyond-muon-{t}.json").read_text(encoding="utf-8"))
+                         for t in TASKS if (Path(directory) / f"beyond-muon-{t}.json").is_file()}
+            body = render_claims(summaries) if summaries else "*Not run yet.*\n"
+            return f"<!-- generated: beyond-muon-claims -->\n{body}<!-- end: beyond-muon-claims -->"
+        path = Path(directory) / f"beyond-muon-{task}.json"
+        body = render_section(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else "*Not run yet.*\n"
+        return f"<!-- generated: beyond-muon-{task} -->\n{body}<!-- end: beyond-muon-{task} -->"
+
+    return BLOCK.sub(render, page)
+
+
+def main(argv=None) -> int:
+    """``python -m diloco.tools.studies.beyond_muon [PAGE] [DIR]``: rebuild the Muon blocks of the page."""
+    from diloco.tools.runs.folders import atomic_write_text
+
+    argv = sys.argv[1:] if argv is None else argv
+    page = Path(argv[0] if argv else "docs/results-beyond.md")
+    directory = Path(argv[1] if len(argv) > 1 else "docs/assets/results")
+    atomic_write_text(page, rebuild_page(page.read_text(encoding="utf-8"), directory))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
