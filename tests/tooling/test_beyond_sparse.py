@@ -94,7 +94,7 @@ def test_the_results_page_section_is_exactly_the_rendering_of_the_files():
         assert match.group("body") == render_block(summaries[task]), (
             "run python -m diloco.tools.studies.beyond_sparse to render the section again")
         before = page[page.rindex("\n## ", 0, match.start()):match.start()]
-        commands = re.findall(rf"^diloco study sparse --data {task}\b.*$", before, re.M)
+        commands = re.findall(rf"^\.venv/bin/diloco study sparse --data {task}\b.*$", before, re.M)
         assert commands, f"no command beside the block of {task}"
         command = commands[-1]
         assert "--export docs/assets/results" in command

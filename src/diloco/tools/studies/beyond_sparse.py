@@ -190,7 +190,7 @@ def run_sparse_study(args) -> int:
     except (TypeError, ValueError) as exc:
         raise CliError(f"study sparse: {exc}") from None
     rows = summarise_arms(outcomes, arms)
-    command = " ".join(["diloco study sparse --data", task, "--seeds", str(args.seeds)]
+    command = " ".join([".venv/bin/diloco study sparse --data", task, "--seeds", str(args.seeds)]
                        + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else []))
     summary = {"study": "sparse", "title": "Sparse outer gradients at equal bytes", "reference": "SparseLoCo, DeMo",
                "task": task, "data": data_info, "config": config.to_dict(), "steps_per_worker": steps,
