@@ -496,7 +496,9 @@ plt.show()"""),
 
 Muon orthogonalises each weight matrix's momentum with five Newton-Schulz steps before the
 update; the biases keep AdamW. MuLoCo's claim is that it combines well with DiLoCo as $K$ grows;
-here one seed, $K = 1$ and $K = 4$:"""),
+here one seed, $K = 1$ and $K = 4$, with Muon at its default lr (0.02), which nobody tuned for
+this model: the 5-seed study on the results page tunes each optimizer's lr on a separate seed
+first, and only its verdicts say which optimizer is better."""),
     ("code", """fig, ax = plt.subplots(figsize=(6, 4))
 for workers in (1, 4):
     for name, cfg in (("AdamW", config), ("Muon", config.replace(inner_optimizer="muon", muon=MuonConfig()))):
