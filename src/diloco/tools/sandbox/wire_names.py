@@ -27,7 +27,9 @@ RECORDS: dict[str, tuple[str, ...] | None] = {
     "adamw.AdamWState": None,
     "config.AdamWConfig": None,
     "config.DiLoCoConfig": None,
+    "config.MuonConfig": None,
     "config_sections.FamilyConfig": None,
+    "config_sections.AsyncConfig": None,
     "core.quantize.Encoded": None,  # the records of the optional exercises' modules
     "methods.sparse.SparseConfig": None,
     "methods.sparse.SparsePayload": None,
