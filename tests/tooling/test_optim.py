@@ -15,9 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from diloco.adamw import adamw_step, init_adamw_state
-from diloco.config import AdamWConfig, DiLoCoConfig
+from diloco.config import AdamWConfig
 from diloco.engine import optim
-from diloco.outer import init_outer_optimizer, nesterov_param_update, update_outer_momentum
 
 KERNELS = ["numpy", pytest.param("numba", marks=pytest.mark.skipif(optim.importlib.util.find_spec("numba") is None,
                                                                      reason="the fast extra (numba) is missing"))]
@@ -159,20 +158,3 @@ def test_adamw_update_counts_values_and_switches_mid_run(monkeypatch):
         run_kernel("numpy", *plain, grads, step, config)
     assert optim._values_updated == 3 * 40  # three NumPy steps, then the loop (which is not counted)
     assert all(np.array_equal(a, b) for a, b in zip(auto, plain, strict=True))
-
-
-@pytest.mark.parametrize("nesterov", [True, False])
-def test_outer_update_equals_the_milestone(nesterov):
-    config = DiLoCoConfig(nesterov=nesterov, outer_lr=0.7, outer_momentum=0.9)
-    rng = np.random.default_rng(3)
-    params = rng.standard_normal(50)
-    want, state = {"w": params.copy()}, init_outer_optimizer({"w": params})
-    momentum, scratch = np.zeros(50), np.empty(50)
-    for _ in range(5):
-        delta = rng.standard_normal(50)
-        state = update_outer_momentum(state, {"w": delta}, config.outer_momentum)
-        want = nesterov_param_update(want, {"w": delta}, state, config.outer_lr, config.outer_momentum,
-                                     nesterov=nesterov)
-        optim.outer_update(params, momentum, delta, config, scratch)
-    np.testing.assert_allclose(params, want["w"], rtol=1e-14, atol=1e-14)
-    np.testing.assert_allclose(momentum, state.momentum["w"], rtol=1e-14, atol=1e-14)

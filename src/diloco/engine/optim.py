@@ -1,6 +1,6 @@
-"""AdamW, Muon and the outer Nesterov step, in place on flat buffers.
+"""AdamW and Muon, in place on flat buffers (the outer step is the core's: ``diloco.core.outer``).
 
-The same equations as milestones 08-11 and 22-23 (``diloco.adamw``, ``diloco.outer``).
+The same equations as milestones 08-11 (``diloco.adamw``) and ``diloco.methods.muon``.
 AdamW folds both bias corrections into two scalars, computed once per step::
 
     c1 = 1 - b1^t,  c2 = 1 - b2^t
@@ -40,11 +40,10 @@ import os
 
 import numpy as np
 
-from diloco.config import AdamWConfig, DiLoCoConfig
+from diloco.config import AdamWConfig
 
 __all__ = ["CHUNK", "KERNEL", "KERNELS", "SWITCH_VALUES", "kernel_for", "adamw_scratch", "adamw_update",
-           "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "muon_update", "outer_update",
-           "mean_rows_into"]
+           "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "muon_update"]
 
 # Values per NumPy chunk (256 kB of float64 per array). Smaller chunks fit the L2 cache
 # better but pay NumPy's per-call cost more often: 2**13 to 2**15 measured, 2**15 fastest.
@@ -227,37 +226,3 @@ def muon_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.ndar
         rows = [np.ascontiguousarray(a[:, idx]) for a in (params, m, v, grads)]
         adamw_update(*rows, step, adam, scratch)
         params[:, idx], m[:, idx], v[:, idx] = rows[0], rows[1], rows[2]
-
-
-def mean_rows_into(rows: np.ndarray, out: np.ndarray, scratch: np.ndarray, *, first: bool, weight: float) -> None:
-    """Accumulate ``out += weight * row`` for every row of ``rows`` (``out = ...`` when ``first``).
-
-    Called with ``weight = 1/K`` over the K workers' parameters, in worker order, it sums
-    as ``average_params`` does (milestone 15): ``((w theta_0 + w theta_1) + w theta_2) ...``.
-    """
-    for index, row in enumerate(rows):
-        if first and index == 0:
-            np.multiply(row, weight, out=out)
-        else:
-            out += np.multiply(row, weight, out=scratch)
-
-
-def outer_update(params: np.ndarray, momentum: np.ndarray, pseudo_grad: np.ndarray, config: DiLoCoConfig,
-                 scratch: np.ndarray) -> None:
-    """The outer SGD step with (Nesterov) momentum, in place on ``params`` and ``momentum``.
-
-    ::
-
-        m     = mu m + delta
-        theta = theta - lr (delta + mu m)      (Nesterov)   or   theta - lr m   (heavy ball)
-    """
-    mu, lr = config.outer_momentum, config.outer_lr
-    momentum *= mu
-    momentum += pseudo_grad
-    if config.nesterov:
-        np.multiply(momentum, mu, out=scratch)
-        scratch += pseudo_grad
-        scratch *= lr
-    else:
-        np.multiply(momentum, lr, out=scratch)
-    params -= scratch
