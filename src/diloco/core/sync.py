@@ -5,7 +5,9 @@ model, on every executor and for every algorithm of ``diloco.core`` but the sync
 baseline (which averages gradients inside ``Executor.run_sync``):
 
 1. **drop**: ``diloco.mechanisms.draw_dropped`` (``drop_prob``) from the run's generator;
-   a dropped worker's outer gradient is left out, and it carries on from its own params;
+   a dropped worker's outer gradient is left out; ``drop_rule`` says where it goes on from:
+   its own params (``"carry"``: it is not a merge target) or the new global model
+   (``"restart"``: it is merged like the kept workers, so its round's work is lost);
 2. **weights**: ``pseudo_grad_weights`` (uniform, or shard sizes), over the kept workers;
 3. **compress and aggregate**: ``diloco.core.comm.all_reduce`` through the executor's
    collective (``gather``), with error feedback;
@@ -31,7 +33,7 @@ from diloco.mechanisms import draw_dropped, mean_pairwise_cosine
 from diloco.model import Params
 from diloco.params import average_params, scale_params, subtract_params
 
-__all__ = ["SyncResult", "sync_fragment", "eager_outer_gradient", "eager_sync", "merge_fragment"]
+__all__ = ["SyncResult", "sync_fragment", "merge_targets", "eager_outer_gradient", "eager_sync", "merge_fragment"]
 
 
 class SyncResult(NamedTuple):
@@ -52,6 +54,12 @@ def _kept_weights(weights, kept) -> dict | None:
     return None if weights is None else {k: weights[k] for k in kept}
 
 
+def merge_targets(kept: list, num_workers: int, drop_rule: str) -> tuple:
+    """The workers the new global fragment is merged into: the kept ones (``"carry"``: a
+    dropped worker goes on from its own params) or every worker (``"restart"``)."""
+    return tuple(range(num_workers)) if drop_rule == "restart" else tuple(kept)
+
+
 def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, config, rng, weights, residuals: dict,
                   ) -> SyncResult:
     """Synchronise fragment ``keys`` (steps 1-4 of the module doc); the merge is the driver's, later."""
@@ -67,15 +75,15 @@ def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, con
     if not kept:  # every outer gradient was dropped: nothing reached the server, no outer step
         delta = {key: np.zeros_like(value) for key, value in sub_global.items()}
         received = {key: value.copy() for key, value in sub_global.items()}
-        return SyncResult({**global_params, **received}, copy_outer_state(outer_state), delta, received, (), 0.0,
-                          dropped, cosine, residuals)
+        return SyncResult({**global_params, **received}, copy_outer_state(outer_state), delta, received,
+                          merge_targets(kept, num_workers, config.drop_rule), 0.0, dropped, cosine, residuals)
     ex = all_reduce({k: v for k, v in local.items() if k in kept}, config.family.comm,
                     {k: residuals.get(k, {}) for k in local if k in kept}, _kept_weights(weights, kept),
                     global_params=sub_global, gather=executor.gather)
     received, new_outer = outer_optimizer(config).update(sub_global, ex.delta, outer_state, config)
     new_residuals = {**residuals, **ex.residuals}
-    return SyncResult({**global_params, **received}, new_outer, ex.delta, received, tuple(kept), ex.bytes_sent,
-                      dropped, cosine, new_residuals)
+    return SyncResult({**global_params, **received}, new_outer, ex.delta, received,
+                      merge_targets(kept, num_workers, config.drop_rule), ex.bytes_sent, dropped, cosine, new_residuals)
 
 
 def merge_fragment(local: Params, received: Params, mix: float) -> Params:

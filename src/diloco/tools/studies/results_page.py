@@ -26,13 +26,19 @@ import sys
 from pathlib import Path
 
 from diloco.tools.runs.folders import atomic_write_text
-from diloco.tools.studies.paper_report import (interval_text, render_arms_table, render_claims_table, render_paper_table,
-                                               verdict)
+from diloco.tools.studies.paper_report import (
+    interval_text,
+    render_arms_table,
+    render_claims_table,
+    render_paper_table,
+    verdict,
+)
 
 __all__ = ["ORDER", "TASKS", "BLOCK", "load_summaries", "render_block", "block_names", "rebuild", "main"]
 
-ORDER = ["table2", "fig4", "fig6", "table3", "fig8", "fig9"]
+ORDER = ["table2", "fig4", "fig6", "table3", "fig8", "fig9", "noniid", "scaling"]
 TASKS = ["shakespeare", "mnist1d"]
+STUDY_TASKS = {study: TASKS for study in ORDER} | {"scaling": ["shakespeare"]}  # what make results runs
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
 
 
@@ -44,6 +50,9 @@ def load_summaries(directory) -> dict:
     page's words.
     """
     summaries = {}
+    record = Path(directory) / "make-results.json"
+    if record.is_file():
+        summaries["make-results"] = json.loads(record.read_text(encoding="utf-8"))
     for path in sorted(Path(directory).glob("*.json")):
         study, _, task = path.stem.partition("-")
         if study in ORDER and task in TASKS:
@@ -69,8 +78,11 @@ def _similarity(summaries: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _compute(summaries: dict) -> str:
-    lines = ["| study | task | steps per worker | seeds | runs | wall time |", "|---|---|---:|---:|---:|---:|"]
+def _compute(summaries: dict, record: dict | None = None) -> str:
+    """Per study: budget, seeds, runs (of which read from the run cache) and wall time; then
+    the whole ``make results`` run's wall time from ``make-results.json`` when it exists."""
+    lines = ["| study | task | steps per worker | seeds | runs (from the cache) | wall time |",
+             "|---|---|---:|---:|---:|---:|"]
     total = 0.0
     for study in ORDER:
         for task in TASKS:
@@ -80,33 +92,48 @@ def _compute(summaries: dict) -> str:
             runs = sum(len(row["seeds"]) for row in summary["rows"]) + len(summary.get("tuning", [])) * max(
                 1, len(summary.get("tune_seeds", [])))
             total += summary["seconds"]
-            lines.append(f"| {study} | {task} | {summary['steps_per_worker']} | {len(summary['seeds'])} | {runs} "
-                         f"| {summary['seconds'] / 60:.1f} min |")
-    lines.append(f"| all | | | | | {total / 60:.1f} min |")
+            lines.append(f"| {study} | {task} | {summary['steps_per_worker']} | {len(summary['seeds'])} "
+                         f"| {runs} ({summary.get('cached_runs', 0)}) | {summary['seconds'] / 60:.1f} min |")
+    lines.append(f"| all, one after another | | | | | {total / 60:.1f} min |")
+    last = (record or {}).get("last_run")
+    if last:
+        lines.append(f"| `make results` ({len(last['jobs'])} commands, {last['parallel']} at a time, "
+                     f"finished {last['finished']}) | | | | | {last['seconds'] / 60:.1f} min |")
     return "\n".join(lines) + "\n"
 
 
 def render_block(name: str, summaries: dict) -> str:
     """The Markdown of block ``name`` (see the module docstring)."""
     if name == "paper":
-        return render_paper_table(summaries, ORDER)
+        return render_paper_table({k: v for k, v in summaries.items() if isinstance(k, tuple)}, ORDER)
     if name == "similarity":
         return _similarity(summaries)
     if name == "compute":
-        return _compute(summaries)
+        return _compute(summaries, summaries.get("make-results"))
     study, _, task = name.partition("-")
     summary = summaries.get((study, task))
     if summary is None:
         return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"
-    tuning = ""
-    if summary.get("tuning"):
-        best = {}
-        for entry in summary["tuning"]:
-            best.setdefault(entry["arm"], []).append(f"{entry['value']:g}: {entry['eval_loss']:.3f}")
-        tuning = ("\nOuter lr grid, final held-out loss on tuning seed(s) "
-                  f"{summary['tune_seeds']}:\n\n" + "\n".join(f"- {arm}: {', '.join(v)}" for arm, v in best.items())
-                  + "\n")
-    return render_arms_table(summary) + "\n" + render_claims_table(summary) + tuning
+    return render_arms_table(summary) + "\n" + render_claims_table(summary) + render_tuning(summary)
+
+
+def render_tuning(summary: dict) -> str:
+    """The tuning grid: per field and probe arm, the mean final held-out loss at each value on
+    the tuning seeds, the chosen value in bold, and the arms that took it."""
+    if not summary.get("tuning"):
+        return ""
+    groups: dict = {}
+    for entry in summary["tuning"]:
+        groups.setdefault((entry["field"], entry["arm"]), []).append(entry)
+    lines = ["", f"Tuning grid (final held-out loss, tuning seed(s) {summary['tune_seeds']}; chosen in bold):", ""]
+    for (field, probe), entries in groups.items():
+        cells = ", ".join(f"**{e['value']:g}: {e['eval_loss']:.3f}**" if e.get("chosen") else
+                          f"{e['value']:g}: {e['eval_loss']:.3f}" for e in entries)
+        targets = entries[0].get("targets", [probe])
+        used = "" if targets == [probe] else f" (used by {', '.join(targets)})"
+        lines.append(f"- {field} of {probe}{used}: {cells}")
+    return "\n".join(lines) + "\n"
+
 
 
 def block_names(page: str) -> list:
