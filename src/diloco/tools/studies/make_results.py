@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -61,6 +62,9 @@ JOBS = (
     _paper("fig4", "mnist1d"),
     _paper("fig6", "mnist1d"),
     _paper("noniid", "mnist1d", 3),
+    Job("family-compression", f"compression --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
+    Job("family-streaming", f"streaming --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
+    Job("family-bandwidth", f"bandwidth --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
     _paper("fig9", "shakespeare"),
     _paper("fig8", "shakespeare"),
     _paper("table3", "shakespeare"),
@@ -68,9 +72,6 @@ JOBS = (
     _paper("fig6", "shakespeare"),
     _paper("noniid", "shakespeare", 3),
     _paper("scaling", "shakespeare", 3, "--total-steps 2000"),
-    Job("family-compression", f"compression --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
-    Job("family-streaming", f"streaming --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
-    Job("family-bandwidth", f"bandwidth --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
 )
 
 
@@ -84,6 +85,30 @@ def _run(job: Job, logs: Path, env: dict) -> tuple:
     argv = [sys.executable, "-m", "diloco", "study", *job.args.split(), "-q"]
     log = open(logs / f"{job.name}.log", "w", encoding="utf-8")  # noqa: SIM115 - closed when the job ends
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log
+
+
+def _stop(signum, frame):
+    raise SystemExit(143)
+
+
+def _loop(pending: list, running: dict, parallel: int, logs: Path, env: dict, record: dict) -> None:
+    """Start ``pending`` jobs, ``parallel`` at a time, until all have finished; note each in ``record``."""
+    while pending or running:
+        while pending and len(running) < parallel:
+            job = pending.pop(0)
+            process, log = _run(job, logs, env)
+            running[job.name] = (job, process, log, time.time())
+            print(f"[{time.strftime('%H:%M:%S')}] started {job.name}", flush=True)
+        time.sleep(2)
+        for name, (job, process, log, start) in list(running.items()):
+            if process.poll() is None:
+                continue
+            log.close()
+            del running[name]
+            seconds = time.time() - start
+            status = "ok" if process.returncode == 0 else f"failed ({process.returncode})"
+            record["jobs"][name] = {"command": command_of(job), "seconds": round(seconds, 1), "status": status}
+            print(f"[{time.strftime('%H:%M:%S')}] {name}: {status} in {seconds / 60:.1f} min", flush=True)
 
 
 def main(argv=None) -> int:
@@ -114,23 +139,15 @@ def main(argv=None) -> int:
     record_path = Path(EXPORT) / "make-results.json"
     record = json.loads(record_path.read_text(encoding="utf-8")) if record_path.is_file() else {"jobs": {}}
     started, pending, running = time.time(), list(jobs), {}
-    while pending or running:
-        while pending and len(running) < args.jobs:
-            job = pending.pop(0)
-            process, log = _run(job, logs, env)
-            running[job.name] = (job, process, log, time.time())
-            print(f"[{time.strftime('%H:%M:%S')}] started {job.name}", flush=True)
-        time.sleep(2)
-        for name, (job, process, log, start) in list(running.items()):
-            if process.poll() is None:
-                continue
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        _loop(pending, running, args.jobs, logs, env, record)
+    finally:
+        for _job, process, log, _ in running.values():  # stopped early: stop the commands too
+            process.terminate()
             log.close()
-            del running[name]
-            seconds = time.time() - start
-            status = "ok" if process.returncode == 0 else f"failed ({process.returncode})"
-            record["jobs"][name] = {"command": command_of(job), "seconds": round(seconds, 1), "status": status}
-            print(f"[{time.strftime('%H:%M:%S')}] {name}: {status} in {seconds / 60:.1f} min", flush=True)
     total = time.time() - started
+
     record.update(last_run={"jobs": [j.name for j in jobs], "parallel": args.jobs, "seconds": round(total, 1),
                             "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
     from diloco.tools.runs.atomic_files import write_json

@@ -34,11 +34,13 @@ from diloco.tools.studies.paper_report import (
     verdict,
 )
 
-__all__ = ["ORDER", "TASKS", "BLOCK", "load_summaries", "render_block", "block_names", "rebuild", "main"]
+__all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "BLOCK",
+           "load_summaries", "render_block", "block_names", "rebuild", "main"]
 
 ORDER = ["table2", "fig4", "fig6", "table3", "fig8", "fig9", "noniid", "scaling"]
 TASKS = ["shakespeare", "mnist1d"]
 STUDY_TASKS = {study: TASKS for study in ORDER} | {"scaling": ["shakespeare"]}  # what make results runs
+FAMILY_ORDER = ["compression", "streaming", "bandwidth"]  # docs/results-family.md: family-<study>.json
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
 
 
@@ -55,6 +57,9 @@ def load_summaries(directory) -> dict:
         summaries["make-results"] = json.loads(record.read_text(encoding="utf-8"))
     for path in sorted(Path(directory).glob("*.json")):
         study, _, task = path.stem.partition("-")
+        if study == "family" and task in FAMILY_ORDER:
+            summaries[("family", task)] = json.loads(path.read_text(encoding="utf-8"))
+            continue
         if study in ORDER and task in TASKS:
             summary = json.loads(path.read_text(encoding="utf-8"))
             for claim in summary.get("claims", []):
@@ -102,6 +107,21 @@ def _compute(summaries: dict, record: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _family_compute(summaries: dict) -> str:
+    lines = ["| study | seeds | rounds | runs (of which tuning) | wall time |", "|---|---:|---:|---:|---:|"]
+    total = 0.0
+    for study in FAMILY_ORDER:
+        summary = summaries.get(("family", study))
+        if summary is None:
+            continue
+        total += summary["seconds"]
+        runs = len(summary["outcomes"]) + len(summary.get("tuning", []))
+        lines.append(f"| {study} | {len(summary['seeds'])} | {summary['rounds']} | {runs} "
+                     f"({len(summary.get('tuning', []))}) | {summary['seconds'] / 60:.1f} min |")
+    lines.append(f"| all, one after another | | | | {total / 60:.1f} min |")
+    return "\n".join(lines) + "\n"
+
+
 def render_block(name: str, summaries: dict) -> str:
     """The Markdown of block ``name`` (see the module docstring)."""
     if name == "paper":
@@ -110,6 +130,15 @@ def render_block(name: str, summaries: dict) -> str:
         return _similarity(summaries)
     if name == "compute":
         return _compute(summaries, summaries.get("make-results"))
+    if name == "family-compute":
+        return _family_compute(summaries)
+    if name.startswith("family-"):
+        summary = summaries.get(("family", name.partition("-")[2]))
+        if summary is None:
+            return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"
+        from diloco.tools.studies.family_report import render_family_block
+
+        return render_family_block(summary)
     study, _, task = name.partition("-")
     summary = summaries.get((study, task))
     if summary is None:
