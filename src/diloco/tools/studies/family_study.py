@@ -330,8 +330,9 @@ def run_family_study_command(args) -> int:
         from diloco.tools.studies.plots import plot_curves, plot_study, save_figure
 
         save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), run_dir / "study.png")
-        if export:
-            save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel),
+        if export:  # the bandwidth study's page shows its time to target, the others their final metrics
+            save_figure(plot_time_to_target(summary["bandwidth"], values, target) if study.name == "bandwidth"
+                        else plot_study(rows, title=study.title, xlabel=study.xlabel),
                         Path(export) / f"family-{study.name}.png")
         save_figure(plot_curves(mean_curves(history.records), x="bytes" if study.name == "compression" else "step",
                                 title=f"{study.name}: held-out curves, mean over {len(seeds)} seeds"),

@@ -36,7 +36,7 @@ from diloco.tools.studies.paper_report import (
 from diloco.tools.studies.paper_runs import RunCache, parse_numbers
 from diloco.tools.studies.paper_studies import PAPER_STUDIES, TASKS, H, K, run_arm, tune_arms, tuning_steps, with_warmup
 
-__all__ = ["run_paper_study", "plot_paper_study", "TUNE_SEED_BASE"]
+__all__ = ["run_paper_study", "plot_paper_study", "plot_scaling_gap", "TUNE_SEED_BASE"]
 
 # Tuning seeds start here, far from the evaluation seeds (0, 1, ...), so the lr chosen for
 # an outer optimizer is never picked on the runs it is then judged on.
@@ -162,7 +162,8 @@ def run_paper_study(args) -> int:
     if not args.no_plots:
         from diloco.tools.studies.plots import save_figure
 
-        save_figure(plot_paper_study(summary), run_dir / "study.png")
+        save_figure(plot_scaling_gap(summary) if study.name == "scaling" else plot_paper_study(summary),
+                    run_dir / "study.png")
     export = getattr(args, "export", None)
     if export:
         from pathlib import Path
@@ -205,5 +206,34 @@ def plot_paper_study(summary: dict):
     finals.set_xlim(low - 0.1 * (high - low + 1e-9), high + 0.1 * (high - low + 1e-9))
     finals.set_xlabel(f"final held-out {name}, mean and 95% CI over {len(summary['seeds'])} seeds")
     fig.suptitle(f"{summary['task']}, {summary['steps_per_worker']} steps per worker", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_scaling_gap(summary: dict):
+    """The scaling study: DiLoCo's final held-out loss minus data parallelism's, seed by seed
+    (mean and 95% interval), against the hidden width, one line per K."""
+    from matplotlib.figure import Figure
+
+    from diloco.tools.studies.study_stats import mean_interval
+
+    rows = {row["arm"]: row for row in summary["rows"]}
+    widths = sorted({int(label.rsplit("=", 1)[1]) for label in rows if label.startswith("DP")})
+    fig = Figure(figsize=(6.5, 4.2))
+    ax = fig.add_subplot()
+    for k in sorted({int(label.split()[0][2:]) for label in rows if label.startswith("K=")}):
+        means, errors = [], []
+        for width in widths:
+            dp, arm = rows.get(f"DP w={width}"), rows.get(f"K={k} w={width}")
+            gap = mean_interval(np.subtract(arm["per_seed_eval_loss"], dp["per_seed_eval_loss"]))
+            means.append(gap["mean"])
+            errors.append(gap["half_width"])
+        ax.errorbar(widths, means, yerr=errors, marker="o", capsize=3, label=f"DiLoCo K={k}")
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set(xscale="log", xlabel="hidden width", ylabel="held-out loss, DiLoCo minus data parallelism",
+           title=f"Gap to data parallelism at a fixed token budget ({len(summary['seeds'])} seeds)")
+    ax.minorticks_off()
+    ax.set_xticks(widths, [str(w) for w in widths])
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
