@@ -123,6 +123,7 @@ def _prose(page: str) -> str:
     text = BLOCK.sub("", page)
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = re.sub(r"\\\(.*?\\\)", "", text, flags=re.S)  # inline maths: notation, not results
+    text = re.sub(r"arXiv:? ?\d{4}\.\d{4,5}", "", text)  # paper identifiers, not results
     return re.sub(r"!\[[^\]]*\]\([^)]*\)", "", text)
 
 

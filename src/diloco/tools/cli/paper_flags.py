@@ -87,7 +87,7 @@ def load_text_dataset(args):
 
 def add_paper_study_flags(study_parser) -> None:
     """``--export`` and ``--tune-seeds`` of the paper studies (``diloco study table2`` ...)."""
-    group = study_parser.add_argument_group("paper studies (table2, fig4, fig6, table3, fig8, fig9, noniid, scaling)")
+    group = study_parser.add_argument_group("paper studies (table2, fig4, fig6, table3, fig8, fig9, splits, scaling)")
     group.add_argument("--export", metavar="DIR",
                        help="also write the summary and plot as DIR/<study>-<data>.json and .png "
                             "(docs/assets/results for the results page)")

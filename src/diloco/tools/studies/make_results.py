@@ -61,7 +61,7 @@ JOBS = (
     _paper("table3", "mnist1d"),
     _paper("fig4", "mnist1d"),
     _paper("fig6", "mnist1d"),
-    _paper("noniid", "mnist1d", 3),
+    _paper("splits", "mnist1d", 3),
     Job("family-compression", f"compression --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
     Job("family-streaming", f"streaming --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
     Job("family-bandwidth", f"bandwidth --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
@@ -70,7 +70,7 @@ JOBS = (
     _paper("table3", "shakespeare"),
     _paper("fig4", "shakespeare"),
     _paper("fig6", "shakespeare"),
-    _paper("noniid", "shakespeare", 3),
+    _paper("splits", "shakespeare", 3),
     _paper("scaling", "shakespeare", 3, "--total-steps 2000"),
 )
 

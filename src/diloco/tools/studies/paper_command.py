@@ -1,4 +1,4 @@
-"""``diloco study table2|fig4|fig6|table3|fig8|fig9|noniid|scaling``: the paper's artefacts in miniature.
+"""``diloco study table2|fig4|fig6|table3|fig8|fig9|splits|scaling``: the paper's artefacts in miniature.
 
 One command runs a study (``diloco.tools.studies.paper_studies``) on one task (``--data
 shakespeare`` or ``--data mnist1d``) over ``--seeds`` seeds, at ``--total-steps`` steps per

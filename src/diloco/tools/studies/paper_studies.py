@@ -13,7 +13,7 @@ reproduce:
   rules (a dropped worker carries on from its own parameters, or restarts from the new
   global model).
 * ``fig9``: DiLoCo with a single worker against the plain 1-worker baseline.
-* ``noniid``: IID shards against the two non-IID splits (Dirichlet label skew; contiguous
+* ``splits``: IID shards against the two non-IID splits (Dirichlet label skew; contiguous
   topic segments of the rows), alpha swept.
 * ``scaling``: the hidden width swept at a fixed token budget, DiLoCo at K = 1, 2, 4, 8
   against data parallelism at the same global batch (Charles et al. 2025).
@@ -393,7 +393,7 @@ PAPER_STUDIES = {
     "fig8": PaperStudy("fig8", "Dropped outer gradients, both drop rules", "Fig. 8", _fig8_arms, _fig8_claims,
                        shared(_fig8_probe)),
     "fig9": PaperStudy("fig9", "One worker: DiLoCo against the plain baseline", "Fig. 9", _fig9_arms, _fig9_claims),
-    "noniid": PaperStudy("noniid", "Non-IID splits: label skew and topic segments, alpha swept",
+    "splits": PaperStudy("splits", "Non-IID splits: label skew and topic segments, alpha swept",
                          "the abstract's robustness claim", _noniid_arms, _noniid_claims, shared(lambda arm: "IID")),
     "scaling": PaperStudy("scaling", "Model width at a fixed token budget: DiLoCo against data parallelism",
                           "Charles et al. 2025", _scaling_arms, _scaling_claims, shared(_scaling_probe)),

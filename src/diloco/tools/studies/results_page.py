@@ -37,7 +37,7 @@ from diloco.tools.studies.paper_report import (
 __all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "BLOCK",
            "load_summaries", "render_block", "block_names", "rebuild", "main"]
 
-ORDER = ["table2", "fig4", "fig6", "table3", "fig8", "fig9", "noniid", "scaling"]
+ORDER = ["table2", "fig4", "fig6", "table3", "fig8", "fig9", "splits", "scaling"]
 TASKS = ["shakespeare", "mnist1d"]
 STUDY_TASKS = {study: TASKS for study in ORDER} | {"scaling": ["shakespeare"]}  # what make results runs
 FAMILY_ORDER = ["compression", "streaming", "bandwidth"]  # docs/results-family.md: family-<study>.json
