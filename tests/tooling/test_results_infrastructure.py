@@ -189,12 +189,39 @@ def test_apply_value_sets_the_inner_lr_or_a_field():
 def test_tuning_gives_each_group_its_probes_best_value():
     data = _Data()
     arms = [Arm("p", "diloco", {}), Arm("q", "diloco", {"outer_lr": 0.3})]
-    tuned, records = tune_arms([TuneStep(INNER_LR, (1e-4, 3e-2), (("p", ("p", "q")),))], arms, BASE, data, [7])
+    tuned, records = tune_arms([TuneStep(INNER_LR, (1e-4, 3e-2), (("p", ("p", "q")),))], arms, BASE, data, [7],
+                               extend=0)
     by_value = {r["value"]: r["eval_loss"] for r in records}
     best = min(by_value, key=by_value.get)
     assert [r["chosen"] for r in records] == [v == best for v in (1e-4, 3e-2)]
     assert all(a.changes["inner"]["lr"] == best for a in tuned) and tuned[1].changes["outer_lr"] == 0.3
     assert [a.label for a in tuned] == ["p", "q"] and records[0]["targets"] == ["p", "q"]
+
+
+def test_the_ladder_by_hand():
+    from diloco.tools.studies.paper_runs import next_on_ladder
+
+    assert [next_on_ladder(v, up=True) for v in (0.01, 0.03, 0.02, 0.7, 3.0)] == [0.03, 0.1, 0.03, 1.0, 10.0]
+    assert [next_on_ladder(v, up=False) for v in (0.01, 0.003, 0.3, 0.7)] == [0.003, 0.001, 0.1, 0.3]
+
+
+def test_a_best_value_at_the_grids_end_extends_the_grid(monkeypatch):
+    import diloco.tools.studies.paper_runs as runs
+
+    # a fake run whose loss is (log10 lr + 1.5)^2: best at lr = 10^-1.5 = 0.0316
+    def fake(arm, base, seed, dataset, **_):
+        lr = arm.changes["inner"]["lr"]
+        return {"eval_loss": (np.log10(lr) + 1.5) ** 2}
+
+    monkeypatch.setattr(runs, "run_arm", fake)
+    arms = [Arm("p", "diloco", {})]
+    tuned, records = runs.tune_arms([TuneStep(INNER_LR, (1e-3, 3e-3), (("p", ("p",)),))], arms, BASE, None, [0])
+    # 3e-3 is the top: try 1e-2 (still the top), then 3e-2 (interior now? 0.03 is the top again; the
+    # limit of two added values stops there)
+    assert [r["value"] for r in records] == [1e-3, 3e-3, 1e-2, 3e-2]
+    assert tuned[0].changes["inner"]["lr"] == 3e-2 and [r["chosen"] for r in records] == [False] * 3 + [True]
+    _, records = runs.tune_arms([TuneStep(INNER_LR, (1e-2, 3e-2, 1e-1), (("p", ("p",)),))], arms, BASE, None, [0])
+    assert [r["value"] for r in records] == [1e-2, 3e-2, 1e-1], "an interior best adds nothing"
 
 
 def test_warmup_is_two_percent_of_each_arms_steps_by_hand():

@@ -25,7 +25,7 @@ from diloco.tools.runs.atomic_files import write_json
 from diloco.tools.studies.ablations import fast_engine_available, trainer
 
 __all__ = ["Arm", "TuneStep", "INNER_LR", "RunCache", "arm_engine", "outcome_of", "run_arm", "tune_arms",
-           "apply_value", "with_warmup", "WARMUP_FRACTION"]
+           "apply_value", "next_on_ladder", "with_warmup", "WARMUP_FRACTION"]
 
 INNER_LR = "inner lr"  # the tuning field that sets ``inner.lr`` (every other field is a DiLoCoConfig field)
 # Warmup of the cosine schedule, a fraction of each arm's steps (the paper: 1,000 of 88,000, about 1%).
@@ -176,39 +176,68 @@ def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on
     return outcome
 
 
+def next_on_ladder(value: float, *, up: bool) -> float:
+    """The next value past ``value`` on the 1-3-10 ladder (..., 0.01, 0.03, 0.1, 0.3, ...):
+    up from 0.01 is 0.03, from 0.03 (or 0.02, 0.05) is 0.1; down from 0.01 is 0.003."""
+    import math
+
+    exponent = math.floor(math.log10(value))
+    mantissa = value / 10.0 ** exponent
+    if up:
+        mantissa, exponent = (3, exponent) if mantissa < 3 - 1e-9 else (1, exponent + 1)
+    else:
+        mantissa, exponent = ((3, exponent) if mantissa > 3 + 1e-9 else (1, exponent) if mantissa > 1 + 1e-9
+                              else (3, exponent - 1))
+    return float(f"{mantissa * 10.0 ** exponent:.1g}")
+
+
 def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=None, on_run=None, cache=None,
-              data_key=None) -> tuple[list, list]:
+              data_key=None, extend: int = 2) -> tuple[list, list]:
     """Run the tuning ``steps`` (``TuneStep``) in order, each on the arms as the previous left them.
 
     For each group, the probe arm runs every grid value on ``seeds``; the value with the
-    lowest mean final held-out loss goes to the group's targets.
+    lowest mean final held-out loss goes to the group's targets. When that value is at an
+    end of the grid, the grid is extended past it by its own ratio (up to ``extend`` values
+    on each side), so a chosen value is never the last one tried unless the limit is hit.
 
     Returns
     -------
     (tuned_arms, tuning)
         The arms with their tuned values in ``changes`` (labels unchanged), and one
         record per (probe, value): ``arm``, ``field``, ``value``, ``eval_loss`` (mean over
-        seeds), ``targets`` and ``chosen``.
+        seeds), ``targets`` and ``chosen``, in the order the values were tried.
     """
     by_label = {arm.label: arm for arm in arms}
     tuning = []
     for step in steps:
         for probe, targets in step.groups:
             arm = by_label[probe]
-            scores = []
-            for value in step.grid:
-                candidate = Arm(arm.label, arm.algo, apply_value(arm.changes, step.field, value))
-                losses = []
-                for seed in seeds:
-                    outcome = run_arm(candidate, base, seed, dataset, encode=encode, cache=cache, data_key=data_key)
-                    losses.append(outcome["eval_loss"])
-                    if on_run is not None:
-                        on_run(outcome)
-                mean = sum(losses) / len(losses)
-                scores.append((mean, value))
-            best = min(scores)[1]
-            for mean, value in scores:
-                tuning.append({"arm": probe, "field": step.field, "value": value, "eval_loss": mean,
+            scores: dict = {}
+            grid = list(step.grid)
+            added = {"up": 0, "down": 0}
+            while True:
+                for value in [v for v in grid if v not in scores]:
+                    candidate = Arm(arm.label, arm.algo, apply_value(arm.changes, step.field, value))
+                    losses = []
+                    for seed in seeds:
+                        outcome = run_arm(candidate, base, seed, dataset, encode=encode, cache=cache,
+                                          data_key=data_key)
+                        losses.append(outcome["eval_loss"])
+                        if on_run is not None:
+                            on_run(outcome)
+                    scores[value] = sum(losses) / len(losses)
+                best = min(scores, key=lambda v: (scores[v], v))
+                ordered = sorted(grid)
+                if len(ordered) >= 2 and best == ordered[-1] and added["up"] < extend:
+                    grid.append(next_on_ladder(ordered[-1], up=True))
+                    added["up"] += 1
+                elif len(ordered) >= 2 and best == ordered[0] and added["down"] < extend:
+                    grid.append(next_on_ladder(ordered[0], up=False))
+                    added["down"] += 1
+                else:
+                    break
+            for value in grid:
+                tuning.append({"arm": probe, "field": step.field, "value": value, "eval_loss": scores[value],
                                "targets": list(targets), "chosen": value == best})
             for label in targets:
                 target = by_label[label]
