@@ -107,6 +107,24 @@ def _compute(summaries: dict, record: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _convergence(summaries: dict) -> str:
+    """Table 2's arms: the mean held-out loss at 80% of the run and at its end, the change
+    between them, and the best over rounds; a run still falling has a negative change."""
+    lines = ["| task | arm | held-out loss at 80% of the run | final held-out loss | change over the last 20% "
+             "| best over rounds |", "|---|---|---:|---:|---:|---:|"]
+    for task in TASKS:
+        summary = summaries.get(("table2", task))
+        if summary is None:
+            continue
+        for row in summary["rows"]:
+            curve = row["curve"]
+            late = curve[max(0, round(0.8 * len(curve)) - 1)][1]
+            final = curve[-1][1]
+            lines.append(f"| {task} | {row['arm']} | {late:.3f} | {final:.3f} | {final - late:+.3f} "
+                         f"| {row['best_eval_loss']['mean']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _family_compute(summaries: dict) -> str:
     lines = ["| study | seeds | rounds | runs (of which tuning) | wall time |", "|---|---:|---:|---:|---:|"]
     total = 0.0
@@ -130,6 +148,8 @@ def render_block(name: str, summaries: dict) -> str:
         return _similarity(summaries)
     if name == "compute":
         return _compute(summaries, summaries.get("make-results"))
+    if name == "convergence":
+        return _convergence(summaries)
     if name == "family-compute":
         return _family_compute(summaries)
     if name.startswith("family-"):
