@@ -143,7 +143,7 @@ def render_momentum_tuning(summary: dict) -> str:
     for entry in summary["tuning"]:
         groups.setdefault(entry["variant"], []).append(entry)
     lines = ["", f"Outer momentum of each DiLoCo arm, tuned on seed(s) {summary['tune_seeds']} (final held-out loss; "
-                 "chosen in bold; inf: diverged):", ""]
+                 "chosen in bold; inf: diverged; values past 0.5 or 0.9 are tried only when the best is there):", ""]
     for variant, entries in groups.items():
         cells = ", ".join((f"**{e['value']:g}: {e['eval_loss']:.4f}**" if e["chosen"] else
                            f"{e['value']:g}: {e['eval_loss']:.4f}") for e in entries)

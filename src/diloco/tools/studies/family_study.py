@@ -135,6 +135,7 @@ def _bandwidth_variants(config, values) -> list:
 
 _BASE = {"rounds": 24, "inner_steps": 25, "hidden_sizes": (64, 64, 64), "engine": "fast"}
 TUNE_SEED = 1000  # the outer momentum of each DiLoCo arm is tuned on this seed, never an evaluation seed
+MOMENTUM_EXTENSIONS = {"down": (0.3, 0.0), "up": (0.95,)}  # tried when the best is at the grid's end
 
 FAMILY_STUDIES = {
     "compression": Study(
@@ -194,30 +195,41 @@ def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, 
     return results
 
 
-def tune_momentum(variants, config, family, dataset, seeds, grid, max_loss=None, on_run_end=None) -> tuple:
+def tune_momentum(variants, config, family, dataset, seeds, grid, max_loss=None, on_run_end=None,
+                  extend=MOMENTUM_EXTENSIONS) -> tuple:
     """Each DiLoCo arm's outer momentum: the value of ``grid`` with the lowest mean final
-    held-out loss on ``seeds`` (a diverged run counts as infinite). Returns ``(variants with
-    the chosen value in changes, one record per (arm, value))``."""
+    held-out loss on ``seeds`` (a diverged run counts as infinite). A best value at the
+    grid's low end is tried lower (``extend["down"]``, in order), one at its high end higher
+    (``extend["up"]``), until the best is inside or the extensions are used up. Returns
+    ``(variants with the chosen value in changes, one record per (arm, value) tried)``."""
     from diloco.core.divergence import Diverged
+
+    def score(variant, mu) -> float:
+        candidate = variant._replace(changes={**variant.changes, "outer_momentum": mu})
+        try:
+            runs = run_family_study([candidate], config, family, dataset, seeds, max_loss=max_loss,
+                                    on_run_end=on_run_end)
+        except Diverged:
+            return math.inf
+        loss = sum(r["eval_loss"] for r in runs) / len(runs)
+        return loss if math.isfinite(loss) else math.inf
 
     tuned, records = [], []
     for variant in variants:
         if variant.algo != "diloco":
             tuned.append(variant)
             continue
-        scores = []
-        for mu in grid:
-            candidate = variant._replace(changes={**variant.changes, "outer_momentum": mu})
-            try:
-                runs = run_family_study([candidate], config, family, dataset, seeds, max_loss=max_loss,
-                                        on_run_end=on_run_end)
-                loss = sum(r["eval_loss"] for r in runs) / len(runs)
-            except Diverged:
-                loss = math.inf
-            scores.append((loss if math.isfinite(loss) else math.inf, mu))
-        best = min(scores)[1]
+        scores = {mu: score(variant, mu) for mu in grid}
+        more = {"down": list(extend["down"]), "up": list(extend["up"])}
+        while True:
+            best = min(scores, key=lambda mu: (scores[mu], mu))
+            side = "down" if best == min(scores) else "up" if best == max(scores) else None
+            if side is None or not more[side]:
+                break
+            mu = more[side].pop(0)
+            scores[mu] = score(variant, mu)
         records += [{"variant": variant.label, "value": mu, "eval_loss": loss, "chosen": mu == best}
-                    for loss, mu in scores]
+                    for mu, loss in scores.items()]
         tuned.append(variant._replace(changes={**variant.changes, "outer_momentum": best}))
     return tuned, records
 
