@@ -145,6 +145,7 @@ def render_momentum_tuning(summary: dict) -> str:
     lines = ["", f"Outer momentum of each DiLoCo arm, tuned on seed(s) {summary['tune_seeds']} (final held-out loss; "
                  "chosen in bold; inf: diverged; values past 0.5 or 0.9 are tried only when the best is there):", ""]
     for variant, entries in groups.items():
+        entries = sorted(entries, key=lambda e: e["value"])
         cells = ", ".join((f"**{e['value']:g}: {e['eval_loss']:.4f}**" if e["chosen"] else
                            f"{e['value']:g}: {e['eval_loss']:.4f}") for e in entries)
         lines.append(f"- {variant}: {cells}")

@@ -176,11 +176,12 @@ def render_tuning(summary: dict) -> str:
         groups.setdefault((entry["field"], entry["arm"]), []).append(entry)
     lines = ["", f"Tuning grid (final held-out loss, tuning seed(s) {summary['tune_seeds']}; chosen in bold):", ""]
     for (field, probe), entries in groups.items():
+        entries = sorted(entries, key=lambda e: e["value"])
         cells = ", ".join(f"**{e['value']:g}: {e['eval_loss']:.3f}**" if e.get("chosen") else
                           f"{e['value']:g}: {e['eval_loss']:.3f}" for e in entries)
         targets = entries[0].get("targets", [probe])
         used = "" if targets == [probe] else f" (used by {', '.join(targets)})"
-        lines.append(f"- {field} of {probe}{used}: {cells}")
+        lines.append(f"- {field.replace('_', ' ')} of {probe}{used}: {cells}")
     return "\n".join(lines) + "\n"
 
 
