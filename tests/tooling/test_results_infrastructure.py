@@ -286,3 +286,10 @@ def test_make_results_lists_its_commands(capsys):
     assert make_results(["--jobs", "0"]) == 2
     assert len({j.name for j in JOBS}) == len(JOBS)
     assert json.dumps([j._asdict() for j in JOBS])  # plain data
+
+
+def test_a_non_iid_claim_is_one_row_across_the_two_splits():
+    from diloco.tools.studies.paper_studies import claim_setting
+
+    assert claim_setting("non-IID topic a=0.5") == claim_setting("non-IID label skew a=0.5") == "non-IID a=0.5"
+    assert claim_setting("IID") == "IID"

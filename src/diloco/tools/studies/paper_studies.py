@@ -230,6 +230,12 @@ def _noniid_setting(base: DiLoCoConfig, split: str) -> tuple[str, dict]:
     return f"non-IID {name} a={base.alpha:g}", {"iid": False, "noniid_split": split}
 
 
+def claim_setting(setting: str) -> str:
+    """A shard setting as claims name it: ``non-IID a=0.5`` whichever split the task uses (the
+    arms' labels say which), so one claim is one row across the two tasks."""
+    return setting.replace("non-IID topic ", "non-IID ").replace("non-IID label skew ", "non-IID ")
+
+
 def _table3_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     chosen = parse_numbers(values, int, "K")
     arms = []
@@ -250,11 +256,12 @@ def _table3_claims(arms) -> list:
     labels, claims = {a.label for a in arms}, []
     for setting in ("IID", arms[-1].label.split(" / ")[0]):
         label = {k: f"{setting} / K={k}" for k in (1, 2, 4, 8, 16)}
+        name = claim_setting(setting)
         if {label[8], label[1]} <= labels:
-            claims.append(Claim(f"{setting}: 8 workers beat 1 at fixed steps per worker", label[8], label[1],
+            claims.append(Claim(f"{name}: 8 workers beat 1 at fixed steps per worker", label[8], label[1],
                                 "perplexity falls as replicas grow from 1 to 8 (Table 3)"))
         if {label[16], label[8]} <= labels:
-            claims.append(Claim(f"{setting}: 16 workers beat 8", label[16], label[8],
+            claims.append(Claim(f"{name}: 16 workers beat 8", label[16], label[8],
                                 "still falling at 16, with diminishing returns (Table 3)"))
     return claims
 
@@ -290,14 +297,15 @@ def _fig8_probe(arm: Arm) -> str:
 def _fig8_claims(arms) -> list:
     labels, claims = {a.label for a in arms}, []
     for setting in ("IID", arms[-1].label.split(" / ")[0]):
+        name = claim_setting(setting)
         for rule in DROP_RULES:
             if {f"{setting} / p=0", f"{setting} / p=0.5 {rule}"} <= labels:
-                claims.append(Claim(f"{setting}, a dropped worker {'carries on' if rule == 'carry' else 'restarts'}"
+                claims.append(Claim(f"{name}, a dropped worker {'carries on' if rule == 'carry' else 'restarts'}"
                                     f": dropping half the outer gradients costs under {DROP_MARGIN:.0%}",
                                     f"{setting} / p=0", f"{setting} / p=0.5 {rule}",
                                     "a small degradation, larger non-IID (Fig. 8)", margin=DROP_MARGIN))
         if {f"{setting} / p=0.5 carry", f"{setting} / p=0.5 restart"} <= labels:
-            claims.append(Claim(f"{setting}, half dropped: carrying on beats restarting from the global model",
+            claims.append(Claim(f"{name}, half dropped: carrying on beats restarting from the global model",
                                 f"{setting} / p=0.5 carry", f"{setting} / p=0.5 restart",
                                 "not in the paper: the drop rule's own effect"))
     return claims

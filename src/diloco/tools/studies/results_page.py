@@ -33,6 +33,7 @@ from diloco.tools.studies.paper_report import (
     render_paper_table,
     verdict,
 )
+from diloco.tools.studies.paper_studies import claim_setting
 
 __all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "BLOCK",
            "load_summaries", "render_block", "block_names", "rebuild", "main"]
@@ -49,7 +50,7 @@ def load_summaries(directory) -> dict:
 
     Each claim's verdict is judged again from its stored paired interval by today's rule
     (``paper_report.verdict``), so a file written under an older vocabulary renders in the
-    page's words.
+    page's words, and its text names non-IID shards as ``paper_studies.claim_setting`` does.
     """
     summaries = {}
     record = Path(directory) / "make-results.json"
@@ -64,6 +65,8 @@ def load_summaries(directory) -> dict:
             summary = json.loads(path.read_text(encoding="utf-8"))
             for claim in summary.get("claims", []):
                 claim["verdict"] = verdict(claim["metric_difference"], claim.get("margin"))
+                if study in ("table3", "fig8"):  # one claim across the tasks, whichever split each uses
+                    claim["text"] = claim_setting(claim["text"])
             summaries[(study, task)] = summary
     return summaries
 
