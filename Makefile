@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade bench lock notebooks autograder
+.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade bench lock notebooks autograder results
 
 # Every install is pinned by constraints.txt (`pip install -c`): the versions of a fresh dev
 # environment (docs included), so CI and a newcomer's `make test` resolve the same packages on
@@ -77,6 +77,15 @@ lint: $(VENV)/.installed-dev
 # benchmarks/results.md; 20-30 minutes on two idle cores.
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench.py
+
+# Every study of docs/results.md and docs/results-family.md at its documented size, two commands
+# at a time, then both pages rendered from docs/assets/results/ and the time taken reported
+# (diloco.tools.studies.make_results; the pages give the measured time). ONLY=name,... runs some.
+ONLY ?=
+
+results: $(VENV)/.installed-dev
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
+		$(BIN)/python -m diloco.tools.studies.make_results --jobs 2 $(if $(ONLY),--only $(ONLY),)
 
 # Learner workspace: the project with the 30 milestone bodies, and those of the optional exercises
 # x01-x03 (docs/exercises/), as stubs (docs/learner-guide.md).

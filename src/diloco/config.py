@@ -37,6 +37,8 @@ _DTYPES = ("float32", "float64")
 _ENGINES = ("reference", "fast")
 _LR_SCHEDULES = ("constant", "cosine")
 _SHARD_WEIGHTINGS = ("auto", "uniform", "size")
+DROP_RULES = ("carry", "restart")
+NONIID_SPLITS = ("label", "topic")
 # The outer optimizers diloco.core.outer.OUTER_OPTIMIZERS implements (a test checks the two agree).
 OUTER_OPTIMIZER_NAMES = ("sgd", "adam", "lion")
 # The inner optimizers diloco.mechanisms.inner_step dispatches to (AdamW, or Muon: diloco.methods.muon).
@@ -191,9 +193,15 @@ class DiLoCoConfig:
     nesterov : bool
         Nesterov momentum (the paper) or plain heavy-ball momentum.
     iid : bool
-        IID shards (random split) or label-skewed non-IID shards.
+        IID shards (random split) or non-IID shards (``noniid_split``).
     alpha : float > 0
         Dirichlet concentration for non-IID shards; ignored when ``iid``.
+    noniid_split : "label" or "topic"
+        What non-IID shards skew: ``"label"`` (default, milestone 17: Dirichlet label
+        skew) or ``"topic"``: the training rows cut into contiguous segments (for the
+        char-LM, stretches of the play text), each segment spread over the workers by
+        Dirichlet(``alpha``) proportions (``diloco.text.topic_shard_dataset``). Needs
+        ``iid=False``.
     seed : int >= 0
         Seeds sharding, initialisation and batch sampling.
     dtype : "float64" or "float32"
@@ -231,7 +239,12 @@ class DiLoCoConfig:
         Outer Adam's epsilon, large as the paper uses it (0.1).
     drop_prob : float in [0, 1)
         Each round, each worker's outer gradient is dropped with this probability: it is
-        left out of the average and that worker carries on from its own parameters (0).
+        left out of the average (0); ``drop_rule`` says where the worker goes on from.
+    drop_rule : "carry" or "restart"
+        A dropped worker's next round starts from its own parameters (``"carry"``, the
+        default: its next pseudo-gradient includes the work the server missed) or from
+        the new global model, like the workers that got through (``"restart"``: its
+        round's work is lost). Needs ``drop_prob > 0`` for ``"restart"``.
     record_similarity : bool
         Add ``pseudo_grad_cosine`` (mean pairwise cosine between the workers' own
         pseudo-gradients) to every DiLoCo record (False).
@@ -274,6 +287,8 @@ class DiLoCoConfig:
     outer_beta2: float = 0.999
     outer_eps: float = 0.1
     drop_prob: float = 0.0
+    drop_rule: str = "carry"
+    noniid_split: str = "label"
     record_similarity: bool = False
     inner_optimizer: str = "adamw"
     muon: MuonConfig = field(default_factory=MuonConfig)
@@ -334,13 +349,22 @@ class DiLoCoConfig:
             raise TypeError(f"muon must be a MuonConfig, got {type(self.muon).__name__}")
         if self.inner_optimizer != "muon" and self.muon != MuonConfig():
             raise ValueError("muon settings need inner_optimizer='muon' (AdamW would ignore them)")
+        drop_prob = check_probability(self.drop_prob, "drop_prob")
+        if self.drop_rule not in DROP_RULES:
+            raise ValueError(f"drop_rule must be one of {DROP_RULES}, got {self.drop_rule!r}")
+        if self.drop_rule != "carry" and drop_prob == 0:
+            raise ValueError(f"drop_rule={self.drop_rule!r} needs drop_prob > 0 (no worker is ever dropped)")
+        if self.noniid_split not in NONIID_SPLITS:
+            raise ValueError(f"noniid_split must be one of {NONIID_SPLITS}, got {self.noniid_split!r}")
+        if self.noniid_split != "label" and self.iid:
+            raise ValueError(f"noniid_split={self.noniid_split!r} needs iid=False (IID shards are a random split)")
         return {
             "warmup_steps": warmup_steps,
             "record_similarity": record_similarity,
             "clip_norm": clip,
             "outer_beta2": check_probability(self.outer_beta2, "outer_beta2"),
             "outer_eps": check_real(self.outer_eps, "outer_eps", low=0.0, low_open=True),
-            "drop_prob": check_probability(self.drop_prob, "drop_prob"),
+            "drop_prob": drop_prob,
         }
 
     @property

@@ -231,6 +231,10 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
     rng = np.random.default_rng(config.seed) if rng is None else check_generator(rng)
     if config.iid:
         shards = iid_shard_dataset(x, y, config.num_workers, rng)
+    elif config.noniid_split == "topic":
+        from diloco.text import topic_shard_dataset
+
+        shards = topic_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
     else:
         shards = noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
     params = init_model_params(layer_sizes, rng, dtype=np.dtype(config.dtype))

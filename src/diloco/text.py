@@ -33,7 +33,8 @@ from diloco._validation import api_checks, check_positive_int, check_real
 from diloco.data import Dataset
 
 __all__ = ["SHAKESPEARE_PROVENANCE", "SHAKESPEARE_SHA256", "OneHot", "TextData", "load_shakespeare_text",
-           "char_windows", "load_shakespeare", "perplexity", "bits_per_char"]
+           "char_windows", "load_shakespeare", "perplexity", "bits_per_char", "TOPIC_SEGMENTS", "topic_segments",
+           "topic_shard_dataset"]
 
 SHAKESPEARE_PROVENANCE = (
     "Tiny Shakespeare: 1,115,394 characters of plays by William Shakespeare (public domain), "
@@ -259,6 +260,49 @@ def load_shakespeare(context: int = 6, *, test_fraction: float = 0.1,
             keep = np.linspace(0, len(y_test) - 1, eval_windows).round().astype(np.intp)
             x_test, y_test = x_test[keep], y_test[keep]
     return TextData(Dataset(x_train, y_train, x_test, y_test), OneHot(len(vocabulary), context), vocabulary)
+
+
+# Contiguous segments the topic split cuts the training rows into: for Tiny Shakespeare's
+# 1.0M training windows, about 15,700 characters each, the length of a long scene.
+TOPIC_SEGMENTS = 64
+
+
+def topic_segments(n: int, segments: int = TOPIC_SEGMENTS) -> np.ndarray:
+    """The segment of each of ``n`` rows: ``floor(i * segments / n)``, so ``segments``
+    contiguous runs whose lengths differ by at most one (fewer when ``n < segments``)."""
+    n, segments = check_positive_int(n, "n"), check_positive_int(segments, "segments")
+    return (np.arange(n, dtype=np.int64) * segments) // n
+
+
+def topic_shard_dataset(x: np.ndarray, y: np.ndarray, num_workers: int, rng, *, alpha: float = 0.5,
+                        segments: int = TOPIC_SEGMENTS) -> list:
+    """Non-IID shards by topic: contiguous segments of the rows, spread by Dirichlet(``alpha``).
+
+    The rows are cut into ``segments`` contiguous runs (``topic_segments``); for the
+    char-LM's index windows, which are in text order, a run is a stretch of a play.
+    Each segment then plays the part of a label in milestone 17's label skew
+    (``diloco.sharding.noniid_shard_dataset``, called unchanged on the row indices with
+    the segment as label): its rows are split over the workers in proportions drawn
+    from ``Dirichlet(alpha * 1_K)``. Small ``alpha`` gives each segment to about one
+    worker, so each worker reads a few stretches of the text; large ``alpha`` approaches
+    IID. Each worker's rows keep their text order.
+
+    Returns
+    -------
+    list of K tuples (x_k, y_k), disjoint, together exactly the dataset.
+    """
+    from diloco.sharding import noniid_shard_dataset
+
+    x, y = np.asarray(x), np.asarray(y)
+    if x.ndim < 1 or y.shape != (x.shape[0],):
+        raise ValueError(f"x and y must have the same number of rows, got shapes {x.shape} and {y.shape}")
+    rows = np.arange(x.shape[0], dtype=np.float64)[:, None]
+    shards = noniid_shard_dataset(rows, topic_segments(x.shape[0], segments), num_workers, rng, alpha=alpha)
+    out = []
+    for index_column, _ in shards:
+        index = np.sort(index_column[:, 0].astype(np.intp))
+        out.append((x[index], y[index]))
+    return out
 
 
 def perplexity(mean_cross_entropy: float) -> float:

@@ -134,8 +134,15 @@ def test_a_tiny_study_writes_its_tables_summary_and_export(tmp_path, capsys):
     assert [row["arm"] for row in summary["rows"]] == ["baseline (1 worker)", "DiLoCo (1 worker, H=2)"]
     assert summary["claims"][0]["verdict"] in (HOLDS, PARTLY, TIE, REVERSED)
     (run_dir,) = [p for p in tmp_path.iterdir() if p.name.endswith("study-fig9-shakespeare")]
-    lines = (run_dir / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 4 and (run_dir / "study.md").exists()
+    lines = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    phases = [line["phase"] for line in lines]
+    # 2 arms x 2 seeds, after 2 arms x 3 inner lr values (or more, where a best value at the
+    # grid's end extends it) on tuning seed 1000
+    assert phases.count("eval") == 4 and phases.count("tune") == len(summary["tuning"]) >= 6
+    for arm in ("baseline (1 worker)", "DiLoCo (1 worker, H=2)"):
+        assert sum(t["chosen"] for t in summary["tuning"] if t["arm"] == arm) == 1
+    assert (run_dir / "study.md").exists()
+    assert {line["seed"] for line in lines if line["phase"] == "tune"} == {1000}
 
 
 def test_the_paper_studies_need_a_task_they_are_defined_for(tmp_path, capsys):

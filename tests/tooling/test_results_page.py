@@ -1,4 +1,4 @@
-"""``docs/results.md`` quotes the studies' output files, and nothing else.
+"""``docs/results.md`` and ``docs/results-family.md`` quote the studies' output files, and nothing else.
 
 The page's tables are generated blocks (``diloco.tools.studies.results_page``) rendered from
 ``docs/assets/results/<study>-<task>.json``, the summaries that ``diloco study <study>
@@ -16,19 +16,36 @@ from pathlib import Path
 
 import pytest
 
+from diloco.tools.studies.make_results import JOBS, command_of
 from diloco.tools.studies.paper_studies import TASKS as TASK_DEFAULTS
-from diloco.tools.studies.results_page import BLOCK, ORDER, TASKS, block_names, load_summaries, rebuild, render_block
+from diloco.tools.studies.results_page import (
+    BLOCK,
+    FAMILY_ORDER,
+    ORDER,
+    STUDY_TASKS,
+    block_names,
+    load_summaries,
+    rebuild,
+    render_block,
+)
 
 pytestmark = pytest.mark.tooling
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "results.md"
+FAMILY_PAGE = ROOT / "docs" / "results-family.md"
 RESULTS = ROOT / "docs" / "assets" / "results"
+COMMANDS = {job.name: command_of(job) for job in JOBS}
 
 
 @pytest.fixture(scope="module")
 def page() -> str:
     return PAGE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def family_page() -> str:
+    return FAMILY_PAGE.read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +62,31 @@ def test_every_generated_block_equals_its_rendering_from_the_files(page, summari
     assert rebuild(page, summaries) == page
 
 
+def test_the_family_page_holds_exactly_the_renderings_of_its_files(family_page, summaries):
+    names = block_names(family_page)
+    assert {f"family-{study}" for study in FAMILY_ORDER} | {"family-compute"} <= set(names)
+    for match in BLOCK.finditer(family_page):
+        assert match.group("body") == render_block(match.group("name"), summaries), (
+            f"block {match.group('name')} differs from the files: run python -m diloco.tools.studies.results_page "
+            "docs/results-family.md")
+    for study in FAMILY_ORDER:
+        assert ("family", study) in summaries, f"docs/assets/results/family-{study}.json is missing"
+        section = _section_before(family_page, f"family-{study}")
+        assert COMMANDS[f"family-{study}"] in section, f"family-{study}: the make results command is not beside it"
+        assert f"assets/results/family-{study}.png" in family_page
+
+
+def test_every_page_command_is_a_make_results_command_and_every_one_is_on_its_page(page, family_page):
+    shown = set(re.findall(r"^\.venv/bin/diloco study .*$", page + "\n" + family_page, re.M))
+    assert shown == set(COMMANDS.values()), (
+        f"not in make results: {sorted(shown - set(COMMANDS.values()))}; "
+        f"not on a page: {sorted(set(COMMANDS.values()) - shown)}")
+
+
 def test_every_study_and_task_has_its_block_its_file_and_its_plot(page, summaries):
     names = set(block_names(page))
     for study in ORDER:
-        for task in TASKS:
+        for task in STUDY_TASKS[study]:
             assert f"{study}-{task}" in names, f"the page has no block {study}-{task}"
             assert (study, task) in summaries, f"docs/assets/results/{study}-{task}.json is missing"
             assert f"assets/results/{study}-{task}.png" in page and (RESULTS / f"{study}-{task}.png").exists()
@@ -61,7 +99,10 @@ def _section_before(page: str, name: str) -> str:
 
 
 def test_each_block_has_the_command_that_made_it_beside_it(page, summaries):
-    for (study, task), summary in summaries.items():
+    for key, summary in summaries.items():
+        if not isinstance(key, tuple) or key[0] == "family":
+            continue
+        study, task = key
         section = _section_before(page, f"{study}-{task}")
         commands = re.findall(rf"^(?:\.venv/bin/)?diloco study {study} --data {task}\b.*$", section, re.M)
         assert len(commands) == 1, f"{study}-{task}: one command 'diloco study {study} --data {task} ...' expected"
@@ -72,6 +113,7 @@ def test_each_block_has_the_command_that_made_it_beside_it(page, summaries):
         steps = re.search(r"--total-steps (\d+)", command)
         given = int(steps.group(1)) if steps else TASK_DEFAULTS[task]["steps"]
         assert given == summary["steps_per_worker"], f"{study}-{task}: the command's budget is not the file's"
+        assert command == COMMANDS[f"{study}-{task}"], f"{study}-{task}: not the command make results runs"
 
 
 NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d{3,}(?![\w.])")
@@ -81,11 +123,14 @@ def _prose(page: str) -> str:
     text = BLOCK.sub("", page)
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = re.sub(r"\\\(.*?\\\)", "", text, flags=re.S)  # inline maths: notation, not results
+    text = re.sub(r"arXiv:? ?\d{4}\.\d{4,5}", "", text)  # paper identifiers, not results
     return re.sub(r"!\[[^\]]*\]\([^)]*\)", "", text)
 
 
-def test_every_number_in_the_prose_is_one_the_tables_show(page):
-    generated = "".join(match.group("body") for match in BLOCK.finditer(page))
+@pytest.mark.parametrize("which", ["results", "family"])
+def test_every_number_in_the_prose_is_one_the_tables_show(which, page, family_page):
+    text = page if which == "results" else family_page
+    generated = "".join(match.group("body") for match in BLOCK.finditer(text))
     shown = set(NUMBER.findall(generated))
-    loose = sorted(set(NUMBER.findall(_prose(page))) - shown)
+    loose = sorted(set(NUMBER.findall(_prose(text))) - shown)
     assert not loose, f"numbers in the prose that no generated table on the page shows: {loose}"

@@ -80,7 +80,7 @@ class RunState(NamedTuple):
 # The settings that configure DiLoCo's outer gradient, which the baseline lacks: the config's
 # own fields and its family section's. One table for the refusal and for ``baseline_config``.
 DILOCO_ONLY = ("outer_optimizer", "outer_lr", "outer_momentum", "nesterov", "outer_beta2", "outer_eps",
-               "shard_weighting", "drop_prob", "record_similarity")
+               "shard_weighting", "drop_prob", "drop_rule", "record_similarity")
 DILOCO_ONLY_FAMILY = ("comm_dtype", "sign_prune", "error_feedback", "topk", "topk_chunk", "topk_bits",
                       "topk_transform", "topk_decay", "fragments", "overlap", "mix", "eager")
 ASYNC_FIELDS = ("asynchronous", "step_times", "speed_spread", "straggler", "straggler_factor", "delayed_nesterov",

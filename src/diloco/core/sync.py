@@ -5,7 +5,9 @@ model, on every executor and for every algorithm of ``diloco.core`` but the sync
 baseline (which averages gradients inside ``Executor.run_sync``):
 
 1. **drop**: ``diloco.mechanisms.draw_dropped`` (``drop_prob``) from the run's generator;
-   a dropped worker's outer gradient is left out, and it carries on from its own params;
+   a dropped worker's outer gradient is left out; ``drop_rule`` says where it goes on from:
+   its own params (``"carry"``: it is not a merge target) or the new global model
+   (``"restart"``: it is merged like the kept workers, so its round's work is lost);
 2. **weights**: ``pseudo_grad_weights`` (uniform, or shard sizes), over the kept workers;
 3. **compress and aggregate**: ``diloco.core.comm.all_reduce`` through the executor's
    collective (``gather``), with error feedback;
@@ -32,7 +34,7 @@ from diloco.model import Params
 from diloco.outer import OuterState
 from diloco.params import average_params, scale_params, subtract_params
 
-__all__ = ["SyncResult", "sync_fragment", "eager_outer_gradient", "eager_sync", "merge_fragment"]
+__all__ = ["SyncResult", "sync_fragment", "merge_targets", "eager_outer_gradient", "eager_sync", "merge_fragment"]
 
 
 class SyncResult(NamedTuple):
@@ -71,6 +73,13 @@ def _bases(local: dict, sub_global: Params, keys: tuple, kept: list, starts) -> 
     return items, {key: np.zeros_like(value) for key, value in sub_global.items()}
 
 
+def merge_targets(kept: list, arriving, drop_rule: str) -> tuple:
+    """The workers the new global fragment is merged into: the kept ones (``"carry"``: a
+    dropped worker goes on from its own params) or every arriving worker (``"restart"``;
+    all K in synchronous DiLoCo)."""
+    return tuple(arriving) if drop_rule == "restart" else tuple(kept)
+
+
 def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, config, rng, weights, residuals: dict,
                   *, workers=None, starts: dict | None = None, outer_update=None) -> SyncResult:
     """Synchronise fragment ``keys`` (steps 1-4 of the module doc); the merge is the driver's, later.
@@ -96,7 +105,8 @@ def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, con
         delta = {key: np.zeros_like(value) for key, value in sub_global.items()}
         received = {key: value.copy() for key, value in sub_global.items()}
         same = copy_outer_state(outer_state) if isinstance(outer_state, OuterState) else outer_state
-        return SyncResult({**global_params, **received}, same, delta, received, (), 0.0, dropped, cosine, residuals)
+        return SyncResult({**global_params, **received}, same, delta, received,
+                          merge_targets(kept, arriving, config.drop_rule), 0.0, dropped, cosine, residuals)
     items, base = _bases({k: v for k, v in local.items() if k in kept}, sub_global, keys, kept, starts)
     ex = all_reduce(items, config.family.comm, {k: residuals.get(k, {}) for k in local if k in kept},
                     _kept_weights(weights, kept), global_params=base, gather=executor.gather)
@@ -105,8 +115,8 @@ def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, con
     else:
         received, new_outer = outer_update(sub_global, ex.delta, outer_state, config, count=len(kept))
     new_residuals = {**residuals, **ex.residuals}
-    return SyncResult({**global_params, **received}, new_outer, ex.delta, received, tuple(kept), ex.bytes_sent,
-                      dropped, cosine, new_residuals)
+    return SyncResult({**global_params, **received}, new_outer, ex.delta, received,
+                      merge_targets(kept, arriving, config.drop_rule), ex.bytes_sent, dropped, cosine, new_residuals)
 
 
 def merge_fragment(local: Params, received: Params, mix: float) -> Params:

@@ -108,6 +108,9 @@ def _check_data_flags(args, data) -> None:
         if windows is not None and windows > len(data.y_test):
             raise CliError(f"--eval-windows {windows} is more than the {len(data.y_test):,} held-out windows the "
                            f"text has; it would be cut to them (use at most {len(data.y_test):,})")
+    if name != "mnist1d" and _given(args, "num_samples") is not None:
+        raise CliError(f"--num-samples has no effect with --data {name}: it sets how many MNIST-1D examples are "
+                       f"generated (use it with --data mnist1d)")
     if name in _OWN_SPLIT:
         for flag in ("test_fraction", "split_seed"):
             if _given(args, flag) is not None:

@@ -124,6 +124,8 @@ def add_data_flags(parser: argparse.ArgumentParser) -> None:
                        help="held-out fraction when the data has no test part (0.2)")
     group.add_argument("--cache-dir", metavar="DIR",
                        help="where generated MNIST-1D is cached ($DILOCO_CACHE_DIR or ~/.cache/diloco)")
+    group.add_argument("--num-samples", type=_positive_int, metavar="N",
+                       help="MNIST-1D: examples generated (80%% train, 20%% held out; cached per N) (5000)")
     add_text_flags(group)  # --context, --eval-windows of --data shakespeare
 
 
@@ -261,8 +263,9 @@ def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
             data = load_digits_split(seed=split_seed, test_fraction=test_fraction)
             info = {"name": "digits", "provenance": DIGITS_PROVENANCE}
         elif spec == "mnist1d":
-            data = load_mnist1d(cache_dir=args.cache_dir)
-            info = {"name": "mnist1d", "provenance": MNIST1D_PROVENANCE}
+            num_samples = getattr(args, "num_samples", None) or 5000
+            data = load_mnist1d(cache_dir=args.cache_dir, num_samples=num_samples)
+            info = {"name": "mnist1d", "provenance": MNIST1D_PROVENANCE, "num_samples": num_samples}
         elif spec == "shakespeare":
             data, info = load_text_dataset(args)
         elif spec.endswith(".npz") or Path(spec).exists():

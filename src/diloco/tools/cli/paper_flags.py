@@ -36,7 +36,14 @@ MECHANISM_FLAGS = {
     "outer_eps": (("--outer-eps",), {"type": float, "help": "outer Adam epsilon, large as in the paper (0.1)"}),
     "drop_prob": (("--drop-prob",), {"type": float, "metavar": "P",
                                      "help": "drop each worker's outer gradient with probability P each round; "
-                                             "a dropped worker carries on from its own parameters (0)"}),
+                                             "a dropped worker goes on as --drop-rule says (0)"}),
+    "drop_rule": (("--drop-rule",), {"choices": ("carry", "restart"),
+                                     "help": "where a dropped worker goes on from: its own parameters (carry, "
+                                             "default) or the new global model (restart; needs --drop-prob)"}),
+    "noniid_split": (("--noniid-split",), {"choices": ("label", "topic"),
+                                           "help": "what --noniid skews: labels (default, Dirichlet label skew) or "
+                                                   "topics (contiguous segments of the training rows, e.g. stretches "
+                                                   "of the text, spread by Dirichlet(--alpha))"}),
     "record_similarity": (("--record-similarity",), {"action": "store_true", "default": None,
                                                      "help": "record the mean pairwise cosine similarity of the "
                                                              "workers' pseudo-gradients every round"}),
@@ -80,9 +87,15 @@ def load_text_dataset(args):
 
 def add_paper_study_flags(study_parser) -> None:
     """``--export`` and ``--tune-seeds`` of the paper studies (``diloco study table2`` ...)."""
-    group = study_parser.add_argument_group("paper studies (table2, fig4, fig6, table3, fig8, fig9)")
+    group = study_parser.add_argument_group("paper studies (table2, fig4, fig6, table3, fig8, fig9, splits, scaling)")
     group.add_argument("--export", metavar="DIR",
                        help="also write the summary and plot as DIR/<study>-<data>.json and .png "
                             "(docs/assets/results for the results page)")
     group.add_argument("--tune-seeds", type=int, default=1, metavar="N",
-                       help="fig6: seeds on which each outer optimizer's lr is tuned, from 1000 on (1)")
+                       help="seeds on which each arm's inner lr (and fig6's outer lr) is tuned, from 1000 on (1)")
+    group.add_argument("--inner-grid", metavar="LR1,LR2,...",
+                       help="inner lr values each arm is tuned over (the task's grid: shakespeare 1e-3,3e-3,1e-2, "
+                            "mnist1d 3e-4,1e-3,3e-3); off: no tuning, --lr for every arm")
+    group.add_argument("--run-cache", metavar="DIR",
+                       help="read a run already trained (same config, seed and data) from DIR instead of training "
+                            "it again; write new runs there (make results uses build/results-cache)")

@@ -1,11 +1,15 @@
-"""``diloco study table2|fig4|fig6|table3|fig8|fig9``: the paper's artefacts in miniature.
+"""``diloco study table2|fig4|fig6|table3|fig8|fig9|splits|scaling``: the paper's artefacts in miniature.
 
 One command runs a study (``diloco.tools.studies.paper_studies``) on one task (``--data
 shakespeare`` or ``--data mnist1d``) over ``--seeds`` seeds, at ``--total-steps`` steps per
 worker (or ``--rounds`` x ``--inner-steps``; the task's default otherwise), and writes a
 run folder: ``config.json``, ``results.jsonl`` (one line per finished run), ``summary.json``
 (per-arm statistics, the paired claims and their verdicts, ``diloco.tools.studies.paper_report``),
-``study.md`` (the two tables) and ``study.png`` (mean curves, final values). With
+``study.md`` (the two tables) and ``study.png`` (mean curves, final values). Before the
+evaluation seeds, each arm's inner lr is tuned over ``--inner-grid`` (the task's grid by
+default; ``off`` keeps ``--lr``) on ``--tune-seeds`` seeds from 1000 on, and fig6's outer
+lr after it (``diloco.tools.studies.paper_runs.tune_arms``). With ``--run-cache DIR`` a run
+already trained (same config, seed and data) is read back instead of trained again. With
 ``--export DIR`` the summary and the plot are also written as ``DIR/<study>-<task>.json``
 and ``.png``: the files ``docs/results.md`` quotes.
 """
@@ -29,9 +33,10 @@ from diloco.tools.studies.paper_report import (
     render_claims_table,
     summarise_arms,
 )
-from diloco.tools.studies.paper_studies import PAPER_STUDIES, TASKS, H, K, run_arm, tune_outer_lr
+from diloco.tools.studies.paper_runs import RunCache, parse_numbers
+from diloco.tools.studies.paper_studies import PAPER_STUDIES, TASKS, H, K, run_arm, tune_arms, tuning_steps, with_warmup
 
-__all__ = ["run_paper_study", "plot_paper_study", "TUNE_SEED_BASE"]
+__all__ = ["run_paper_study", "plot_paper_study", "plot_scaling_gap", "TUNE_SEED_BASE"]
 
 # Tuning seeds start here, far from the evaluation seeds (0, 1, ...), so the lr chosen for
 # an outer optimizer is never picked on the runs it is then judged on.
@@ -50,13 +55,26 @@ def _budget(args, config, task: str) -> int:
     return steps
 
 
+def _inner_grid(args, task: str) -> tuple:
+    """``--inner-grid``: the task's grid by default, ``()`` for ``off`` (keep ``--lr``)."""
+    text = getattr(args, "inner_grid", None)
+    if text is None:
+        return TASKS[task]["inner_grid"]
+    if text.strip().lower() == "off":
+        return ()
+    try:
+        return parse_numbers(split_values(text), float, "inner lr")
+    except ValueError as exc:
+        raise CliError(f"--inner-grid: {exc}".replace("--values: ", "").replace("--values ", "")) from None
+
+
 def run_paper_study(args) -> int:
     study = PAPER_STUDIES[args.study]
     task = getattr(args, "data", None) or "digits"
     if task not in TASKS:
         raise CliError(f"study {study.name} runs on --data {' or --data '.join(TASKS)}, got --data {task}")
     defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
-                "num_workers": K, "inner_steps": H}
+                "num_workers": K, "inner_steps": H, "lr_schedule": "cosine"}
     config = build_config(args, defaults)
     steps = _budget(args, config, task)
     if args.seeds < 2:
@@ -65,35 +83,43 @@ def run_paper_study(args) -> int:
     if isinstance(tune_seeds, bool) or not isinstance(tune_seeds, int) or tune_seeds < 1:
         raise CliError(f"--tune-seeds must be a positive int, got {tune_seeds!r}")
     values = split_values(args.values) if getattr(args, "values", None) else None
+    inner_grid = _inner_grid(args, task)
     try:
-        arms = study.arms(config, steps, None if study.tune else values)
+        chosen = None if study.values_tune else values
+        arms = with_warmup(study.arms(config, steps, chosen, TASKS[task]["noniid_split"]), config)
+        outer_values = parse_numbers(values, float, "outer lr") if study.values_tune else None
     except ValueError as exc:
         raise CliError(f"study {study.name}: {exc}") from None
+    steps_to_tune = tuning_steps(study, arms, inner_grid, outer_values) if inner_grid else (
+        tuning_steps(study, arms, (), outer_values)[1:])
     check_plotting(args)
     data, data_info = load_dataset(args, config.dtype)
     threads, limit = thread_limit(args, config, data)
+    cache = RunCache(args.run_cache) if getattr(args, "run_cache", None) else None
     seeds = list(range(config.seed, config.seed + args.seeds))
-    tuning_seeds = [TUNE_SEED_BASE + i for i in range(tune_seeds)] if study.tune else []
+    tuning_seeds = [TUNE_SEED_BASE + i for i in range(tune_seeds)] if steps_to_tune else []
     run_dir = create_run_dir(args.runs_dir, args.name or f"study-{study.name}-{task}")
     write_json(run_dir / "config.json", {"command": "study", "study": study.name, "task": task, "config":
                                          config.to_dict(), "steps_per_worker": steps, "seeds": seeds,
                                          "tune_seeds": tuning_seeds, "arms": [a._asdict() for a in arms],
+                                         "tuning_steps": [t._asdict() for t in steps_to_tune],
                                          "values": list(values) if values else None,
                                          "data": data_info, "blas_threads": threads})
     write_json(run_dir / "environment.json", environment_record(seed=config.seed))
     results = JsonlWriter(run_dir / "results.jsonl")
     make_bar = progress_factory(args.quiet)
-    grid = len(values) if (study.tune and values) else (len(study.tune[arms[0].label][1]) if study.tune else 0)
-    total = len(arms) * (len(seeds) + len(tuning_seeds) * grid)
+    runs_to_tune = sum(len(t.grid) * len(t.groups) for t in steps_to_tune) * len(tuning_seeds)
+    total = len(arms) * len(seeds) + runs_to_tune
     bar = None if make_bar is None else make_bar(total=total, desc=study.name, unit="run")
     if not args.quiet:
         print(f"study {study.name} ({study.reference}) on {task}: {len(arms)} arms x {len(seeds)} seeds, "
-              f"{steps} steps per worker" + (f", lr tuned on seeds {tuning_seeds}" if study.tune else ""))
-    outcomes, tuning = [], []
+              f"{steps} steps per worker" + (f", tuned on seeds {tuning_seeds}" if steps_to_tune else ""))
+    outcomes, tuning, cached = [], [], []
     started = time.perf_counter()
 
     def finished(outcome, phase):
         results.write_line({**outcome, "phase": phase})
+        cached.append(bool(outcome.get("cached")))
         if bar is not None:
             bar.set_postfix_str(f"{outcome['arm']} seed {outcome['seed']}")
             bar.update(1)
@@ -101,12 +127,12 @@ def run_paper_study(args) -> int:
     encode = data.encode
     try:
         with limit:
-            if study.tune:
-                arms, tuning = tune_outer_lr(study, arms, config, data, tuning_seeds, encode=encode,
-                                             on_run=lambda o: finished(o, "tune"), values=values)
+            if steps_to_tune:
+                arms, tuning = tune_arms(steps_to_tune, arms, config, data, tuning_seeds, encode=encode,
+                                         on_run=lambda o: finished(o, "tune"), cache=cache, data_key=data_info)
             for arm in arms:
                 for seed in seeds:
-                    outcome = run_arm(arm, config, seed, data, encode=encode)
+                    outcome = run_arm(arm, config, seed, data, encode=encode, cache=cache, data_key=data_info)
                     outcomes.append(outcome)
                     finished(outcome, "eval")
     except (TypeError, ValueError) as exc:
@@ -119,11 +145,15 @@ def run_paper_study(args) -> int:
         "study": study.name, "title": study.title, "reference": study.reference, "task": task,
         "data": data_info, "config": config.to_dict(), "steps_per_worker": steps, "seeds": seeds,
         "tune_seeds": tuning_seeds, "tuning": tuning, "rows": rows,
+        "cached_runs": sum(cached),
         "claims": judge_claims(study.claims(arms), rows, task),
         "seconds": time.perf_counter() - started,
         "command": " ".join(["diloco study", study.name, "--data", task, "--seeds", str(args.seeds)]
                             + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
-                            + (["--values", ",".join(values)] if values else [])),
+                            + (["--values", ",".join(values)] if values else [])
+                            + (["--num-samples", str(data_info["num_samples"])] if "num_samples" in data_info else [])
+                            + (["--eval-windows", str(data_info["eval_windows"])] if "eval_windows" in data_info
+                               else [])),
     }
     write_json(run_dir / "summary.json", summary)
     table = render_arms_table(summary) + "\n" + render_claims_table(summary)
@@ -132,7 +162,8 @@ def run_paper_study(args) -> int:
     if not args.no_plots:
         from diloco.tools.studies.plots import save_figure
 
-        save_figure(plot_paper_study(summary), run_dir / "study.png")
+        save_figure(plot_scaling_gap(summary) if study.name == "scaling" else plot_paper_study(summary),
+                    run_dir / "study.png")
     export = getattr(args, "export", None)
     if export:
         from pathlib import Path
@@ -175,5 +206,34 @@ def plot_paper_study(summary: dict):
     finals.set_xlim(low - 0.1 * (high - low + 1e-9), high + 0.1 * (high - low + 1e-9))
     finals.set_xlabel(f"final held-out {name}, mean and 95% CI over {len(summary['seeds'])} seeds")
     fig.suptitle(f"{summary['task']}, {summary['steps_per_worker']} steps per worker", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_scaling_gap(summary: dict):
+    """The scaling study: DiLoCo's final held-out loss minus data parallelism's, seed by seed
+    (mean and 95% interval), against the hidden width, one line per K."""
+    from matplotlib.figure import Figure
+
+    from diloco.tools.studies.study_stats import mean_interval
+
+    rows = {row["arm"]: row for row in summary["rows"]}
+    widths = sorted({int(label.rsplit("=", 1)[1]) for label in rows if label.startswith("DP")})
+    fig = Figure(figsize=(6.5, 4.2))
+    ax = fig.add_subplot()
+    for k in sorted({int(label.split()[0][2:]) for label in rows if label.startswith("K=")}):
+        means, errors = [], []
+        for width in widths:
+            dp, arm = rows.get(f"DP w={width}"), rows.get(f"K={k} w={width}")
+            gap = mean_interval(np.subtract(arm["per_seed_eval_loss"], dp["per_seed_eval_loss"]))
+            means.append(gap["mean"])
+            errors.append(gap["half_width"])
+        ax.errorbar(widths, means, yerr=errors, marker="o", capsize=3, label=f"DiLoCo K={k}")
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set(xscale="log", xlabel="hidden width", ylabel="held-out loss, DiLoCo minus data parallelism",
+           title=f"Gap to data parallelism at a fixed token budget ({len(summary['seeds'])} seeds)")
+    ax.minorticks_off()
+    ax.set_xticks(widths, [str(w) for w in widths])
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

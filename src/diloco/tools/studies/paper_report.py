@@ -35,8 +35,8 @@ import numpy as np
 from diloco.tools.studies.study_stats import CLIPPED_MARK, CLIPPED_NOTE, RANGES, clip_interval, mean_interval
 
 __all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "VERDICTS", "paired_difference", "verdict",
-           "combine_verdicts", "summarise_arms",
-           "judge_claims", "render_arms_table", "render_claims_table", "render_paper_table", "metric_of"]
+           "combine_verdicts", "summarise_arms", "judge_claims", "arm_value", "render_arms_table",
+           "render_claims_table", "render_paper_table", "metric_of"]
 
 HOLDS, PARTLY, TIE, REVERSED, NOT_RUN = "holds", "holds partly", "tie", "reversed", "not run"
 VERDICTS = (HOLDS, PARTLY, TIE, REVERSED, NOT_RUN)  # strongest first; NOT_RUN is no evidence
@@ -115,6 +115,9 @@ def judge_claims(claims: list, rows: list, task: str) -> list:
         better, worse = by_arm.get(claim.better), by_arm.get(claim.worse)
         if better is None or worse is None or better["seeds"] != worse["seeds"]:
             continue
+        if getattr(claim, "better_base", None) is not None:
+            judged.append(_judge_contrast(claim, better, worse, by_arm))
+            continue
         loss = paired_difference(worse["per_seed_eval_loss"], better["per_seed_eval_loss"])
         metric = paired_difference(worse[f"per_seed_{field}"], better[f"per_seed_{field}"])
         margin = getattr(claim, "margin", None)
@@ -128,6 +131,20 @@ def judge_claims(claims: list, rows: list, task: str) -> list:
     return judged
 
 
+def _judge_contrast(claim, better: dict, worse: dict, by_arm: dict) -> dict:
+    """A claim about two gaps, on the held-out loss, seed by seed: ``d = (worse - worse_base)
+    - (better - better_base)``, positive when the gap of ``better`` to its base is smaller."""
+    bases = by_arm.get(claim.better_base), by_arm.get(claim.worse_base)
+    if any(b is None or b["seeds"] != better["seeds"] for b in bases):
+        raise ValueError(f"claim {claim.text!r}: its base arms need the same seeds as its arms")
+    gap_better = np.subtract(better["per_seed_eval_loss"], bases[0]["per_seed_eval_loss"])
+    gap_worse = np.subtract(worse["per_seed_eval_loss"], bases[1]["per_seed_eval_loss"])
+    difference = mean_interval(gap_worse - gap_better)
+    return {**claim._asdict(), "loss_difference": difference, "metric_difference": difference,
+            "better_metric": float(np.mean(gap_better)), "worse_metric": float(np.mean(gap_worse)),
+            "metric": "loss gap", "verdict": verdict(difference)}
+
+
 def _number(value: float, digits: int = 3) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
@@ -138,6 +155,13 @@ def interval_text(stats: dict, digits: int = 3, field: str | None = None) -> str
         stats = clip_interval(stats, RANGES[field])
     text = f"{_number(stats['mean'], digits)} [{_number(stats['low'], digits)}, {_number(stats['high'], digits)}]"
     return text + (CLIPPED_MARK if stats.get("clipped") else "")
+
+
+def arm_value(claim: dict, key: str) -> str:
+    """A claim's ``better_metric`` or ``worse_metric``: the metric, or a loss gap for a contrast."""
+    if claim.get("metric") == "loss gap":
+        return f"gap {claim[key]:+.3f}"
+    return _number(claim[key])
 
 
 def _difference(claim: dict) -> str:
@@ -178,8 +202,8 @@ def render_claims_table(summary: dict) -> str:
              "| paired difference (worse minus better) [95% CI] | verdict |",
              "|---|---|---:|---:|---|---|"]
     for claim in summary["claims"]:
-        lines.append(f"| {claim['text']} | {claim['paper']} | {_number(claim['better_metric'])} "
-                     f"| {_number(claim['worse_metric'])} | {_difference(claim)} "
+        lines.append(f"| {claim['text']} | {claim['paper']} | {arm_value(claim, 'better_metric')} "
+                     f"| {arm_value(claim, 'worse_metric')} | {_difference(claim)} "
                      f"| **{claim['verdict']}** |")
     return "\n".join(lines) + "\n"
 
@@ -211,7 +235,7 @@ def render_paper_table(summaries: dict, order: list) -> str:
                 if judged is None:
                     cells.append("not run (arm not in this task's study)" if summary is not None else "not run")
                     continue
-                cells.append(f"{_number(judged['better_metric'])} vs {_number(judged['worse_metric'])}; "
+                cells.append(f"{arm_value(judged, 'better_metric')} vs {arm_value(judged, 'worse_metric')}; "
                              f"diff {_difference(judged)}: {judged['verdict']}")
                 verdicts.append(judged["verdict"])
             lines.append(f"| {claim['text']} ({reference}) | {claim['paper']} | {cells[0]} | {cells[1]} "

@@ -1,25 +1,35 @@
-"""Running the paper studies' arms: the engine each arm gets, one run, outer-lr tuning.
+"""Running the paper studies' arms: the engine each arm gets, one run, tuning, a run cache.
 
 ``run_arm`` trains one ``Arm`` (a label, an algorithm and the config fields it changes)
 with one seed, on the fast engine where ``arm_engine`` says it runs that config, and
 returns ``outcome_of`` its history: the final and best held-out metrics and the cost.
-``tune_outer_lr`` runs every value of a study's outer-learning-rate grid on tuning seeds
-and keeps the best. The studies themselves (arms, claims) are in
-``diloco.tools.studies.paper_studies``, which re-exports these names.
+``tune_arms`` runs a study's tuning steps (``TuneStep``: a field, a grid, and which arm
+is probed for which arms) on tuning seeds and keeps each group's best value; the inner
+lr (``INNER_LR``) and the outer lr are tuned this way. ``RunCache`` stores outcomes by a
+hash of everything a run depends on (algorithm, config, seed, data), so an arm that two
+studies share (DiLoCo at K = 8, H = 50 is in five) is trained once per ``make results``.
+The studies themselves (arms, claims) are in ``diloco.tools.studies.paper_studies``,
+which re-exports these names.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from pathlib import Path
+from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
+from diloco.tools.runs.atomic_files import write_json
 from diloco.tools.studies.ablations import fast_engine_available, trainer
 
-if TYPE_CHECKING:
-    from diloco.tools.studies.paper_studies import PaperStudy
+__all__ = ["Arm", "TuneStep", "INNER_LR", "RunCache", "arm_engine", "outcome_of", "run_arm", "tune_arms",
+           "apply_value", "next_on_ladder", "with_warmup", "WARMUP_FRACTION"]
 
-__all__ = ["Arm", "arm_engine", "outcome_of", "run_arm", "tune_outer_lr"]
+INNER_LR = "inner lr"  # the tuning field that sets ``inner.lr`` (every other field is a DiLoCoConfig field)
+# Warmup of the cosine schedule, a fraction of each arm's steps (the paper: 1,000 of 88,000, about 1%).
+WARMUP_FRACTION = 0.02
 
 
 class Arm(NamedTuple):
@@ -28,6 +38,15 @@ class Arm(NamedTuple):
     label: str
     algo: str  # "diloco" or "sync"
     changes: dict
+
+
+class TuneStep(NamedTuple):
+    """Tune ``field`` over ``grid``: for each ``(probe, targets)`` of ``groups``, the value
+    at which arm ``probe`` does best on the tuning seeds is given to every arm of ``targets``."""
+
+    field: str
+    grid: tuple
+    groups: tuple
 
 
 def parse_numbers(values, kind, name: str) -> tuple:
@@ -43,6 +62,34 @@ def parse_numbers(values, kind, name: str) -> tuple:
     return numbers
 
 
+def apply_value(changes: dict, field: str, value) -> dict:
+    """``changes`` with ``field`` set to ``value`` (``INNER_LR`` sets ``inner.lr``)."""
+    if field == INNER_LR:
+        return {**changes, "inner": {**changes.get("inner", {}), "lr": value}}
+    return {**changes, field: value}
+
+
+def with_warmup(arms: list, base: DiLoCoConfig, fraction: float = WARMUP_FRACTION) -> list:
+    """The arms as the studies run them.
+
+    With ``base.lr_schedule == "cosine"``, every arm that sets no ``warmup_steps`` warms up
+    over ``fraction`` of its own steps (``rounds * inner_steps``), at least one. Every DiLoCo
+    arm of two workers or more records the workers' pseudo-gradient similarity (it changes
+    no number of the run), so the same run has the same config, and one cache entry, in
+    every study that needs it.
+    """
+    out = []
+    for arm in arms:
+        changes = dict(arm.changes)
+        config = base.replace(**changes)
+        if base.lr_schedule == "cosine" and "warmup_steps" not in changes:
+            changes["warmup_steps"] = max(1, round(fraction * config.total_steps))
+        if arm.algo == "diloco" and config.num_workers >= 2:
+            changes["record_similarity"] = True
+        out.append(arm._replace(changes=changes))
+    return out
+
+
 def arm_engine(config: DiLoCoConfig, algo: str, encode=None) -> str:
     """``"fast"`` (the stacked executor, which runs every task and mechanism) where ``diloco.engine``
     is installed, else ``"reference"``."""
@@ -56,6 +103,7 @@ def outcome_of(arm: Arm, seed: int, config: DiLoCoConfig, history: list, seconds
     return {
         "arm": arm.label, "algo": arm.algo, "seed": int(seed), "num_workers": config.num_workers,
         "inner_steps": config.inner_steps, "rounds": config.rounds, "steps_per_worker": config.total_steps,
+        "inner_lr": config.inner.lr,
         "eval_loss": last["eval_loss"], "eval_accuracy": last["eval_accuracy"],
         "eval_perplexity": last["eval_perplexity"], "eval_bits": last["eval_bits"],
         "best_eval_loss": min(r["eval_loss"] for r in history),
@@ -66,46 +114,132 @@ def outcome_of(arm: Arm, seed: int, config: DiLoCoConfig, history: list, seconds
     }
 
 
-def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on_round=None) -> dict:
-    """Train ``arm`` with ``seed`` on ``dataset``; return ``outcome_of`` its history."""
+class RunCache:
+    """Outcomes on disk, one JSON file per run, named by the hash of what the run depends on.
+
+    The key is the algorithm, the full config (``to_dict``, engine included), the seed and
+    the data's description (``data_key``): two studies asking for the same run get the
+    same file, so it is trained once. The label is not part of the key; a hit is
+    relabelled. Files are written atomically, so two processes sharing the folder at
+    worst train the same run twice.
+    """
+
+    def __init__(self, directory) -> None:
+        self.directory = Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"run cache {self.directory} is a file, not a folder")
+
+    @staticmethod
+    def key(algo: str, config: DiLoCoConfig, seed: int, data_key) -> str:
+        text = json.dumps({"algo": algo, "config": config.to_dict(), "seed": int(seed), "data": data_key},
+                          sort_keys=True, default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+    def get(self, key: str) -> dict | None:
+        path = self.directory / f"{key}.json"
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None  # unreadable: train again
+
+    def put(self, key: str, outcome: dict) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_json(self.directory / f"{key}.json", outcome)
+
+
+def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on_round=None, cache=None,
+            data_key=None) -> dict:
+    """Train ``arm`` with ``seed`` on ``dataset``; return ``outcome_of`` its history.
+
+    With ``cache`` (a ``RunCache``), a run already in it is not trained again: its stored
+    outcome comes back relabelled, with ``"cached": True``.
+    """
     config = base.replace(**arm.changes, seed=int(seed))
     engine = arm_engine(config, arm.algo, encode)
     config = config.replace(engine=engine)
+    key = None
+    if cache is not None:
+        key = RunCache.key(arm.algo, config, seed, data_key)
+        stored = cache.get(key)
+        if stored is not None:
+            return {**stored, "arm": arm.label, "cached": True}
     train = trainer(arm.algo, engine)
     extra = {} if encode is None else {"encode": encode}
     start = time.perf_counter()
     result = train(dataset.x_train, dataset.y_train, config, x_eval=dataset.x_test, y_eval=dataset.y_test,
                    on_round=on_round, **extra)
-    return outcome_of(arm, seed, config, result.history, time.perf_counter() - start, engine)
+    outcome = outcome_of(arm, seed, config, result.history, time.perf_counter() - start, engine)
+    if cache is not None:
+        cache.put(key, outcome)
+    return outcome
 
 
-def tune_outer_lr(study: PaperStudy, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=None,
-                  on_run=None, values=None) -> tuple[list, list]:
-    """For each arm of ``study.tune``: run every grid value on ``seeds``; keep the value with
-    the lowest mean final held-out loss.
+def next_on_ladder(value: float, *, up: bool) -> float:
+    """The next value past ``value`` on the 1-3-10 ladder (..., 0.01, 0.03, 0.1, 0.3, ...):
+    up from 0.01 is 0.03, from 0.03 (or 0.02, 0.05) is 0.1; down from 0.01 is 0.003."""
+    import math
+
+    exponent = math.floor(math.log10(value))
+    mantissa = value / 10.0 ** exponent
+    if up:
+        mantissa, exponent = (3, exponent) if mantissa < 3 - 1e-9 else (1, exponent + 1)
+    else:
+        mantissa, exponent = ((3, exponent) if mantissa > 3 + 1e-9 else (1, exponent) if mantissa > 1 + 1e-9
+                              else (3, exponent - 1))
+    return float(f"{mantissa * 10.0 ** exponent:.1g}")
+
+
+def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=None, on_run=None, cache=None,
+              data_key=None, extend: int = 2) -> tuple[list, list]:
+    """Run the tuning ``steps`` (``TuneStep``) in order, each on the arms as the previous left them.
+
+    For each group, the probe arm runs every grid value on ``seeds``; the value with the
+    lowest mean final held-out loss goes to the group's targets. When that value is at an
+    end of the grid, the grid is extended past it by its own ratio (up to ``extend`` values
+    on each side), so a chosen value is never the last one tried unless the limit is hit.
 
     Returns
     -------
     (tuned_arms, tuning)
-        The arms with their tuned value in ``changes`` and in the label, and one record
-        per (arm, value): ``arm``, ``field``, ``value``, ``eval_loss`` (mean over seeds).
+        The arms with their tuned values in ``changes`` (labels unchanged), and one
+        record per (probe, value): ``arm``, ``field``, ``value``, ``eval_loss`` (mean over
+        seeds), ``targets`` and ``chosen``, in the order the values were tried.
     """
-    tuned, tuning = [], []
-    for arm in arms:
-        field, grid = study.tune[arm.label]
-        grid = parse_numbers(values, float, "outer lr") or grid
-        scores = []
-        for value in grid:
-            candidate = Arm(arm.label, arm.algo, {**arm.changes, field: value})
-            losses = []
-            for seed in seeds:
-                outcome = run_arm(candidate, base, seed, dataset, encode=encode)
-                losses.append(outcome["eval_loss"])
-                if on_run is not None:
-                    on_run(outcome)
-            mean = sum(losses) / len(losses)
-            scores.append((mean, value))
-            tuning.append({"arm": arm.label, "field": field, "value": value, "eval_loss": mean})
-        best = min(scores)[1]
-        tuned.append(Arm(f"{arm.label}, lr {best:g}", arm.algo, {**arm.changes, field: best}))
-    return tuned, tuning
+    by_label = {arm.label: arm for arm in arms}
+    tuning = []
+    for step in steps:
+        for probe, targets in step.groups:
+            arm = by_label[probe]
+            scores: dict = {}
+            grid = list(step.grid)
+            added = {"up": 0, "down": 0}
+            while True:
+                for value in [v for v in grid if v not in scores]:
+                    candidate = Arm(arm.label, arm.algo, apply_value(arm.changes, step.field, value))
+                    losses = []
+                    for seed in seeds:
+                        outcome = run_arm(candidate, base, seed, dataset, encode=encode, cache=cache,
+                                          data_key=data_key)
+                        losses.append(outcome["eval_loss"])
+                        if on_run is not None:
+                            on_run(outcome)
+                    scores[value] = sum(losses) / len(losses)
+                best = min(scores, key=lambda v: (scores[v], v))
+                ordered = sorted(grid)
+                if len(ordered) >= 2 and best == ordered[-1] and added["up"] < extend:
+                    grid.append(next_on_ladder(ordered[-1], up=True))
+                    added["up"] += 1
+                elif len(ordered) >= 2 and best == ordered[0] and added["down"] < extend:
+                    grid.append(next_on_ladder(ordered[0], up=False))
+                    added["down"] += 1
+                else:
+                    break
+            for value in grid:
+                tuning.append({"arm": probe, "field": step.field, "value": value, "eval_loss": scores[value],
+                               "targets": list(targets), "chosen": value == best})
+            for label in targets:
+                target = by_label[label]
+                by_label[label] = target._replace(changes=apply_value(target.changes, step.field, best))
+    return [by_label[arm.label] for arm in arms], tuning

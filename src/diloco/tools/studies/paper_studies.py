@@ -1,6 +1,7 @@
 """The paper's tables and figures in miniature: arms, claims, and the runs behind them.
 
-Six studies, each named after the artefact of Douillard et al. (2023) it reproduces:
+Eight studies; the first six are named after the artefact of Douillard et al. (2023) they
+reproduce:
 
 * ``table2``: a 1-worker baseline, the 8x-batch synchronous baseline, 8x the updates on
   one worker, and DiLoCo (K = 8), at the same steps per worker.
@@ -8,8 +9,14 @@ Six studies, each named after the artefact of Douillard et al. (2023) it reprodu
 * ``fig6``: outer optimizers (Nesterov, heavy ball, SGD, Adam), each with its outer
   learning rate tuned over a grid on tuning seeds that are not the evaluation seeds.
 * ``table3``: K = 1 .. 16 workers at fixed steps per worker, IID and non-IID shards.
-* ``fig8``: outer gradients dropped with probability p, IID and non-IID.
+* ``fig8``: outer gradients dropped with probability p, IID and non-IID, under both drop
+  rules (a dropped worker carries on from its own parameters, or restarts from the new
+  global model).
 * ``fig9``: DiLoCo with a single worker against the plain 1-worker baseline.
+* ``splits``: IID shards against the two non-IID splits (Dirichlet label skew; contiguous
+  topic segments of the rows), alpha swept.
+* ``scaling``: the hidden width swept at a fixed token budget, DiLoCo at K = 1, 2, 4, 8
+  against data parallelism at the same global batch (Charles et al. 2025).
 
 An arm is a label, an algorithm and the config fields it changes on the study's base.
 Every arm runs on every seed; a seed fixes the shards, the initial model and the
@@ -18,8 +25,11 @@ between arms are compared seed by seed (``diloco.tools.studies.paper_report``). 
 ``Claim``: which arm the paper found better, by how much, and where it says so.
 
 Budget: ``steps`` per worker (``--total-steps``, or ``--rounds`` x ``--inner-steps``);
-per-data defaults in ``TASKS``. Running an arm and tuning the outer learning rate are in
-``diloco.tools.studies.paper_runs`` (re-exported here). NumPy only; the command is
+per-data defaults in ``TASKS`` (5,000: 100 outer steps at H = 50). The inner schedule is
+the paper's (linear warmup over 2% of an arm's steps, then cosine decay). Each study's
+``tune`` says which inner lr (and, for fig6, which outer lr) each arm is tuned on, over
+the task's grid on tuning seeds that are not the evaluation seeds. Running an arm,
+tuning and the run cache are in ``diloco.tools.studies.paper_runs`` (re-exported here). NumPy only; the command is
 ``diloco.tools.studies.paper_command``.
 """
 
@@ -29,10 +39,21 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
-from diloco.tools.studies.paper_runs import Arm, arm_engine, outcome_of, parse_numbers, run_arm, tune_outer_lr
+from diloco.tools.studies.paper_runs import (
+    INNER_LR,
+    Arm,
+    RunCache,
+    TuneStep,
+    arm_engine,
+    outcome_of,
+    parse_numbers,
+    run_arm,
+    tune_arms,
+    with_warmup,
+)
 
-__all__ = ["Arm", "Claim", "PaperStudy", "TASKS", "PAPER_STUDIES", "OUTER_GRID", "arm_engine", "run_arm",
-           "tune_outer_lr", "outcome_of"]
+__all__ = ["Arm", "Claim", "PaperStudy", "TuneStep", "RunCache", "TASKS", "PAPER_STUDIES", "OUTER_GRIDS",
+           "arm_engine", "run_arm", "tune_arms", "outcome_of", "with_warmup", "tuning_steps"]
 
 
 class Claim(NamedTuple):
@@ -49,31 +70,67 @@ class Claim(NamedTuple):
     worse: str
     paper: str
     margin: float | None = None
+    better_base: str | None = None  # a contrast: d = (worse - worse_base) - (better - better_base)
+    worse_base: str | None = None
 
 
 class PaperStudy(NamedTuple):
     name: str
     title: str
     reference: str
-    arms: Callable  # (base config, steps per worker, values or None) -> [Arm]
+    arms: Callable  # (base config, steps per worker, values or None, the task's non-IID split) -> [Arm]
     claims: Callable[[list], list]  # (arms) -> [Claim]
-    tune: dict | None = None  # fig6: {arm label: (config field, grid)}
+    inner_groups: Callable[[list], tuple] | None = None  # (arms) -> ((probe, targets), ...); None: per arm
+    outer_tune: dict | None = None  # fig6: {arm label: outer lr grid}
+    values_tune: bool = False  # --values replaces the outer lr grid (fig6) rather than choosing arms
 
 
-# Per task: the model, the inner lr and the default budget (steps per worker). The inner
-# lr is the constant AdamW lr at which the 8x-batch baseline did best in a short probe;
-# the paper's own values (4e-4, weight decay 0.1, warmup then cosine decay) are for
-# transformers at 512 x 1024 tokens a step and are available as flags.
+# Per task: the model, the inner lr before tuning, the grid it is tuned over, the non-IID split
+# of table3 and fig8 (topic segments of the text for the char-LM; label skew for MNIST-1D,
+# whose rows have no order) and the default
+# budget (steps per worker: 100 outer steps at H = 50; for the char-LM at K = 8 and batch 32,
+# 1.28M windows, 1.3 passes over the 1.0M training windows). The paper's inner AdamW (lr
+# 4e-4, weight decay 0.1) is for transformers at 512 x 1024 tokens a step; its schedule
+# (warmup, cosine decay) is the studies' default, its lr is replaced by a grid tuned per arm.
 TASKS = {
-    "shakespeare": {"hidden_sizes": (128,), "inner": {"lr": 3e-3}, "steps": 1000},
-    "mnist1d": {"hidden_sizes": (128,), "inner": {"lr": 1e-3}, "steps": 2000},
+    "shakespeare": {"hidden_sizes": (64,), "inner": {"lr": 1e-2}, "steps": 5000,
+                    "inner_grid": (3e-3, 1e-2, 3e-2), "noniid_split": "topic"},
+    "mnist1d": {"hidden_sizes": (128,), "inner": {"lr": 3e-3}, "steps": 2500,
+                "inner_grid": (1e-3, 3e-3, 1e-2), "noniid_split": "label"},
 }
 K = 8  # workers, as the paper's main setting (the study default; -K changes it)
 H = 50  # inner steps of the main setting (the paper's 500, at our small budgets; -H changes it)
 
-# The paper tunes each outer optimizer's lr over {1, .7, .5, .3, .1}; the grid adds 2 and
-# 3 because outer SGD without momentum takes unit-size steps where momentum takes ~1/(1-mu).
-OUTER_GRID = (0.1, 0.3, 0.5, 0.7, 1.0, 2.0, 3.0)
+# The paper tunes each outer optimizer's lr over {1, .7, .5, .3, .1}. Three values per arm
+# fit the budget: around 0.7 for momentum, higher for SGD without momentum (unit-size steps
+# where momentum takes ~1/(1-mu)), lower for Adam (whose step is lr-sized per coordinate).
+OUTER_GRIDS = {"Nesterov (mu 0.9)": (0.3, 0.7, 1.0), "heavy ball (mu 0.9)": (0.3, 0.7, 1.0),
+               "SGD (no momentum)": (1.0, 2.0, 3.0), "Adam (b1 0.9, eps 0.1)": (0.03, 0.1, 0.3)}
+
+
+def per_arm(arms) -> tuple:
+    """Every arm tuned on itself."""
+    return tuple((a.label, (a.label,)) for a in arms)
+
+
+def shared(probe_of: Callable[[Arm], str]) -> Callable[[list], tuple]:
+    """Arms grouped by ``probe_of(arm)`` (a label): each group takes its probe's tuned value."""
+    def groups(arms) -> tuple:
+        out: dict = {}
+        for arm in arms:
+            out.setdefault(probe_of(arm), []).append(arm.label)
+        return tuple((probe, tuple(targets)) for probe, targets in out.items())
+    return groups
+
+
+def tuning_steps(study: PaperStudy, arms: list, inner_grid: tuple, outer_values=None) -> list:
+    """The study's ``TuneStep`` list: the inner lr first, then (fig6) each arm's outer lr."""
+    steps = [TuneStep(INNER_LR, tuple(inner_grid), (study.inner_groups or per_arm)(arms))]
+    if study.outer_tune:
+        labels = [a.label for a in arms]
+        steps += [TuneStep("outer_lr", tuple(outer_values) if outer_values else grid, ((label, (label,)),))
+                  for label, grid in study.outer_tune.items() if label in labels]
+    return steps
 
 
 def _no_values(study: str, values) -> None:
@@ -87,14 +144,14 @@ def _rounds(steps: int, h: int) -> int:
     return steps // h
 
 
-def _table2_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
+def _table2_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     _no_values("table2", values)
     k, h = base.num_workers, base.inner_steps
     one = {"num_workers": 1, "inner_steps": h, "rounds": _rounds(steps, h)}
     return [
         Arm("baseline (1 worker)", "sync", one),
         Arm(f"{k}x batch (sync, K={k})", "sync", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)}),
-        Arm(f"{k}x updates (1 worker, {k}x steps)", "sync", {**one, "rounds": k * _rounds(steps, h)}),
+        Arm(f"{k}x updates (1 worker, {k}x steps)", "sync", {**one, "inner_steps": k * h}),
         Arm(f"DiLoCo (K={k}, H={h})", "diloco", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)}),
     ]
 
@@ -110,10 +167,10 @@ def _table2_claims(arms) -> list:
     ]
 
 
-FIG4_H = (10, 25, 50, 100, 250, 500)
+FIG4_H = (50, 250, 500)
 
 
-def _fig4_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
+def _fig4_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     k, h_sync = base.num_workers, base.inner_steps
     chosen = parse_numbers(values, int, "H") or FIG4_H
     arms = [Arm(f"H={h}", "diloco", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)})
@@ -135,6 +192,10 @@ def _fig4_claims(arms) -> list:
     return [Claim(text, better, worse, paper) for better, worse, text, paper in pairs if {better, worse} <= labels]
 
 
+def _fig4_probe(arm: Arm) -> str:
+    return arm.label if arm.algo == "sync" else "H=50"
+
+
 OUTER_ARMS = {
     "Nesterov (mu 0.9)": {"outer_optimizer": "sgd", "outer_momentum": 0.9, "nesterov": True},
     "heavy ball (mu 0.9)": {"outer_optimizer": "sgd", "outer_momentum": 0.9, "nesterov": False},
@@ -143,7 +204,7 @@ OUTER_ARMS = {
 }
 
 
-def _fig6_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
+def _fig6_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     h = base.inner_steps
     shared = {"num_workers": base.num_workers, "inner_steps": h, "rounds": _rounds(steps, h)}
     return [Arm(label, "diloco", {**shared, **changes}) for label, changes in OUTER_ARMS.items()]
@@ -160,59 +221,97 @@ def _fig6_claims(arms) -> list:
     ]
 
 
-TABLE3_K = (1, 2, 4, 8, 16)
+TABLE3_K = {"IID": (1, 8), "non-IID": (1, 8)}  # K = 16 costs two K = 8 runs: --values 1,8,16 adds it
 
 
-def _table3_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
-    workers = parse_numbers(values, int, "K") or TABLE3_K
+def _noniid_setting(base: DiLoCoConfig, split: str) -> tuple[str, dict]:
+    """The non-IID shards of table3 and fig8 at the study's alpha: the task's split (``TASKS``)."""
+    name = "topic" if split == "topic" else "label skew"
+    return f"non-IID {name} a={base.alpha:g}", {"iid": False, "noniid_split": split}
+
+
+def claim_setting(setting: str) -> str:
+    """A shard setting as claims name it: ``non-IID a=0.5`` whichever split the task uses (the
+    arms' labels say which), so one claim is one row across the two tasks."""
+    return setting.replace("non-IID topic ", "non-IID ").replace("non-IID label skew ", "non-IID ")
+
+
+def _table3_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
+    chosen = parse_numbers(values, int, "K")
     arms = []
-    for setting, shards in (("IID", {"iid": True}), (f"non-IID a={base.alpha:g}", {"iid": False})):
-        arms += [Arm(f"{setting} / K={k}", "diloco", {"num_workers": k, "inner_steps": base.inner_steps,
-                                                      "rounds": _rounds(steps, base.inner_steps), **shards})
-                 for k in workers]
+    setting, noniid = _noniid_setting(base, split)
+    for name, label, shards in (("IID", "IID", {"iid": True}), ("non-IID", setting, noniid)):
+        arms += [Arm(f"{label} / K={k}", "diloco", {"num_workers": k, "inner_steps": base.inner_steps,
+                                                    "rounds": _rounds(steps, base.inner_steps), **shards})
+                 for k in (chosen or TABLE3_K[name])]
     return arms
+
+
+def _table3_probe(arm: Arm) -> str:
+    """Each K's inner lr is tuned on IID shards and used for both shardings."""
+    return f"IID / K={arm.label.rsplit('=', 1)[1]}"
 
 
 def _table3_claims(arms) -> list:
     labels, claims = {a.label for a in arms}, []
     for setting in ("IID", arms[-1].label.split(" / ")[0]):
-        label = {k: f"{setting} / K={k}" for k in TABLE3_K}
+        label = {k: f"{setting} / K={k}" for k in (1, 2, 4, 8, 16)}
+        name = claim_setting(setting)
         if {label[8], label[1]} <= labels:
-            claims.append(Claim(f"{setting}: 8 workers beat 1 at fixed steps per worker", label[8], label[1],
+            claims.append(Claim(f"{name}: 8 workers beat 1 at fixed steps per worker", label[8], label[1],
                                 "perplexity falls as replicas grow from 1 to 8 (Table 3)"))
         if {label[16], label[8]} <= labels:
-            claims.append(Claim(f"{setting}: 16 workers beat 8", label[16], label[8],
+            claims.append(Claim(f"{name}: 16 workers beat 8", label[16], label[8],
                                 "still falling at 16, with diminishing returns (Table 3)"))
     return claims
 
 
-DROP_P = (0.0, 0.1, 0.3, 0.5)
+DROP_P = (0.0, 0.5)
 # "Small": the paper reports a degradation of a few percent of perplexity at p = 0.5; a claim
 # of robustness is judged against this relative margin.
 DROP_MARGIN = 0.05
 
 
-def _fig8_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
+DROP_RULES = ("carry", "restart")
+
+
+def _fig8_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     probabilities = parse_numbers(values, float, "p") or DROP_P
     arms = []
-    for setting, shards in (("IID", {"iid": True}), (f"non-IID a={base.alpha:g}", {"iid": False})):
-        arms += [Arm(f"{setting} / p={p:g}", "diloco", {"num_workers": base.num_workers, "drop_prob": p,
-                                                        "inner_steps": base.inner_steps, "record_similarity": True,
-                                                        "rounds": _rounds(steps, base.inner_steps), **shards})
-                 for p in probabilities]
+    shared_fields = {"num_workers": base.num_workers, "inner_steps": base.inner_steps,
+                     "rounds": _rounds(steps, base.inner_steps)}
+    for setting, shards in (("IID", {"iid": True}), _noniid_setting(base, split)):
+        for p in probabilities:
+            if p == 0:
+                arms.append(Arm(f"{setting} / p=0", "diloco", {**shared_fields, **shards}))
+                continue
+            arms += [Arm(f"{setting} / p={p:g} {rule}", "diloco",
+                         {**shared_fields, **shards, "drop_prob": p, "drop_rule": rule}) for rule in DROP_RULES]
     return arms
 
 
+def _fig8_probe(arm: Arm) -> str:
+    return "IID / p=0"
+
+
 def _fig8_claims(arms) -> list:
-    claims = []
+    labels, claims = {a.label for a in arms}, []
     for setting in ("IID", arms[-1].label.split(" / ")[0]):
-        claims.append(Claim(f"{setting}: dropping half the outer gradients costs under {DROP_MARGIN:.0%}",
-                            f"{setting} / p=0", f"{setting} / p=0.5", "a small degradation, larger non-IID (Fig. 8)",
-                            margin=DROP_MARGIN))
+        name = claim_setting(setting)
+        for rule in DROP_RULES:
+            if {f"{setting} / p=0", f"{setting} / p=0.5 {rule}"} <= labels:
+                claims.append(Claim(f"{name}, a dropped worker {'carries on' if rule == 'carry' else 'restarts'}"
+                                    f": dropping half the outer gradients costs under {DROP_MARGIN:.0%}",
+                                    f"{setting} / p=0", f"{setting} / p=0.5 {rule}",
+                                    "a small degradation, larger non-IID (Fig. 8)", margin=DROP_MARGIN))
+        if {f"{setting} / p=0.5 carry", f"{setting} / p=0.5 restart"} <= labels:
+            claims.append(Claim(f"{name}, half dropped: carrying on beats restarting from the global model",
+                                f"{setting} / p=0.5 carry", f"{setting} / p=0.5 restart",
+                                "not in the paper: the drop rule's own effect"))
     return claims
 
 
-def _fig9_arms(base: DiLoCoConfig, steps: int, values=None) -> list:
+def _fig9_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     _no_values("fig9", values)
     h = base.inner_steps
     one = {"num_workers": 1, "inner_steps": h, "rounds": _rounds(steps, h)}
@@ -224,14 +323,86 @@ def _fig9_claims(arms) -> list:
                   "faster convergence and lower final perplexity (Fig. 9)")]
 
 
+NONIID_ALPHAS = (0.1, 0.5, 1.0, 10.0)
+NONIID_SPLITS = (("label", "label skew"), ("topic", "topic"))
+
+
+def _noniid_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
+    alphas = parse_numbers(values, float, "alpha") or NONIID_ALPHAS
+    shared_fields = {"num_workers": base.num_workers, "inner_steps": base.inner_steps,
+                     "rounds": _rounds(steps, base.inner_steps)}
+    arms = [Arm("IID", "diloco", {**shared_fields, "iid": True})]
+    # the topic split needs rows in a meaningful order (the text's); a task whose rows have
+    # none (MNIST-1D's are shuffled) runs the label skew only
+    for kind, name in NONIID_SPLITS if split == "topic" else NONIID_SPLITS[:1]:
+        arms += [Arm(f"{name} a={a:g}", "diloco", {**shared_fields, "iid": False, "alpha": a, "noniid_split": kind})
+                 for a in alphas]
+    return arms
+
+
+def _noniid_claims(arms) -> list:
+    claims = []
+    for arm in arms[1:]:
+        claims.append(Claim(f"non-IID {arm.label}: costs under {DROP_MARGIN:.0%} against IID", "IID", arm.label,
+                            "\"great robustness to the data distribution of each worker\" (abstract)",
+                            margin=DROP_MARGIN))
+    labels = {a.label for a in arms}
+    for alpha in ("0.1", "0.5"):
+        if {f"topic a={alpha}", f"label skew a={alpha}"} <= labels:
+            claims.append(Claim(f"at a={alpha}, topic shards cost less than label-skewed ones", f"topic a={alpha}",
+                                f"label skew a={alpha}", "not in the paper: which non-IID split is milder here"))
+    return claims
+
+
+SCALING_WIDTHS = (32, 64, 128)
+SCALING_K = (1, 2, 4, 8)
+GLOBAL_BATCH = 256  # data parallelism: 8 workers x 32; DiLoCo with K workers: 256 / K each
+
+
+def _scaling_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
+    widths = parse_numbers(values, int, "width") or SCALING_WIDTHS
+    h, rounds = base.inner_steps, _rounds(steps, base.inner_steps)
+    arms = []
+    for width in widths:
+        arms.append(Arm(f"DP w={width}", "sync", {"num_workers": 8, "batch_size": GLOBAL_BATCH // 8,
+                                                  "hidden_sizes": (width,), "inner_steps": h, "rounds": rounds}))
+        arms += [Arm(f"K={k} w={width}", "diloco", {"num_workers": k, "batch_size": GLOBAL_BATCH // k,
+                                                    "hidden_sizes": (width,), "inner_steps": h, "rounds": rounds})
+                 for k in SCALING_K]
+    return arms
+
+
+def _scaling_probe(arm: Arm) -> str:
+    """Each width's inner lr is tuned on its data-parallel arm and used for every K."""
+    return f"DP w={arm.label.rsplit('=', 1)[1]}"
+
+
+def _scaling_claims(arms) -> list:
+    widths = sorted({int(a.label.rsplit("=", 1)[1]) for a in arms})
+    if len(widths) < 2:
+        return []
+    small, large = widths[0], widths[-1]
+    return [Claim(f"DiLoCo K={k}'s loss gap to data parallelism is smaller at width {large} than at {small}",
+                  f"K={k} w={large}", f"K={k} w={small}",
+                  "\"when well-tuned, DiLoCo scales better than data-parallel training with model size\" "
+                  "(Charles et al. 2025, abstract)", better_base=f"DP w={large}", worse_base=f"DP w={small}")
+            for k in SCALING_K]
+
+
 PAPER_STUDIES = {
     "table2": PaperStudy("table2", "Baselines against DiLoCo at equal steps per worker", "Table 2",
                          _table2_arms, _table2_claims),
-    "fig4": PaperStudy("fig4", "Inner steps H at fixed steps per worker", "Fig. 4", _fig4_arms, _fig4_claims),
+    "fig4": PaperStudy("fig4", "Inner steps H at a fixed total of steps per worker", "Fig. 4", _fig4_arms,
+                       _fig4_claims, shared(_fig4_probe)),
     "fig6": PaperStudy("fig6", "Outer optimizers, each with its lr tuned", "Fig. 6", _fig6_arms, _fig6_claims,
-                       tune={label: ("outer_lr", OUTER_GRID) for label in OUTER_ARMS}),
+                       shared(lambda arm: "Nesterov (mu 0.9)"), outer_tune=OUTER_GRIDS, values_tune=True),
     "table3": PaperStudy("table3", "Number of workers K at fixed steps per worker", "Table 3",
-                         _table3_arms, _table3_claims),
-    "fig8": PaperStudy("fig8", "Dropped outer gradients", "Fig. 8", _fig8_arms, _fig8_claims),
+                         _table3_arms, _table3_claims, shared(_table3_probe)),
+    "fig8": PaperStudy("fig8", "Dropped outer gradients, both drop rules", "Fig. 8", _fig8_arms, _fig8_claims,
+                       shared(_fig8_probe)),
     "fig9": PaperStudy("fig9", "One worker: DiLoCo against the plain baseline", "Fig. 9", _fig9_arms, _fig9_claims),
+    "splits": PaperStudy("splits", "Non-IID splits: label skew and topic segments, alpha swept",
+                         "the abstract's robustness claim", _noniid_arms, _noniid_claims, shared(lambda arm: "IID")),
+    "scaling": PaperStudy("scaling", "Model width at a fixed token budget: DiLoCo against data parallelism",
+                          "Charles et al. 2025", _scaling_arms, _scaling_claims, shared(_scaling_probe)),
 }

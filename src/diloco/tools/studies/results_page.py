@@ -33,11 +33,15 @@ from diloco.tools.studies.paper_report import (
     render_paper_table,
     verdict,
 )
+from diloco.tools.studies.paper_studies import claim_setting
 
-__all__ = ["ORDER", "TASKS", "BLOCK", "load_summaries", "render_block", "block_names", "rebuild", "main"]
+__all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "BLOCK",
+           "load_summaries", "render_block", "block_names", "rebuild", "main"]
 
-ORDER = ["table2", "fig4", "fig6", "table3", "fig8", "fig9"]
+ORDER = ["table2", "fig4", "fig6", "table3", "fig8", "fig9", "splits", "scaling"]
 TASKS = ["shakespeare", "mnist1d"]
+STUDY_TASKS = {study: TASKS for study in ORDER} | {"scaling": ["shakespeare"]}  # what make results runs
+FAMILY_ORDER = ["compression", "streaming", "bandwidth"]  # docs/results-family.md: family-<study>.json
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
 
 
@@ -46,15 +50,23 @@ def load_summaries(directory) -> dict:
 
     Each claim's verdict is judged again from its stored paired interval by today's rule
     (``paper_report.verdict``), so a file written under an older vocabulary renders in the
-    page's words.
+    page's words, and its text names non-IID shards as ``paper_studies.claim_setting`` does.
     """
     summaries = {}
+    record = Path(directory) / "make-results.json"
+    if record.is_file():
+        summaries["make-results"] = json.loads(record.read_text(encoding="utf-8"))
     for path in sorted(Path(directory).glob("*.json")):
         study, _, task = path.stem.partition("-")
+        if study == "family" and task in FAMILY_ORDER:
+            summaries[("family", task)] = json.loads(path.read_text(encoding="utf-8"))
+            continue
         if study in ORDER and task in TASKS:
             summary = json.loads(path.read_text(encoding="utf-8"))
             for claim in summary.get("claims", []):
                 claim["verdict"] = verdict(claim["metric_difference"], claim.get("margin"))
+                if study in ("table3", "fig8"):  # one claim across the tasks, whichever split each uses
+                    claim["text"] = claim_setting(claim["text"])
             summaries[(study, task)] = summary
     return summaries
 
@@ -74,8 +86,11 @@ def _similarity(summaries: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _compute(summaries: dict) -> str:
-    lines = ["| study | task | steps per worker | seeds | runs | wall time |", "|---|---|---:|---:|---:|---:|"]
+def _compute(summaries: dict, record: dict | None = None) -> str:
+    """Per study: budget, seeds, runs (of which read from the run cache) and wall time; then
+    the whole ``make results`` run's wall time from ``make-results.json`` when it exists."""
+    lines = ["| study | task | steps per worker | seeds | runs (from the cache) | wall time |",
+             "|---|---|---:|---:|---:|---:|"]
     total = 0.0
     for study in ORDER:
         for task in TASKS:
@@ -85,33 +100,93 @@ def _compute(summaries: dict) -> str:
             runs = sum(len(row["seeds"]) for row in summary["rows"]) + len(summary.get("tuning", [])) * max(
                 1, len(summary.get("tune_seeds", [])))
             total += summary["seconds"]
-            lines.append(f"| {study} | {task} | {summary['steps_per_worker']} | {len(summary['seeds'])} | {runs} "
-                         f"| {summary['seconds'] / 60:.1f} min |")
-    lines.append(f"| all | | | | | {total / 60:.1f} min |")
+            lines.append(f"| {study} | {task} | {summary['steps_per_worker']} | {len(summary['seeds'])} "
+                         f"| {runs} ({summary.get('cached_runs', 0)}) | {summary['seconds'] / 60:.1f} min |")
+    lines.append(f"| all, one after another | | | | | {total / 60:.1f} min |")
+    last = (record or {}).get("last_run")
+    if last:
+        lines.append(f"| `make results` ({len(last['jobs'])} commands, {last['parallel']} at a time, "
+                     f"finished {last['finished']}) | | | | | {last['seconds'] / 60:.1f} min |")
+    return "\n".join(lines) + "\n"
+
+
+def _convergence(summaries: dict) -> str:
+    """Table 2's arms: the mean held-out loss at 80% of the run and at its end, the change
+    between them, and the best over rounds; a run still falling has a negative change."""
+    lines = ["| task | arm | held-out loss at 80% of the run | final held-out loss | change over the last 20% "
+             "| best over rounds |", "|---|---|---:|---:|---:|---:|"]
+    for task in TASKS:
+        summary = summaries.get(("table2", task))
+        if summary is None:
+            continue
+        for row in summary["rows"]:
+            curve = row["curve"]
+            late = curve[max(0, round(0.8 * len(curve)) - 1)][1]
+            final = curve[-1][1]
+            lines.append(f"| {task} | {row['arm']} | {late:.3f} | {final:.3f} | {final - late:+.3f} "
+                         f"| {row['best_eval_loss']['mean']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _family_compute(summaries: dict) -> str:
+    lines = ["| study | seeds | rounds | runs (of which tuning) | wall time |", "|---|---:|---:|---:|---:|"]
+    total = 0.0
+    for study in FAMILY_ORDER:
+        summary = summaries.get(("family", study))
+        if summary is None:
+            continue
+        total += summary["seconds"]
+        runs = len(summary["outcomes"]) + len(summary.get("tuning", []))
+        lines.append(f"| {study} | {len(summary['seeds'])} | {summary['rounds']} | {runs} "
+                     f"({len(summary.get('tuning', []))}) | {summary['seconds'] / 60:.1f} min |")
+    lines.append(f"| all, one after another | | | | {total / 60:.1f} min |")
     return "\n".join(lines) + "\n"
 
 
 def render_block(name: str, summaries: dict) -> str:
     """The Markdown of block ``name`` (see the module docstring)."""
     if name == "paper":
-        return render_paper_table(summaries, ORDER)
+        return render_paper_table({k: v for k, v in summaries.items() if isinstance(k, tuple)}, ORDER)
     if name == "similarity":
         return _similarity(summaries)
     if name == "compute":
-        return _compute(summaries)
+        return _compute(summaries, summaries.get("make-results"))
+    if name == "convergence":
+        return _convergence(summaries)
+    if name == "family-compute":
+        return _family_compute(summaries)
+    if name.startswith("family-"):
+        summary = summaries.get(("family", name.partition("-")[2]))
+        if summary is None:
+            return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"
+        from diloco.tools.studies.family_report import render_family_block
+
+        return render_family_block(summary)
     study, _, task = name.partition("-")
     summary = summaries.get((study, task))
     if summary is None:
         return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"
-    tuning = ""
-    if summary.get("tuning"):
-        best = {}
-        for entry in summary["tuning"]:
-            best.setdefault(entry["arm"], []).append(f"{entry['value']:g}: {entry['eval_loss']:.3f}")
-        tuning = ("\nOuter lr grid, final held-out loss on tuning seed(s) "
-                  f"{summary['tune_seeds']}:\n\n" + "\n".join(f"- {arm}: {', '.join(v)}" for arm, v in best.items())
-                  + "\n")
-    return render_arms_table(summary) + "\n" + render_claims_table(summary) + tuning
+    return render_arms_table(summary) + "\n" + render_claims_table(summary) + render_tuning(summary)
+
+
+def render_tuning(summary: dict) -> str:
+    """The tuning grid: per field and probe arm, the mean final held-out loss at each value on
+    the tuning seeds, the chosen value in bold, and the arms that took it."""
+    if not summary.get("tuning"):
+        return ""
+    groups: dict = {}
+    for entry in summary["tuning"]:
+        groups.setdefault((entry["field"], entry["arm"]), []).append(entry)
+    lines = ["", f"Tuning grid (final held-out loss, tuning seed(s) {summary['tune_seeds']}; chosen in bold):", ""]
+    for (field, probe), entries in groups.items():
+        entries = sorted(entries, key=lambda e: e["value"])
+        cells = ", ".join(f"**{e['value']:g}: {e['eval_loss']:.3f}**" if e.get("chosen") else
+                          f"{e['value']:g}: {e['eval_loss']:.3f}" for e in entries)
+        targets = entries[0].get("targets", [probe])
+        used = "" if targets == [probe] else f" (used by {', '.join(targets)})"
+        lines.append(f"- {field.replace('_', ' ')} of {probe}{used}: {cells}")
+    return "\n".join(lines) + "\n"
+
 
 
 def block_names(page: str) -> list:

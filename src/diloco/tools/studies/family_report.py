@@ -1,0 +1,168 @@
+"""The family studies' claims, verdicts and page blocks (``docs/results-family.md``).
+
+``diloco study compression|streaming|bandwidth --export DIR`` writes
+``DIR/family-<study>.json``: the runs (without their histories), the per-arm rows, the
+outer-momentum tuning grid, the judged claims and, for the bandwidth study, the time to
+target at every bandwidth. ``render_family_block`` turns one of those files back into the
+page's Markdown; ``diloco.tools.studies.results_page`` puts it between the page's markers
+and ``tests/tooling/test_results_page.py`` checks the page holds exactly that.
+
+A claim is judged with the same five words as the paper's page
+(``diloco.tools.studies.paper_report.verdict``): an ordering on the paired per-seed
+difference, or a robustness claim ("costs under m") on the paired relative cost against
+the margin ``m`` (``NO_LOSS_MARGIN`` for the "keeps quality" claims).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from diloco.tools.studies.paper_report import NOT_RUN, interval_text, verdict
+from diloco.tools.studies.study_stats import mean_interval
+
+__all__ = ["FamilyClaim", "NO_LOSS_MARGIN", "MOMENTUM_GRID", "family_claims", "judge_family_claims",
+           "render_family_block", "render_family_claims", "render_momentum_tuning"]
+
+# "Lossless", "keeps quality": the held-out loss may rise by less than this fraction.
+NO_LOSS_MARGIN = 0.02
+# Outer momentum values each DiLoCo arm is tuned over, on tuning seed 1000.
+MOMENTUM_GRID = (0.5, 0.7, 0.9)
+
+
+class FamilyClaim(NamedTuple):
+    """``better`` beats ``worse`` on ``field`` (lower is better), or, with ``margin``, ``worse``
+    costs less than ``margin`` relative to ``better``. ``field`` is ``eval_loss`` or
+    ``seconds@<bandwidth>`` (simulated time to the target loss)."""
+
+    text: str
+    better: str
+    worse: str
+    paper: str
+    margin: float | None = None
+    field: str = "eval_loss"
+
+
+def family_claims(study: str, labels: list, bandwidths=()) -> list:
+    """The claims a study tests, among the arms it ran (``labels``)."""
+    have = set(labels)
+    claims = []
+    if study == "compression":
+        for arm, paper in (("fp4", "4-bit outer gradients with no loss of quality (Streaming DiLoCo)"),
+                           ("int8", "8-bit outer gradients: no paper claim; the step below 16 bits"),
+                           ("prune0.5", "pruning 50% costs 0.39% perplexity (DiLoCo, Table 6)")):
+            claims.append(FamilyClaim(f"{arm} costs under {NO_LOSS_MARGIN:.0%} of held-out loss", "native", arm,
+                                      paper, NO_LOSS_MARGIN))
+        claims.append(FamilyClaim("fp4 with error feedback beats fp4 without", "fp4+ef", "fp4",
+                                  "no paper claim: tests what error feedback does here"))
+    elif study == "streaming":
+        reference = labels[0]
+        for arm in labels[1:]:
+            claims.append(FamilyClaim(f"{arm} costs under {NO_LOSS_MARGIN:.0%} of held-out loss against DiLoCo",
+                                      reference, arm, "Streaming DiLoCo: similar quality at lower peak bandwidth",
+                                      NO_LOSS_MARGIN))
+    elif study == "bandwidth":
+        streaming = next((label for label in labels if label.startswith("Streaming")), None)
+        for bandwidth in bandwidths[:2]:
+            field = f"seconds@{bandwidth}"
+            if streaming:
+                claims.append(FamilyClaim(f"at {bandwidth}/s, Streaming DiLoCo reaches the target before DiLoCo",
+                                          streaming, "DiLoCo", "Streaming DiLoCo: overlapping hides communication",
+                                          field=field))
+            claims.append(FamilyClaim(f"at {bandwidth}/s, eager updates reach the target before DiLoCo", "eager",
+                                      "DiLoCo", "eager updates: close DiLoCo's gap at low bandwidth", field=field))
+            claims.append(FamilyClaim(f"at {bandwidth}/s, DiLoCo reaches the target before sync", "DiLoCo", "sync",
+                                      "DiLoCo: 500 times less communication (abstract)", field=field))
+    return [c for c in claims if {c.better, c.worse} <= have]
+
+
+def _per_seed(outcomes: list, label: str, field: str) -> dict:
+    return {o["seed"]: o[field] for o in outcomes if o["variant"] == label}
+
+
+def judge_family_claims(claims: list, outcomes: list, seconds: dict | None = None) -> list:
+    """Each claim with its paired difference and verdict.
+
+    ``seconds`` maps ``(arm, bandwidth)`` to ``{seed: simulated seconds or None}`` for the
+    time claims; a claim whose arms did not reach the target on every seed is *not run*.
+    """
+    judged = []
+    for claim in claims:
+        if claim.field.startswith("seconds@"):
+            bandwidth = claim.field.split("@", 1)[1]
+            table = seconds or {}
+            better, worse = table.get((claim.better, bandwidth)), table.get((claim.worse, bandwidth))
+        else:
+            better, worse = (_per_seed(outcomes, label, claim.field) for label in (claim.better, claim.worse))
+        seeds = sorted(set(better or {}) & set(worse or {}))
+        values = None if not seeds else (np.array([better[s] for s in seeds], dtype=object),
+                                          np.array([worse[s] for s in seeds], dtype=object))
+        if values is None or any(v is None for v in (*values[0], *values[1])) or len(seeds) < 2:
+            missing = [label for label, v in ((claim.better, values[0]), (claim.worse, values[1]))
+                       if any(x is None for x in v)] if values is not None else []
+            judged.append({**claim._asdict(), "verdict": NOT_RUN, "metric_difference": None,
+                           "better_metric": None, "worse_metric": None,
+                           "note": (f"{' and '.join(missing)} did not reach the target on every seed" if missing
+                                    else "fewer than two seeds")})
+            continue
+        b, w = values[0].astype(float), values[1].astype(float)
+        difference = mean_interval((w - b) / b) if claim.margin is not None else mean_interval(w - b)
+        judged.append({**claim._asdict(), "metric_difference": difference, "better_metric": float(b.mean()),
+                       "worse_metric": float(w.mean()), "verdict": verdict(difference, claim.margin)})
+    return judged
+
+
+def _cell(value) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+def render_family_claims(claims: list) -> str:
+    lines = ["| claim | the papers | the arm claimed better (or the reference) | the other arm "
+             "| paired difference (other minus first) [95% CI] | verdict |", "|---|---|---:|---:|---|---|"]
+    for claim in claims:
+        diff = claim["metric_difference"]
+        if diff is None:
+            text = claim.get("note") or "not run"
+        elif claim.get("margin") is not None:
+            text = (f"{100 * diff['mean']:+.1f}% [{100 * diff['low']:+.1f}%, {100 * diff['high']:+.1f}%], "
+                    f"margin {100 * claim['margin']:.0f}%")
+        else:
+            text = interval_text(diff, 4)
+        unit = " s" if claim["field"].startswith("seconds@") else ""
+        lines.append(f"| {claim['text']} | {claim['paper']} | {claim['better']}: {_cell(claim['better_metric'])}{unit} "
+                     f"| {claim['worse']}: {_cell(claim['worse_metric'])}{unit} | {text} | **{claim['verdict']}** |")
+    return "\n".join(lines) + "\n"
+
+
+def render_momentum_tuning(summary: dict) -> str:
+    if not summary.get("tuning"):
+        return ""
+    groups: dict = {}
+    for entry in summary["tuning"]:
+        groups.setdefault(entry["variant"], []).append(entry)
+    lines = ["", f"Outer momentum of each DiLoCo arm, tuned on seed(s) {summary['tune_seeds']} (final held-out loss; "
+                 "chosen in bold; inf: diverged; values past 0.5 or 0.9 are tried only when the best is there):", ""]
+    for variant, entries in groups.items():
+        entries = sorted(entries, key=lambda e: e["value"])
+        cells = ", ".join((f"**{e['value']:g}: {e['eval_loss']:.4f}**" if e["chosen"] else
+                           f"{e['value']:g}: {e['eval_loss']:.4f}") for e in entries)
+        lines.append(f"- {variant}: {cells}")
+    return "\n".join(lines) + "\n"
+
+
+def render_family_block(summary: dict) -> str:
+    """The Markdown of one family study's file: its table, its claims, its tuning grid."""
+    from diloco.tools.studies.family_tables import bandwidth_table, compression_table, streaming_table
+
+    study, rows, outcomes = summary["study"], summary["rows"], summary["outcomes"]
+    if study == "compression":
+        table = compression_table(rows, outcomes)
+    elif study == "streaming":
+        table = streaming_table(rows, outcomes)
+    else:
+        table = (f"Target: held-out loss {summary['target_loss']:.4f}, the synchronous baseline's mean at round "
+                 f"{summary['target_round']} of {summary['rounds']}.\n\n"
+                 + bandwidth_table(summary["bandwidth"], summary["values"]))
+    return table + "\n" + render_family_claims(summary["claims"]) + render_momentum_tuning(summary)

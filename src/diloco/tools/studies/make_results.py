@@ -1,0 +1,166 @@
+"""``make results``: every study of the two results pages at its documented size, then the pages.
+
+``JOBS`` lists the commands, in the order they are started: each is a ``diloco study``
+command line exactly as ``docs/results.md`` and ``docs/results-family.md`` show it beside
+its table (``tests/tooling/test_results_page.py`` checks that they agree). Up to
+``--jobs`` (2) commands run at once, as separate processes with one BLAS thread each; the
+paper studies share ``build/results-cache`` (``paper_runs.RunCache``), so a run that two
+studies need is trained once. Each command's output goes to ``build/results-logs/``.
+Afterwards both pages are rendered again from ``docs/assets/results/``
+(``diloco.tools.studies.results_page``) and the wall time of every command and of the
+whole run is written to ``docs/assets/results/make-results.json``, which the pages' compute
+tables quote.
+
+``python -m diloco.tools.studies.make_results [--jobs N] [--only NAME,...] [--dry-run]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+__all__ = ["Job", "JOBS", "command_of", "main"]
+
+EXPORT = "docs/assets/results"
+CACHE = "build/results-cache"
+LOGS = "build/results-logs"
+TEXT = f"--data shakespeare --eval-windows 2048 --run-cache {CACHE} --export {EXPORT}"
+DIGITS1D = f"--data mnist1d --num-samples 50000 --run-cache {CACHE} --export {EXPORT}"
+
+
+class Job(NamedTuple):
+    """One command: its name (``<study>-<task>``), what follows ``diloco study``, and the page."""
+
+    name: str
+    args: str
+    page: str = "docs/results.md"
+
+
+def _paper(study: str, task: str, seeds: int = 5, extra: str = "") -> Job:
+    data = TEXT if task == "shakespeare" else DIGITS1D
+    data = data.replace("--data shakespeare ", "").replace("--data mnist1d ", "")
+    return Job(f"{study}-{task}", f"{study} --data {task} --seeds {seeds}{' ' + extra if extra else ''} {data}")
+
+
+FAMILY = "--export docs/assets/results"
+
+# Started in this order, two at a time: the longest char-LM study first, the MNIST-1D studies
+# beside it, the char-LM studies that reuse its runs after it.
+JOBS = (
+    _paper("table2", "shakespeare"),
+    _paper("table2", "mnist1d"),
+    _paper("fig9", "mnist1d"),
+    _paper("fig8", "mnist1d"),
+    _paper("table3", "mnist1d"),
+    _paper("fig4", "mnist1d"),
+    _paper("fig6", "mnist1d"),
+    _paper("splits", "mnist1d", 3),
+    Job("family-compression", f"compression --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
+    Job("family-streaming", f"streaming --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
+    Job("family-bandwidth", f"bandwidth --seeds 5 --rounds 24 {FAMILY}", "docs/results-family.md"),
+    _paper("fig9", "shakespeare"),
+    _paper("fig8", "shakespeare"),
+    _paper("table3", "shakespeare"),
+    _paper("fig4", "shakespeare"),
+    _paper("fig6", "shakespeare"),
+    _paper("splits", "shakespeare", 3),
+    _paper("scaling", "shakespeare", 3, "--total-steps 2000"),
+)
+
+
+def command_of(job: Job) -> str:
+    """The command line the pages show: ``.venv/bin/diloco study ...``."""
+    return f".venv/bin/diloco study {job.args}"
+
+
+def _run(job: Job, logs: Path, env: dict) -> tuple:
+    """Start ``job`` (quiet: no progress bars); ``(process, its open log file)``."""
+    argv = [sys.executable, "-m", "diloco", "study", *job.args.split(), "-q"]
+    log = open(logs / f"{job.name}.log", "w", encoding="utf-8")  # noqa: SIM115 - closed when the job ends
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log
+
+
+def _stop(signum, frame):
+    raise SystemExit(143)
+
+
+def _loop(pending: list, running: dict, parallel: int, logs: Path, env: dict, record: dict) -> None:
+    """Start ``pending`` jobs, ``parallel`` at a time, until all have finished; note each in ``record``."""
+    while pending or running:
+        while pending and len(running) < parallel:
+            job = pending.pop(0)
+            process, log = _run(job, logs, env)
+            running[job.name] = (job, process, log, time.time())
+            print(f"[{time.strftime('%H:%M:%S')}] started {job.name}", flush=True)
+        time.sleep(2)
+        for name, (job, process, log, start) in list(running.items()):
+            if process.poll() is None:
+                continue
+            log.close()
+            del running[name]
+            seconds = time.time() - start
+            status = "ok" if process.returncode == 0 else f"failed ({process.returncode})"
+            record["jobs"][name] = {"command": command_of(job), "seconds": round(seconds, 1), "status": status}
+            print(f"[{time.strftime('%H:%M:%S')}] {name}: {status} in {seconds / 60:.1f} min", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diloco.tools.studies.make_results",
+                                     description="run every study of docs/results*.md, then render the pages")
+    parser.add_argument("--jobs", type=int, default=2, help="commands run at once (2)")
+    parser.add_argument("--only", help="comma-separated job names (default: all)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands and stop")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        print("make_results: --jobs must be at least 1", file=sys.stderr)
+        return 2
+    jobs = list(JOBS)
+    if args.only:
+        names = args.only.split(",")
+        unknown = sorted(set(names) - {j.name for j in JOBS})
+        if unknown:
+            print(f"make_results: unknown job(s) {unknown}; known: {[j.name for j in JOBS]}", file=sys.stderr)
+            return 2
+        jobs = [j for j in JOBS if j.name in names]
+    if args.dry_run:
+        for job in jobs:
+            print(command_of(job))
+        return 0
+    logs = Path(LOGS)
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    record_path = Path(EXPORT) / "make-results.json"
+    record = json.loads(record_path.read_text(encoding="utf-8")) if record_path.is_file() else {"jobs": {}}
+    started, pending, running = time.time(), list(jobs), {}
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        _loop(pending, running, args.jobs, logs, env, record)
+    finally:
+        for _job, process, log, _ in running.values():  # stopped early: stop the commands too
+            process.terminate()
+            log.close()
+    total = time.time() - started
+
+    record.update(last_run={"jobs": [j.name for j in jobs], "parallel": args.jobs, "seconds": round(total, 1),
+                            "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    from diloco.tools.runs.atomic_files import write_json
+    from diloco.tools.studies import results_page
+
+    write_json(record_path, record)
+    for page in sorted({j.page for j in JOBS}):
+        results_page.main([page, EXPORT])
+    failed = [n for n, r in record["jobs"].items() if n in {j.name for j in jobs} and r["status"] != "ok"]
+    print(f"make results: {len(jobs)} commands in {total / 60:.1f} min"
+          + (f"; failed: {failed} (see {LOGS}/)" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
