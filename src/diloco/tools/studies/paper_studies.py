@@ -167,7 +167,7 @@ def _table2_claims(arms) -> list:
     ]
 
 
-FIG4_H = (50, 250, 500)
+FIG4_H = (10, 50, 250, 500)
 
 
 def _fig4_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
@@ -221,7 +221,7 @@ def _fig6_claims(arms) -> list:
     ]
 
 
-TABLE3_K = {"IID": (1, 8), "non-IID": (1, 8)}  # K = 16 costs two K = 8 runs: --values 1,8,16 adds it
+TABLE3_K = {"IID": (1, 8, 16), "non-IID": (1, 8, 16)}
 
 
 def _noniid_setting(base: DiLoCoConfig, split: str) -> tuple[str, dict]:
