@@ -44,7 +44,7 @@ from diloco.tools.studies.paper_report import (
     summarise_arms,
     verdict,
 )
-from diloco.tools.studies.paper_runs import Arm, outcome_of
+from diloco.tools.studies.paper_runs import Arm, outcome_of, write_study
 from diloco.tools.studies.paper_studies import Claim
 from diloco.tools.studies.study_stats import mean_interval
 
@@ -232,17 +232,8 @@ def run_async_study(args) -> int:
                "config": config.to_dict(), "horizon_seconds": horizon, "seeds": seeds, "rows": rows,
                "claims": judge_claims(claims(), rows, task), "time_to_target": _time_to_target(outcomes, rows),
                "seconds": time.perf_counter() - started, "command": " ".join(command)}
-    write_json(run_dir / "summary.json", summary)
-    block = render_block(summary)
-    atomic_write_text(run_dir / "study.md", f"# Asynchronous DiLoCo ({task})\n\n{block}")
-    export = getattr(args, "export", None)
-    if export:
-        target = Path(export)
-        target.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(target / f"beyond-async-{task}{_suffix(config)}.json",
-                          json.dumps(summary, indent=1, allow_nan=False) + "\n")
-    print(block, end="")
-    print(f"run folder: {run_dir}")
+    write_study(run_dir, summary, f"Asynchronous DiLoCo ({task})", render_block(summary),
+                getattr(args, "export", None), f"beyond-async-{task}{_suffix(config)}")
     return 0
 
 

@@ -45,6 +45,7 @@ from diloco.tools.studies.paper_report import (
     summarise_arms,
     verdict,
 )
+from diloco.tools.studies.paper_runs import write_study
 from diloco.tools.studies.paper_studies import Arm, Claim, run_arm
 from diloco.tools.studies.study_stats import mean_interval
 
@@ -228,7 +229,7 @@ def run_muon_study(args) -> int:
     """``diloco study muon``: tune, run every arm on every seed, judge, write, export."""
     from diloco.tools.cli.flags import build_config, load_dataset
     from diloco.tools.cli.run_setup import check_plotting, split_values, thread_limit
-    from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
+    from diloco.tools.runs.folders import JsonlWriter, create_run_dir, environment_record, write_json
 
     task = getattr(args, "data", None) or "shakespeare"
     if task not in TASKS:
@@ -304,16 +305,8 @@ def run_muon_study(args) -> int:
         "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
         "command": command,
     }
-    write_json(run_dir / "summary.json", summary)
-    table = render_section(summary)
-    atomic_write_text(run_dir / "study.md", f"# MuLoCo in miniature ({task})\n\n{table}")
-    export = getattr(args, "export", None)
-    if export:
-        target = Path(export)
-        target.mkdir(parents=True, exist_ok=True)
-        write_json(target / f"beyond-muon-{task}.json", summary)
-    print(table, end="")
-    print(f"run folder: {run_dir} ({summary['seconds']:.0f} s)")
+    write_study(run_dir, summary, f"MuLoCo in miniature ({task})", render_section(summary),
+                getattr(args, "export", None), f"beyond-muon-{task}")
     return 0
 
 

@@ -53,6 +53,7 @@ from diloco.tools.studies.paper_report import (
     summarise_arms,
     verdict,
 )
+from diloco.tools.studies.paper_runs import write_study
 from diloco.tools.studies.paper_studies import Arm, Claim, run_arm
 
 __all__ = ["TASKS", "K", "H", "FP4_BLOCK", "tensor_shapes", "fp4_round_bytes", "sparse_round_bytes",
@@ -197,16 +198,8 @@ def run_sparse_study(args) -> int:
                "seeds": seeds, "blas_threads": threads, "rows": rows,
                "claims": judge_claims(sparse_claims(arms), rows, task),
                "seconds": time.perf_counter() - started, "command": command}
-    write_json(run_dir / "summary.json", summary)
-    table = render_block(summary)
-    atomic_write_text(run_dir / "study.md", f"# Sparse outer gradients ({task})\n\n{table}")
-    export = getattr(args, "export", None)
-    if export:
-        target = Path(export)
-        target.mkdir(parents=True, exist_ok=True)
-        write_json(target / f"beyond-sparse-{task}.json", summary)
-    print(table, end="")
-    print(f"run folder: {run_dir} ({summary['seconds']:.0f} s)")
+    write_study(run_dir, summary, f"Sparse outer gradients ({task})", render_block(summary),
+                getattr(args, "export", None), f"beyond-sparse-{task}")
     return 0
 
 

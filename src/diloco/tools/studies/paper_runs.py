@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
-from diloco.tools.runs.atomic_files import write_json
+from diloco.tools.runs.atomic_files import atomic_write_text, write_json
 from diloco.tools.studies.ablations import fast_engine_available, trainer
 
 __all__ = ["Arm", "TuneStep", "INNER_LR", "RunCache", "arm_engine", "outcome_of", "run_arm", "tune_arms",
+           "write_study",
            "apply_value", "next_on_ladder", "with_warmup", "WARMUP_FRACTION"]
 
 INNER_LR = "inner lr"  # the tuning field that sets ``inner.lr`` (every other field is a DiLoCoConfig field)
@@ -243,3 +244,17 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
                 target = by_label[label]
                 by_label[label] = target._replace(changes=apply_value(target.changes, step.field, best))
     return [by_label[arm.label] for arm in arms], tuning
+
+
+def write_study(run_dir: Path, summary: dict, title: str, table: str, export, export_name: str) -> None:
+    """A study's outputs: ``summary.json`` and ``study.md`` (``# title`` then ``table``) in
+    ``run_dir``; with ``export`` (a folder, or None) also ``export/<export_name>.json``; then
+    the table and the run folder on standard output."""
+    write_json(run_dir / "summary.json", summary)
+    atomic_write_text(run_dir / "study.md", f"# {title}\n\n{table}")
+    if export:
+        target = Path(export)
+        target.mkdir(parents=True, exist_ok=True)
+        write_json(target / f"{export_name}.json", summary)
+    print(table, end="")
+    print(f"run folder: {run_dir} ({summary['seconds']:.0f} s)")
