@@ -12,10 +12,9 @@
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
+from resume_helpers import assert_resumes_bit_identical, run_keeping_checkpoints
 
 from diloco import DiLoCoConfig
 from diloco.adamw import init_adamw_state
@@ -25,7 +24,6 @@ from diloco.core.schedule import ArrivalGroup, async_plan, worker_local_steps, w
 from diloco.data import load_digits_split
 from diloco.loop import prepare_training
 from diloco.sharding import inner_train_worker
-from diloco.tools.runs.training import train_resumable
 
 BASE = DiLoCoConfig(num_workers=2, inner_steps=3, rounds=3, hidden_sizes=(8,), batch_size=8, seed=4)
 
@@ -213,22 +211,10 @@ def test_resume_from_every_round_is_bit_identical(section, engine, tmp_path):
     config = BASE.replace(engine=engine, rounds=3, drop_prob=0.0 if "delayed_nesterov" in section else 0.3,
                           asynchrony=section,
                           family={"comm_dtype": "int8", "error_feedback": True})
-    x, y, x_eval, y_eval = _digits()
-    copies = {}
-
-    def keep(manifest, round_index):
-        copies[round_index] = tmp_path / f"after{round_index}"
-        copies[round_index].mkdir()
-        for path in (manifest, manifest.with_suffix(".npz")):
-            shutil.copy(path, copies[round_index] / path.name)
-
-    want = train_resumable("diloco", x, y, config, x_eval=x_eval, y_eval=y_eval, checkpoint_dir=tmp_path / "run",
-                           checkpoint_every=1, on_checkpoint=keep)
+    data = _digits()
+    want, copies = run_keeping_checkpoints("diloco", data, config, tmp_path)
     assert max(r["max_staleness"] for r in want.history) > 0  # the runs are asynchronous
-    for stop in (1, 2):
-        got = train_resumable("diloco", x, y, config, x_eval=x_eval, y_eval=y_eval, resume_from=copies[stop])
-        assert all(got.params[k].tobytes() == want.params[k].tobytes() for k in want.params), stop
-        assert got.history == want.history
+    assert_resumes_bit_identical("diloco", data, config, want, copies)
 
 
 def test_config_round_trips():

@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from resume_helpers import assert_resumes_bit_identical, run_keeping_checkpoints
 
 from diloco import DiLoCoConfig, train_diloco, train_synchronous_baseline
 from diloco.core.divergence import Diverged
@@ -26,7 +26,6 @@ from diloco.core.features import FEATURES, cell, render_matrix
 from diloco.core.hooks import Guard, NetworkTimer
 from diloco.data import load_digits_split
 from diloco.text import OneHot, char_windows
-from diloco.tools.runs.training import train_resumable
 
 BASE = DiLoCoConfig(num_workers=2, inner_steps=4, rounds=2, hidden_sizes=(8, 8), batch_size=8, seed=1)
 ALGOS = ("diloco", "sync")
@@ -141,21 +140,9 @@ def test_resume_from_every_round_is_bit_identical_for_every_algorithm(algo, chan
     family = changes.pop("family", None)
     config = BASE.replace(rounds=3, engine=engine, **changes)
     config = config.replace(family=family) if family else config
-    x, y, x_eval, y_eval = _digits()
-    copies = {}
-
-    def keep(manifest, round_index):
-        copies[round_index] = tmp_path / f"after{round_index}"
-        copies[round_index].mkdir()
-        for path in (manifest, manifest.with_suffix(".npz")):
-            shutil.copy(path, copies[round_index] / path.name)
-
-    want = train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, checkpoint_dir=tmp_path / "run",
-                           checkpoint_every=1, on_checkpoint=keep)
-    for stop in (1, 2):
-        got = train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, resume_from=copies[stop])
-        assert all(got.params[k].tobytes() == want.params[k].tobytes() for k in want.params), stop
-        assert got.history == want.history
+    data = _digits()
+    want, copies = run_keeping_checkpoints(algo, data, config, tmp_path)
+    assert_resumes_bit_identical(algo, data, config, want, copies)
 
 
 # --- MPI: one job runs every cell, each rank compares with nothing; the test compares bytes ---

@@ -8,12 +8,12 @@ in ``tests/tooling/test_core.py``, MPI included; this file tests what that table
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from cli_helpers import TINY, only_run_dir, run_cli
+from resume_helpers import assert_resumes_bit_identical, run_keeping_checkpoints
 
 from diloco import DiLoCoConfig
 from diloco.adamw import AdamWState, init_adamw_state
@@ -27,7 +27,6 @@ from diloco.engine.optim import adamw_scratch, muon_update
 from diloco.mechanisms import init_inner_state, inner_step, scheduled_adamw_step
 from diloco.methods.muon import MuonState, as_moments, from_moments, init_muon, muon_step
 from diloco.text import OneHot, char_windows
-from diloco.tools.runs.training import train_resumable
 
 BASE = DiLoCoConfig(num_workers=2, inner_steps=4, rounds=2, hidden_sizes=(8, 8), batch_size=8, seed=1)
 MUON = BASE.replace(inner_optimizer="muon", muon={"lr": 0.01})
@@ -207,21 +206,9 @@ def test_stacked_equals_the_reference(algo, dtype, changes, layout):
 @pytest.mark.parametrize("algo", ["diloco", "sync"])
 def test_resume_from_every_round_is_bit_identical(algo, engine, tmp_path):
     config = MUON.replace(rounds=3, engine=engine, muon={"lr": 0.01, "keys": ["W1", "W3"]})
-    x, y, x_eval, y_eval = _digits()
-    copies = {}
-
-    def keep(manifest, round_index):
-        copies[round_index] = tmp_path / f"after{round_index}"
-        copies[round_index].mkdir()
-        for path in (manifest, manifest.with_suffix(".npz")):
-            shutil.copy(path, copies[round_index] / path.name)
-
-    want = train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, checkpoint_dir=tmp_path / "run",
-                           checkpoint_every=1, on_checkpoint=keep)
-    for stop in (1, 2):
-        got = train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, resume_from=copies[stop])
-        assert all(got.params[k].tobytes() == want.params[k].tobytes() for k in want.params), stop
-        assert got.history == want.history
+    data = _digits()
+    want, copies = run_keeping_checkpoints(algo, data, config, tmp_path)
+    assert_resumes_bit_identical(algo, data, config, want, copies)
     with np.load(next(copies[1].glob("*.npz"))) as arrays:  # the momentum of W1 stored under m, zeros under v
         assert arrays["worker0.m.W1"].any() and not arrays["worker0.v.W1"].any() and arrays["worker0.v.W2"].any()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from resume_helpers import assert_resumes_bit_identical, run_keeping_checkpoints
 
 from diloco import DiLoCoConfig
 from diloco.config_sections import CommSpec
@@ -30,7 +30,6 @@ from diloco.data import load_digits_split
 from diloco.family.config import FamilyConfig
 from diloco.methods.sparse import SparseConfig, decode_sparse, encode_sparse, params_from_bytes, params_to_bytes
 from diloco.params import average_params, subtract_params
-from diloco.tools.runs.training import train_resumable
 
 BASE = DiLoCoConfig(num_workers=2, inner_steps=4, rounds=3, hidden_sizes=(8, 8), batch_size=8, seed=1)
 SHAPES = [(64, 8), (8,), (8, 8), (8,), (8, 10), (10,)]
@@ -159,24 +158,12 @@ RESUMED = [{**SPARSE, "error_feedback": True}, {**SPARSE, "topk_bits": 2, "error
 @pytest.mark.parametrize("family", RESUMED, ids=[json.dumps(f) for f in RESUMED])
 def test_resume_restores_the_error_feedback_residuals_bit_for_bit(family, engine, tmp_path):
     config = BASE.replace(engine=engine, family=family)
-    x, y, x_eval, y_eval = _digits()
-    copies = {}
-
-    def keep(manifest, round_index):
-        copies[round_index] = tmp_path / f"after{round_index}"
-        copies[round_index].mkdir()
-        for path in (manifest, manifest.with_suffix(".npz")):
-            shutil.copy(path, copies[round_index] / path.name)
-
-    want = train_resumable("diloco", x, y, config, x_eval=x_eval, y_eval=y_eval, checkpoint_dir=tmp_path / "run",
-                           checkpoint_every=1, on_checkpoint=keep)
+    data = _digits()
+    want, copies = run_keeping_checkpoints("diloco", data, config, tmp_path)
     with np.load(next(copies[1].glob("*.npz"))) as saved:  # the residuals are in the checkpoint, not zero
         residual_keys = [k for k in saved.files if k.startswith("extra.residual")]
         assert residual_keys and any(np.any(saved[k]) for k in residual_keys), saved.files
-    for stop in (1, 2):
-        got = train_resumable("diloco", x, y, config, x_eval=x_eval, y_eval=y_eval, resume_from=copies[stop])
-        assert all(got.params[k].tobytes() == want.params[k].tobytes() for k in want.params), stop
-        assert got.history == want.history
+    assert_resumes_bit_identical("diloco", data, config, want, copies)
 
 
 @pytest.mark.parametrize("executor", ["reference", "stacked"])
