@@ -120,6 +120,87 @@ def test_batches_are_sample_worker_batch_draws(n, batch_size):
         np.testing.assert_array_equal(y_out, y_want)
 
 
+# --- One-hot inputs: the first layer gathered forward, scattered backward (WorkerStack, context) ---
+
+def _one_hot_stacks(windows, vocab, hidden, dtype, groups=1):
+    """Two WorkerStacks of the same MLP and batch: dense one-hot ``x`` (the product) and ``context``
+    (the gather and scatter); ``windows`` has shape (S, G b, c)."""
+    from diloco.engine.flat import flat_layout
+    from diloco.engine.stack import WorkerStack
+    from diloco.model import init_model_params
+    from diloco.text import OneHot
+
+    S, rows, context = windows.shape
+    encode = OneHot(vocab, context)
+    params = init_model_params([encode.num_features, hidden, vocab], np.random.default_rng(3), dtype=np.dtype(dtype))
+    layout = flat_layout(params)
+    labels = np.random.default_rng(4).integers(0, vocab, (S, rows))
+    dense = WorkerStack(layout, S, groups, rows // groups, dtype)
+    hot = WorkerStack(layout, S, groups, rows // groups, dtype, context=context)
+    assert hot.x is None and hot.columns.shape == (S, rows, context)
+    for stack in (dense, hot):
+        stack.params[...] = np.random.default_rng(5).standard_normal(stack.params.shape) * 0.3
+        stack.labels[...] = labels
+    for s in range(S):
+        dense.x[s] = encode(windows[s], dtype)
+        hot.columns[s] = encode.columns(windows[s])
+    return dense, hot
+
+
+def test_one_hot_first_layer_gradient_by_hand():
+    """V = 2, c = 2: windows (0, 1) and (0, 0) are columns {0, 3} and {0, 2}; dW_1 row 0 gets both
+    rows' dz (a repeated column), rows 2 and 3 one each, row 1 none."""
+    dense, hot = _one_hot_stacks(np.array([[[0, 1], [0, 0]]]), vocab=2, hidden=2, dtype="float64")
+    dz = np.array([[[1.0, 2.0], [10.0, 20.0]]])
+    hot._first_layer_grads(dz)
+    np.testing.assert_array_equal(hot.dW[0][0], [[11.0, 22.0], [0.0, 0.0], [10.0, 20.0], [1.0, 2.0]])
+
+
+@pytest.mark.parametrize("kernel", ["numpy", "numba"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("models, groups, repeated", [(3, 1, False), (3, 1, True), (1, 3, False), (1, 3, True)],
+                         ids=["stacked", "stacked-one-window", "baseline-groups", "baseline-one-window"])
+def test_one_hot_inputs_give_the_dense_products_loss_and_gradients(models, groups, repeated, dtype, kernel,
+                                                                    monkeypatch):
+    """The gather and the scatter against the dense one-hot product, on random windows and on a batch
+    of one repeated window (every column repeated in every row: the scatter's hardest case). Twice,
+    so a gradient buffer left uncleared from the step before shows."""
+    if kernel == "numba":
+        pytest.importorskip("numba")
+    from diloco.engine import optim
+
+    monkeypatch.setattr(optim, "KERNEL", kernel)
+    rng = np.random.default_rng(0)
+    shape = (models, 4 * groups, 3)
+    windows = np.broadcast_to(rng.integers(0, 5, 3), shape).copy() if repeated else rng.integers(0, 5, shape)
+    dense, hot = _one_hot_stacks(windows, vocab=5, hidden=6, dtype=dtype, groups=groups)
+    hot.loss_and_grads()
+    loss_dense, loss_hot = dense.loss_and_grads(), hot.loss_and_grads()
+    rtol = RTOL[dtype] / 100
+    np.testing.assert_allclose(loss_hot, loss_dense, rtol=rtol)
+    np.testing.assert_allclose(hot.grads, dense.grads, rtol=rtol, atol=rtol * np.abs(dense.grads).max())
+    assert np.abs(dense.grads).max() > 0
+
+
+def test_the_numba_scatter_is_the_numpy_scatter_to_the_last_bit(monkeypatch):
+    """The two kernels add the same terms in the same order (so the "auto" switch changes no result)."""
+    pytest.importorskip("numba")
+    from diloco.engine import optim
+    from diloco.text import load_shakespeare
+
+    text = load_shakespeare(6, eval_windows=8)
+    rng = np.random.default_rng(1)
+    windows = text.dataset.x_train[rng.choice(len(text.dataset.x_train), 8 * 32)].reshape(8, 32, 6)
+    _, hot = _one_hot_stacks(windows.astype(np.int64), vocab=65, hidden=16, dtype="float64")
+    dz = rng.standard_normal((8, 32, 16))
+    out = {}
+    for kernel in ("numpy", "numba"):
+        monkeypatch.setattr(optim, "KERNEL", kernel)
+        hot._first_layer_grads(dz)
+        out[kernel] = hot.dW[0].copy()
+    assert np.array_equal(out["numpy"], out["numba"]) and np.abs(out["numpy"]).max() > 0
+
+
 def test_on_round_sees_every_finished_record_and_inputs_are_untouched(digits):
     config = DiLoCoConfig(**SMALL)
     x, y = digits.x_train.copy(), digits.y_train.copy()

@@ -42,8 +42,8 @@ import numpy as np
 
 from diloco.config import AdamWConfig
 
-__all__ = ["CHUNK", "KERNEL", "KERNELS", "SWITCH_VALUES", "kernel_for", "adamw_scratch", "adamw_update",
-           "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "muon_update"]
+__all__ = ["CHUNK", "KERNEL", "KERNELS", "SWITCH_VALUES", "kernel_for", "current_kernel", "adamw_scratch",
+           "adamw_update", "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "muon_update", "numba_jit"]
 
 # Values per NumPy chunk (256 kB of float64 per array). Smaller chunks fit the L2 cache
 # better but pay NumPy's per-call cost more often: 2**13 to 2**15 measured, 2**15 fastest.
@@ -72,6 +72,21 @@ def kernel_for(kernel: str, values_done: int) -> str:
     if kernel == "auto":
         return "numba" if values_done >= SWITCH_VALUES else "numpy"
     return kernel
+
+
+def current_kernel() -> str:
+    """The kernel this process runs now: ``kernel_for(KERNEL, values updated so far)``. The engine's
+    other compiled loops (``diloco.engine.stack``'s one-hot first-layer gradient) follow it too, and
+    are equal to their NumPy form to the last bit, so the switch never changes a result."""
+    return kernel_for(KERNEL, _values_updated)
+
+
+def numba_jit(function):
+    """``function`` compiled as the engine's loops are (``numba.njit``, cached on disk, no GIL,
+    NumPy's float semantics); imports numba, so call it on first use only."""
+    import numba
+
+    return numba.njit(cache=True, nogil=True, error_model="numpy")(function)
 
 
 def adamw_scalars(step: int, config: AdamWConfig) -> tuple:
@@ -109,7 +124,7 @@ def adamw_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.nda
     scratch : from ``adamw_scratch(params.size, dtype)``
     """
     global _values_updated
-    if kernel_for(KERNEL, _values_updated) == "numba":
+    if current_kernel() == "numba":
         adamw_update_numba(params, m, v, grads, step, config)
     else:
         _values_updated += params.size
@@ -150,9 +165,7 @@ def _numba_kernel():
     """The compiled loop (built on first use: importing numba costs a few tenths of a second)."""
     global _NUMBA_KERNEL
     if _NUMBA_KERNEL is None:
-        import numba
-
-        @numba.njit(cache=True, nogil=True, error_model="numpy")  # no ZeroDivisionError check: vectorises
+        @numba_jit  # error_model="numpy": no ZeroDivisionError check, so the loop vectorises
         def kernel(p, m, v, g, beta1, one_minus_beta1, beta2, one_minus_beta2, a, e, decay):
             for i in range(p.shape[0]):
                 gi = g[i]

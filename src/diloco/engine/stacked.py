@@ -10,8 +10,11 @@ and stepping differ:
   *per-worker* layout one ``(1, P)`` model steps each worker in turn
   (``choose_layout``);
 * the baseline is one model seeing the K batches as K groups (S = 1, G = K);
-* the lr schedule, clipping (per worker, by its global norm) and an input encoder (the
-  character-level task's one-hot windows, encoded into the batch buffer) run here too;
+* the lr schedule, clipping (per worker, by its global norm) and an input encoder run
+  here too. A one-hot encoder (the character-level task's ``OneHot``) turns each shard's
+  windows into their one-hot columns once, checked once; a batch draws its columns, and
+  the first layer gathers and scatters rows by them (``WorkerStack``, ``context``).
+  Any other encoder is called on each batch, into the input buffer;
 * with ``inner_optimizer="muon"`` the moment buffers hold ``as_moments`` of the Muon
   states (the matrices' momentum in ``m``) and ``muon_update`` steps them, one batched
   Newton-Schulz over the K workers' ``(K, m, n)`` matrices.
@@ -56,13 +59,21 @@ class StackedExecutor:
     name = "stacked"
 
     def __init__(self, shards, config, encode=None, layout: str = "auto") -> None:
-        self.config, self.encode = config, encode
+        self.config = config
         self.workers = tuple(range(config.num_workers))
         self.dtype = np.dtype(config.dtype)
-        self.shards = [(np.ascontiguousarray(x_k, dtype=self.dtype if encode is None else x_k.dtype),
-                        np.ascontiguousarray(y_k, dtype=np.intp)) for x_k, y_k in shards]
+        # A one-hot encoder (``OneHot``: ``columns`` and ``first_layer``): each shard's windows become their
+        # one-hot columns once, checked once, and the stack gathers its first layer from a batch's columns.
+        self.context = getattr(encode, "context", None) if hasattr(encode, "first_layer") else None
+        self.encode = None if self.context is not None else encode  # any other encoder: called per batch
+        self.shards = [(self._inputs(x_k, encode), np.ascontiguousarray(y_k, dtype=np.intp)) for x_k, y_k in shards]
         self.layout_name = layout
         self.flat = None
+
+    def _inputs(self, x_k, encode) -> np.ndarray:
+        if self.context is not None:
+            return np.ascontiguousarray(encode.columns(x_k), dtype=np.int32)
+        return np.ascontiguousarray(x_k, dtype=self.dtype if encode is None else x_k.dtype)
 
     def load(self, worker_params: dict, worker_states: dict) -> None:
         first = next(iter(worker_params.values()))
@@ -85,13 +96,15 @@ class StackedExecutor:
         self.steps = [int(worker_states[k].step) for k in range(rows)]  # per worker: asynchronous ones differ
         self.step = self.steps[0]
         if self.sync_model:
-            self.stack = WorkerStack(self.flat, 1, K, b, self.dtype)
+            self.stack = WorkerStack(self.flat, 1, K, b, self.dtype, self.context)
             self.stacked = True
+            self.inputs = self.stack.x if self.context is None else self.stack.columns
         else:
             # asynchronous groups are subsets of the workers at their own step counts: one at a time
             self.stacked = (not self.config.asynchrony.asynchronous
                             and choose_layout(K, P, self.layout_name, itemsize=self.dtype.itemsize) == "stacked")
-            self.stack = WorkerStack(self.flat, K if self.stacked else 1, 1, b, self.dtype)
+            self.stack = WorkerStack(self.flat, K if self.stacked else 1, 1, b, self.dtype, self.context)
+        self.inputs = self.stack.x if self.context is None else self.stack.columns  # what a draw fills
         self.scratch = adamw_scratch(self.stack.params.size, self.dtype)
 
     def _inner(self, step: int):
@@ -131,7 +144,7 @@ class StackedExecutor:
             stack.params[...] = self.params
             for h in range(steps):
                 for k in range(K):
-                    draw_batch(self.shards[k], b, rngs[k], stack.x[k], stack.labels[k], self.encode)
+                    draw_batch(self.shards[k], b, rngs[k], self.inputs[k], stack.labels[k], self.encode)
                 losses[:, h] = stack.loss_and_grads()[:, 0]
                 self._update(slice(0, K))
                 self.step += 1
@@ -142,7 +155,7 @@ class StackedExecutor:
                 self.step = self.steps[k]
                 stack.params[0] = self.params[k]
                 for h in range(steps):
-                    draw_batch(self.shards[k], b, rngs[k], stack.x[0], stack.labels[0], self.encode)
+                    draw_batch(self.shards[k], b, rngs[k], self.inputs[0], stack.labels[0], self.encode)
                     losses[k, h] = stack.loss_and_grads()[0, 0]
                     self._update(slice(k, k + 1))
                     self.step += 1
@@ -157,7 +170,7 @@ class StackedExecutor:
         for h in range(steps):
             for k in range(K):
                 rows = slice(k * b, (k + 1) * b)
-                draw_batch(self.shards[k], b, rngs[k], stack.x[0, rows], stack.labels[0, rows], self.encode)
+                draw_batch(self.shards[k], b, rngs[k], self.inputs[0, rows], stack.labels[0, rows], self.encode)
             losses[:, h] = stack.loss_and_grads()[0]
             self._update(slice(0, 1))
             self.step += 1
