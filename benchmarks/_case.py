@@ -167,6 +167,8 @@ def main() -> None:
             result = {"gflops": matmul_peak(spec["dtype"], [tuple(s) for s in spec["shapes"]], clock=clock)}
         elif spec["impl"] == "charlm-eval":
             result = charlm.run_eval(spec)
+        elif spec["impl"] == "charlm-first-layer":
+            result = charlm.run_first_layer(spec)
         elif spec["impl"].startswith("charlm-"):
             result = charlm.run_charlm(spec)
         else:

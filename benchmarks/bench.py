@@ -51,7 +51,8 @@ from workloads import MODELS  # noqa: E402
 
 MAIN_COMMIT = "e7f3c6c"
 IMPLS = ("reference@main", "reference", "fast", "fast-numpy", "torch-foreach", "torch-fused")
-KERNEL_OF = {"fast": "numba", "fast-numpy": "numpy", "charlm-fast": "numba"}  # DILOCO_ADAMW_KERNEL of each fast case
+# DILOCO_ADAMW_KERNEL of each fast case
+KERNEL_OF = {"fast": "numba", "fast-numpy": "numpy", "charlm-fast": "numba", "charlm-fast-numpy": "numpy"}
 PEAK_SHAPES = {"a": [32, 64, 128], "b": [128, 784, 512], "square": [1024, 1024, 1024]}
 
 

@@ -3,8 +3,13 @@
 * **char-LM training**: Tiny Shakespeare, 390-128-65 (6 characters of context, one-hot),
   batch 32, K = 8, H = 50, through the one driver (``diloco.core.driver.train``) on the
   reference executor (the milestone functions) and the stacked executor (``--engine
-  fast``), float64 and float32. Timed over 2 rounds (800 worker-steps) after a warm-up
-  round, without held-out evaluation (measured on its own below).
+  fast``, its AdamW and first-layer gradient as numba loops; and ``fast-numpy``, both as
+  NumPy passes: the engine without the ``fast`` extra), float64 and float32. Timed over 4
+  rounds (1,600 worker-steps) after a warm-up round, without held-out evaluation
+  (measured on its own below).
+* **the first layer's gradient** ``dW_1 = x^T dz_1`` of a one-hot batch (K = 8, b = 32,
+  390 x 128): the dense product against the engine's scatter (``WorkerStack``, context) as
+  NumPy passes and as the numba loop; CPU microseconds, best of 5 x 200 calls.
 * **held-out evaluation**: ``diloco.run_records.held_out_metrics`` on the 8,192 held-out
   windows (the first layer gathered from the windows, then milestones 28 and 29), against
   its *matmul floor*: the two dense products ``X W1`` (8,192 x 390 x 128) and
@@ -23,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CHARLM = {"workers": 8, "H": 50, "batch": 32, "hidden": (128,), "rounds": 2, "lr": 3e-3}
+CHARLM = {"workers": 8, "H": 50, "batch": 32, "hidden": (128,), "rounds": 4, "lr": 3e-3}
 STUDY_ARGS = ["study", "table2", "--data", "shakespeare", "--seeds", "5", "--total-steps", "1000",
               "-q", "--no-plots"]
 STUDY_BEFORE_CPU = 152.0  # seconds, issue 18's figure for the same command before
@@ -49,7 +54,8 @@ def run_charlm(spec: dict) -> dict:
         def finished(self, record, get_state):
             marks.append((time.perf_counter(), time.process_time()))
 
-    executor = {"reference": "reference", "fast": "stacked"}[spec["impl"].removeprefix("charlm-")]
+    executors = {"reference": "reference", "fast": "stacked", "fast-numpy": "stacked"}
+    executor = executors[spec["impl"].removeprefix("charlm-")]
     params = train("diloco", data.x_train, data.y_train, config, encode=text.encode, executor=executor,
                    hooks=[Clock()]).params
     (wall_0, cpu_0), (wall_1, cpu_1) = marks[0], marks[-1]
@@ -96,10 +102,58 @@ def run_eval(spec: dict, repeats: int = 5) -> dict:
     return out
 
 
+def run_first_layer(spec: dict, repeats: int = 5, calls: int = 200) -> dict:
+    """CPU microseconds of ``dW_1 = x^T dz_1`` for a one-hot batch of real windows: dense, and scattered."""
+    import importlib.util
+
+    import numpy as np
+
+    from diloco.engine import optim
+    from diloco.engine.flat import flat_layout
+    from diloco.engine.stack import WorkerStack
+    from diloco.model import init_model_params
+    from diloco.text import load_shakespeare
+
+    text = load_shakespeare(6, eval_windows=8)
+    dtype, K, b, hidden = np.dtype(spec["dtype"]), CHARLM["workers"], CHARLM["batch"], CHARLM["hidden"][0]
+    rng = np.random.default_rng(0)
+    windows = text.dataset.x_train[rng.choice(len(text.dataset.y_train), K * b, replace=False)]
+    params = init_model_params([text.encode.num_features, hidden, text.encode.vocab_size], rng, dtype=dtype)
+    stack = WorkerStack(flat_layout(params), K, 1, b, dtype, context=text.encode.context)
+    stack.columns[...] = text.encode.columns(windows).reshape(K, b, -1)
+    dense = text.encode(windows, dtype).reshape(K, b, -1)
+    dz = rng.standard_normal((K, b, hidden)).astype(dtype)
+    out_dense = np.empty_like(stack.dW[0])
+    kernels = ["numpy"] + (["numba"] if importlib.util.find_spec("numba") is not None else [])
+
+    def scatter(kernel):
+        def work():
+            optim.KERNEL = kernel  # the kernel current_kernel() gives the stack
+            stack._first_layer_grads(dz)
+
+        return work
+
+    works = {"dense product": lambda: np.matmul(dense.transpose(0, 2, 1), dz, out=out_dense),
+             **{f"scatter, {k}": scatter(k) for k in kernels}}
+    out = {}
+    for name, work in works.items():
+        work()
+        times = []
+        for _ in range(repeats):
+            start = time.process_time()
+            for _ in range(calls):
+                work()
+            times.append((time.process_time() - start) / calls)
+        out[name] = 1e6 * min(times)
+    return out
+
+
 def measure(repeats: int, log, run_case, timed_command, python: str) -> dict:
     """Interleaved repeats of every char-LM case, the evaluation, and the study command."""
-    cases = [(dtype, impl) for dtype in ("float64", "float32") for impl in ("charlm-reference", "charlm-fast")]
-    out: dict = {"training": {case: [] for case in cases}, "eval": {"float64": [], "float32": []}, "study": {}}
+    cases = [(dtype, impl) for dtype in ("float64", "float32")
+             for impl in ("charlm-reference", "charlm-fast", "charlm-fast-numpy")]
+    out: dict = {"training": {case: [] for case in cases}, "eval": {"float64": [], "float32": []}, "study": {},
+                 "first_layer": {"float64": [], "float32": []}}
     for repeat in range(repeats):
         for dtype, impl in cases:
             result = run_case({"impl": impl, "dtype": dtype})
@@ -108,6 +162,7 @@ def measure(repeats: int, log, run_case, timed_command, python: str) -> dict:
                 f"{result['worker_steps'] / result['cpu']:.0f} worker-steps per CPU-second")
         for dtype in out["eval"]:
             out["eval"][dtype].append(run_case({"impl": "charlm-eval", "dtype": dtype}))
+            out["first_layer"][dtype].append(run_case({"impl": "charlm-first-layer", "dtype": dtype}))
     diloco = str(Path(python).parent / "diloco")
     study_repeats = max(1, min(3, repeats))  # a whole study is minutes; 3 repeats at most
     with tempfile.TemporaryDirectory() as runs:
@@ -140,16 +195,21 @@ def section(result: dict, median, loads, idle_load: float) -> tuple[list, list]:
     training = result["training"]
     lines = ["", "## The char-LM, one BLAS thread", "",
              "Tiny Shakespeare, 390-128-65, batch 32, K = 8, H = 50, through the one driver: the reference "
-             "executor (the milestone functions) against the stacked executor (`--engine fast`), timed over 2 "
-             "rounds after a warm-up round, no held-out evaluation (below). Worker-steps per CPU-second, "
-             "median (min-max).", "",
+             "executor (the milestone functions, which one-hot encode each batch) against the stacked executor "
+             "(`--engine fast`: the first layer gathered forward and scattered backward, AdamW and the scatter "
+             "as numba loops; *fast-numpy*: both as NumPy passes, the engine without the `fast` extra), timed "
+             f"over {CHARLM['rounds']} rounds after a warm-up round, no held-out evaluation (below). "
+             "Worker-steps per CPU-second, median (min-max).", "",
              "| dtype | executor | worker-steps per CPU-second | vs reference | load average, median (max) |",
              "|---|---|---|---|---|"]
     rows = []
     for dtype in ("float64", "float32"):
         ref, fast = training[(dtype, "charlm-reference")], training[(dtype, "charlm-fast")]
         ratio = rate(fast) / rate(ref)
-        for impl, results in (("reference", ref), ("fast", fast)):
+        numpy_only = training.get((dtype, "charlm-fast-numpy"), [])
+        for impl, results in (("reference", ref), ("fast", fast), ("fast-numpy", numpy_only)):
+            if not results:
+                continue
             busy = loads(results)
             lines.append(f"| {dtype} | {impl} | {spread(results)} | {rate(results) / rate(ref):.2f}x "
                          f"| {median(busy):.2f} ({max(busy):.2f}) |")
@@ -166,6 +226,19 @@ def section(result: dict, median, loads, idle_load: float) -> tuple[list, list]:
         lines.append(f"| {dtype} | {1e3 * ev:.1f} | {1e3 * fl:.1f} | {ev / fl:.2f} |")
         rows.append((f"held-out evaluation <= 2x its matmul floor, {dtype}", f"{ev / fl:.2f}x",
                      ("met" if ev / fl <= 2 else "**missed**") + state(results)))
+    first = result.get("first_layer")
+    if first and first["float64"]:
+        names = list(first["float64"][0])
+        lines += ["", "The first layer's gradient `dW_1 = x^T dz_1` of one step's one-hot batches (K = 8, b = 32, "
+                      "390 x 128, real windows): the dense product against the engine's scatter "
+                      "(`diloco.engine.stack`), CPU microseconds, best of 5 x 200 calls per repeat, median over "
+                      "the repeats; the engine scatters (the two kernels are equal to the last bit).", "",
+                  "| dtype | " + " | ".join(names) + " | dense / scatter, " + names[-1].split(", ")[-1] + " |",
+                  "|---|" + "---|" * (len(names) + 1)]
+        for dtype, results in first.items():
+            cells = {name: median([r[name] for r in results]) for name in names}
+            lines.append(f"| {dtype} | " + " | ".join(f"{cells[n]:.0f}" for n in names)
+                         + f" | {cells[names[0]] / cells[names[-1]]:.2f}x |")
     study = result["study"]
     if study:
         fast_cpu = median([r["cpu"] for r in study["fast (default)"]])

@@ -26,9 +26,10 @@ the backward pass scatters ``dW_1[column_p] += dz_1[row]``, row after row (the s
 as ``x^T dz_1``, to rounding). The scatter runs as the numba loop when the engine's
 kernel is numba (``diloco.engine.optim.current_kernel``), else as NumPy passes that add
 the same terms in the same order, so the two are equal to the last bit. Measured on the
-char-LM's first layer (K = 8, b = 32, 390 x 128, one thread; ``make bench``, "The char-LM"),
-against the dense ``x^T dz_1``: the numba scatter is 1.8x (float32) to 4.5x (float64)
-faster; the NumPy scatter 0.9x and 1.5x.
+char-LM's first layer (K = 8, b = 32, 390 x 128, real windows, one thread, CPU time;
+``python benchmarks/_case.py '{"impl": "charlm-first-layer", "dtype": "float64"}'``, and
+``make bench``'s char-LM section), against the dense ``x^T dz_1``: the numba scatter is 2.2x
+(float32) to 4.4x (float64) faster, the NumPy scatter 1.25x and 1.7x.
 """
 
 from __future__ import annotations
@@ -142,8 +143,8 @@ class WorkerStack:
         if current_kernel() == "numba":
             _scatter_kernel()(dW, self.columns, dz)
             return
-        # NumPy: sort the (model, column) entries stably (rows keep their order within a column), then
-        # pass j adds the j-th row of every column at once (no column twice in a pass).
+        # NumPy: sort the (model, column) entries stably (rows keep their order within a column), rank each
+        # within its column's run; pass j adds the j-th row of every column at once (no column twice in a pass).
         columns = self.columns.reshape(-1)
         keys = self._model_of * dW.shape[1] + columns
         order = np.argsort(keys, kind="stable")
@@ -152,13 +153,15 @@ class WorkerStack:
         starts[0] = True
         np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
         index = np.arange(ordered.size)
-        rank = index - np.maximum.accumulate(np.where(starts, index, 0))  # place within its column's run
-        models, rows, columns = self._model_of[order], self._row_of[order], columns[order]
-        flat_dz = dz.reshape(-1, dz.shape[2])
+        rank = index - np.maximum.accumulate(np.where(starts, index, 0))
+        entries = order[np.argsort(rank, kind="stable")]  # pass by pass
+        models, columns = self._model_of[entries], columns[entries]
+        rows = dz.reshape(-1, dz.shape[2])[self._row_of[entries]]
         dW.fill(0)
-        for j in range(int(rank.max()) + 1):
-            pick = rank == j
-            dW[models[pick], columns[pick]] += flat_dz[rows[pick]]
+        start = 0
+        for end in np.cumsum(np.bincount(rank)):
+            dW[models[start:end], columns[start:end]] += rows[start:end]
+            start = end
 
     def loss_and_grads(self) -> np.ndarray:
         """Forward, loss and backward on the current batches; gradients land in ``grads``.
