@@ -113,7 +113,7 @@ def run_training(spec: dict) -> dict:
     dtype = spec["dtype"]
     x, y = make_data(spec["model"], dtype)
     fields = dict(num_workers=spec.get("workers", model["workers"]), inner_steps=spec.get("inner_steps", model["H"]),
-                  batch_size=model["batch"], hidden_sizes=model["hidden"], dtype=dtype)
+                  batch_size=model["batch"], hidden_sizes=tuple(spec.get("hidden", model["hidden"])), dtype=dtype)
     rounds = spec.get("rounds", model["rounds"])
     impl = spec["impl"]
     marks = []

@@ -215,9 +215,12 @@ def measure_layouts(repeats: int, log) -> dict:
     return out
 
 
+MEMORY_WIDTHS = (64, 128, 256, 512)
+
+
 def measure_memory(log) -> dict:
-    """Peak RSS of one-round runs as H and K grow (model (a), float64)."""
-    out: dict = {"H": {}, "K": {}}
+    """Peak RSS of one-round runs as H, K and the hidden width grow (model (a), float64)."""
+    out: dict = {"H": {}, "K": {}, "width": {}}
     for impl in ("reference", "fast"):
         for inner_steps in (10, 50, 200):
             spec = {"impl": impl, "model": "a", "dtype": "float64", "inner_steps": inner_steps, "rounds": 1}
@@ -225,6 +228,9 @@ def measure_memory(log) -> dict:
         for workers in (2, 4, 8, 16):
             spec = {"impl": impl, "model": "a", "dtype": "float64", "workers": workers, "rounds": 1}
             out["K"][(impl, workers)] = run_case(spec)
+        for width in MEMORY_WIDTHS:
+            spec = {"impl": impl, "model": "a", "dtype": "float64", "hidden": [width], "rounds": 1}
+            out["width"][(impl, width)] = run_case(spec)
     log("  memory measured")
     return out
 

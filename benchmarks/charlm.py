@@ -228,7 +228,7 @@ def section(result: dict, median, loads, idle_load: float) -> tuple[list, list]:
                      ("met" if ev / fl <= 2 else "**missed**") + state(results)))
     first = result.get("first_layer")
     if first and first["float64"]:
-        names = list(first["float64"][0])
+        names = [name for name in first["float64"][0] if name.startswith(("dense", "scatter"))]
         lines += ["", "The first layer's gradient `dW_1 = x^T dz_1` of one step's one-hot batches (K = 8, b = 32, "
                       "390 x 128, real windows): the dense product against the engine's scatter "
                       "(`diloco.engine.stack`), CPU microseconds, best of 5 x 200 calls per repeat, median over "

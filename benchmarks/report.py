@@ -402,6 +402,17 @@ def memory_section(memory) -> list:
             cells.append(f"{r['peak_rss_mb']:.0f} (+{r['peak_rss_mb'] - r['base_rss_mb']:.1f})")
         rows.append(cells)
     lines += _table(("implementation", "K = 2", "K = 4", "K = 8", "K = 16"), rows)
+    widths = sorted({w for _, w in memory.get("width", {})})
+    if widths:  # measured since 2026-12-02: the hidden width of model (a), K = 8
+        lines += ["", "The same against the hidden width (64-w-10, K = 8, H = 50):", ""]
+        rows = []
+        for impl in ("reference", "fast"):
+            cells = [impl]
+            for width in widths:
+                r = memory["width"][(impl, width)]
+                cells.append(f"{r['peak_rss_mb']:.0f} (+{r['peak_rss_mb'] - r['base_rss_mb']:.1f})")
+            rows.append(cells)
+        lines += _table(("implementation", *(f"w = {w}" for w in widths)), rows)
     lines += ["", "Model size: see the peak RSS columns of the throughput tables, (a) 9,610 and (b) 669,706 "
               "parameters per worker."]
     return lines

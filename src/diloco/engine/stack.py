@@ -49,8 +49,7 @@ def _scatter_kernel():
     global _SCATTER
     if _SCATTER is None:
         @numba_jit
-        def scatter(dW, columns, dz):
-            dW[...] = 0
+        def scatter(dW, columns, dz):  # into a zeroed dW (NumPy's fill: 2x faster than this loop's on a view)
             for s in range(columns.shape[0]):
                 for r in range(columns.shape[1]):
                     for p in range(columns.shape[2]):
@@ -140,6 +139,7 @@ class WorkerStack:
         """``dW_1 = x^T dz`` for one-hot ``x``: every row's ``dz`` added into its ``c`` columns' rows
         of ``dW_1``, in the order of the rows (the numba loop, or NumPy passes: the same bits)."""
         dW = self.dW[0]
+        dW.fill(0)
         if current_kernel() == "numba":
             _scatter_kernel()(dW, self.columns, dz)
             return
@@ -157,7 +157,6 @@ class WorkerStack:
         entries = order[np.argsort(rank, kind="stable")]  # pass by pass
         models, columns = self._model_of[entries], columns[entries]
         rows = dz.reshape(-1, dz.shape[2])[self._row_of[entries]]
-        dW.fill(0)
         start = 0
         for end in np.cumsum(np.bincount(rank)):
             dW[models[start:end], columns[start:end]] += rows[start:end]
