@@ -104,9 +104,10 @@ class Competitor:
         self.process.wait()
 
 
-def timed_command(argv: list) -> dict:
-    """Wall and CPU time (user + system, of the child) of one command."""
+def timed_command(argv: list, extra_env: dict | None = None) -> dict:
+    """Wall and CPU time (user + system, of the child and its descendants) of one command."""
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}  # the command's own policy rules
+    env.update(extra_env or {})
     load = os.getloadavg()[0]
     before = os.times()
     start = time.perf_counter()
