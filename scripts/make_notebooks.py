@@ -1,4 +1,4 @@
-"""Write the three teaching notebooks in notebooks/ from the cell sources below.
+"""Write the five teaching notebooks in notebooks/ from the cell sources below.
 
     .venv/bin/python scripts/make_notebooks.py            # write the notebooks, no outputs
     .venv/bin/python scripts/make_notebooks.py --execute  # write them with their outputs (notebooks extra)
@@ -40,8 +40,9 @@ import numpy as np
 from IPython.display import Markdown, display
 
 import diloco
-from diloco import DiLoCoConfig, communication_savings, train_diloco, train_synchronous_baseline
+from diloco import DiLoCoConfig, communication_savings
 from diloco.data import load_digits_split
+from diloco.tools.studies.ablations import default_engine, trainer
 from diloco.tools.studies.plots import plot_curves
 from diloco.tools.studies.study_stats import format_bytes  # the CLI's byte format
 
@@ -54,12 +55,19 @@ The paper's setting, scaled down: $K = 8$ workers, $H = 50$ inner steps, outer N
 learning rate 0.7 and momentum 0.9 (the `DiLoCoConfig` defaults), here for 5 rounds and a
 hidden layer of 64 units. Both trainers
 use the same seed, so they see exactly the same mini-batches and differ only in how they combine
-the workers' work."""),
-    ("code", """config = DiLoCoConfig(num_workers=8, inner_steps=50, rounds=5, hidden_sizes=(64,))
+the workers' work.
+
+Like `.venv/bin/diloco study`, the runs use `default_engine()` (`config.engine`, turned into a
+training function by `trainer`): the fast engine `diloco.engine` (the same algorithm, equal up to
+rounding) where it is installed, and your own `train_diloco` and `train_synchronous_baseline`
+(milestones 26 and 27) in a learner workspace."""),
+    ("code", """config = DiLoCoConfig(num_workers=8, inner_steps=50, rounds=5, hidden_sizes=(64,), engine=default_engine())
+print(f"engine: {config.engine}")
 results, seconds = {}, {}
-for name, trainer in (("diloco", train_diloco), ("sync", train_synchronous_baseline)):
+for name in ("diloco", "sync"):
     start = time.perf_counter()
-    results[name] = trainer(data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test)
+    results[name] = trainer(name, config.engine)(data.x_train, data.y_train, config,
+                                                 x_eval=data.x_test, y_eval=data.y_test)
     seconds[name] = time.perf_counter() - start
 
 rows = ["| algorithm | held-out loss | held-out accuracy | all-reduces | bytes per worker | wall s |",
@@ -192,8 +200,9 @@ most of a class on one or two workers; large $\\alpha$ approaches an IID split."
 import matplotlib.pyplot as plt
 import numpy as np
 
-from diloco import DiLoCoConfig, noniid_shard_dataset, iid_shard_dataset, train_diloco, train_synchronous_baseline
+from diloco import DiLoCoConfig, iid_shard_dataset, noniid_shard_dataset
 from diloco.data import load_digits_split
+from diloco.tools.studies.ablations import default_engine, trainer
 
 data = load_digits_split(seed=0)
 num_workers = 8
@@ -226,8 +235,13 @@ We train DiLoCo with two outer optimizers on IID and on skewed shards, and the b
   workers' models;
 * **Nesterov** (lr 0.7, momentum 0.9): the outer momentum accumulates the *consistent* part of the
   pseudo-gradients across rounds, while the worker-specific parts, which change sign from round to
-  round, average out."""),
-    ("code", """base = DiLoCoConfig(num_workers=num_workers, inner_steps=20, rounds=6, hidden_sizes=(64,), alpha=0.1)
+  round, average out.
+
+The runs use `default_engine()`, as `.venv/bin/diloco study` does: the fast engine `diloco.engine`
+(the same algorithm, equal up to rounding) where it is installed, your own milestone functions in
+a learner workspace."""),
+    ("code", """base = DiLoCoConfig(num_workers=num_workers, inner_steps=20, rounds=6, hidden_sizes=(64,), alpha=0.1,
+                    engine=default_engine())
 arms = {
     "Nesterov": dict(outer_lr=0.7, outer_momentum=0.9, nesterov=True),
     "FedAvg": dict(outer_lr=1.0, outer_momentum=0.0, nesterov=False),
@@ -236,10 +250,10 @@ runs = {}
 for shards_name, iid in (("IID", True), ("alpha=0.1", False)):
     for arm, changes in arms.items():
         config = base.replace(iid=iid, **changes)
-        runs[(shards_name, arm)] = train_diloco(data.x_train, data.y_train, config,
-                                                x_eval=data.x_test, y_eval=data.y_test)
-    runs[(shards_name, "sync")] = train_synchronous_baseline(data.x_train, data.y_train, base.replace(iid=iid),
-                                                             x_eval=data.x_test, y_eval=data.y_test)
+        runs[(shards_name, arm)] = trainer("diloco", config.engine)(data.x_train, data.y_train, config,
+                                                                    x_eval=data.x_test, y_eval=data.y_test)
+    runs[(shards_name, "sync")] = trainer("sync", base.engine)(data.x_train, data.y_train, base.replace(iid=iid),
+                                                               x_eval=data.x_test, y_eval=data.y_test)
 for (shards_name, arm), result in runs.items():
     last = result.history[-1]
     print(f"{shards_name:>10} {arm:>9}: held-out accuracy {last['eval_accuracy']:.3f}, loss {last['eval_loss']:.3f}")"""),
@@ -296,24 +310,34 @@ and hide them better:
 `diloco.family` builds each of them from the 30 milestone functions. This notebook runs each one
 small, checks the reductions to DiLoCo, and turns bytes into time with the network simulator.
 The concept pages in `docs/concepts/` have the equations; `docs/results-family.md` the measured
-studies."""),
+studies.
+
+Each method is a `DiLoCoConfig.family` setting, so `run` below trains it the way
+`.venv/bin/diloco study` does: on `default_engine()`, the fast engine `diloco.engine` (the same
+algorithm, equal up to rounding) where it is installed, your own milestone functions in a learner
+workspace. Only the two bit-for-bit reductions (sections 3 and 4) call the family's entry points
+`train_streaming` and `train_eager` on the reference path, where the milestone functions run:
+the fast engine equals `train_diloco` only up to rounding."""),
     ("code", """%matplotlib inline
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
-from diloco import DiLoCoConfig, train_diloco, train_synchronous_baseline
+from diloco import DiLoCoConfig, train_diloco
 from diloco.data import load_digits_split
 from diloco.family import (FORMATS, FamilyConfig, encode, fragment_layers, parse_bandwidth, quantize, simulate,
                            sync_steps, train_eager, train_streaming)
+from diloco.tools.studies.ablations import default_engine, trainer
 
 data = load_digits_split(seed=0)
-config = DiLoCoConfig(num_workers=4, inner_steps=20, rounds=6, hidden_sizes=(32, 32, 32))
+config = DiLoCoConfig(num_workers=4, inner_steps=20, rounds=6, hidden_sizes=(32, 32, 32), engine=default_engine())
+print(f"engine: {config.engine}")
 
 
-def run(family=None, cfg=config):
-    train = train_eager if family is not None and family.eager else train_streaming
-    return train(data.x_train, data.y_train, cfg, family, x_eval=data.x_test, y_eval=data.y_test)"""),
+def run(family=None, cfg=config, algo="diloco"):
+    \"\"\"Train ``algo`` on ``cfg.engine``, with ``family`` as the config's family section.\"\"\"
+    cfg = cfg if family is None else cfg.replace(family=family)
+    return trainer(algo, cfg.engine)(data.x_train, data.y_train, cfg, x_eval=data.x_test, y_eval=data.y_test)"""),
     ("md", """## 1. The wire formats
 
 Each format turns a tensor into codes (and, for int8 and fp4, one power-of-two scale byte per block
@@ -343,11 +367,15 @@ display(Markdown("\\n".join(rows)))"""),
     ("md", """## 3. Streaming DiLoCo
 
 Strided fragments and their schedule: fragment $p$ syncs every $H$ steps, offset by $pH/P$. With
-$P = 1$, $\\tau = 0$ and mix 1 it *is* DiLoCo, bit for bit:"""),
+$P = 1$, $\\tau = 0$ and mix 1 it *is* DiLoCo, bit for bit. That check compares like with like, so it
+stays on the reference path: `train_streaming` on its default `executor="reference"` against
+`train_diloco`, the milestone functions."""),
     ("code", """print("fragments of 4 layers, P=2:", fragment_layers(4, 2))
 print("fragment 1 of 2 syncs at steps", sync_steps(1, 2, config.inner_steps, 60))
 diloco = train_diloco(data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test)
-same = all(np.array_equal(diloco.params[k], results["native (float64)"].params[k]) for k in diloco.params)
+p1 = train_streaming(data.x_train, data.y_train, config, FamilyConfig(fragments=1, overlap=0, mix=1.0),
+                     x_eval=data.x_test, y_eval=data.y_test)
+same = all(np.array_equal(diloco.params[k], p1.params[k]) for k in diloco.params)
 print("P=1, tau=0, mix=1 equals train_diloco bit for bit:", same)
 
 streaming = {f"P={p} tau={tau} mix={mix}": run(FamilyConfig(fragments=p, overlap=tau, mix=mix))
@@ -355,15 +383,17 @@ streaming = {f"P={p} tau={tau} mix={mix}": run(FamilyConfig(fragments=p, overlap
 rows = ["| arm | held-out loss | peak bytes per sync | bytes per worker |", "|---|---:|---:|---:|"]
 for name, result in streaming.items():
     last = result.history[-1]
-    rows.append(f"| {name} | {last['eval_loss']:.4f} | {last['peak_sync_bytes']:,.0f} | {last['cumulative_bytes']:,.0f} |")
+    peak = last.get("peak_sync_bytes", last["bytes_sent"])  # P=1 is plain DiLoCo: one whole-model sync a round
+    rows.append(f"| {name} | {last['eval_loss']:.4f} | {peak:,.0f} | {last['cumulative_bytes']:,.0f} |")
 display(Markdown("\\n".join(rows)))"""),
     ("md", """## 4. Eager updates
 
-One worker: eager training is DiLoCo. Several workers with a one-round overlap: it is not, and the
-paper's claim is only that it comes close."""),
+One worker: eager training is DiLoCo, bit for bit (checked on the reference path, `train_eager`
+against `train_diloco`, like section 3). Several workers with a one-round overlap: it is not, and
+the paper's claim is only that it comes close."""),
     ("code", """one = config.replace(num_workers=1)
 single = train_diloco(data.x_train, data.y_train, one)
-eager_single = run(FamilyConfig(eager=True), one)
+eager_single = train_eager(data.x_train, data.y_train, one, FamilyConfig(eager=True))
 print("K=1: eager equals DiLoCo:", all(np.array_equal(single.params[k], eager_single.params[k]) for k in single.params))
 eager = {mu: run(FamilyConfig(eager=True), config.replace(outer_momentum=mu)) for mu in (0.9, 0.5)}
 for mu, result in eager.items():
@@ -372,9 +402,10 @@ for mu, result in eager.items():
 
 Each run's records say which all-reduces happened when and how long their results may wait.
 Replayed on links of several bandwidths, with 10 ms of compute per inner step, they give the
-simulated time to reach a held-out loss of 0.6:"""),
-    ("code", """sync = train_synchronous_baseline(data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test)
-arms = {"sync": sync.history, "DiLoCo": diloco.history,
+simulated time to reach a held-out loss of 0.6 (an arm that never gets there in its 6 rounds has
+no points, and the cell names it):"""),
+    ("code", """sync = run(algo="sync")
+arms = {"sync": sync.history, "DiLoCo": results["native (float64)"].history,
         "Streaming P=4 tau=4 fp4": run(FamilyConfig(fragments=4, overlap=4, mix=0.5, comm_dtype="fp4")).history,
         "eager (mu 0.5)": eager[0.5].history}
 bandwidths = ["100kbit", "1Mbit", "10Mbit", "100Mbit", "1Gbit"]
@@ -392,7 +423,9 @@ for name, history in arms.items():
 ax.set(xscale="log", yscale="log", xlabel="bandwidth (bit/s)", ylabel="simulated seconds to loss 0.6",
        title="time to target against bandwidth")
 ax.legend()
-plt.show()"""),
+plt.show()
+never = [name for name, history in arms.items() if min(r["eval_loss"] for r in history) > 0.6]
+print(f"never at loss 0.6 within {config.rounds} rounds:", ", ".join(never) or "none")"""),
     ("md", """## Exercises
 
 Three graded exercises sit outside the course's 30 milestones (`docs/exercises/`): `x01` (the fp4
@@ -420,7 +453,12 @@ guard and `--config`:
 
 One small run of each on the digits, one figure per method. The concept pages in
 `docs/concepts/` have the equations; `docs/results-beyond.md` the 5-seed studies and their
-verdicts (this notebook's single runs prove nothing by themselves)."""),
+verdicts (this notebook's single runs prove nothing by themselves).
+
+Each method is a `DiLoCoConfig` setting, so `run` below trains it the way `.venv/bin/diloco study`
+does: on `default_engine()`, the fast engine `diloco.engine` (the same algorithm, equal up to
+rounding) where it is installed, your own milestone functions in a learner workspace. Only the
+bit-for-bit reduction of section 1 runs on the reference path (`engine="reference"`)."""),
     ("code", """%matplotlib inline
 import matplotlib.pyplot as plt
 import numpy as np
@@ -428,15 +466,17 @@ import numpy as np
 from diloco import DiLoCoConfig, train_diloco
 from diloco.config import MuonConfig
 from diloco.config_sections import AsyncConfig, FamilyConfig
-from diloco.core.driver import train
 from diloco.data import load_digits_split
+from diloco.tools.studies.ablations import default_engine, trainer
 
 data = load_digits_split(seed=0)
-config = DiLoCoConfig(num_workers=4, inner_steps=20, rounds=8, hidden_sizes=(32, 32))
+config = DiLoCoConfig(num_workers=4, inner_steps=20, rounds=8, hidden_sizes=(32, 32), engine=default_engine())
+print(f"engine: {config.engine}")
 
 
 def run(cfg, algo="diloco"):
-    return train(algo, data.x_train, data.y_train, cfg, x_eval=data.x_test, y_eval=data.y_test)
+    \"\"\"Train ``algo`` under ``cfg`` on ``cfg.engine``.\"\"\"
+    return trainer(algo, cfg.engine)(data.x_train, data.y_train, cfg, x_eval=data.x_test, y_eval=data.y_test)
 
 
 def losses(result):
@@ -446,8 +486,10 @@ def losses(result):
 Worker 3 is four times slower. Synchronous DiLoCo waits for it every round; asynchronous
 DiLoCo applies each group of arrivals to the current global model. The records carry the
 simulated clock (`sim_cumulative_seconds`, one second per inner step of a normal worker). With
-equal speeds the asynchronous schedule *is* DiLoCo, bit for bit:"""),
-    ("code", """equal = run(config.replace(asynchrony=AsyncConfig(asynchronous=True)))
+equal speeds the asynchronous schedule *is* DiLoCo, bit for bit; that check compares like with
+like, so its asynchronous run takes the reference path, the milestone functions that
+`train_diloco` runs (the fast engine equals them only up to rounding):"""),
+    ("code", """equal = run(config.replace(asynchrony=AsyncConfig(asynchronous=True), engine="reference"))
 plain = train_diloco(data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test)
 print("equal speeds: asynchronous equals train_diloco bit for bit:",
       all(np.array_equal(equal.params[k], plain.params[k]) for k in plain.params))
