@@ -217,12 +217,13 @@ def measure_layouts(repeats: int, log) -> dict:
 
 
 MEMORY_WIDTHS = (64, 128, 256, 512)
+MEMORY_IMPLS = ("reference", "fast", "fast-numpy")
 
 
 def measure_memory(log) -> dict:
     """Peak RSS of one-round runs as H, K and the hidden width grow (model (a), float64)."""
     out: dict = {"H": {}, "K": {}, "width": {}}
-    for impl in ("reference", "fast"):
+    for impl in MEMORY_IMPLS:
         for inner_steps in (10, 50, 200):
             spec = {"impl": impl, "model": "a", "dtype": "float64", "inner_steps": inner_steps, "rounds": 1}
             out["H"][(impl, inner_steps)] = run_case(spec)
