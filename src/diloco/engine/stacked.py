@@ -98,7 +98,6 @@ class StackedExecutor:
         if self.sync_model:
             self.stack = WorkerStack(self.flat, 1, K, b, self.dtype, self.context)
             self.stacked = True
-            self.inputs = self.stack.x if self.context is None else self.stack.columns
         else:
             # asynchronous groups are subsets of the workers at their own step counts: one at a time
             self.stacked = (not self.config.asynchrony.asynchronous
