@@ -24,9 +24,14 @@ install: $(VENV)/.installed-dev
 
 # `make test M=m07` runs one milestone's tests (M is a pytest marker expression).
 M ?=
+# The whole suite runs on JOBS processes (pytest-xdist, at most one per core, each handed whole test files,
+# slow files first: tests/conftest.py); with M it runs in this one process unless JOBS is given, as starting
+# the workers takes longer than one milestone's tests. JOBS=1: no workers.
+JOBS ?= $(if $(M),1,2)
+XDIST = $(if $(filter 0 1,$(JOBS)),,-n logical --maxprocesses=$(JOBS) --dist loadfile --no-loadscope-reorder)
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest $(if $(M),-m '$(M)',)
+	$(BIN)/python -m pytest $(if $(M),-m '$(M)',) $(XDIST)
 
 # `make demo` needs only the cli extra (progress bars, plots): a quicker install than dev.
 $(VENV)/.installed-cli: pyproject.toml $(CONSTRAINTS) | $(BIN)/python

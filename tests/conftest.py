@@ -20,6 +20,12 @@
 * In a learner workspace, the property tests of a milestone that is still a stub (or
   that needs one) do not shrink or explain their failing example: every example fails the
   same way, with the stub's NotImplementedError, and shrinking it only costs seconds.
+* ``make test`` runs the suite on two processes (pytest-xdist, ``--dist loadfile``): each
+  test file runs whole on one process, so its module-scoped fixtures are built once, and the
+  files holding a ``slow`` test are handed out first, so no long file starts last. Tests that
+  must not overlap across the processes take a lock (``tests/tooling/process_quota.py``).
+  (Not ``--dist loadgroup``: xdist 3.8 groups by renaming the node id, which pytest 9.2 no
+  longer reads, so its ``xdist_group`` marks have no effect here.)
 """
 
 from __future__ import annotations
@@ -72,6 +78,15 @@ def _is_unit_marker(name: str) -> bool:
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "examples(fraction): run this Hypothesis test with that fraction of the profile's examples")
+
+
+def _slow_files_first(config, items) -> None:
+    """On xdist's workers: the files holding a slow test first, each file's tests in their order (the
+    processes are handed whole files in the order of their first test)."""
+    if getattr(config, "workerinput", None) is None:
+        return
+    slow = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow)
 
 
 def _stub_markers() -> set[str]:
@@ -128,6 +143,7 @@ def _apply_settings(items, stubbed_markers) -> list[str]:
 
 
 def pytest_collection_modifyitems(config, items):
+    _slow_files_first(config, items)
     bad = []
     stubbed = _stub_markers()
     tooling_dir = Path(__file__).parent / "tooling"

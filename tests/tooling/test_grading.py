@@ -220,14 +220,20 @@ def test_missing_or_broken_package_is_a_clear_error(tmp_path, capsys):
     assert proc.returncode == 2 and "SyntaxError" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_a_milestone_without_tests_is_an_error(tmp_path):
-    tests = tmp_path / "tests"
+@pytest.fixture(scope="module")
+def relu_only(tmp_path_factory):
+    """A suite of one test, of milestone 02, and the reference graded against it in the sandbox."""
+    tests = tmp_path_factory.mktemp("relu") / "tests"
     tests.mkdir()
     (tests / "conftest.py").write_text("")
     (tests / "test_relu.py").write_text(
         "import numpy as np, pytest\nfrom diloco import relu\n\n"
         "@pytest.mark.m02\ndef test_relu():\n    assert relu(np.array([-1.0, 2.0])).tolist() == [0.0, 2.0]\n")
-    report = grade(REPO, tests)
+    return tests, grade(REPO, tests)
+
+
+def test_a_milestone_without_tests_is_an_error(relu_only):
+    _, report = relu_only
     assert report.result(2).status == PASSED
     assert report.result(1).status == grading.ERROR
     assert "no tests collected for m01" in report.result(1).summary
@@ -344,14 +350,9 @@ def test_the_learner_guide_shows_what_the_grader_prints(naive_softmax, monkeypat
                 assert line in table, f"docs/learner-guide.md shows a line the grader does not print:\n{line}"
 
 
-def test_the_report_says_whether_the_graded_code_was_sandboxed(tmp_path):
-    tests = tmp_path / "tests"
-    tests.mkdir()
-    (tests / "conftest.py").write_text("")
-    (tests / "test_relu.py").write_text(
-        "import numpy as np, pytest\nfrom diloco import relu\n\n"
-        "@pytest.mark.m02\ndef test_relu():\n    assert relu(np.array([-1.0, 2.0])).tolist() == [0.0, 2.0]\n")
-    sandboxed, local = grade(REPO, tests), grade(REPO, tests, sandbox=False)
+def test_the_report_says_whether_the_graded_code_was_sandboxed(relu_only):
+    tests, sandboxed = relu_only
+    local = grade(REPO, tests, sandbox=False)
     assert sandboxed.result(2).status == local.result(2).status == PASSED
     assert "\n  (sandboxed (protections: separate process, own session" in grading.format_table(sandboxed)
     assert "\n  (local, not sandboxed" in grading.format_table(local)
