@@ -112,12 +112,28 @@ def test_every_study_builds_its_arms_and_claims_at_the_default_budgets():
         PAPER_STUDIES["table2"].arms(base, 1001)
 
 
-def test_arms_run_on_the_fast_engine_whatever_their_mechanisms_and_task():
+def test_arms_run_on_the_engine_their_config_names_whatever_their_mechanisms_and_task():
     pytest.importorskip("diloco.engine")
-    base = DiLoCoConfig()
-    assert arm_engine(base.replace(drop_prob=0.1), "diloco") == "fast"
-    assert arm_engine(base, "diloco", encode=object()) == "fast"
-    assert arm_engine(base.replace(iid=False), "sync") == "fast"
+    fast = DiLoCoConfig(engine="fast")
+    assert arm_engine(fast.replace(drop_prob=0.1), "diloco") == "fast"
+    assert arm_engine(fast, "diloco", encode=object()) == "fast"
+    assert arm_engine(fast.replace(iid=False), "sync") == "fast"
+    assert arm_engine(fast.replace(engine="reference"), "diloco", encode=object()) == "reference"
+
+
+def test_a_paper_study_runs_on_the_fast_engine_unless_told_reference(tmp_path, capsys):
+    """--engine reference was silently ignored (every arm ran on the fast engine)."""
+    pytest.importorskip("diloco.engine")
+    argv = ["study", "fig9", "--data", "shakespeare", "--seeds", "2", "--total-steps", "4", "-H", "2",
+            "--eval-windows", "32", "--context", "2", "--hidden-sizes", "4", "-q", "--no-plots", "--inner-grid", "off"]
+    engines = {}
+    for extra in ([], ["--engine", "reference"]):
+        runs = tmp_path / (extra[-1] if extra else "default")
+        assert main([*argv, "--runs-dir", str(runs), *extra]) == 0, capsys.readouterr().err
+        (run_dir,) = [p for p in runs.iterdir() if p.name.endswith("study-fig9-shakespeare")]
+        lines = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+        engines[extra[-1] if extra else "default"] = {line["engine"] for line in lines}
+    assert engines == {"default": {"fast"}, "reference": {"reference"}}
 
 
 @pytest.mark.slow

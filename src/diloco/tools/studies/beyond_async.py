@@ -35,6 +35,7 @@ from diloco.core.driver import train
 from diloco.core.schedule import async_plan, synchronous_round_seconds, worker_local_steps
 from diloco.tools.cli.errors import CliError
 from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
+from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     combine_verdicts,
     interval_text,
@@ -171,7 +172,7 @@ def run_async_study(args) -> int:
     if task not in TASKS:
         raise CliError(f"study async runs on --data {' or --data '.join(TASKS)}, got --data {task}")
     spec = TASKS[task]
-    defaults = {"hidden_sizes": spec["hidden_sizes"], "inner": AdamWConfig(**spec["inner"]), "engine": "fast",
+    defaults = {"hidden_sizes": spec["hidden_sizes"], "inner": AdamWConfig(**spec["inner"]), "engine": default_engine(),
                 "num_workers": spec["num_workers"], "inner_steps": spec["inner_steps"], "rounds": spec["rounds"]}
     config = build_config(args, defaults)
     if not config.asynchrony.simulates_speeds:  # the default straggler: the last worker, 4x slower

@@ -36,6 +36,7 @@ import numpy as np
 
 from diloco.config import MuonConfig
 from diloco.tools.cli.errors import CliError
+from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     NOT_RUN,
     combine_verdicts,
@@ -235,7 +236,8 @@ def run_muon_study(args) -> int:
     if task not in TASKS:
         raise CliError(f"study muon runs on --data shakespeare or --data mnist1d, got --data {task}")
     spec = TASKS[task]
-    config = build_config(args, {"hidden_sizes": spec["hidden_sizes"], "inner_steps": spec["inner_steps"]})
+    config = build_config(args, {"hidden_sizes": spec["hidden_sizes"], "inner_steps": spec["inner_steps"],
+                                 "engine": default_engine()})
     muon = config.muon  # --muon-* flags (with --inner-optimizer muon) set Muon's other hyper-parameters
     base = config.replace(inner_optimizer="adamw", muon=MuonConfig())
     h = config.inner_steps

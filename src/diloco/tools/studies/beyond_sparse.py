@@ -46,6 +46,7 @@ from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, load_dataset
 from diloco.tools.cli.run_setup import thread_limit
 from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
+from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     judge_claims,
     render_arms_table,
@@ -162,7 +163,7 @@ def run_sparse_study(args) -> int:
     if getattr(args, "values", None):
         raise CliError("study sparse has fixed arms and takes no --values")
     defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
-                "num_workers": K, "inner_steps": H}
+                "num_workers": K, "inner_steps": H, "engine": default_engine()}
     config = build_config(args, defaults)
     steps = args.total_steps if getattr(args, "total_steps", None) is not None else TASKS[task]["steps"]
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or steps % config.inner_steps:

@@ -52,7 +52,7 @@ from diloco.tools.cli.run_setup import (
 )
 from diloco.tools.runs.faults import quiet_numpy, run_outcome
 from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, write_json
-from diloco.tools.studies.ablations import Study, mean_curves, summarise
+from diloco.tools.studies.ablations import Study, default_engine, mean_curves, summarise
 from diloco.tools.studies.family_report import MOMENTUM_GRID, family_claims, judge_family_claims, render_family_block
 from diloco.tools.studies.family_tables import (
     bandwidth_rows,
@@ -133,7 +133,7 @@ def _bandwidth_variants(config, values) -> list:
     ]
 
 
-_BASE = {"rounds": 24, "inner_steps": 25, "hidden_sizes": (64, 64, 64), "engine": "fast"}
+_BASE = {"rounds": 24, "inner_steps": 25, "hidden_sizes": (64, 64, 64), "engine": default_engine()}
 TUNE_SEED = 1000  # the outer momentum of each DiLoCo arm is tuned on this seed, never an evaluation seed
 MOMENTUM_EXTENSIONS = {"down": (0.3, 0.0), "up": (0.95,)}  # tried when the best is at the grid's end
 

@@ -26,6 +26,7 @@ from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, load_dataset
 from diloco.tools.cli.run_setup import check_plotting, progress_factory, split_values, thread_limit
 from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
+from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     judge_claims,
     metric_of,
@@ -74,7 +75,7 @@ def run_paper_study(args) -> int:
     if task not in TASKS:
         raise CliError(f"study {study.name} runs on --data {' or --data '.join(TASKS)}, got --data {task}")
     defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
-                "num_workers": K, "inner_steps": H, "lr_schedule": "cosine"}
+                "num_workers": K, "inner_steps": H, "lr_schedule": "cosine", "engine": default_engine()}
     config = build_config(args, defaults)
     steps = _budget(args, config, task)
     if args.seeds < 2:

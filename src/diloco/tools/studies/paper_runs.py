@@ -1,7 +1,8 @@
 """Running the paper studies' arms: the engine each arm gets, one run, tuning, a run cache.
 
 ``run_arm`` trains one ``Arm`` (a label, an algorithm and the config fields it changes)
-with one seed, on the fast engine where ``arm_engine`` says it runs that config, and
+with one seed, on the engine its config names (``arm_engine``; the study commands default to
+``default_engine()``, the fast engine where it is installed, and honour ``--engine``), and
 returns ``outcome_of`` its history: the final and best held-out metrics and the cost.
 ``tune_arms`` runs a study's tuning steps (``TuneStep``: a field, a grid, and which arm
 is probed for which arms) on tuning seeds and keeps each group's best value; the inner
@@ -92,9 +93,10 @@ def with_warmup(arms: list, base: DiLoCoConfig, fraction: float = WARMUP_FRACTIO
 
 
 def arm_engine(config: DiLoCoConfig, algo: str, encode=None) -> str:
-    """``"fast"`` (the stacked executor, which runs every task and mechanism) where ``diloco.engine``
-    is installed, else ``"reference"``."""
-    return "fast" if fast_engine_available() else "reference"
+    """The engine an arm runs on: ``config.engine`` ("fast": the stacked executor, which runs every
+    task and mechanism; "reference": the milestone functions), "reference" where ``diloco.engine``
+    is not installed (a learner workspace)."""
+    return config.engine if fast_engine_available() else "reference"
 
 
 def outcome_of(arm: Arm, seed: int, config: DiLoCoConfig, history: list, seconds: float, engine: str) -> dict:
