@@ -89,9 +89,11 @@ def numba_jit(function):
     return numba.njit(cache=True, nogil=True, error_model="numpy")(function)
 
 
-def adamw_scalars(step: int, config: AdamWConfig) -> tuple:
-    """``(a, e, decay)`` of step ``t``: ``a = lr sqrt(c2) / c1``, ``e = eps sqrt(c2)``, ``decay = 1 - lr wd``."""
-    beta1, beta2, lr = config.beta1, config.beta2, config.lr
+def adamw_scalars(step: int, config: AdamWConfig, lr: float | None = None) -> tuple:
+    """``(a, e, decay)`` of step ``t``: ``a = lr sqrt(c2) / c1``, ``e = eps sqrt(c2)``, ``decay = 1 - lr wd``;
+    ``lr`` is ``config.lr`` unless given (a scheduled lr: no new config per step)."""
+    beta1, beta2 = config.beta1, config.beta2
+    lr = config.lr if lr is None else lr
     root_c2 = math.sqrt(1.0 - beta2**step)
     return lr * root_c2 / (1.0 - beta1**step), config.eps * root_c2, 1.0 - lr * config.weight_decay
 
@@ -102,7 +104,7 @@ def adamw_scratch(size: int, dtype) -> tuple:
 
 
 def adamw_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.ndarray, step: int,
-                 config: AdamWConfig, scratch: tuple) -> None:
+                 config: AdamWConfig, scratch: tuple, *, lr: float | None = None) -> None:
     """One AdamW step (``torch.optim.AdamW`` order) on every row at once, in place.
 
     ::
@@ -122,18 +124,21 @@ def adamw_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.nda
         t, the step being taken (all rows share it).
     config : AdamWConfig
     scratch : from ``adamw_scratch(params.size, dtype)``
+    lr : float, keyword-only, optional
+        This step's learning rate in place of ``config.lr`` (the lr schedule's).
     """
     global _values_updated
     if current_kernel() == "numba":
-        adamw_update_numba(params, m, v, grads, step, config)
+        adamw_update_numba(params, m, v, grads, step, config, lr=lr)
     else:
         _values_updated += params.size
-        adamw_update_numpy(params, m, v, grads, step, config, scratch)
+        adamw_update_numpy(params, m, v, grads, step, config, scratch, lr=lr)
 
 
-def adamw_update_numpy(params, m, v, grads, step: int, config: AdamWConfig, scratch: tuple) -> None:
+def adamw_update_numpy(params, m, v, grads, step: int, config: AdamWConfig, scratch: tuple, *,
+                       lr: float | None = None) -> None:
     """``adamw_update`` as NumPy passes over chunks (the default without the ``fast`` extra)."""
-    a, e, decay = adamw_scalars(step, config)
+    a, e, decay = adamw_scalars(step, config, lr)
     beta1, beta2 = config.beta1, config.beta2
     flat = [array.reshape(-1) for array in (params, m, v, grads)]  # views: the arrays are contiguous
     p_all, m_all, v_all, g_all = flat
@@ -180,7 +185,8 @@ def _numba_kernel():
     return _NUMBA_KERNEL
 
 
-def adamw_update_numba(params, m, v, grads, step: int, config: AdamWConfig, scratch: tuple = ()) -> None:
+def adamw_update_numba(params, m, v, grads, step: int, config: AdamWConfig, scratch: tuple = (), *,
+                       lr: float | None = None) -> None:
     """``adamw_update`` as one compiled loop (the ``fast`` extra); the NumPy path's operations in its order.
 
     Raises
@@ -190,7 +196,7 @@ def adamw_update_numba(params, m, v, grads, step: int, config: AdamWConfig, scra
     """
     if importlib.util.find_spec("numba") is None:
         raise ImportError("the numba AdamW kernel needs the 'fast' extra: pip install 'diloco[fast]'")
-    a, e, decay = adamw_scalars(step, config)
+    a, e, decay = adamw_scalars(step, config, lr)
     cast = params.dtype.type  # the scalars in the buffers' dtype, as NumPy uses them with float32 arrays
     flat = [array.reshape(-1) for array in (params, m, v, grads)]
     _numba_kernel()(*flat, cast(config.beta1), cast(1.0 - config.beta1), cast(config.beta2), cast(1.0 - config.beta2),

@@ -131,8 +131,10 @@ class StackedExecutor:
             muon_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, step, muon,
                         self._inner(step), self.flat, self.matrices, self.scratch)
             return
-        adamw_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, self.step + 1,
-                     self._inner(self.step + 1), self.scratch)
+        step = self.step + 1
+        lr = None if self.config.lr_schedule == "constant" else inner_lr(self.config, step)  # no config per step
+        adamw_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, step, self.config.inner,
+                     self.scratch, lr=lr)
 
     def run(self, rngs, steps: int, workers=None) -> dict:
         K, b, stack = self.config.num_workers, self.config.batch_size, self.stack
