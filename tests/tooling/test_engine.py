@@ -215,10 +215,10 @@ def test_on_round_sees_every_finished_record_and_inputs_are_untouched(digits):
 def test_choose_layout():
     """The rule of diloco.engine.layout (measured in benchmarks/layout_grid.json; test_layout.py)."""
     assert choose_layout(8, 9_610, "auto", itemsize=8) == "stacked"  # model (a): 0.6 MB
-    assert choose_layout(8, 669_706, "auto", itemsize=8) == "stacked"  # model (b): 43 MB
+    assert choose_layout(8, 669_706, "auto", itemsize=8) == "per-worker"  # model (b): 5.4 MB a model
     assert choose_layout(1, 9_610, "auto", itemsize=8) == "per-worker"  # one worker: the same work
-    assert choose_layout(2, STACKED_MAX_BYTES // 8, "auto", itemsize=4) == "stacked"
-    assert choose_layout(2, STACKED_MAX_BYTES // 8 + 1, "auto", itemsize=4) == "per-worker"
+    assert choose_layout(16, STACKED_MAX_BYTES // 64, "auto", itemsize=4) == "stacked"
+    assert choose_layout(16, STACKED_MAX_BYTES // 64 + 1, "auto", itemsize=4) == "per-worker"
     assert choose_layout(8, 669_706, "stacked", itemsize=8) == "stacked"
     with pytest.raises(ValueError, match="layout"):
         choose_layout(8, 10, "diagonal", itemsize=8)

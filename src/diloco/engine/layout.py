@@ -6,48 +6,50 @@ buffers. Both do the same arithmetic; stacking saves the per-call cost of NumPy 
 K-fold and costs memory: the parameters, gradients and activations of K models at once
 (the AdamW moments are ``(K, P)`` in both layouts).
 
-The measurements (``benchmarks/layout_grid.py``; CPU time, one BLAS thread, model w-w-10,
-batch 32, K = 1..64, w = 64..512, float64 and float32, the numba AdamW loop; the grid is
-redrawn in ``benchmarks/results.md`` by ``make bench``, the fit's data is
-``benchmarks/layout_grid.json``, taken at a load average of 4-9 on two cores): stacked is
-1.4-3.3x faster for w = 64 and 128 and K >= 4, and 0.87-1.33x of per-worker for w = 256
-and 512 (1.0-1.2x in most of those cells); per-worker was faster by more than 5% in 2 of
-the 48 cells with K >= 2 (stacked 0.87x at w = 256, K = 4, float64; 0.95x at w = 512,
-K = 8, float32), each beside faster-stacked cells of the same width. K = 1 is the same work
-either way. The largest stacked buffer measured, 131 MB (K = 64, w = 512, float64), was
-still 1.16x faster. The fixed 2 MB threshold this replaces chose per-worker where stacked
-was 1.4-2.3x faster (w = 64 at K = 64, w = 128 at K >= 16 in float64 and K >= 32 in
-float32).
+The measurements (``benchmarks/layout_grid.py``, the fit's data in
+``benchmarks/layout_grid.json``; CPU time, one BLAS thread, model w-w-10, batch 32,
+H = 10, K = 1..64, w = 64..512, float64 and float32, the numba AdamW loop a long run ends
+on, taken 2026-12-02 on an idle two-core AMD EPYC at a load average of 0.6-0.9; ``make
+bench`` redraws the same grid with the NumPy AdamW passes in ``benchmarks/results.md``):
+stacked is 1.07-2.2x faster for w = 64 and 128 at any K >= 2; for w = 256 it is
+1.07-1.20x faster up to K = 8 and 0.88-1.05x of per-worker from K = 16 on; for w = 512
+(one model's parameters over 1 MiB) per-worker is faster in every cell with K >= 2, by
+2-25%. The same on the benchmark's models (``make bench``, 2026-12-02): (a) 64-128-10
+stacks 1.5-1.7x faster; (b) 784-512-512-10 (5.4 MB a model in float64) runs 1.02x
+(float64) to 1.10x (float32) faster per worker.
 
-With AdamW as NumPy passes instead (no ``fast`` extra, or a process's first 2**28 values:
-the grid ``make bench`` redraws runs so) the margin at w = 512 shrinks or turns: in the
-2026-12-01 ``make bench`` grid per-worker was 1.07-1.19x faster in 9 of its 48 cells with
-K >= 2 (w = 512 in float32 for K >= 4, w = 512 at K = 2, 4 and w = 256 at K = 16, 64 in
-float64); the rule still stacks there, a known cost of at most 1.19x in that grid.
-
-The rule: **stacked for K >= 2 while the stacked ``(K, P)`` buffer stays within
-``STACKED_MAX_BYTES`` (256 MB, twice the largest measured), else per-worker**; beyond it
-the measured gain is small (about 1.1-1.3x) and the memory of K models grows without
-bound, so per-worker keeps the run's peak memory at one model's activations.
+The rule: **stacked for K >= 2 while one model's parameters take at most
+``MODEL_MAX_BYTES`` (1 MiB) and the K models' at most ``STACKED_MAX_BYTES`` (8 MiB), else
+per-worker**: beyond either, the K models' activations and gradients no longer stay in
+cache together and stacking loses what it saves in calls. In the fitted grid the rule's
+pick is more than 5% slower than the faster layout in 2 of the 48 cells with K >= 2, by
+7% at most (w = 128, K = 64, float64: per-worker picked, stacked 1.07x faster); in the
+NumPy-AdamW grid of the same day, in 1 of 48, by 10% (w = 256, K = 16, float32). The rule
+was fitted on one machine: on another, forcing ``--layout`` (``train_diloco_fast``'s
+``layout=``) and ``benchmarks/layout_grid.py`` say whether it still holds. The earlier
+rule (stack up to 256 MB), fitted on a loaded machine, stacked w = 512 and model (b):
+per-worker is 1.02-1.28x faster there on an idle one.
 """
 
 from __future__ import annotations
 
 from diloco._validation import api_checks, shown
 
-__all__ = ["LAYOUTS", "STACKED_MAX_BYTES", "choose_layout"]
+__all__ = ["LAYOUTS", "MODEL_MAX_BYTES", "STACKED_MAX_BYTES", "choose_layout"]
 
 LAYOUTS = ("auto", "stacked", "per-worker")
-# Stack while K * P * itemsize is at most this (bytes): twice the largest stacked buffer measured.
-STACKED_MAX_BYTES = 2**28
+# Stack while one model's P * itemsize is at most MODEL_MAX_BYTES and the K models' K * P * itemsize at
+# most STACKED_MAX_BYTES (bytes; fitted to benchmarks/layout_grid.json, see the module doc).
+MODEL_MAX_BYTES = 2**20
+STACKED_MAX_BYTES = 2**23
 
 
 def choose_layout(num_workers: int, num_values: int, layout: str = "auto", *, itemsize: int = 8) -> str:
     """``"stacked"`` or ``"per-worker"``: the layout for K workers of P values of ``itemsize`` bytes.
 
-    ``"auto"`` applies the rule above: stacked when ``K >= 2`` and
-    ``K * P * itemsize <= STACKED_MAX_BYTES``, else per-worker. ``"stacked"`` and
-    ``"per-worker"`` are returned as they are.
+    ``"auto"`` applies the rule above: stacked when ``K >= 2``,
+    ``P * itemsize <= MODEL_MAX_BYTES`` and ``K * P * itemsize <= STACKED_MAX_BYTES``, else
+    per-worker. ``"stacked"`` and ``"per-worker"`` are returned as they are.
 
     Raises
     ------
@@ -64,4 +66,5 @@ def choose_layout(num_workers: int, num_values: int, layout: str = "auto", *, it
         return layout
     if num_workers == 1:
         return "per-worker"  # the same work: the simpler path
-    return "stacked" if num_workers * num_values * itemsize <= STACKED_MAX_BYTES else "per-worker"
+    model = num_values * itemsize
+    return "stacked" if model <= MODEL_MAX_BYTES and num_workers * model <= STACKED_MAX_BYTES else "per-worker"
