@@ -267,10 +267,12 @@ def section(result: dict, median, loads, idle_load: float) -> tuple[list, list]:
         rows += [(f"make test in at most {SUITE_TARGETS[k]:.0f} s of {k}", "the suite failed", "**missed**")
                  for k in ("wall", "cpu")]
     elif suite:
-        lines += ["", f"`make test`, once: {suite['wall']:.0f} s wall, "
-                      f"{suite['cpu']:.0f} s CPU (all its processes, the sandboxed gradings and MPI jobs included)."]
+        lines += ["", f"`make test`, once, from a load average of {suite['load'][0]:.2f}: {suite['wall']:.0f} s wall, "
+                      f"{suite['cpu']:.0f} s CPU (all its processes, the sandboxed gradings and MPI jobs included; "
+                      "where that CPU goes: docs/contributing.md, \"What `make test` measures\")."]
         for kind, label in (("wall", "wall time"), ("cpu", "CPU time")):
             goal = SUITE_TARGETS[kind]
+            before = [{"load": suite["load"][:1]}]  # at its start: its own two processes raise it after
             rows.append((f"make test in at most {goal:.0f} s of {label}", f"{suite[kind]:.0f} s",
-                         ("met" if suite[kind] <= goal else "**missed**") + state([suite])))
+                         ("met" if suite[kind] <= goal else "**missed**") + state(before)))
     return lines, rows

@@ -14,9 +14,9 @@ bench`` redraws the same grid with the NumPy AdamW passes in ``benchmarks/result
 stacked is 1.07-2.2x faster for w = 64 and 128 at any K >= 2; for w = 256 it is
 1.07-1.20x faster up to K = 8 and 0.88-1.05x of per-worker from K = 16 on; for w = 512
 (one model's parameters over 1 MiB) per-worker is faster in every cell with K >= 2, by
-2-25%. The same on the benchmark's models (``make bench``, 2026-12-02): (a) 64-128-10
-stacks 1.5-1.7x faster; (b) 784-512-512-10 (5.4 MB a model in float64) runs 1.02x
-(float64) to 1.10x (float32) faster per worker.
+2-25%. On the benchmark's models (``make bench``, two idle runs of 2026-12-02): (a)
+64-128-10 stacks 1.4-1.7x faster; on (b) 784-512-512-10 (5.4 MB a model in float64) the
+two layouts are within 10% of each other either way (stacked / per-worker 0.91-1.07x).
 
 The rule: **stacked for K >= 2 while one model's parameters take at most
 ``MODEL_MAX_BYTES`` (1 MiB) and the K models' at most ``STACKED_MAX_BYTES`` (8 MiB), else
@@ -27,8 +27,8 @@ pick is more than 5% slower than the faster layout in 2 of the 48 cells with K >
 NumPy-AdamW grid of the same day, in 1 of 48, by 10% (w = 256, K = 16, float32). The rule
 was fitted on one machine: on another, forcing ``--layout`` (``train_diloco_fast``'s
 ``layout=``) and ``benchmarks/layout_grid.py`` say whether it still holds. The earlier
-rule (stack up to 256 MB), fitted on a loaded machine, stacked w = 512 and model (b):
-per-worker is 1.02-1.28x faster there on an idle one.
+rule (stack up to 256 MB), fitted on a loaded machine, stacked w = 512, where per-worker
+is 1.02-1.28x faster on an idle one.
 """
 
 from __future__ import annotations
