@@ -204,7 +204,7 @@ def adamw_update_numba(params, m, v, grads, step: int, config: AdamWConfig, scra
 
 
 def muon_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.ndarray, step: int, muon,
-                adam: AdamWConfig, layout, matrices: tuple, scratch: tuple) -> None:
+                adam: AdamWConfig, layout, matrices: tuple, scratch: tuple, *, adam_lr: float | None = None) -> None:
     """One Muon step (``diloco.methods.muon.muon_step``) on every row of ``(S, P)`` buffers, in place.
 
     The Muon matrices are views ``(S, fan_in, fan_out)`` of the buffers (``layer_views``):
@@ -219,10 +219,12 @@ def muon_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.ndar
     params, m, v, grads : C-contiguous ndarrays of shape (S, P)
     step : int >= 1
     muon : MuonConfig (its lr already scheduled)
-    adam : AdamWConfig (its lr already scheduled)
+    adam : AdamWConfig
     layout : FlatLayout of the rows
     matrices : tuple of str, the Muon keys (``muon_keys``)
     scratch : from ``adamw_scratch(params.size, dtype)``
+    adam_lr : float, keyword-only, optional
+        The biases' scheduled AdamW lr in place of ``adam.lr`` (``adamw_update``'s ``lr``).
     """
     from diloco.engine.flat import layer_views
     from diloco.methods.muon import newton_schulz, shape_scale
@@ -243,5 +245,5 @@ def muon_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.ndar
         idx = np.concatenate([np.arange(layout.offsets[i], layout.offsets[i] + int(np.prod(layout.shapes[i])))
                               for i in others])
         rows = [np.ascontiguousarray(a[:, idx]) for a in (params, m, v, grads)]
-        adamw_update(*rows, step, adam, scratch)
+        adamw_update(*rows, step, adam, scratch, lr=adam_lr)
         params[:, idx], m[:, idx], v[:, idx] = rows[0], rows[1], rows[2]

@@ -125,15 +125,12 @@ class WorkerStack:
             self._model_of = np.repeat(np.arange(S, dtype=np.intp), R * context)  # of each (s, r, p) entry
             self._row_of = np.repeat(np.arange(S * R, dtype=np.intp), context)  # its row of the S R batch rows
 
-    def _first_layer(self) -> np.ndarray:
-        """``x @ W_1`` into ``z[0]``: gathered rows for one-hot inputs, else the product."""
+    def _first_layer(self) -> None:
+        """``x @ W_1`` into ``z[0]`` for one-hot inputs: the rows of ``W_1`` the columns pick, added."""
         z, W = self.z[0], self.W[0]
-        if self.columns is None:
-            return np.matmul(self.x, W, out=z)
         np.copyto(z, W[self._models, self.columns[:, :, 0]])  # sum_p W_1[s, column_p], position by position
         for position in range(1, self.columns.shape[2]):
             z += W[self._models, self.columns[:, :, position]]
-        return z
 
     def _first_layer_grads(self, dz: np.ndarray) -> None:
         """``dW_1 = x^T dz`` for one-hot ``x``: every row's ``dz`` added into its ``c`` columns' rows
@@ -173,7 +170,7 @@ class WorkerStack:
         L, b = self.num_layers, self.batch_size
         activation = self.x
         for layer in range(L):  # forward; layer i of the lists is the paper's layer i + 1
-            if layer == 0:
+            if layer == 0 and self.columns is not None:
                 self._first_layer()
             else:
                 np.matmul(activation, self.W[layer], out=self.z[layer])

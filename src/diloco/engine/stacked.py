@@ -106,11 +106,9 @@ class StackedExecutor:
         self.inputs = self.stack.x if self.context is None else self.stack.columns  # what a draw fills
         self.scratch = adamw_scratch(self.stack.params.size, self.dtype)
 
-    def _inner(self, step: int):
-        config = self.config
-        if config.lr_schedule == "constant":
-            return config.inner
-        return dataclasses.replace(config.inner, lr=inner_lr(config, step))
+    def _inner_lr(self, step: int) -> float | None:
+        """Step ``step``'s scheduled inner lr, or None for ``config.inner.lr`` (no config built per step)."""
+        return None if self.config.lr_schedule == "constant" else inner_lr(self.config, step)
 
     def _clip(self, grads: np.ndarray) -> None:
         """Clip each row of ``grads`` to ``clip_norm`` (``clip_by_global_norm``'s rule, per worker)."""
@@ -124,15 +122,15 @@ class StackedExecutor:
 
     def _update(self, rows: slice) -> None:
         self._clip(self.stack.grads)
+        step = self.step + 1
+        lr = self._inner_lr(step)
         if self.muon:
-            step, muon = self.step + 1, self.config.muon
-            if self.config.lr_schedule != "constant":
+            muon = self.config.muon
+            if lr is not None:
                 muon = dataclasses.replace(muon, lr=scheduled_lr(muon.lr, self.config, step))
             muon_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, step, muon,
-                        self._inner(step), self.flat, self.matrices, self.scratch)
+                        self.config.inner, self.flat, self.matrices, self.scratch, adam_lr=lr)
             return
-        step = self.step + 1
-        lr = None if self.config.lr_schedule == "constant" else inner_lr(self.config, step)  # no config per step
         adamw_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, step, self.config.inner,
                      self.scratch, lr=lr)
 
