@@ -66,6 +66,18 @@ def run_charlm(spec: dict) -> dict:
     return out
 
 
+def best_cpu_seconds(work, repeats: int, calls: int = 1) -> float:
+    """CPU seconds of one ``work()``: after a warm-up call, the best of ``repeats`` timings of ``calls`` calls."""
+    work()
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        for _ in range(calls):
+            work()
+        times.append((time.process_time() - start) / calls)
+    return min(times)
+
+
 def run_eval(spec: dict, repeats: int = 5) -> dict:
     """CPU seconds of one held-out evaluation and of its matmul floor (best of ``repeats``)."""
     import numpy as np
@@ -89,15 +101,7 @@ def run_eval(spec: dict, repeats: int = 5) -> dict:
     def evaluate():
         held_out_metrics(params, data.x_test, data.y_test, text.encode)
 
-    out = {}
-    for name, work in (("eval", evaluate), ("floor", floor)):
-        work()
-        times = []
-        for _ in range(repeats):
-            start = time.process_time()
-            work()
-            times.append(time.process_time() - start)
-        out[name] = min(times)
+    out = {name: best_cpu_seconds(work, repeats) for name, work in (("eval", evaluate), ("floor", floor))}
     out["windows"] = len(data.y_test)
     return out
 
@@ -135,17 +139,7 @@ def run_first_layer(spec: dict, repeats: int = 5, calls: int = 200) -> dict:
 
     works = {"dense product": lambda: np.matmul(dense.transpose(0, 2, 1), dz, out=out_dense),
              **{f"scatter, {k}": scatter(k) for k in kernels}}
-    out = {}
-    for name, work in works.items():
-        work()
-        times = []
-        for _ in range(repeats):
-            start = time.process_time()
-            for _ in range(calls):
-                work()
-            times.append((time.process_time() - start) / calls)
-        out[name] = 1e6 * min(times)
-    return out
+    return {name: 1e6 * best_cpu_seconds(work, repeats, calls) for name, work in works.items()}
 
 
 def measure(repeats: int, log, run_case, timed_command, python: str) -> dict:
