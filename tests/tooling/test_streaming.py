@@ -119,3 +119,31 @@ def test_fp4_fragments_send_their_encoded_size(digits):
                                          strict=True):
         payload = sum(encode(zeros[k], "fp4", block_size=16).nbytes for k in keys)
         assert sent == pytest.approx(2 * 1 / 2 * payload)  # (K-1)/K of the payload, twice
+
+
+# --- overlap: a merge due inside the round is applied in that round --------------------------------
+
+class _States:
+    """A hook that keeps each round's RunState (what a checkpoint would hold)."""
+
+    def __init__(self):
+        self.states = []
+
+    def finished(self, record, get_state):
+        self.states.append(get_state())
+
+
+@pytest.mark.parametrize("tau", [1, 2, 4])
+def test_a_merge_due_inside_its_round_is_applied_and_never_left_pending(digits, tau):
+    """P = 2, H = 10: fragment 1 syncs after step 5 and is merged after step 5 + tau, inside
+    the round; fragment 0 syncs after step 10 and is merged tau steps into the next round.
+    So at every round's end exactly one merge is pending (fragment 0's), due at step
+    ``round * H + tau``. Before the fix, fragment 1's merges were never applied and the
+    pending list grew by one every round."""
+    config = DiLoCoConfig(num_workers=2, inner_steps=10, rounds=4, hidden_sizes=(8,), seed=1)
+    hook = _States()
+    train("diloco", digits.x_train, digits.y_train, config.replace(family=FamilyConfig(fragments=2, overlap=tau)),
+          hooks=[hook])
+    for round_index, state in enumerate(hook.states, start=1):
+        due = [item[0] for item in state.extra["pending"]]
+        assert due == [round_index * 10 + tau], f"round {round_index}: pending merges due at {due}"

@@ -284,12 +284,13 @@ def _diloco_rounds(exe, state: RunState, config, shards, x_eval, y_eval, encode,
                                                                       keys[0], clock, config, rng, weights, residuals,
                                                                       (losses, syncs, deltas, dropped, cosines))
         rngs = None if asynchronous else rng.spawn(num_workers)
-        stops = [] if asynchronous else event_steps(plan, [item[0] for item in pending], round_index, inner_steps)
-        for h in [] if asynchronous else stops + ([inner_steps] if not stops or stops[-1] < inner_steps else []):
-            if h > done:
-                for k, values in exe.run(rngs, h - done).items():
-                    losses[k].append(values)
-                done = h
+        h = inner_steps if asynchronous else 0
+        while h < inner_steps:  # the next stop is taken after each one, so a merge due in this round is a stop
+            stops = event_steps(plan, [item[0] for item in pending], round_index, inner_steps)
+            h = min([s for s in stops if s > done] + [inner_steps])
+            for k, values in exe.run(rngs, h - done).items():
+                losses[k].append(values)
+            done = h
             step = (round_index - 1) * inner_steps + h
             for event in (e for e in plan if e.h == h):
                 if eager_mode:
