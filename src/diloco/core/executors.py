@@ -104,6 +104,9 @@ class ReferenceExecutor:
     def gather(self, items: dict) -> dict:
         return items
 
+    def round_fields(self) -> dict:
+        """The executor's own measurements for a round's record (none in one process)."""
+        return {}
 
     def snapshot(self) -> tuple[dict, dict]:
         return dict(self.params), dict(self.states)
@@ -172,6 +175,12 @@ class MPIExecutor(ReferenceExecutor):
             merged.update({rank: part} if words[rank] < 0 else pickle.loads(part))
         self.collective_seconds += time.perf_counter() - start
         return merged
+
+    def round_fields(self) -> dict:
+        """The round's seconds in collectives and bytes this rank sent, then zero for the next round."""
+        fields = {"allreduce_seconds": self.collective_seconds, "mpi_bytes_sent": int(self.sent_bytes)}
+        self.collective_seconds, self.sent_bytes = 0.0, 0
+        return fields
 
 
     def snapshot(self) -> tuple[dict, dict]:

@@ -192,6 +192,9 @@ class StackedExecutor:
     def gather(self, items: dict) -> dict:
         return items
 
+    def round_fields(self) -> dict:
+        """The executor's own measurements for a round's record (none in one process)."""
+        return {}
 
     def snapshot(self) -> tuple[dict, dict]:
         rows = range(self.params.shape[0])
