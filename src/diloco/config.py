@@ -41,8 +41,8 @@ DROP_RULES = ("carry", "restart")
 NONIID_SPLITS = ("label", "topic")
 # The outer optimizers diloco.core.outer.OUTER_OPTIMIZERS implements (a test checks the two agree).
 OUTER_OPTIMIZER_NAMES = ("sgd", "adam", "lion")
-# The inner optimizers diloco.mechanisms.inner_step dispatches to (AdamW, or Muon: diloco.methods.muon).
-INNER_OPTIMIZER_NAMES = ("adamw", "muon")
+# The inner optimizers diloco.core.inner.INNER_OPTIMIZERS implements (a test checks the two agree).
+INNER_OPTIMIZER_NAMES = ("adamw", "muon", "sgd")
 # Muon's shape scales (diloco.methods.muon.shape_scale).
 MUON_SCALES = ("muon", "moonlight")
 
@@ -248,11 +248,13 @@ class DiLoCoConfig:
     record_similarity : bool
         Add ``pseudo_grad_cosine`` (mean pairwise cosine between the workers' own
         pseudo-gradients) to every DiLoCo record (False).
-    inner_optimizer : "adamw" or "muon"
-        The workers' (and the baseline's) optimizer: AdamW with ``inner`` (default, the
-        milestones), or Muon with ``muon`` on the weight matrices and AdamW with ``inner``
-        on the biases (MuLoCo; ``diloco.methods.muon``). Muon runs through ``diloco.core``,
-        never the milestone functions.
+    inner_optimizer : "adamw", "muon" or "sgd"
+        The workers' (and the baseline's) optimizer (``diloco.core.inner``): AdamW with
+        ``inner`` (default, the milestones), Muon with ``muon`` on the weight matrices and
+        AdamW with ``inner`` on the biases (MuLoCo; ``diloco.methods.muon``), or SGD with
+        heavy-ball momentum ``inner.beta1``, lr ``inner.lr`` and L2 weight decay
+        ``inner.weight_decay``. Muon and SGD run through ``diloco.core``, never the
+        milestone functions.
     muon : MuonConfig
         Muon's hyper-parameters; off their defaults only with ``inner_optimizer="muon"``.
     family : FamilyConfig

@@ -36,6 +36,7 @@ import numpy as np
 from diloco._validation import api_checks, check_params
 from diloco.adamw import AdamWState, adamw_step
 from diloco.config import AdamWConfig, DiLoCoConfig
+from diloco.core.inner import inner_optimizer
 from diloco.core.outer import outer_optimizer
 from diloco.model import Params, cross_entropy_loss, model_backward, model_forward
 from diloco.outer import OuterState
@@ -136,33 +137,19 @@ def scheduled_adamw_step(params: Params, state: AdamWState, grads: Params, confi
 def inner_step(params: Params, state, grads: Params, config: DiLoCoConfig) -> tuple:
     """One inner step of ``config.inner_optimizer``: the core's only call of an inner optimizer.
 
-    ``"adamw"``: ``scheduled_adamw_step``. ``"muon"``: the gradients clipped as for AdamW,
-    then ``diloco.methods.muon.muon_step`` with ``config.muon`` on the weight matrices and
-    ``config.inner`` on the biases, both learning rates on the run's schedule (each
-    ``scheduled_lr`` of its own peak at step ``state.step + 1``).
+    The gradients are clipped to ``config.clip_norm`` (when set), then the registry's entry
+    (``diloco.core.inner.INNER_OPTIMIZERS``: AdamW, Muon or SGD) steps, each learning rate on
+    the run's schedule (``scheduled_lr`` of its own peak at step ``state.step + 1``).
     """
-    if config.inner_optimizer == "adamw":
-        return scheduled_adamw_step(params, state, grads, config)
-    from diloco.methods.muon import muon_step
-
-    if config.clip_norm is not None:
+    if config.clip_norm is not None:  # the norm costs a pass over the gradients: only when clipping
         grads, _ = clip_by_global_norm(grads, config.clip_norm)
-    muon, adam = config.muon, config.inner
-    if config.lr_schedule != "constant":
-        muon = dataclasses.replace(muon, lr=scheduled_lr(muon.lr, config, state.step + 1))
-        adam = dataclasses.replace(adam, lr=scheduled_lr(adam.lr, config, state.step + 1))
-    return muon_step(params, state, grads, muon, adam)
+    return inner_optimizer(config).step(params, state, grads, config,
+                                        lambda peak: scheduled_lr(peak, config, state.step + 1))
 
 
 def init_inner_state(params: Params, config: DiLoCoConfig):
-    """A fresh state of ``config.inner_optimizer`` for ``params`` (``AdamWState`` or ``MuonState``)."""
-    if config.inner_optimizer == "adamw":
-        from diloco.adamw import init_adamw_state
-
-        return init_adamw_state(params)
-    from diloco.methods.muon import init_muon
-
-    return init_muon(params, config.muon)
+    """A fresh state of ``config.inner_optimizer`` for ``params`` (the registry entry's ``init``)."""
+    return inner_optimizer(config).init(params, config)
 
 
 def uses_plain_worker(config: DiLoCoConfig, encode=None) -> bool:

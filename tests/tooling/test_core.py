@@ -130,7 +130,8 @@ def test_the_guard_stops_every_algorithm_on_every_executor(algo, executor):
 
 RESUMED = [("diloco", {}), ("sync", {}), ("diloco", {"family": {"comm_dtype": "int8", "error_feedback": True}}),
            ("diloco", {"family": {"fragments": 2, "overlap": 1, "mix": 0.5}}), ("diloco", {"family": {"eager": True}}),
-           ("diloco", {"drop_prob": 0.5}), ("diloco", {"outer_optimizer": "adam", "outer_lr": 0.05})]
+           ("diloco", {"drop_prob": 0.5}), ("diloco", {"outer_optimizer": "adam", "outer_lr": 0.05}),
+           ("diloco", {"inner_optimizer": "sgd"}), ("sync", {"inner_optimizer": "sgd"})]
 
 
 @pytest.mark.parametrize("engine", ["reference", "fast"])

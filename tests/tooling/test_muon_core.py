@@ -57,7 +57,7 @@ def test_the_config_round_trips_and_refuses_what_would_be_ignored():
     assert DiLoCoConfig.from_dict({k: v for k, v in BASE.to_dict().items()
                                    if k not in ("inner_optimizer", "muon")}) == BASE  # old config files
     with pytest.raises(ValueError, match="inner_optimizer"):
-        BASE.replace(inner_optimizer="sgd")
+        BASE.replace(inner_optimizer="rmsprop")
     with pytest.raises(ValueError, match="muon settings need inner_optimizer='muon'"):
         BASE.replace(muon={"lr": 0.05})
     with pytest.raises(TypeError, match="DiLoCoConfig.muon"):

@@ -40,6 +40,7 @@ FEATURES = (
     Feature("topic non-IID shards", "--noniid --noniid-split topic", {"iid": False, "noniid_split": "topic"}),
     Feature("float32", "--dtype float32", {"dtype": "float32"}),
     Feature("Muon inner optimizer", "--inner-optimizer muon", {"inner_optimizer": "muon"}),
+    Feature("SGD inner optimizer", "--inner-optimizer sgd", {"inner_optimizer": "sgd"}),
     Feature("character-level LM", "--data shakespeare", {}, hook="encode"),
     Feature("outer Adam", "--outer-optimizer adam", {"outer_optimizer": "adam", "outer_lr": 0.05}, True),
     Feature("outer Lion", "--outer-optimizer lion", {"outer_optimizer": "lion", "outer_lr": 0.01}, True),

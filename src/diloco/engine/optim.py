@@ -1,4 +1,4 @@
-"""AdamW and Muon, in place on flat buffers (the outer step is the core's: ``diloco.core.outer``).
+"""AdamW, Muon and SGD, in place on flat buffers (the outer step is the core's: ``diloco.core.outer``).
 
 The same equations as milestones 08-11 (``diloco.adamw``) and ``diloco.methods.muon``.
 AdamW folds both bias corrections into two scalars, computed once per step::
@@ -43,7 +43,8 @@ import numpy as np
 from diloco.config import AdamWConfig
 
 __all__ = ["CHUNK", "KERNEL", "KERNELS", "SWITCH_VALUES", "kernel_for", "current_kernel", "adamw_scratch",
-           "adamw_update", "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "muon_update", "numba_jit"]
+           "adamw_update", "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "muon_update", "sgd_update",
+           "FLAT_UPDATES", "flat_updater", "numba_jit"]
 
 # Values per NumPy chunk (256 kB of float64 per array). Smaller chunks fit the L2 cache
 # better but pay NumPy's per-call cost more often: 2**13 to 2**15 measured, 2**15 fastest.
@@ -247,3 +248,64 @@ def muon_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.ndar
         rows = [np.ascontiguousarray(a[:, idx]) for a in (params, m, v, grads)]
         adamw_update(*rows, step, adam, scratch, lr=adam_lr)
         params[:, idx], m[:, idx], v[:, idx] = rows[0], rows[1], rows[2]
+
+
+def sgd_update(params: np.ndarray, m: np.ndarray, grads: np.ndarray, step: int, lr: float, momentum: float,
+               weight_decay: float) -> None:
+    """One SGD step with heavy-ball momentum (``diloco.core.inner``'s ``"sgd"``) on ``(S, P)`` rows, in place.
+
+    ``g += wd theta``; ``b = g`` at step 1, else ``b = mu b + g``; ``theta -= lr b``: the
+    reference's operations in its order (``grads`` is consumed).
+    """
+    if weight_decay:
+        grads += weight_decay * params
+    if step == 1:
+        m[...] = grads
+    else:
+        m *= momentum
+        m += grads
+    params -= lr * m
+
+
+def _adamw_flat(config, layout, params, scratch):
+    def update(p, m, v, grads, step, lr):
+        adamw_update(p, m, v, grads, step, config.inner, scratch, lr=lr)
+    return update
+
+
+def _muon_flat(config, layout, params, scratch):
+    import dataclasses
+
+    from diloco.mechanisms import scheduled_lr
+    from diloco.methods.muon import muon_keys
+
+    matrices = muon_keys(params, config.muon)
+
+    def update(p, m, v, grads, step, lr):
+        muon = config.muon
+        if lr is not None:  # the matrices' lr on the run's schedule, as the biases' AdamW lr
+            muon = dataclasses.replace(muon, lr=scheduled_lr(muon.lr, config, step))
+        muon_update(p, m, v, grads, step, muon, config.inner, layout, matrices, scratch, adam_lr=lr)
+    return update
+
+
+def _sgd_flat(config, layout, params, scratch):
+    inner = config.inner
+
+    def update(p, m, v, grads, step, lr):
+        sgd_update(p, m, grads, step, inner.lr if lr is None else lr, inner.beta1, inner.weight_decay)
+    return update
+
+
+# The stacked executor's kernel of every entry of diloco.core.inner.INNER_OPTIMIZERS (a test checks they agree).
+FLAT_UPDATES = {"adamw": _adamw_flat, "muon": _muon_flat, "sgd": _sgd_flat}
+
+
+def flat_updater(config, layout, params, scratch: tuple):
+    """``update(params, m, v, grads, step, lr)``: ``config.inner_optimizer``'s step on ``(S, P)`` rows, in place.
+
+    ``lr`` is the step's scheduled ``config.inner.lr``, or None at a constant lr; ``m`` and
+    ``v`` hold the optimizer's stored form (``diloco.core.inner``); ``params`` (one model's
+    dict) tells the factory the arrays' shapes (Muon's matrices).
+    """
+    return FLAT_UPDATES[config.inner_optimizer](config, layout, params, scratch)

@@ -15,9 +15,10 @@ and stepping differ:
   windows into their one-hot columns once, checked once; a batch draws its columns, and
   the first layer gathers and scatters rows by them (``WorkerStack``, ``context``).
   Any other encoder is called on each batch, into the input buffer;
-* with ``inner_optimizer="muon"`` the moment buffers hold ``as_moments`` of the Muon
-  states (the matrices' momentum in ``m``) and ``muon_update`` steps them, one batched
-  Newton-Schulz over the K workers' ``(K, m, n)`` matrices.
+* the inner optimizer (``diloco.core.inner``) keeps its stored form in the ``m`` and ``v``
+  buffers (``to_moments`` / ``from_moments``) and its flat kernel steps them
+  (``diloco.engine.optim.flat_updater``: AdamW; Muon, one batched Newton-Schulz over the K
+  workers' ``(K, m, n)`` matrices; SGD with momentum).
 
 The random draws are the milestones': worker k draws each batch from its child
 generator with ``sample_worker_batch``'s rule, so for a seed the stacked executor sees
@@ -27,16 +28,15 @@ relative in float64).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from diloco.adamw import AdamWState
+from diloco.core.inner import inner_optimizer
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.layout import choose_layout
-from diloco.engine.optim import adamw_scratch, adamw_update, muon_update
+from diloco.engine.optim import adamw_scratch, flat_updater
 from diloco.engine.stack import WorkerStack
-from diloco.mechanisms import inner_lr, scheduled_lr
+from diloco.mechanisms import inner_lr
 
 __all__ = ["StackedExecutor", "draw_batch"]
 
@@ -83,12 +83,8 @@ class StackedExecutor:
         rows = 1 if self.sync_model else K
         self.params = np.empty((rows, P), dtype=self.dtype)
         self.m, self.v = np.empty((rows, P), dtype=self.dtype), np.empty((rows, P), dtype=self.dtype)
-        self.muon = self.config.inner_optimizer == "muon"
-        if self.muon:  # Muon states in AdamW's shape: the matrices' momentum in m, zeros in v
-            from diloco.methods.muon import as_moments, muon_keys
-
-            self.matrices = muon_keys(first, self.config.muon)
-            worker_states = {k: as_moments(worker_states[k], worker_params[k]) for k in range(rows)}
+        self.optimizer = inner_optimizer(self.config)  # its stored form in the m and v buffers
+        worker_states = {k: self.optimizer.to_moments(worker_states[k], worker_params[k]) for k in range(rows)}
         for k in range(rows):
             pack(worker_params[k], self.params[k], self.flat)
             pack(worker_states[k].m, self.m[k], self.flat)
@@ -104,7 +100,8 @@ class StackedExecutor:
                             and choose_layout(K, P, self.layout_name, itemsize=self.dtype.itemsize) == "stacked")
             self.stack = WorkerStack(self.flat, K if self.stacked else 1, 1, b, self.dtype, self.context)
         self.inputs = self.stack.x if self.context is None else self.stack.columns  # what a draw fills
-        self.scratch = adamw_scratch(self.stack.params.size, self.dtype)
+        scratch = adamw_scratch(self.stack.params.size, self.dtype)
+        self.flat_update = flat_updater(self.config, self.flat, first, scratch)
 
     def _inner_lr(self, step: int) -> float | None:
         """Step ``step``'s scheduled inner lr, or None for ``config.inner.lr`` (no config built per step)."""
@@ -123,16 +120,7 @@ class StackedExecutor:
     def _update(self, rows: slice) -> None:
         self._clip(self.stack.grads)
         step = self.step + 1
-        lr = self._inner_lr(step)
-        if self.muon:
-            muon = self.config.muon
-            if lr is not None:
-                muon = dataclasses.replace(muon, lr=scheduled_lr(muon.lr, self.config, step))
-            muon_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, step, muon,
-                        self.config.inner, self.flat, self.matrices, self.scratch, adam_lr=lr)
-            return
-        adamw_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, step, self.config.inner,
-                     self.scratch, lr=lr)
+        self.flat_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, step, self._inner_lr(step))
 
     def run(self, rngs, steps: int, workers=None) -> dict:
         K, b, stack = self.config.num_workers, self.config.batch_size, self.stack
@@ -199,10 +187,7 @@ class StackedExecutor:
     def snapshot(self) -> tuple[dict, dict]:
         rows = range(self.params.shape[0])
         params = {k: unpack(self.params[k], self.flat) for k in rows}
-        states = {k: AdamWState(self.steps[k], unpack(self.m[k], self.flat), unpack(self.v[k], self.flat))
+        states = {k: self.optimizer.from_moments(AdamWState(self.steps[k], unpack(self.m[k], self.flat),
+                                                            unpack(self.v[k], self.flat)), self.config)
                   for k in rows}
-        if self.muon:
-            from diloco.methods.muon import from_moments
-
-            states = {k: from_moments(state, self.config.muon) for k, state in states.items()}
         return params, states

@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from diloco.config import DiLoCoConfig
+from diloco.config import INNER_OPTIMIZER_NAMES, DiLoCoConfig
 from diloco.data import (
     DIGITS_PROVENANCE,
     MNIST1D_PROVENANCE,
@@ -49,9 +49,10 @@ CONFIG_FLAGS = {
     "alpha": (("--alpha",), {"type": float, "help": "Dirichlet concentration of --noniid shards (0.5)"}),
     "seed": (("--seed",), {"type": int, "help": "seeds sharding, initialisation and batches (0)"}),
     "dtype": (("--dtype",), {"choices": ("float32", "float64"), "help": "parameter dtype (float64)"}),
-    "inner_optimizer": (("--inner-optimizer",), {"choices": ("adamw", "muon"),
-                                                 "help": "the workers' optimizer: AdamW (default) or Muon on the "
-                                                         "weight matrices with AdamW on the biases (MuLoCo)"}),
+    "inner_optimizer": (("--inner-optimizer",), {"choices": INNER_OPTIMIZER_NAMES,
+                                                 "help": "the workers' optimizer: AdamW (default), Muon on the "
+                                                         "weight matrices with AdamW on the biases (MuLoCo), or "
+                                                         "SGD with momentum --beta1"}),
     "engine": (("--engine",), {"choices": ("reference", "fast"),
                                "help": "executor: the milestone functions (reference, the default of train and "
                                        "compare) or diloco.engine, the same algorithm faster (fast, the default "
@@ -59,7 +60,7 @@ CONFIG_FLAGS = {
 }
 INNER_FLAGS = {
     "lr": (("--lr", "--inner-lr"), {"type": float, "help": "inner AdamW learning rate (1e-3)"}),
-    "beta1": (("--beta1",), {"type": float, "help": "AdamW beta1 (0.9)"}),
+    "beta1": (("--beta1",), {"type": float, "help": "AdamW beta1, or SGD's momentum (0.9)"}),
     "beta2": (("--beta2",), {"type": float, "help": "AdamW beta2 (0.999)"}),
     "eps": (("--eps",), {"type": float, "help": "AdamW epsilon (1e-8)"}),
     "weight_decay": (("--weight-decay",), {"type": float, "help": "AdamW decoupled weight decay (0.01)"}),

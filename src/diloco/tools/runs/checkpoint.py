@@ -8,8 +8,9 @@ A checkpoint taken after round ``r`` is two files in a checkpoint folder::
 The ``.npz`` holds the global params (``params.W1``, ...), DiLoCo's outer state
 (``outer.momentum.W1``, ..., and for outer Adam ``outer.second_moment.W1``, ...), every
 worker's AdamW moments (``worker3.m.W1``, ``worker3.v.W1``, ...; the baseline has one
-shared state, ``worker0``; a Muon worker's state is stored in AdamW's shape,
-``diloco.methods.muon.as_moments``: the matrices' momentum under ``m``, zeros under ``v``)
+shared state, ``worker0``; every inner optimizer's state in its stored form, its registry
+entry's ``to_moments`` (``diloco.core.inner``): Muon's matrices' momentum and SGD's buffer
+under ``m``, zeros under ``v``)
 and, when outer gradients can be dropped
 (``config.drop_prob > 0``), where each worker starts its next round (``start3.W1``, ...).
 The manifest holds the format version, the algorithm, the round, the config, a
@@ -46,6 +47,7 @@ import numpy as np
 
 from diloco.adamw import AdamWState
 from diloco.config import DiLoCoConfig
+from diloco.core.inner import inner_optimizer
 from diloco.outer import OuterState
 from diloco.tools.runs.checkpoint_extra import pack_extra, unpack_extra
 from diloco.tools.runs.checkpoint_records import data_fingerprint, generator_state, restore_generator
@@ -163,10 +165,7 @@ SHA-256 besides the ``.npz``'s; only then are older
         if outer_state.second_moment is not None:
             arrays.update({f"outer.second_moment.{key}": value for key, value in outer_state.second_moment.items()})
     for worker, state in enumerate(worker_states):
-        if not isinstance(state, AdamWState):  # a MuonState (inner_optimizer="muon")
-            from diloco.methods.muon import as_moments
-
-            state = as_moments(state, params)
+        state = inner_optimizer(config).to_moments(state, params)  # the stored form (AdamW's own state)
         arrays.update({f"worker{worker}.m.{key}": value for key, value in state.m.items()})
         arrays.update({f"worker{worker}.v.{key}": value for key, value in state.v.items()})
     for worker, start in enumerate(worker_starts or []):
@@ -307,13 +306,10 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
     for group in groups:
         if list(group) != layout or any(group[key].shape != params[key].shape for key in layout):
             raise refuse("an optimizer state's keys or shapes do not match the params'")
-    if saved_config.inner_optimizer == "muon":
-        from diloco.methods.muon import from_moments
-
-        try:
-            worker_states = [from_moments(state, saved_config.muon) for state in worker_states]
-        except ValueError as exc:
-            raise refuse(f"the Muon states do not fit the params ({exc})") from None
+    try:
+        worker_states = [inner_optimizer(saved_config).from_moments(state, saved_config) for state in worker_states]
+    except ValueError as exc:
+        raise refuse(f"the {saved_config.inner_optimizer} states do not fit the params ({exc})") from None
     try:
         rng = restore_generator(manifest["rng"])
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
