@@ -135,7 +135,7 @@ def run_training(spec: dict) -> dict:
         elif impl not in ("fast", "fast-numpy"):
             raise SystemExit(f"unknown impl {impl!r}")
         else:
-            from diloco.engine import train_diloco_fast as trainer
+            from diloco.core.trainers import train_diloco_fast as trainer
 
         options = {"layout": spec["layout"]} if "layout" in spec else {}  # the fast engine's, to compare them
 

@@ -42,7 +42,7 @@ def time_cell(width: int, dtype: str, repeats: int) -> dict:
     from threadpoolctl import threadpool_limits
 
     from diloco import DiLoCoConfig
-    from diloco.engine import train_diloco_fast
+    from diloco.core.trainers import train_diloco_fast
 
     rng = np.random.default_rng(0)
     n = max(WORKERS) * 4 * BATCH

@@ -229,7 +229,7 @@ def write_report(path: Path, *, training, gaps, peaks, threads, memory, adamw, c
     summary = targets + ([""] + [f"- {note}" for note in notes] if notes else [])
     lines += summary
     lines += ["", "## Training throughput, one BLAS thread", "",
-              "One DiLoCo run per case (`train_diloco`, `diloco.engine.train_diloco_fast`, or "
+              "One DiLoCo run per case (`train_diloco`, `diloco.core.trainers.train_diloco_fast`, or "
               "`benchmarks/torch_mlp.py`), timed from the end of its first round (the warm-up) to the end of the "
               "last, so set-up stays out. Rates are per second of the process's "
               "CPU time, which on one thread equals wall time on a quiet machine and is not inflated when other "

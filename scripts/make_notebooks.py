@@ -293,7 +293,7 @@ worker holding "easy" classes reaches a low local loss that says little about th
   (`.venv/bin/diloco study noniid` and `.venv/bin/diloco study outer-optimizer`)."""),
 ]
 
-# --- notebook 04: beyond the 2023 paper (diloco.family) -------------------------------------
+# --- notebook 04: beyond the 2023 paper (diloco.core) ----------------------------------------
 
 BEYOND = [
     ("md", """# Beyond the 2023 paper: compressed outer gradients, Streaming DiLoCo, eager updates
@@ -307,7 +307,7 @@ and hide them better:
   with $\\tau$ inner steps and blended by a mixing factor;
 * **eager updates** (Kale et al., 2025): the whole all-reduce overlapped with the next round.
 
-`diloco.family` builds each of them from the 30 milestone functions. This notebook runs each one
+`diloco.core` builds each of them from the 30 milestone functions. This notebook runs each one
 small, checks the reductions to DiLoCo, and turns bytes into time with the network simulator.
 The concept pages in `docs/concepts/` have the equations; `docs/results-family.md` the measured
 studies.
@@ -325,8 +325,11 @@ from IPython.display import Markdown, display
 
 from diloco import DiLoCoConfig, train_diloco
 from diloco.data import load_digits_split
-from diloco.family import (FORMATS, FamilyConfig, encode, fragment_layers, parse_bandwidth, quantize, simulate,
-                           sync_steps, train_eager, train_streaming)
+from diloco.config import FamilyConfig
+from diloco.core.netsim import parse_bandwidth, simulate
+from diloco.core.quantize import FORMATS, encode, quantize
+from diloco.core.schedule import fragment_layers, sync_steps
+from diloco.core.trainers import train_eager, train_streaming
 from diloco.tools.studies.ablations import default_engine, trainer
 
 data = load_digits_split(seed=0)

@@ -30,7 +30,8 @@ from diloco._validation import (
 )
 from diloco.config_sections import AsyncConfig, FamilyConfig, check_known_fields
 
-__all__ = ["AdamWConfig", "MuonConfig", "DiLoCoConfig", "OUTER_OPTIMIZER_NAMES", "INNER_OPTIMIZER_NAMES",
+__all__ = ["AdamWConfig", "MuonConfig", "DiLoCoConfig", "FamilyConfig", "AsyncConfig", "OUTER_OPTIMIZER_NAMES",
+           "INNER_OPTIMIZER_NAMES",
            "MUON_SCALES"]
 
 _DTYPES = ("float32", "float64")

@@ -2,8 +2,8 @@
 
 ``DiLoCoConfig.family`` holds one (default: every field at its default, which is plain
 DiLoCo), so a run's ``config.json`` records every setting and ``--config`` / ``--resume``
-restore them. It lives here, below ``diloco.config``, because ``diloco.family``'s modules
-import the milestone modules; ``diloco.family.config`` re-exports it.
+restore them. It lives here, below ``diloco.config``, which re-exports it, so the core's
+modules (which import the milestone modules) can import it without a circle.
 
 ``CommSpec`` (how outer gradients travel) and the wire ``FORMATS`` live here too, for
 the same reason; ``diloco.core.comm`` and ``diloco.core.quantize`` import them.

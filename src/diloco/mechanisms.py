@@ -10,12 +10,12 @@ mechanism              config field(s)             what this module gives the co
 inner lr schedule      ``lr_schedule``,            ``inner_lr``, ``scheduled_adamw_step``
                        ``warmup_steps``
 gradient clipping      ``clip_norm``               ``clip_by_global_norm``, ``scheduled_adamw_step``
-inner optimizer        ``inner_optimizer``,        ``inner_step`` (AdamW, or Muon: ``diloco.methods
-                       ``muon``                    .muon``), ``init_inner_state``
+inner optimizer        ``inner_optimizer``,        ``inner_step``, ``init_inner_state``
+                       ``muon``                    (``diloco.core.inner``: AdamW, Muon, SGD)
 shard-size weights     ``shard_weighting``         ``pseudo_grad_weights``
-outer optimizer        ``outer_optimizer``,        ``outer_step`` (``diloco.core.outer``: SGD /
+outer optimizer        ``outer_optimizer``,        ``diloco.core.outer.OUTER_OPTIMIZERS``: SGD /
                        ``outer_beta2``,            heavy ball / Nesterov through 22-23, Adam
-                       ``outer_eps``               through 08-10, Lion)
+                       ``outer_eps``               through 08-10, Lion
 dropped outer grads    ``drop_prob``               ``draw_dropped``
 worker similarity      ``record_similarity``       ``mean_pairwise_cosine``
 one-hot inputs         (the ``encode`` argument)   ``train_worker``
@@ -37,15 +37,13 @@ from diloco._validation import api_checks, check_params
 from diloco.adamw import AdamWState, adamw_step
 from diloco.config import AdamWConfig, DiLoCoConfig
 from diloco.core.inner import inner_optimizer
-from diloco.core.outer import outer_optimizer
 from diloco.model import Params, cross_entropy_loss, model_backward, model_forward
-from diloco.outer import OuterState
 from diloco.sharding import sample_worker_batch
 
 __all__ = [
     "COSINE_FLOOR", "global_norm", "inner_lr", "scheduled_lr", "scheduled_adamw_step", "clip_by_global_norm",
     "inner_step", "init_inner_state", "train_worker",
-    "uses_plain_worker", "pseudo_grad_weights", "normalised_weights", "outer_step",
+    "uses_plain_worker", "pseudo_grad_weights", "normalised_weights",
     "draw_dropped", "mean_pairwise_cosine",
 ]
 
@@ -224,19 +222,6 @@ def normalised_weights(shards, config: DiLoCoConfig) -> list[float]:
     weights = pseudo_grad_weights(shards, config) or [1.0] * len(shards)
     total = sum(weights)
     return [w / total for w in weights]
-
-
-def outer_step(params: Params, pseudo_grad: Params, outer_state: OuterState, config: DiLoCoConfig
-               ) -> tuple[Params, OuterState]:
-    """The outer optimizer's step on the pseudo-gradient: ``config.outer_optimizer``'s
-    ``update`` in ``diloco.core.outer.OUTER_OPTIMIZERS`` (SGD / heavy ball / Nesterov through
-    milestones 22-23, or Adam through 08-10).
-
-    Returns
-    -------
-    (new_params, new_outer_state)
-    """
-    return outer_optimizer(config).update(params, pseudo_grad, outer_state, config)
 
 
 def draw_dropped(rng, config: DiLoCoConfig) -> list[int]:

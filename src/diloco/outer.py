@@ -36,7 +36,7 @@ class OuterState(NamedTuple):
     momentum : dict of str -> ndarray
         The momentum buffer ``m``, shaped and typed like the global params.
     second_moment : dict of str -> ndarray, or None
-        Only for the outer Adam optimizer (``diloco.mechanisms.outer_step``): the second
+        Only for the outer Adam optimizer (``diloco.core.outer.OUTER_OPTIMIZERS``): the second
         moment ``v``; None until its first step (the SGD optimizers never use it).
     step : int
         Only for outer Adam: the number of outer steps taken (bias correction).

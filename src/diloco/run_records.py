@@ -90,13 +90,13 @@ class RoundRecord(_RoundRecordFields, total=False):
     allreduce_seconds : float
         MPI only: wall time this rank spent in the round's all-reduce.
     mpi_bytes_sent : int
-        ``diloco.family`` on MPI only: the bytes this rank handed MPI for other ranks in
+        ``DiLoCoConfig.family`` on MPI only: the bytes this rank handed MPI for other ranks in
         the round (its share of the reduce-scatter and all-gather of payloads).
     peak_sync_bytes, bytes_per_step : float
-        ``diloco.family`` only: the largest single synchronisation of the round (one
+        ``DiLoCoConfig.family`` only: the largest single synchronisation of the round (one
         fragment's, with Streaming DiLoCo) and ``bytes_sent / inner_steps``.
     syncs : list of [int, float, int]
-        ``diloco.family`` only: per all-reduce of the round, the inner step (1..H) after
+        ``DiLoCoConfig.family`` only: per all-reduce of the round, the inner step (1..H) after
         which it starts, the bytes each worker sends, and the overlap tau (inner steps
         until its result is needed), as ``diloco.core.netsim`` reads them.
     sim_seconds, sim_cumulative_seconds, sim_utilization, sim_step_time : float

@@ -1,7 +1,7 @@
 """Property-based bad inputs over the public API beyond the milestones.
 
 ``test_bad_inputs.py`` drives its catalogue through the 30 milestones; this campaign
-covers every other public function of ``diloco.family``, ``diloco.mechanisms``,
+covers every other public function of ``diloco.core``, ``diloco.mechanisms``,
 ``diloco.text``, ``diloco.data`` and ``diloco.engine``, plus the state counters of the
 milestones' optimizer states. For every function and every argument, Hypothesis draws
 values of the wrong type, the wrong dtype, the wrong shape, empty, non-finite, out of
@@ -43,10 +43,10 @@ from diloco.core.quantize import (
     sign_prune_mask,
     unit_bounds,
 )
+from diloco.core.schedule import fragment_keys, fragment_layers, sync_offsets, sync_steps
+from diloco.core.sync import eager_outer_gradient
 from diloco.data import make_synthetic, stratified_split
 from diloco.engine import choose_layout
-from diloco.family.eager import eager_outer_gradient
-from diloco.family.streaming import fragment_keys, fragment_layers, sync_offsets, sync_steps
 from diloco.mechanisms import clip_by_global_norm, draw_dropped, global_norm, inner_lr, mean_pairwise_cosine
 from diloco.text import bits_per_char, char_windows, perplexity
 
@@ -146,7 +146,7 @@ TARGETS = {
                             "latency": "nonneg_real"}),
     "native_bytes": (native_bytes, lambda: {"num_values": 100, "num_workers": 4, "itemsize": 8},
                      {"num_values": "nonneg", "num_workers": "count", "itemsize": "count"}),
-    # diloco.family.streaming, eager
+    # diloco.core.schedule (streaming), sync (eager)
     "fragment_layers": (fragment_layers, lambda: {"num_layers": 4, "fragments": 2, "pattern": "strided"},
                         {"num_layers": "count", "fragments": "count", "pattern": "choice"}),
     "fragment_keys": (fragment_keys, lambda: {"params": _params(), "fragments": 2, "pattern": "strided"},

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from diloco.methods.asynchrony import (
     arrival_schedule,
-    async_nesterov_step,
     delayed_nesterov_step,
     draw_step_times,
     dynamic_local_steps,
@@ -125,7 +124,6 @@ def test_one_worker_is_diloco_with_k_1_and_dn_with_n_1_is_per_arrival_nesterov()
     arrivals = arrival_schedule([0.3], 5, 4)
     assert arrivals.worker.tolist() == [0] * 4 and arrivals.staleness.tolist() == [0] * 4
     theta = random_params(rng)
-    async_theta, async_state = dict(theta), init_async_outer(theta)
     dn_theta, dn_state = dict(theta), init_async_outer(theta)
     diloco, outer = dict(theta), OuterState({k: np.zeros_like(v) for k, v in theta.items()})
     for _ in arrivals.worker:
@@ -134,21 +132,10 @@ def test_one_worker_is_diloco_with_k_1_and_dn_with_n_1_is_per_arrival_nesterov()
         outer = update_outer_momentum(outer, delta, MU)
         new_diloco = nesterov_param_update(diloco, delta, outer, LR, MU)
         g = subtract_params(diloco, worker)
-        async_theta, async_state = async_nesterov_step(async_theta, async_state, g, lr=LR, momentum=MU)
         dn_theta, dn_state = delayed_nesterov_step(dn_theta, dn_state, g, lr=LR, momentum=MU, period=1)
         diloco = new_diloco
         for key in theta:
-            assert np.array_equal(async_theta[key], diloco[key]) and np.array_equal(dn_theta[key], diloco[key])
-
-
-def test_plain_async_nesterov_weights_each_arrival():
-    rng = np.random.default_rng(5)
-    theta, g = random_params(rng), random_params(rng)
-    new, state = async_nesterov_step(theta, init_async_outer(theta), g, lr=LR, momentum=MU, weight=0.5)
-    for key in theta:  # first arrival: m = w g, theta - lr (w g + mu w g)
-        np.testing.assert_allclose(state.outer.momentum[key], 0.5 * g[key])
-        np.testing.assert_allclose(new[key], theta[key] - LR * (0.5 * g[key] + MU * 0.5 * g[key]))
-        assert not np.shares_memory(new[key], theta[key])
+            assert np.array_equal(dn_theta[key], diloco[key])
 
 
 def test_bad_input_names_the_argument():
@@ -177,6 +164,4 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="period"):
         delayed_nesterov_step(theta, state, theta, lr=LR, momentum=MU, period=0)
     with pytest.raises(TypeError, match="state"):
-        async_nesterov_step(theta, OuterState(theta), theta, lr=LR, momentum=MU)
-    with pytest.raises(ValueError, match="momentum"):
-        async_nesterov_step(theta, state, theta, lr=LR, momentum=1.5)
+        delayed_nesterov_step(theta, OuterState(theta), theta, lr=LR, momentum=MU, period=2)

@@ -1,4 +1,4 @@
-"""Eager updates (diloco.family.eager): which equivalences with DiLoCo hold, and which do not."""
+"""Eager updates (diloco.core.synchronisers.EagerSync): which equivalences with DiLoCo hold, and which do not."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from diloco import DiLoCoConfig, train_diloco
+from diloco.config_sections import FamilyConfig
+from diloco.core.sync import eager_outer_gradient
+from diloco.core.trainers import train_eager
 from diloco.data import load_digits_split
-from diloco.family import FamilyConfig, train_eager
-from diloco.family.eager import eager_outer_gradient
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ from cli_helpers import TINY_DEEP as TINY
 from cli_helpers import only_run_dir, run_cli
 
 from diloco import DiLoCoConfig
+from diloco.config_sections import FamilyConfig
+from diloco.core.trainers import train_family
 from diloco.data import load_digits_split
-from diloco.family import FamilyConfig, train_family
 
 
 def test_train_with_family_flags_equals_the_library_and_counts_encoded_bytes(tmp_path, capsys):

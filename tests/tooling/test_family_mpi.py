@@ -1,4 +1,4 @@
-"""The family on real MPI ranks (diloco.family.mpi_family): equal to the simulation, bytes counted."""
+"""The family on real MPI ranks (diloco.core.trainers.train_family_mpi): equal to the simulation, bytes counted."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not insta
 from cli_helpers import mpiexec  # noqa: E402
 
 from diloco import DiLoCoConfig  # noqa: E402
+from diloco.config_sections import FamilyConfig  # noqa: E402
+from diloco.core.trainers import train_family  # noqa: E402
 from diloco.data import load_digits_split  # noqa: E402
-from diloco.family import FamilyConfig, train_family  # noqa: E402
 
 # Each rank trains, then rank 0 writes every rank's record of bytes sent and the params.
 SCRIPT = """
@@ -25,8 +26,8 @@ import numpy as np
 from mpi4py import MPI
 from diloco import DiLoCoConfig
 from diloco.data import load_digits_split
-from diloco.family import FamilyConfig
-from diloco.family.mpi_family import train_family_mpi
+from diloco.config_sections import FamilyConfig
+from diloco.core.trainers import train_family_mpi
 
 comm = MPI.COMM_WORLD
 config = DiLoCoConfig.from_dict(json.loads(sys.argv[1]))

@@ -17,13 +17,13 @@ import pytest
 from diloco import DiLoCoConfig
 from diloco.adamw import AdamWState, init_adamw_state
 from diloco.config import AdamWConfig
+from diloco.core.outer import outer_optimizer
 from diloco.mechanisms import (
     clip_by_global_norm,
     draw_dropped,
     inner_lr,
     mean_pairwise_cosine,
     normalised_weights,
-    outer_step,
     pseudo_grad_weights,
     train_worker,
 )
@@ -36,6 +36,11 @@ pytestmark = pytest.mark.tooling
 
 # The reference executor: the milestone trainer for the course's algorithm, else the driver on it.
 reference_diloco = trainer("diloco")
+
+
+def _outer_step(params, delta, state, config):
+    """The config's outer optimizer's step (the registry's ``update``)."""
+    return outer_optimizer(config).update(params, delta, state, config)
 
 
 def blobs(seed, n=40, d=5, classes=3):
@@ -163,7 +168,7 @@ def test_outer_sgd_family_on_the_concept_pages_example():
     zero = OuterState({"W1": np.zeros((1, 1))})
     steps = {}
     for name, changes in {"nesterov": {}, "heavy": {"nesterov": False}, "sgd": {"outer_momentum": 0.0}}.items():
-        steps[name] = outer_step(theta, delta, zero, small(outer_lr=0.7, **changes))[0]["W1"][0, 0]
+        steps[name] = _outer_step(theta, delta, zero, small(outer_lr=0.7, **changes))[0]["W1"][0, 0]
     assert steps["nesterov"] == pytest.approx(1 - 0.7 * (0.3 + 0.9 * 0.3))  # 0.601
     assert steps["heavy"] == pytest.approx(1 - 0.7 * 0.3)
     assert steps["sgd"] == pytest.approx(1 - 0.7 * 0.3)
@@ -176,7 +181,7 @@ def test_outer_adam_is_adam_on_the_pseudo_gradient_with_a_large_epsilon():
     state, params = init_outer_optimizer(theta), theta
     m, v, expected = np.zeros((1, 2)), np.zeros((1, 2)), theta["W1"].copy()
     for t, delta in enumerate(deltas, start=1):
-        params, state = outer_step(params, {"W1": delta}, state, config)
+        params, state = _outer_step(params, {"W1": delta}, state, config)
         m, v = 0.9 * m + 0.1 * delta, 0.99 * v + 0.01 * delta**2
         expected = expected - 0.5 * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.99**t)) + 0.1)
         np.testing.assert_allclose(params["W1"], expected, rtol=1e-13)
@@ -208,7 +213,7 @@ def test_the_config_round_trips_with_every_mechanism_set():
 
 
 def test_the_fast_engine_weighs_by_shard_size_as_the_loop_does():
-    engine = pytest.importorskip("diloco.engine")
+    engine = pytest.importorskip("diloco.core.trainers")
     x, y = blobs(5, n=31)  # 11, 10, 10: unequal IID shards
     config = small(shard_weighting="size")
     want = reference_diloco(x, y, config)
@@ -222,7 +227,7 @@ def test_the_fast_engine_weighs_by_shard_size_as_the_loop_does():
 
 def test_carried_adam_state_is_an_adamw_state_shape():
     theta = {"W1": np.ones((2, 2))}
-    _, state = outer_step(theta, {"W1": np.full((2, 2), 0.1)}, init_outer_optimizer(theta),
+    _, state = _outer_step(theta, {"W1": np.full((2, 2), 0.1)}, init_outer_optimizer(theta),
                           small(outer_optimizer="adam"))
     assert isinstance(state, OuterState) and state.second_moment["W1"].shape == (2, 2)
     assert isinstance(AdamWState(state.step, state.momentum, state.second_moment), AdamWState)

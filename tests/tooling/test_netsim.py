@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from diloco import DiLoCoConfig
+from diloco.config_sections import FamilyConfig
 from diloco.core.netsim import all_reduce_seconds, parse_bandwidth, parse_duration, simulate
+from diloco.core.trainers import train_family
 from diloco.data import load_digits_split
-from diloco.family import FamilyConfig, train_family
 
 
 @pytest.mark.parametrize("text, bits", [("1Gbit", 1e9), ("100Mbit/s", 1e8), ("10Mbps", 1e7), ("125MB/s", 1e9),

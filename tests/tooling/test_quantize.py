@@ -21,10 +21,11 @@ from diloco.core.quantize import (
     bfloat16_values,
     decode,
     encode,
+    from_bytes,
     quantize,
     sign_prune_mask,
+    to_bytes,
 )
-from diloco.family.wire import from_bytes, to_bytes
 
 finite64 = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, allow_subnormal=True)
 arrays64 = hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=2, max_side=40), elements=finite64)

@@ -21,13 +21,12 @@ from hypothesis import strategies as st
 from resume_helpers import assert_resumes_bit_identical, run_keeping_checkpoints
 
 from diloco import DiLoCoConfig
-from diloco.config_sections import CommSpec
+from diloco.config_sections import CommSpec, FamilyConfig
 from diloco.core.comm import all_reduce
 from diloco.core.divergence import Diverged
 from diloco.core.driver import check_algorithm, train
 from diloco.core.hooks import Guard
 from diloco.data import load_digits_split
-from diloco.family.config import FamilyConfig
 from diloco.methods.sparse import SparseConfig, decode_sparse, encode_sparse, params_from_bytes, params_to_bytes
 from diloco.params import average_params, subtract_params
 

@@ -1,4 +1,4 @@
-"""Streaming DiLoCo (diloco.family.streaming): the schedule, the reduction to DiLoCo, bytes."""
+"""Streaming DiLoCo (diloco.core.synchronisers.FragmentSync): the schedule, the reduction to DiLoCo, bytes."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from diloco import DiLoCoConfig, train_diloco
+from diloco.config_sections import FamilyConfig
 from diloco.core.driver import train
 from diloco.core.quantize import encode
+from diloco.core.schedule import fragment_keys, fragment_layers, sync_offsets, sync_steps
+from diloco.core.trainers import train_streaming
 from diloco.data import load_digits_split
-from diloco.family import FamilyConfig, train_streaming
-from diloco.family.streaming import fragment_keys, fragment_layers, sync_offsets, sync_steps
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Streaming DiLoCo's schedule where P does not divide H, and asymmetric mixing, by hand.
 
-Through the public functions only (``diloco.family.streaming.sync_offsets`` and
-``sync_steps``, ``diloco.family.train_streaming``): their names and signatures stay while
+Through the public functions only (``diloco.core.schedule.sync_offsets`` and
+``sync_steps``, ``diloco.core.trainers.train_streaming``): their names and signatures stay while
 the training core is rewritten. Every expected value is worked out here, never taken
 from the package.
 """
@@ -15,8 +15,9 @@ import pytest
 
 from diloco import DiLoCoConfig
 from diloco.config import AdamWConfig
-from diloco.family import FamilyConfig, train_streaming
-from diloco.family.streaming import sync_offsets, sync_steps
+from diloco.config_sections import FamilyConfig
+from diloco.core.schedule import sync_offsets, sync_steps
+from diloco.core.trainers import train_streaming
 
 # --- offsets and sync steps: t_p = floor(p H / P), syncs at t with (t - t_p) mod H == 0 ----------
 

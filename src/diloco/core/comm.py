@@ -15,7 +15,7 @@ each of encoded payloads::
 Each worker sends ``(K-1)/K`` of its payload in step 2 and ``(K-1)/K`` of the reduced
 payload in step 3, so ``bytes_sent = (K-1)/K (|E(Delta_k)| + |E(mean)|)``: the ring
 all-reduce's ``2 (K-1)/K N b`` of milestone 30 when both payloads are N values of b bytes.
-``diloco.family.mpi_family`` does exactly this with real messages.
+The MPI executor does exactly this with real messages.
 
 When nothing is encoded (``CommSpec.fmt`` None or the params' own dtype, no pruning)
 the average is milestone 24's ``compute_outer_gradient`` itself, so the plain path stays

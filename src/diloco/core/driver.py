@@ -153,7 +153,7 @@ def train(algo: str, x, y, config, *, x_eval=None, y_eval=None, rng=None, encode
     comm, timeout : keyword-only
         The MPI communicator and the collectives' time limit (executor "mpi").
     layout : "auto", "stacked" or "per-worker", keyword-only
-        The stacked executor's layout (``diloco.engine.trainers.choose_layout``).
+        The stacked executor's layout (``diloco.engine.layout.choose_layout``).
     sync_fields : bool, keyword-only, optional
         Give DiLoCo's records the per-sync fields (``syncs``, ``peak_sync_bytes``,
         ``bytes_per_step``) and the encoded ``bytes_sent``; by default only when

@@ -104,7 +104,6 @@ class NetworkClock:
         self.link_free = 0.0   # when the link finishes its current transfer
         self.step = 0          # inner steps done
         self.pending: list = []  # (due step, completion time)
-        self.compute = 0.0
 
     def advance(self, record: dict) -> dict:
         """Simulate the round of ``record``; return its ``sim_*`` fields."""
@@ -114,7 +113,6 @@ class NetworkClock:
             by_step.setdefault(step, []).append((size, tau))
         for h in range(1, self.inner_steps + 1):
             self.now += self.step_time
-            self.compute += self.step_time
             self.step += 1
             for size, tau in by_step.get(h, []):
                 begin = max(self.now, self.link_free)

@@ -3,7 +3,7 @@
 The registry ``OUTER_OPTIMIZERS`` maps ``DiLoCoConfig.outer_optimizer`` to an
 ``OuterOptimizer`` pair, in the style of optax's ``GradientTransformation``. Every
 executor and algorithm of ``diloco.core`` steps the global model through it, and
-milestone 25's mechanisms (``diloco.mechanisms.outer_step``) do too, so an optimizer
+the asynchronous schedule's delayed Nesterov does too, so an optimizer
 added here runs everywhere: DiLoCo, Streaming DiLoCo (one state per fragment), eager
 updates (one state per worker), on the reference, stacked and MPI executors.
 

@@ -170,7 +170,17 @@ class FragmentState(NamedTuple):
 
 
 class FragmentSync:
-    """DiLoCo (one fragment) and Streaming DiLoCo (P fragments, overlap tau, mixing)."""
+    """DiLoCo (one fragment) and Streaming DiLoCo (Douillard et al., 2025, arXiv 2501.18512).
+
+    The model's L layers are split into P fragments (``fragment_keys``: *strided*, the
+    paper's choice, or *sequential*). Fragment p synchronises every H inner steps, offset
+    by ``t_p = floor(p H / P)``, so a round of H steps holds one sync of each. At its sync
+    its outer gradient ``Delta_p = theta_p - mean_k theta_{k,p}`` is all-reduced (possibly
+    encoded, ``diloco.core.comm``) and the outer step updates ``theta_p``; the workers keep
+    training, and ``tau`` steps later (in this round or the next) each merges the result:
+    ``theta_{k,p} <- mix theta_p + (1 - mix) theta_{k,p}``. With P = 1, tau = 0 and
+    mix = 1 this is DiLoCo, bit for bit.
+    """
 
     def __init__(self, config, params: Params, weights) -> None:
         family = config.family
@@ -248,7 +258,15 @@ def is_eager(config) -> bool:
 
 
 class EagerSync:
-    """Eager updates (tau = H): ``diloco.core.sync.eager_sync`` after step H of every round."""
+    """Eager updates (Kale et al., 2025, arXiv 2502.12996, tau = H): ``eager_sync`` after step H.
+
+    The all-reduce of round t's outer gradients runs during round t+1's inner steps, so at
+    the end of round t worker k applies its own share fresh and the others' one round late,
+    ``Delta_k^(t) / K + (Delta^(t-1) - Delta_k^(t-1) / K)`` (shard weights ``w_k`` for
+    ``1/K``), on its own outer copy. One worker, or tau = 0, is DiLoCo; K > 1 with overlap
+    is not (the first round applies only ``Delta_k^(1) / K``). The model evaluated after
+    each round is the workers' average (``eager_consensus``), never communicated.
+    """
 
     def __init__(self, config, params: Params, weights, shares) -> None:
         self.config, self.weights, self.shares, self.order = config, weights, shares, tuple(params)

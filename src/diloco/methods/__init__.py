@@ -15,7 +15,6 @@ from diloco.methods.asynchrony import (
     Arrivals,
     AsyncOuterState,
     arrival_schedule,
-    async_nesterov_step,
     delayed_nesterov_step,
     draw_step_times,
     dynamic_local_steps,
@@ -43,6 +42,6 @@ __all__ = [
     "NS_COEFFICIENTS", "MuonConfig", "MuonState", "init_muon", "muon_step", "newton_schulz",
     "ErrorFeedbackState", "SparseConfig", "SparsePayload", "chunked_dct", "chunked_idct", "compress_with_feedback",
     "decode_sparse", "encode_sparse", "encoded_nbytes", "from_bytes", "init_error_feedback", "to_bytes", "topk_mask",
-    "Arrivals", "AsyncOuterState", "arrival_schedule", "async_nesterov_step", "delayed_nesterov_step",
+    "Arrivals", "AsyncOuterState", "arrival_schedule", "delayed_nesterov_step",
     "draw_step_times", "dynamic_local_steps", "init_async_outer", "synchronous_round_time",
 ]

@@ -54,7 +54,7 @@ from diloco.outer import OuterState, init_outer_optimizer, nesterov_param_update
 from diloco.params import average_params
 
 __all__ = ["Arrivals", "AsyncOuterState", "draw_step_times", "dynamic_local_steps", "arrival_schedule",
-           "synchronous_round_time", "init_async_outer", "async_nesterov_step", "delayed_nesterov_step",
+           "synchronous_round_time", "init_async_outer", "delayed_nesterov_step",
            "delayed_outer_update"]
 
 
@@ -244,26 +244,6 @@ def _check_step(params, state, pseudo_grad):
     if not isinstance(state, AsyncOuterState):
         raise TypeError(f"state must be an AsyncOuterState (from init_async_outer), got {type(state).__name__}")
     check_same_structure(params, state.outer.momentum, "params", "state.outer.momentum")
-
-
-def async_nesterov_step(params: Params, state: AsyncOuterState, pseudo_grad: Params, *, lr: float,
-                        momentum: float, weight: float = 1.0) -> tuple[Params, AsyncOuterState]:
-    """Plain asynchronous Nesterov: milestones 22-23 on every arrival, ``g = weight * pseudo_grad``.
-
-    ``m <- mu m + g``, ``theta <- theta - lr (g + mu m)``. Liu et al.'s toy notebook weights
-    each arrival by ``sqrt(K) / K``; ``weight = 1`` is DiLoCo's step on a single delta.
-
-    Returns
-    -------
-    (new_params, new_state)
-    """
-    _check_step(params, state, pseudo_grad)
-    weight = check_real(weight, "weight", low=0.0, low_open=True)
-    grad = pseudo_grad if weight == 1.0 else {k: weight * v for k, v in pseudo_grad.items()}
-    outer = update_outer_momentum(state.outer, grad, momentum)
-    new_params = nesterov_param_update(params, grad, outer, lr, momentum)
-    anchor = {k: v.copy() for k, v in new_params.items()}
-    return new_params, AsyncOuterState(outer, anchor, (), state.arrivals + 1)
 
 
 def delayed_nesterov_step(params: Params, state: AsyncOuterState, pseudo_grad: Params, *, lr: float,

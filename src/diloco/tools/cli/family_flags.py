@@ -1,4 +1,4 @@
-"""Flags of the DiLoCo family (``diloco.family``), shared by train, compare, study and MPI.
+"""Flags of the DiLoCo family (``DiLoCoConfig.family``), shared by train, compare, study and MPI.
 
 ``add_config_flags`` (``diloco.tools.cli.flags``) calls ``add_family_flags``, so every
 command that takes the experiment's flags takes these too; ``build_family`` turns them
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from diloco.config_sections import TRANSFORMS
+from diloco.config_sections import PATTERNS, TRANSFORMS, FamilyConfig
 from diloco.core.netsim import parse_bandwidth, parse_duration
 from diloco.core.quantize import FORMATS
-from diloco.family.config import PATTERNS, FamilyConfig
 from diloco.tools.cli.errors import CliError
 
 __all__ = ["add_family_flags", "build_family"]
@@ -21,7 +20,7 @@ __all__ = ["add_family_flags", "build_family"]
 
 
 def add_family_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("beyond the 2023 paper (diloco.family; docs/concepts/family.md)")
+    group = parser.add_argument_group("beyond the 2023 paper (DiLoCoConfig.family; docs/concepts/family.md)")
     group.add_argument("--comm-dtype", choices=FORMATS, default=None,
                        help="wire format of outer gradients (default: the params' dtype, nothing encoded)")
     group.add_argument("--comm-block", type=int, default=None, metavar="N",

@@ -15,9 +15,9 @@ family flag is given:
 
 from __future__ import annotations
 
+from diloco.config_sections import FamilyConfig
 from diloco.core.driver import baseline_config, check_algorithm
-from diloco.family.config import FamilyConfig
-from diloco.family.trainers import communication_report
+from diloco.core.trainers import communication_report
 from diloco.tools.cli.errors import CliError
 
 __all__ = ["check_family", "run_with_family", "family_summary", "print_family"]

@@ -68,7 +68,7 @@ def trainer(algo: str, engine: str = "reference") -> Callable:
     """The training function of ``algo`` ("diloco" or "sync") on ``engine``.
 
     ``"reference"`` gives ``TRAINERS[algo]`` (the milestone functions, looked up at call
-    time); ``"fast"`` gives ``diloco.engine.TRAINERS[algo]``, the same algorithm, equal up
+    time); ``"fast"`` gives ``diloco.core.trainers.FAST_TRAINERS[algo]``, the same algorithm, equal up
     to rounding.
 
     Raises
@@ -85,7 +85,7 @@ def trainer(algo: str, engine: str = "reference") -> Callable:
     if not fast_engine_available():
         raise ValueError("engine 'fast' is not part of a learner workspace (it implements every milestone): "
                          "use --engine reference, which runs your functions")
-    from diloco.engine import TRAINERS as FAST_TRAINERS
+    from diloco.core.trainers import FAST_TRAINERS
 
     return FAST_TRAINERS[algo]
 

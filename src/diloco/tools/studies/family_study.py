@@ -35,10 +35,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from diloco.config_sections import FamilyConfig
 from diloco.core.divergence import Diverged
 from diloco.core.netsim import parse_bandwidth
-from diloco.family.config import FamilyConfig
-from diloco.family.trainers import family_trainer
+from diloco.core.trainers import family_trainer
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.family_flags import build_family
 from diloco.tools.cli.flags import build_config, load_dataset
