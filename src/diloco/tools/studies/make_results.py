@@ -148,8 +148,9 @@ def main(argv=None) -> int:
             log.close()
     total = time.time() - started
 
-    record.update(last_run={"jobs": [j.name for j in jobs], "parallel": args.jobs, "seconds": round(total, 1),
-                            "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    if not args.only:  # the page's whole-run line: a partial run (--only) keeps the last whole run's
+        record.update(last_run={"jobs": [j.name for j in jobs], "parallel": args.jobs, "seconds": round(total, 1),
+                                "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
     from diloco.tools.runs.atomic_files import write_json
     from diloco.tools.studies import results_page
 
