@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from diloco._validation import check_nonneg_int, check_positive_int, check_real
 
-__all__ = ["FamilyConfig", "CommSpec", "FORMATS", "PATTERNS", "TRANSFORMS", "SPARSE_BITS", "MAX_DCT_CHUNK",
+__all__ = ["FamilyConfig", "CommSpec", "WIRE_FIELDS", "FORMATS", "PATTERNS", "TRANSFORMS", "SPARSE_BITS",
+           "MAX_DCT_CHUNK",
            "check_known_fields", "AsyncConfig"]
 
 # Wire formats of outer gradients (diloco.core.quantize).
@@ -39,47 +40,20 @@ def check_known_fields(cls, data, what: str) -> None:
         raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}")
 
 
-class CommSpec(NamedTuple):
-    """How outer gradients travel.
-
-    Attributes
-    ----------
-    fmt : str or None
-        A ``FORMATS`` entry, or None for the params' own dtype (nothing encoded).
-    block_size : int >= 0
-        Values per scale block (0: one scale per tensor).
-    sign_prune : float in [0, 1)
-        Fraction of each tensor's smallest-magnitude entries each worker drops.
-    error_feedback : bool
-        Carry each worker's encoding error into its next outer gradient.
-    topk : float in (0, 1] or None
-        Sparse outer gradients (``diloco.methods.sparse``): the fraction of every chunk
-        each worker sends; None: dense (the fields above apply).
-    topk_chunk, topk_bits, topk_transform, topk_decay
-        The ``SparseConfig``'s chunk, bits, transform and decay (used only with ``topk``).
-    """
-
-    fmt: str | None = None
-    block_size: int = 32
-    sign_prune: float = 0.0
-    error_feedback: bool = False
-    topk: float | None = None
-    topk_chunk: int = 4096
-    topk_bits: int | None = None
-    topk_transform: str = "none"
-    topk_decay: float = 1.0
-
-
 PATTERNS = ("strided", "sequential")
 
 
-def _field_error(exc: Exception) -> Exception:
-    return type(exc)(f"FamilyConfig.{exc}")
+def _field_error(exc: Exception, owner) -> Exception:
+    return type(exc)(f"{type(owner).__name__}.{exc}")
 
 
 @dataclass(frozen=True)
-class FamilyConfig:
-    """Compression, Streaming DiLoCo, eager updates and the simulated network.
+class CommSpec:
+    """How outer gradients travel: the wire-format fields, declared once.
+
+    ``FamilyConfig`` inherits them (``DiLoCoConfig.family.comm_dtype``, ...), the flags and
+    the baseline's refusal take their names from ``dataclasses.fields(CommSpec)``, and the
+    codecs (``diloco.core.codecs``) read them.
 
     Attributes
     ----------
@@ -105,6 +79,70 @@ class FamilyConfig:
     topk_decay : float in [0, 1]
         beta, the error-feedback buffer's decay, ``e <- beta e + Delta`` (1; needs
         ``error_feedback``).
+    """
+
+    comm_dtype: str | None = None
+    comm_block: int = 32
+    sign_prune: float = 0.0
+    error_feedback: bool = False
+    topk: float | None = None
+    topk_chunk: int = 4096
+    topk_bits: int | None = None
+    topk_transform: str = "none"
+    topk_decay: float = 1.0
+
+    def __post_init__(self) -> None:
+        try:
+            if self.comm_dtype is not None and self.comm_dtype not in FORMATS:
+                raise ValueError(f"comm_dtype must be None or one of {FORMATS}, got {self.comm_dtype!r}")
+            check_nonneg_int(self.comm_block, "comm_block")
+            prune = check_real(self.sign_prune, "sign_prune", low=0.0, high=1.0, high_open=True)
+            if not isinstance(self.error_feedback, bool):
+                raise TypeError(f"error_feedback must be a bool, got {self.error_feedback!r}")
+            topk, topk_decay = self._check_topk()
+        except (TypeError, ValueError) as exc:
+            raise _field_error(exc, self) from None
+        for name, value in (("sign_prune", prune), ("topk", topk), ("topk_decay", topk_decay)):
+            object.__setattr__(self, name, value)
+
+    def _check_topk(self) -> tuple:
+        """The sparse fields, checked (each error names its field); returns ``(topk, topk_decay)``."""
+        chunk = check_positive_int(self.topk_chunk, "topk_chunk")
+        if self.topk_bits not in SPARSE_BITS or isinstance(self.topk_bits, bool):
+            raise ValueError(f"topk_bits must be one of {SPARSE_BITS}, got {self.topk_bits!r}")
+        if self.topk_transform not in TRANSFORMS:
+            raise ValueError(f"topk_transform must be one of {TRANSFORMS}, got {self.topk_transform!r}")
+        decay = check_real(self.topk_decay, "topk_decay", low=0.0, high=1.0)
+        if self.topk is None:
+            changed = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(CommSpec)
+                       if f.name.startswith("topk_") and getattr(self, f.name) != f.default]
+            if changed:
+                raise ValueError(f"{', '.join(changed)} configure(s) sparse outer gradients: set topk too")
+            return None, decay
+        topk = check_real(self.topk, "topk", low=0.0, low_open=True, high=1.0)
+        if self.topk_transform == "dct" and chunk > MAX_DCT_CHUNK:
+            raise ValueError(f"topk_chunk must be <= {MAX_DCT_CHUNK} with topk_transform='dct' (the DCT of a chunk is "
+                             f"a C x C matrix product), got {chunk}")
+        if self.comm_dtype is not None or self.sign_prune:
+            raise ValueError("topk (sparse outer gradients) cannot be combined with comm_dtype or sign_prune: the "
+                             "sparse payload has its own value widths (topk_bits)")
+        if decay != 1.0 and not self.error_feedback:
+            raise ValueError(f"topk_decay={decay!r} decays the error-feedback buffer: it needs error_feedback=True")
+        return topk, decay
+
+
+WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(CommSpec))  # the wire format's fields, in order
+
+
+@dataclass(frozen=True)
+class FamilyConfig(CommSpec):
+    """Compression (the ``CommSpec`` fields it inherits), Streaming DiLoCo, eager updates and
+    the simulated network.
+
+    Attributes
+    ----------
+    comm_dtype, comm_block, sign_prune, error_feedback, topk, topk_chunk, topk_bits, topk_transform, topk_decay
+        The wire format (``CommSpec``).
     fragments : int >= 1
         P, fragments of Streaming DiLoCo (1 = the whole model at once).
     pattern : "strided" or "sequential"
@@ -125,15 +163,6 @@ class FamilyConfig:
         Compute seconds per inner step for the simulation; None = measured.
     """
 
-    comm_dtype: str | None = None
-    comm_block: int = 32
-    sign_prune: float = 0.0
-    error_feedback: bool = False
-    topk: float | None = None
-    topk_chunk: int = 4096
-    topk_bits: int | None = None
-    topk_transform: str = "none"
-    topk_decay: float = 1.0
     fragments: int = 1
     pattern: str = "strided"
     overlap: int | None = None
@@ -144,15 +173,10 @@ class FamilyConfig:
     step_time: float | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         try:
-            if self.comm_dtype is not None and self.comm_dtype not in FORMATS:
-                raise ValueError(f"comm_dtype must be None or one of {FORMATS}, got {self.comm_dtype!r}")
-            check_nonneg_int(self.comm_block, "comm_block")
-            prune = check_real(self.sign_prune, "sign_prune", low=0.0, high=1.0, high_open=True)
-            for name in ("error_feedback", "eager"):
-                if not isinstance(getattr(self, name), bool):
-                    raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-            topk, topk_decay = self._check_topk()
+            if not isinstance(self.eager, bool):
+                raise TypeError(f"eager must be a bool, got {self.eager!r}")
             check_positive_int(self.fragments, "fragments")
             if self.pattern not in PATTERNS:
                 raise ValueError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
@@ -167,43 +191,14 @@ class FamilyConfig:
             step_time = None if self.step_time is None else check_real(self.step_time, "step_time", low=0.0,
                                                                         low_open=True)
         except (TypeError, ValueError) as exc:
-            raise _field_error(exc) from None
-        for name, value in (("sign_prune", prune), ("topk", topk), ("topk_decay", topk_decay), ("mix", mix),
-                            ("bandwidth", bandwidth), ("latency", latency),
-                            ("step_time", step_time)):
+            raise _field_error(exc, self) from None
+        for name, value in (("mix", mix), ("bandwidth", bandwidth), ("latency", latency), ("step_time", step_time)):
             object.__setattr__(self, name, value)
-
-    def _check_topk(self) -> tuple:
-        """The sparse fields, checked (each error names its field); returns ``(topk, topk_decay)``."""
-        chunk = check_positive_int(self.topk_chunk, "topk_chunk")
-        if self.topk_bits not in SPARSE_BITS or isinstance(self.topk_bits, bool):
-            raise ValueError(f"topk_bits must be one of {SPARSE_BITS}, got {self.topk_bits!r}")
-        if self.topk_transform not in TRANSFORMS:
-            raise ValueError(f"topk_transform must be one of {TRANSFORMS}, got {self.topk_transform!r}")
-        decay = check_real(self.topk_decay, "topk_decay", low=0.0, high=1.0)
-        if self.topk is None:
-            changed = [f"{name}={getattr(self, name)!r}" for name, default in
-                       (("topk_chunk", 4096), ("topk_bits", None), ("topk_transform", "none"), ("topk_decay", 1.0))
-                       if getattr(self, name) != default]
-            if changed:
-                raise ValueError(f"{', '.join(changed)} configure(s) sparse outer gradients: set topk too")
-            return None, decay
-        topk = check_real(self.topk, "topk", low=0.0, low_open=True, high=1.0)
-        if self.topk_transform == "dct" and chunk > MAX_DCT_CHUNK:
-            raise ValueError(f"topk_chunk must be <= {MAX_DCT_CHUNK} with topk_transform='dct' (the DCT of a chunk is "
-                             f"a C x C matrix product), got {chunk}")
-        if self.comm_dtype is not None or self.sign_prune:
-            raise ValueError("topk (sparse outer gradients) cannot be combined with comm_dtype or sign_prune: the "
-                             "sparse payload has its own value widths (topk_bits)")
-        if decay != 1.0 and not self.error_feedback:
-            raise ValueError(f"topk_decay={decay!r} decays the error-feedback buffer: it needs error_feedback=True")
-        return topk, decay
 
     @property
     def comm(self) -> CommSpec:
         """The ``CommSpec`` of the wire-format fields."""
-        return CommSpec(self.comm_dtype, self.comm_block, self.sign_prune, self.error_feedback, self.topk,
-                        self.topk_chunk, self.topk_bits, self.topk_transform, self.topk_decay)
+        return CommSpec(**{name: getattr(self, name) for name in WIRE_FIELDS})
 
     @property
     def simulates_network(self) -> bool:

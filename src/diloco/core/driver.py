@@ -29,6 +29,7 @@ import numpy as np
 
 from diloco._validation import milestone
 from diloco.config import DiLoCoConfig
+from diloco.config_sections import WIRE_FIELDS
 from diloco.core.executors import MPIExecutor, ReferenceExecutor
 from diloco.core.records import SimulatedClock, round_fields
 from diloco.core.state import RunState
@@ -49,8 +50,7 @@ EXECUTORS = ("reference", "stacked", "mpi")
 # own fields and its family section's. One table for the refusal and for ``baseline_config``.
 DILOCO_ONLY = ("outer_optimizer", "outer_lr", "outer_momentum", "nesterov", "outer_beta2", "outer_eps",
                "shard_weighting", "drop_prob", "drop_rule", "record_similarity")
-DILOCO_ONLY_FAMILY = ("comm_dtype", "sign_prune", "error_feedback", "topk", "topk_chunk", "topk_bits",
-                      "topk_transform", "topk_decay", "fragments", "overlap", "mix", "eager")
+DILOCO_ONLY_FAMILY = WIRE_FIELDS + ("fragments", "overlap", "mix", "eager")
 ASYNC_FIELDS = ("asynchronous", "step_times", "speed_spread", "straggler", "straggler_factor", "delayed_nesterov",
                 "dynamic_local_steps")  # the baseline has no outer gradient to apply on arrival
 

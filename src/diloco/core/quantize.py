@@ -232,36 +232,38 @@ def encode(x: np.ndarray, fmt: str, *, block_size: int = 0, keep: np.ndarray | N
         raise ValueError(f"block_size must be a non-negative int, got {block_size!r}")
     flat = x.ravel()
     unit = int(block_size) if block_size else max(flat.size, 1)
-    if keep is not None:
-        keep = np.asarray(keep)
-        if keep.dtype != bool or keep.shape != x.shape:
-            raise ValueError(f"keep must be a bool array of shape {x.shape}, got {keep.dtype} {keep.shape}")
-        keep = keep.ravel().copy()
-        values = flat[keep]
-        unit_ids = np.flatnonzero(keep) // unit
-    else:
-        values = flat
-        unit_ids = np.arange(flat.size) // unit
-    units = unit_bounds(flat.size, unit).size - 1
+    keep = _kept(keep, x.shape)
+    values = flat if keep is None else flat[keep]
+    unit_ids = (np.arange(flat.size) if keep is None else np.flatnonzero(keep)) // unit
+    codes, exponents = _codes(values, fmt, unit_ids, unit_bounds(flat.size, unit).size - 1)
+    return Encoded(fmt, tuple(x.shape), unit, codes, exponents, keep)
+
+
+def _kept(keep, shape) -> np.ndarray | None:
+    """``keep`` checked and flattened (a copy), or None."""
+    if keep is None:
+        return None
+    keep = np.asarray(keep)
+    if keep.dtype != bool or keep.shape != shape:
+        raise ValueError(f"keep must be a bool array of shape {shape}, got {keep.dtype} {keep.shape}")
+    return keep.ravel().copy()
+
+
+def _codes(values: np.ndarray, fmt: str, unit_ids: np.ndarray, units: int) -> tuple[np.ndarray, np.ndarray]:
+    """The codes of ``values`` in ``fmt`` and the units' scale exponents (none for the float formats)."""
     exponents = np.zeros(0, dtype=np.int16)
     if fmt == "float64":
-        codes = values.astype(np.float64)  # exact (float64 params, or float32 ones widened)
-    elif fmt == "float32":
-        info = np.finfo(np.float32)
-        codes = np.clip(values, info.min, info.max).astype(np.float32)
-    elif fmt == "float16":
-        info = np.finfo(np.float16)
-        codes = np.clip(values, info.min, info.max).astype(np.float16)
-    elif fmt == "bfloat16":
-        codes = bfloat16_bits(values)
-    else:
-        exponents = scale_exponents(values, unit_ids, units, _QMAX[fmt])
-        scaled = np.ldexp(values, -exponents[unit_ids].astype(np.int32))  # exact: a power of two
-        if fmt == "int8":
-            codes = np.clip(np.rint(scaled), -127, 127).astype(np.int8)
-        else:
-            codes = fp4_codes(scaled)
-    return Encoded(fmt, tuple(x.shape), unit, codes, exponents, keep)
+        return values.astype(np.float64), exponents  # exact (float64 params, or float32 ones widened)
+    if fmt in ("float32", "float16"):
+        info = np.finfo(fmt)
+        return np.clip(values, info.min, info.max).astype(fmt), exponents
+    if fmt == "bfloat16":
+        return bfloat16_bits(values), exponents
+    exponents = scale_exponents(values, unit_ids, units, _QMAX[fmt])
+    scaled = np.ldexp(values, -exponents[unit_ids].astype(np.int32))  # exact: a power of two
+    if fmt == "int8":
+        return np.clip(np.rint(scaled), -127, 127).astype(np.int8), exponents
+    return fp4_codes(scaled), exponents
 
 
 def decode(encoded: Encoded, dtype=np.float64) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from diloco.config_sections import PATTERNS, TRANSFORMS, FamilyConfig
+from diloco.config_sections import PATTERNS, TRANSFORMS, WIRE_FIELDS, FamilyConfig
 from diloco.core.netsim import parse_bandwidth, parse_duration
 from diloco.core.quantize import FORMATS
 from diloco.tools.cli.errors import CliError
@@ -61,12 +61,9 @@ def add_family_flags(parser: argparse.ArgumentParser) -> None:
 def build_family(args, defaults: dict | None = None) -> FamilyConfig:
     """The ``FamilyConfig`` of the parsed flags (over ``defaults``)."""
     changes = dict(defaults or {})
-    for name in ("comm_dtype", "sign_prune", "error_feedback", "topk", "topk_chunk", "topk_bits", "topk_transform",
-                 "topk_decay", "fragments", "pattern", "overlap", "mix", "eager"):
+    for name in WIRE_FIELDS + ("fragments", "pattern", "overlap", "mix", "eager"):
         if getattr(args, name, None) is not None:
             changes[name] = getattr(args, name)
-    if getattr(args, "comm_block", None) is not None:
-        changes["comm_block"] = args.comm_block
     try:
         if getattr(args, "bandwidth", None) is not None:
             changes["bandwidth"] = parse_bandwidth(args.bandwidth)

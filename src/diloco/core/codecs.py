@@ -1,0 +1,212 @@
+"""Compression of outer gradients behind one protocol: every codec encodes, decodes and reduces.
+
+``all_reduce`` (``diloco.core.comm``) runs every codec the same way::
+
+    message_k, residual_k = codec.encode(item_k, base, residual_k, rng)   # each local worker
+    everyone = gather(messages)                                           # the collective
+    decoded = [codec.decode(everyone[k], like) for k in sorted(everyone)]
+    delta, reduced_bytes = codec.reduce(decoded, weights, base)
+    bytes_sent = codec.bytes_sent(messages in worker order, reduced_bytes)
+
+``item_k`` is worker k's parameters (``base`` the model it started from) or its outer
+gradient itself (``base`` None); ``residual_k`` its error-feedback memory by key. ``rng``
+is there for stochastic codecs; the three below are deterministic and never draw.
+
+* ``NativeCodec``: nothing encoded; the reduce is milestone 24's ``compute_outer_gradient``
+  (or milestone 15's average), so plain DiLoCo stays DiLoCo bit for bit. Ring all-reduce
+  bytes, ``2 (K-1)/K N b``.
+* ``DenseCodec``: float32/16, bfloat16, int8 or fp4 (``diloco.core.quantize``), with sign
+  pruning and error feedback. Reduce-scatter of payloads, the owner's mean (TIES-merging's
+  disjoint mean when pruned), all-gather of the mean encoded again:
+  ``(K-1)/K (|E(Delta_k)| + |E(mean)|)`` bytes.
+* ``SparseCodec``: SparseLoCo's chunked top-k or DeMo's DCT top-k with error feedback
+  (``diloco.methods.sparse``), all-gathered as bytes and averaged on receipt:
+  ``(K-1) |message|`` bytes.
+
+The wire format's fields are ``diloco.config_sections.CommSpec``'s, declared once.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from diloco._validation import api_checks
+from diloco.config_sections import CommSpec
+from diloco.core.quantize import FORMATS, decode, encode, sign_prune_mask
+from diloco.methods.sparse import (
+    ErrorFeedbackState,
+    SparseConfig,
+    compress_with_feedback,
+    decode_sparse,
+    params_from_bytes,
+    params_to_bytes,
+)
+from diloco.model import Params
+from diloco.outer import compute_outer_gradient
+from diloco.params import average_params, subtract_params
+
+__all__ = ["Codec", "NativeCodec", "DenseCodec", "SparseCodec", "codec_for", "is_native", "sparse_config",
+           "native_bytes", "encode_delta", "reduce_decoded"]
+
+
+class Codec(Protocol):
+    """How one worker's outer gradient travels and how the K of them combine (module doc)."""
+
+    def encode(self, item: Params, base: Params | None, residual: dict, rng=None) -> tuple[object, dict]: ...
+
+    def decode(self, message, like: Params) -> Params: ...
+
+    def reduce(self, decoded: list, weights, base: Params | None) -> tuple[Params, int]: ...
+
+    def bytes_sent(self, messages: list, reduced_bytes: int) -> tuple[float, int]: ...
+
+
+def is_native(spec: CommSpec, dtype) -> bool:
+    """True when nothing is encoded: the plain milestone path applies."""
+    return ((spec.comm_dtype is None or spec.comm_dtype == np.dtype(dtype).name) and spec.sign_prune == 0.0
+            and spec.topk is None)
+
+
+def native_bytes(num_values: int, num_workers: int, itemsize: int) -> float:
+    """Ring all-reduce bytes per worker, ``2 (K-1)/K N b`` (milestone 30's formula)."""
+    api_checks.native_bytes(num_values, num_workers, itemsize)
+    return 2.0 * (num_workers - 1) / num_workers * num_values * itemsize
+
+
+def _outer_gradient(item: Params, base: Params | None) -> Params:
+    return subtract_params(base, item) if base is not None else item
+
+
+class NativeCodec:
+    """Nothing encoded: the workers' items travel as they are (module doc)."""
+
+    def __init__(self, dtype) -> None:
+        self.dtype = np.dtype(dtype)
+
+    def encode(self, item: Params, base, residual: dict, rng=None) -> tuple[Params, dict]:
+        return item, residual
+
+    def decode(self, message: Params, like) -> Params:
+        return message
+
+    def reduce(self, decoded: list, weights, base) -> tuple[Params, int]:
+        delta = compute_outer_gradient(base, decoded, weights) if base is not None else average_params(decoded, weights)
+        return delta, 0
+
+    def bytes_sent(self, messages: list, reduced_bytes: int) -> tuple[float, int]:
+        size = sum(value.size for value in messages[0].values())
+        return native_bytes(size, len(messages), self.dtype.itemsize), size * self.dtype.itemsize
+
+
+def encode_delta(delta: np.ndarray, spec: CommSpec):
+    """A worker's payload for one tensor: sign-pruned (if asked) and encoded."""
+    fmt = spec.comm_dtype or delta.dtype.name
+    keep = sign_prune_mask(delta, spec.sign_prune) if spec.sign_prune > 0 else None
+    return encode(delta, fmt, block_size=spec.comm_block, keep=keep)
+
+
+def reduce_decoded(decoded: list, pruned: bool, weights=None) -> np.ndarray:
+    """Combine K decoded tensors: the (weighted) mean, or with pruning TIES-merging's disjoint mean.
+
+    TIES (Yadav et al., 2023): elect the sign of the sum per coordinate, then average only
+    the entries that are non-zero and agree with it (0 where none do); unweighted.
+    """
+    if not pruned:
+        return average_params([{"v": d} for d in decoded], weights)["v"]
+    stacked = np.stack(decoded)
+    elected = np.sign(stacked.sum(axis=0))
+    agree = (np.sign(stacked) == elected) & (stacked != 0)
+    count = agree.sum(axis=0)
+    total = np.where(agree, stacked, 0).sum(axis=0)
+    return (total / np.maximum(count, 1)).astype(stacked.dtype)
+
+
+class DenseCodec:
+    """Every value in a low-precision format, with sign pruning and error feedback (module doc).
+
+    Error feedback (Seide et al., 2014; Karimireddy et al., 2019): each worker keeps what its
+    encoding lost, ``e_k <- (Delta_k + e_k) - D(E(Delta_k + e_k))``, and adds it to its next
+    outer gradient.
+    """
+
+    def __init__(self, spec: CommSpec, dtype) -> None:
+        self.spec, self.dtype = spec, np.dtype(dtype)
+
+    def encode(self, item: Params, base, residual: dict, rng=None) -> tuple[dict, dict]:
+        payloads, residual = {}, dict(residual)
+        for key, value in _outer_gradient(item, base).items():
+            if self.spec.error_feedback and key in residual:
+                value = value + residual[key]
+            payloads[key] = encode_delta(value, self.spec)
+            if self.spec.error_feedback:
+                residual[key] = value - decode(payloads[key], self.dtype)
+        return payloads, residual
+
+    def decode(self, message: dict, like) -> Params:
+        return {key: decode(payload, self.dtype) for key, payload in message.items()}
+
+    def reduce(self, decoded: list, weights, base) -> tuple[Params, int]:
+        """The owner's mean of each unit, encoded again for the all-gather, and decoded."""
+        pruned, reduced_bytes, delta = self.spec.sign_prune > 0, 0, {}
+        for key in decoded[0]:
+            reduced = reduce_decoded([d[key] for d in decoded], pruned, weights)
+            keep = reduced != 0 if pruned else None  # a pruned result is sparse: send its support
+            payload = encode(reduced, self.spec.comm_dtype or self.dtype.name, block_size=self.spec.comm_block,
+                             keep=keep)
+            reduced_bytes += payload.nbytes
+            delta[key] = decode(payload, self.dtype)
+        return delta, reduced_bytes
+
+    def bytes_sent(self, messages: list, reduced_bytes: int) -> tuple[float, int]:
+        num_workers = len(messages)
+        mean_payload = sum(payload.nbytes for message in messages for payload in message.values()) / num_workers
+        return (num_workers - 1) / num_workers * (mean_payload + reduced_bytes), int(round(mean_payload))
+
+
+def sparse_config(spec: CommSpec) -> SparseConfig | None:
+    """The ``SparseConfig`` of a spec's ``topk`` fields; None when outer gradients are dense."""
+    if spec.topk is None:
+        return None
+    return SparseConfig(spec.topk_chunk, spec.topk, spec.topk_bits, spec.topk_transform, spec.topk_decay)
+
+
+class SparseCodec:
+    """Top-k (or DCT top-k) with error feedback, all-gathered as bytes (module doc).
+
+    Sparse tensors are not summed on the way, since their sum is not sparse: every worker's
+    message, ``params_to_bytes`` of its payloads (after ``compress_with_feedback``, the one
+    top-k + error-feedback transform), is decoded on receipt and the K are averaged.
+    """
+
+    def __init__(self, spec: CommSpec) -> None:
+        self.spec, self.config = spec, sparse_config(spec)
+
+    def encode(self, item: Params, base, residual: dict, rng=None) -> tuple[bytes, dict]:
+        delta = _outer_gradient(item, base)
+        feedback = self.spec.error_feedback
+        owed = {key: residual[key] if feedback and key in residual else np.zeros_like(v) for key, v in delta.items()}
+        payloads, _, state = compress_with_feedback(delta, ErrorFeedbackState(owed), self.config)
+        return params_to_bytes(payloads), {**residual, **state.residual} if feedback else dict(residual)
+
+    def decode(self, message: bytes, like: Params) -> Params:
+        return {key: decode_sparse(p) for key, p in params_from_bytes(message, like, self.config).items()}
+
+    def reduce(self, decoded: list, weights, base) -> tuple[Params, int]:
+        return average_params(decoded, weights), 0
+
+    def bytes_sent(self, messages: list, reduced_bytes: int) -> tuple[float, int]:
+        mean_message = sum(len(message) for message in messages) / len(messages)
+        return float((len(messages) - 1) * mean_message), int(round(mean_message))
+
+
+def codec_for(spec: CommSpec, dtype) -> Codec:
+    """The codec of ``spec`` for params of ``dtype``."""
+    if spec.comm_dtype is not None and spec.comm_dtype not in FORMATS:
+        raise ValueError(f"comm format must be one of {FORMATS}, got {spec.comm_dtype!r}")
+    if is_native(spec, dtype):
+        return NativeCodec(dtype)
+    if spec.topk is not None:
+        return SparseCodec(spec)
+    return DenseCodec(spec, dtype)
