@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco._validation import check_args, milestone
+from diloco._validation import check_args, milestone, state_type
 from diloco.model import Params
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 
+@state_type
 class AdamWState(NamedTuple):
     """Immutable AdamW state of one worker.
 

@@ -95,7 +95,7 @@ def classification_accuracy(params: Params, x: np.ndarray, y: np.ndarray) -> flo
     ValueError
         Empty input, mismatched shapes, labels outside [0, C).
     """
-    check_args.classification_accuracy(params, x, y)
+    check_args.classification_accuracy(params, x, y, model_forward)
     # BEGIN SOLUTION
     logits, _ = model_forward(params, x)
     return float(np.mean(np.argmax(logits, axis=1) == y))

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco._validation import check_args, milestone
+from diloco._validation import check_args, milestone, state_type
 
 Params = dict[str, np.ndarray]
 
@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 
+@state_type
 class ForwardCache(NamedTuple):
     """What ``model_backward`` needs from the forward pass.
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco._validation import check_args, milestone
+from diloco._validation import check_args, milestone, state_type
 from diloco.model import Params
 from diloco.params import average_params, subtract_params
 
@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 
+@state_type
 class OuterState(NamedTuple):
     """Immutable state of the outer optimizer.
 

@@ -21,6 +21,8 @@ import numpy as np
 __all__ = [
     "FLOAT_DTYPES",
     "milestone",
+    "state_type",
+    "STATE_TYPES",
     "call_depth",
     "check_seed",
     "check_bool",
@@ -68,6 +70,17 @@ def call_depth() -> int:
 
 # Milestone name -> check of its result, registered by ``check_args`` (``result_check``).
 RESULT_CHECKS: dict = {}
+
+# The milestone modules' state types by module and name (``state_type``), so the checks can
+# test them without importing the modules that import the checks.
+STATE_TYPES: dict = {}
+
+
+def state_type(cls):
+    """Register a milestone module's state type (``AdamWState``, ``OuterState``, ``ForwardCache``)
+    with the argument checks, which look it up by name; returns ``cls`` unchanged."""
+    STATE_TYPES[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return cls
 
 
 def milestone(function):

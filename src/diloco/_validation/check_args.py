@@ -31,12 +31,10 @@ from collections.abc import Mapping, Set
 
 import numpy as np
 
-import diloco.adamw as _adamw
 import diloco.config as _config
-import diloco.model as _model
-import diloco.outer as _outer
 from diloco._validation import (
     FLOAT_DTYPES,
+    STATE_TYPES,
     call_depth,
     check_bool,
     check_count,
@@ -82,7 +80,7 @@ def _num_layers(params, *_, **__) -> int:
 
 def adamw_state(state, params=None, params_name: str = "params", name: str = "state"):
     """``state`` is an AdamWState whose moments match each other (and ``params``, if given)."""
-    if not isinstance(state, _adamw.AdamWState):
+    if not isinstance(state, STATE_TYPES["diloco.adamw.AdamWState"]):
         raise TypeError(f"{name} must be an AdamWState, got {type(state).__name__}")
     check_count(state.step, f"{name}.step")  # 10**400 would overflow beta ** step
     check_params(state.m, f"{name}.m")
@@ -96,7 +94,7 @@ def adamw_state(state, params=None, params_name: str = "params", name: str = "st
 
 
 def outer_state(state, reference, reference_name: str):
-    if not isinstance(state, _outer.OuterState):
+    if not isinstance(state, STATE_TYPES["diloco.outer.OuterState"]):
         raise TypeError(f"outer_state must be an OuterState, got {type(state).__name__}")
     check_params(state.momentum, "outer_state.momentum")
     check_same_structure(reference, state.momentum, reference_name, "outer_state.momentum")
@@ -249,7 +247,7 @@ def cross_entropy_loss(logits, labels):
 def model_backward(params, cache, labels):
     """Returns the number of layers L."""
     num_layers = check_mlp_params(params)
-    if not isinstance(cache, _model.ForwardCache):
+    if not isinstance(cache, STATE_TYPES["diloco.model.ForwardCache"]):
         raise TypeError(f"cache must be the ForwardCache returned by model_forward, got {type(cache).__name__}")
     if len(cache.pre_activations) != num_layers or len(cache.layer_inputs) != num_layers:
         raise ValueError(f"cache must hold {num_layers} layers to match params, got {len(cache.pre_activations)}")
@@ -499,11 +497,10 @@ def evaluate_loss(params, x, y):
 
 
 @checker()
-def classification_accuracy(params, x, y):
+def classification_accuracy(params, x, y, forward):
+    """``forward`` is milestone 03, handed in by the caller (this module imports no milestone module)."""
     eval_data(params, x, y, "x must hold at least one example: accuracy of zero rows is undefined")
-    from diloco.model import model_forward  # here, not at the top: diloco.model imports this module
-
-    logits, _ = model_forward(params, x)  # nested: unchecked, so NaN logits are seen here, not argmax-ed
+    logits, _ = forward(params, x)  # nested: unchecked, so NaN logits are seen here, not argmax-ed
     require_finite("classification_accuracy", "the logits", "params and x", [("", logits)])
 
 
