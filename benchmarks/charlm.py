@@ -2,7 +2,7 @@
 
 * **char-LM training**: Tiny Shakespeare, 390-128-65 (6 characters of context, one-hot),
   batch 32, K = 8, H = 50, through the one driver (``diloco.core.driver.train``) on the
-  reference executor (the milestone functions) and the stacked executor (``--engine
+  reference executor (the milestone functions) and the fast executor (``--engine
   fast``, its AdamW and first-layer gradient as numba loops; and ``fast-numpy``, both as
   NumPy passes: the engine without the ``fast`` extra), float64 and float32. Timed over 4
   rounds (1,600 worker-steps) after a warm-up round, without held-out evaluation
@@ -54,7 +54,7 @@ def run_charlm(spec: dict) -> dict:
         def finished(self, record, get_state):
             marks.append((time.perf_counter(), time.process_time()))
 
-    executors = {"reference": "reference", "fast": "stacked", "fast-numpy": "stacked"}
+    executors = {"reference": "reference", "fast": "fast", "fast-numpy": "fast"}
     executor = executors[spec["impl"].removeprefix("charlm-")]
     params = train("diloco", data.x_train, data.y_train, config, encode=text.encode, executor=executor,
                    hooks=[Clock()]).params
@@ -195,7 +195,7 @@ def section(result: dict, median, loads, idle_load: float) -> tuple[list, list]:
     training = result["training"]
     lines = ["", "## The char-LM, one BLAS thread", "",
              "Tiny Shakespeare, 390-128-65, batch 32, K = 8, H = 50, through the one driver: the reference "
-             "executor (the milestone functions, which one-hot encode each batch) against the stacked executor "
+             "executor (the milestone functions, which one-hot encode each batch) against the fast executor "
              "(`--engine fast`: the first layer gathered forward and scattered backward, AdamW and the scatter "
              "as numba loops; *fast-numpy*: both as NumPy passes, the engine without the `fast` extra), timed "
              f"over {CHARLM['rounds']} rounds after a warm-up round, no held-out evaluation (below). "

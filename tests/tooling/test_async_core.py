@@ -2,7 +2,7 @@
 
 * The reductions: equal speeds are DiLoCo bit for bit (plain asynchronous outer steps
   and delayed Nesterov with N = K, with drops, compression and other outer optimizers),
-  and one worker is DiLoCo with K = 1, on the reference and stacked executors.
+  and one worker is DiLoCo with K = 1, on the reference and fast executors.
 * A 2-worker run with unequal speeds, worked by hand: the order of the arrivals, the
   stale pseudo-gradient and the outer steps, replayed here with the milestone functions.
 * The simulated clock: synchronous DiLoCo waits for the slowest worker, asynchronous
@@ -49,7 +49,7 @@ REDUCED = [{}, {"drop_prob": 0.5}, {"family": {"comm_dtype": "int8", "error_feed
            {"outer_optimizer": "adam", "outer_lr": 0.05}, {"shard_weighting": "size"}, {"num_workers": 3}]
 
 
-@pytest.mark.parametrize("executor", ["reference", "stacked"])
+@pytest.mark.parametrize("executor", ["reference", "fast"])
 @pytest.mark.parametrize("changes", REDUCED, ids=[str(c) for c in REDUCED])
 def test_equal_speeds_are_diloco_bit_for_bit(changes, executor):
     config = BASE.replace(**changes)
@@ -65,7 +65,7 @@ def test_equal_speeds_are_diloco_bit_for_bit(changes, executor):
         _same_run(_run(config.replace(asynchrony={"asynchronous": True, "delayed_nesterov": K}), executor), want)
 
 
-@pytest.mark.parametrize("executor", ["reference", "stacked"])
+@pytest.mark.parametrize("executor", ["reference", "fast"])
 def test_one_worker_is_diloco_with_one_worker(executor):
     config = BASE.replace(num_workers=1)
     want = _run(config, executor)

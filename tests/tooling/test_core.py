@@ -95,7 +95,7 @@ def test_every_feature_works_on_reference_and_stacked_or_is_refused_in_one_line(
     if feature.hook in ("guard", "resume"):
         pytest.skip("a hook, tested below on every executor")
     reference = _run(feature, algo)
-    stacked = _run(feature, algo, "stacked")
+    stacked = _run(feature, algo, "fast")
     rtol = 1e-5 if _config(feature).dtype == "float32" else 1e-10
     np.testing.assert_allclose(_flat(stacked.params), _flat(reference.params), rtol=rtol, atol=rtol * 1e-2)
     np.testing.assert_allclose([r["eval_loss"] for r in stacked.history],
@@ -119,7 +119,7 @@ class _NoWork:
         raise AssertionError("a refused configuration trained")
 
 
-@pytest.mark.parametrize("executor", ["reference", "stacked"])
+@pytest.mark.parametrize("executor", ["reference", "fast"])
 @pytest.mark.parametrize("algo", ALGOS)
 def test_the_guard_stops_every_algorithm_on_every_executor(algo, executor):
     x, y, x_eval, y_eval = _digits()

@@ -16,7 +16,7 @@ import pytest
 from cli_helpers import TINY_DEEP as TINY
 from cli_helpers import only_run_dir, run_cli
 
-from diloco.engine import stacked
+from diloco.engine import fast as fast_engine
 from diloco.tools.runs.folders import read_jsonl
 
 
@@ -87,18 +87,18 @@ def test_config_json_reproduces_a_family_run(tmp_path, capsys):
 
 @pytest.mark.parametrize("flags", [["--comm-dtype", "fp4"], ["--fragments", "2"], ["--eager"],
                                    ["--data", "shakespeare", "--context", "3", "--eval-windows", "64"]])
-def test_engine_fast_runs_the_stacked_executor_for_every_flag(flags, tmp_path, capsys, monkeypatch):
+def test_engine_fast_runs_the_fast_executor_for_every_flag(flags, tmp_path, capsys, monkeypatch):
     calls = []
-    real = stacked.StackedExecutor.run
+    real = fast_engine.FastExecutor.run
 
     def counted(self, *args, **kwargs):
         calls.append(None)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(stacked.StackedExecutor, "run", counted)
+    monkeypatch.setattr(fast_engine.FastExecutor, "run", counted)
     status, _, err = run_cli(["train", *TINY, *flags, "--engine", "fast", "--runs-dir", tmp_path / "f"], capsys)
     assert status == 0, err
-    assert calls, "--engine fast did not run the stacked executor"
+    assert calls, "--engine fast did not run the fast executor"
     fast = _history(only_run_dir(tmp_path / "f"))
     status, _, err = run_cli(["train", *TINY, *flags, "--runs-dir", tmp_path / "r"], capsys)
     assert status == 0, err

@@ -25,7 +25,7 @@ from diloco.core.trainers import FAST_TRAINERS as TRAINERS
 from diloco.core.trainers import train_diloco_fast, train_synchronous_fast
 from diloco.data import load_digits_split
 from diloco.engine import STACKED_MAX_BYTES, choose_layout
-from diloco.engine.stacked import draw_batch as _draw_batch
+from diloco.engine.fast import draw_batch as _draw_batch
 from diloco.tools.studies import ablations as studies
 from diloco.tools.workspace.regions import PACKAGE_DIR, is_reference_only
 

@@ -1,7 +1,7 @@
 """The inner-optimizer seam (diloco.core.inner): the registry, and SGD with momentum added through it.
 
 SGD is checked against a hand-written loop of PyTorch's ``SGD(lr, momentum, dampening=0,
-weight_decay)`` rule that shares no code with the registry; the stacked executor's flat kernel
+weight_decay)`` rule that shares no code with the registry; the fast executor's flat kernel
 against the reference executor; a checkpoint's stored form round-trips exactly.
 """
 
@@ -60,7 +60,7 @@ def test_the_stacked_kernel_equals_the_reference_for_sgd(algo, changes):
     config = BASE.replace(**changes)
     x = data.x_train[:121].astype(config.dtype)
     ref = train(algo, x, data.y_train[:121], config)
-    fast = train(algo, x, data.y_train[:121], config, executor="stacked")
+    fast = train(algo, x, data.y_train[:121], config, executor="fast")
     for key in ref.params:
         np.testing.assert_allclose(fast.params[key], ref.params[key], rtol=1e-10 if config.dtype == "float64" else 1e-5,
                                    atol=1e-12 if config.dtype == "float64" else 1e-6)

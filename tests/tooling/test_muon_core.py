@@ -1,4 +1,4 @@
-"""Muon as the core's inner optimizer: the config, the dispatch, the stacked executor against
+"""Muon as the core's inner optimizer: the config, the dispatch, the fast executor against
 the reference, checkpoint and resume, the guard, the flags, and the study's judging.
 
 The feature-by-executor matrix (``diloco.core.features``, row "Muon inner optimizer") runs
@@ -119,7 +119,7 @@ def test_clipping_clips_before_muon():
     assert not np.allclose(got["W1"], plain["W1"]) and not np.allclose(got["b1"], plain["b1"])
 
 
-# --- the stacked executor ---------------------------------------------------------------------
+# --- the fast executor ---------------------------------------------------------------------
 
 def test_the_state_in_adamws_shape_round_trips_exactly():
     rng = np.random.default_rng(4)
@@ -189,7 +189,7 @@ def test_stacked_equals_the_reference(algo, dtype, changes, layout):
     x, y, x_eval, y_eval = _chars() if chars else _digits()
     encode = OneHot(6, 3) if chars else None
     reference = train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode)
-    stacked = train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor="stacked",
+    stacked = train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor="fast",
                     layout=layout)
     rtol = 1e-5 if dtype == "float32" else 1e-10
     np.testing.assert_allclose(_flat(stacked.params), _flat(reference.params), rtol=rtol, atol=rtol * 1e-2)
@@ -213,7 +213,7 @@ def test_resume_from_every_round_is_bit_identical(algo, engine, tmp_path):
         assert arrays["worker0.m.W1"].any() and not arrays["worker0.v.W1"].any() and arrays["worker0.v.W2"].any()
 
 
-@pytest.mark.parametrize("executor", ["reference", "stacked"])
+@pytest.mark.parametrize("executor", ["reference", "fast"])
 @pytest.mark.parametrize("algo", ["diloco", "sync"])
 def test_the_guard_stops_a_diverging_muon_run(algo, executor):
     x, y, x_eval, y_eval = _digits()

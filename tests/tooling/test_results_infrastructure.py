@@ -60,7 +60,7 @@ def test_the_drop_rule_is_a_checked_config_field():
     assert DiLoCoConfig.from_dict({"rounds": 2}).drop_rule == "carry", "an old config.json gets the default"
 
 
-@pytest.mark.parametrize("executor", ["reference", "stacked"])
+@pytest.mark.parametrize("executor", ["reference", "fast"])
 def test_restarting_changes_a_run_only_through_the_rounds_with_a_drop(executor):
     x, y, xe, ye = _digits()
     run = {rule: train("diloco", x, y, BASE.replace(drop_prob=0.5, drop_rule=rule), x_eval=xe, y_eval=ye,

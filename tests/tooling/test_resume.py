@@ -145,10 +145,10 @@ FAST_CASES = [(algo, iid, dtype, layout) for algo, iid, dtype in CASES for layou
 @pytest.mark.parametrize("algo, iid, dtype, layout", FAST_CASES)
 def test_the_fast_engine_resumes_bit_identically_too(algo, iid, dtype, layout, tmp_path, monkeypatch):
     pytest.importorskip("diloco.engine")
-    from diloco.engine import stacked
+    from diloco.engine import fast
 
     # Force the layout ``auto`` would not pick for this size: both code paths must resume.
-    monkeypatch.setattr(stacked, "choose_layout", lambda *args, **kwargs: layout)
+    monkeypatch.setattr(fast, "choose_layout", lambda *args, **kwargs: layout)
     config, (x, y, x_eval, y_eval) = tiny_config(iid, dtype).replace(engine="fast"), data(dtype)
     want = train_resumable(algo, x, y, config, x_eval=x_eval, y_eval=y_eval)
     copies = {}

@@ -165,7 +165,7 @@ def test_resume_restores_the_error_feedback_residuals_bit_for_bit(family, engine
     assert_resumes_bit_identical("diloco", data, config, want, copies)
 
 
-@pytest.mark.parametrize("executor", ["reference", "stacked"])
+@pytest.mark.parametrize("executor", ["reference", "fast"])
 def test_the_guard_stops_a_sparse_run(executor):
     x, y, x_eval, y_eval = _digits()
     config = BASE.replace(inner={"lr": 10.0, "weight_decay": 0.0}, family={**SPARSE, "error_feedback": True})

@@ -128,7 +128,7 @@ def test_compare_on_shakespeare_prints_perplexity_for_both_algorithms(tmp_path, 
 
 
 def test_the_fast_engine_runs_the_char_lm(tmp_path, capsys):
-    """Was refused; the stacked executor encodes each batch into its input buffer."""
+    """Was refused; the fast executor encodes each batch into its input buffer."""
     argv = ["train", "--data", "shakespeare", "--engine", "fast", "--rounds", "1", "-H", "2", "-K", "2",
             "--eval-windows", "64", "--no-plots", "-q", "--runs-dir", str(tmp_path)]
     assert main(argv) == 0, capsys.readouterr().err

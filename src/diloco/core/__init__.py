@@ -8,7 +8,7 @@
   through the executor's collective, outer step, merge back into the workers.
 * ``executors``: how the K workers are stored and stepped, and how they all-reduce:
   ``reference`` (the learner's milestone functions), ``mpi`` (one rank per worker);
-  the ``stacked`` executor (flat buffers, batched matmul) is ``diloco.engine.stacked``.
+  the ``fast`` executor (flat buffers, batched matmul) is ``diloco.engine.fast``.
 * ``driver``: the single loop over rounds and steps; history, progress, the divergence
   guard, checkpoints and the network clock are hooks on it.
 

@@ -43,7 +43,7 @@ __all__ = ["ALGORITHMS", "EXECUTORS", "RunState", "train", "initial_state", "che
            "diloco_only_settings", "is_course_algorithm"]
 
 ALGORITHMS = ("diloco", "sync")
-EXECUTORS = ("reference", "stacked", "mpi")
+EXECUTORS = ("reference", "fast", "mpi")
 
 
 # The settings that configure DiLoCo's outer gradient, which the baseline lacks: the config's
@@ -110,20 +110,20 @@ def initial_state(algo: str, params: Params, config, rng) -> RunState:
 
 
 def make_executor(name: str, shards, config, encode=None, comm=None, timeout=None, layout: str = "auto"):
-    """The executor ``name`` ("reference", "stacked" or "mpi") over ``shards``."""
+    """The executor ``name`` ("reference", "fast" or "mpi") over ``shards``."""
     if name == "reference":
         return ReferenceExecutor(shards, config, encode)
     if name == "mpi":
         if comm is None:
             raise ValueError("executor 'mpi' needs comm= (an mpi4py communicator)")
         return MPIExecutor(shards, config, comm, encode, timeout)
-    if name == "stacked":
+    if name == "fast":
         try:
-            from diloco.engine.stacked import StackedExecutor  # absent from learner workspaces
+            from diloco.engine.fast import FastExecutor  # absent from learner workspaces
         except ImportError:
-            raise ValueError("executor 'stacked' (--engine fast) is not installed here (learner workspaces leave "
+            raise ValueError("executor 'fast' (--engine fast) is not installed here (learner workspaces leave "
                              "it out): use the reference executor") from None
-        return StackedExecutor(shards, config, encode, layout)
+        return FastExecutor(shards, config, encode, layout)
     raise ValueError(f"executor must be one of {EXECUTORS}, got {name!r}")
 
 
@@ -145,7 +145,7 @@ def train(algo: str, x, y, config, *, x_eval=None, y_eval=None, rng=None, encode
     algo : "diloco" or "sync"
     x, y, config, x_eval, y_eval, rng, encode
         As for ``diloco.loop.train_diloco``.
-    executor : "reference", "stacked" or "mpi", keyword-only
+    executor : "reference", "fast" or "mpi", keyword-only
     hooks : sequence of hook objects, keyword-only
         See the module doc (``diloco.core.hooks``).
     start : RunState, keyword-only, optional
@@ -153,7 +153,7 @@ def train(algo: str, x, y, config, *, x_eval=None, y_eval=None, rng=None, encode
     comm, timeout : keyword-only
         The MPI communicator and the collectives' time limit (executor "mpi").
     layout : "auto", "stacked" or "per-worker", keyword-only
-        The stacked executor's layout (``diloco.engine.layout.choose_layout``).
+        The fast executor's layout (``diloco.engine.layout.choose_layout``).
     sync_fields : bool, keyword-only, optional
         Give DiLoCo's records the per-sync fields (``syncs``, ``peak_sync_bytes``,
         ``bytes_per_step``) and the encoded ``bytes_sent``; by default only when

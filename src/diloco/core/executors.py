@@ -18,8 +18,8 @@ Every executor offers the same few methods to ``diloco.core.driver``:
 ``ReferenceExecutor`` runs the learner's milestone functions (20, or 16-19 with the
 paper's lr schedule, clipping and an input encoder), so the milestones gate what
 ``--engine reference`` trains. ``MPIExecutor`` is the same with one worker per rank and
-mpi4py collectives. The stacked executor (flat buffers, batched matmul) is
-``diloco.engine.stacked``, outside learner workspaces.
+mpi4py collectives. The fast executor (flat buffers, batched matmul) is
+``diloco.engine.fast``, outside learner workspaces.
 """
 
 from __future__ import annotations

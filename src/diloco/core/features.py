@@ -1,10 +1,10 @@
 """The table of features the one core composes: the composition test's and the docs' single source.
 
 Every ``Feature`` is a flag of ``diloco train`` and the ``DiLoCoConfig`` change it makes.
-``tests/tooling/test_core.py`` runs every feature, on every executor (reference, stacked,
+``tests/tooling/test_core.py`` runs every feature, on every executor (reference, fast,
 MPI) and for both algorithms, and proves each cell one of two things:
 
-* **it works**: the stacked executor equals the reference within 1e-10 relative
+* **it works**: the fast executor equals the reference within 1e-10 relative
   (float64), the MPI executor equals it bit for bit, and the feature changes the result
   (no silent no-op);
 * **it is refused by design, in one line, before any work**: only the synchronous
@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 __all__ = ["Feature", "FEATURES", "REFUSED_COMBINATIONS", "EXECUTOR_NAMES", "cell", "render_matrix"]
 
-EXECUTOR_NAMES = ("reference", "stacked", "mpi")
+EXECUTOR_NAMES = ("reference", "fast", "mpi")
 
 
 class Feature(NamedTuple):

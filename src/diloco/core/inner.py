@@ -10,9 +10,9 @@ checkpoints reach an inner optimizer only through it:
   a peak, so each entry schedules its own rates (Muon has two);
 * ``to_moments(state, params) -> AdamWState`` and ``from_moments(moments, config) ->
   state``: the stored form, two arrays per key (``m``, ``v``) and a step count, which the
-  stacked executor keeps in its ``(K, P)`` buffers and a checkpoint writes; exact copies
+  fast executor keeps in its ``(K, P)`` buffers and a checkpoint writes; exact copies
   both ways, no arithmetic;
-* the stacked executor's flat kernel of the same name, in place on those buffers:
+* the fast executor's flat kernel of the same name, in place on those buffers:
   ``diloco.engine.optim.FLAT_UPDATES`` (outside learner workspaces).
 
 Entries:

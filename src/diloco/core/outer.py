@@ -5,7 +5,7 @@ The registry ``OUTER_OPTIMIZERS`` maps ``DiLoCoConfig.outer_optimizer`` to an
 executor and algorithm of ``diloco.core`` steps the global model through it, and
 the asynchronous schedule's delayed Nesterov does too, so an optimizer
 added here runs everywhere: DiLoCo, Streaming DiLoCo (one state per fragment), eager
-updates (one state per worker), on the reference, stacked and MPI executors.
+updates (one state per worker), on the reference, fast and MPI executors.
 
 * ``"sgd"``: PyTorch ``SGD(outer_lr, momentum=mu, nesterov=...)`` through milestones
   22-23: Nesterov (the paper), heavy ball (``nesterov=False``), or plain SGD at mu = 0

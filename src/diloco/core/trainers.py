@@ -10,7 +10,7 @@ tests can swap them:
   ``FamilyConfig``, with the divergence guard and, on a simulated network, the network
   clock; ``train_family_mpi``: the same on real MPI ranks;
 * ``train_diloco_fast`` and ``train_synchronous_fast`` (``FAST_TRAINERS``): the fast
-  engine, the driver on the stacked executor (``diloco.engine.stacked``);
+  engine, the driver on the fast executor (``diloco.engine.fast``);
 * ``communication_report``: ``communication_savings`` (milestone 30) at the real encoded
   size, from a run's records.
 """
@@ -51,7 +51,7 @@ def train_streaming(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, family: 
     family : FamilyConfig, optional
         ``fragments`` (P), ``pattern``, ``overlap`` (tau < H), ``mix`` and the wire format;
         default ``config.family``.
-    executor : "reference", "stacked" or "mpi", keyword-only
+    executor : "reference", "fast" or "mpi", keyword-only
 
     Returns
     -------
@@ -146,7 +146,7 @@ def train_diloco_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_e
         Equal to ``train_diloco``'s within rounding (the tests allow 1e-10 relative in
         float64, 1e-5 in float32).
     """
-    return train("diloco", x, y, config, x_eval=x_eval, y_eval=y_eval, rng=rng, encode=encode, executor="stacked",
+    return train("diloco", x, y, config, x_eval=x_eval, y_eval=y_eval, rng=rng, encode=encode, executor="fast",
                  hooks=callbacks(on_round), layout=layout)
 
 
@@ -164,7 +164,7 @@ def train_synchronous_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *
         Equal to ``train_synchronous_baseline``'s up to rounding (the K groups' gradients
         are summed inside one matrix product instead of one by one).
     """
-    return train("sync", x, y, config, x_eval=x_eval, y_eval=y_eval, rng=rng, encode=encode, executor="stacked",
+    return train("sync", x, y, config, x_eval=x_eval, y_eval=y_eval, rng=rng, encode=encode, executor="fast",
                  hooks=callbacks(on_round))
 
 

@@ -10,7 +10,7 @@ needed (studies, notebooks, benchmarks); its entry points are the core's
 * ``flat``: parameter dicts as views of one ``(S, P)`` buffer.
 * ``stack``: forward, loss and backward of S models at once, with batched ``np.matmul``.
 * ``optim``: the inner optimizers' flat kernels (``FLAT_UPDATES``), in the milestones' order.
-* ``stacked``: the executor; ``layout``: stacked or per-worker, by size.
+* ``fast``: the executor; ``layout``: its stacked or per-worker layout, by size.
 
 With the same seed the engine draws the same mini-batches as the loop and ends within
 rounding of it (``tests/tooling/test_engine.py``). It is instructor-side code: learner

@@ -297,7 +297,7 @@ def _sgd_flat(config, layout, params, scratch):
     return update
 
 
-# The stacked executor's kernel of every entry of diloco.core.inner.INNER_OPTIMIZERS (a test checks they agree).
+# The fast executor's kernel of every entry of diloco.core.inner.INNER_OPTIMIZERS (a test checks they agree).
 FLAT_UPDATES = {"adamw": _adamw_flat, "muon": _muon_flat, "sgd": _sgd_flat}
 
 

@@ -78,7 +78,7 @@ def newton_schulz(matrix: np.ndarray, steps: int = 5, *, eps: float = 1e-7,
     The iteration pushes every singular value towards the fixed band the coefficients
     were tuned for (about 0.7 to 1.2), not exactly to 1.
 
-    A stack ``(S, m, n)`` (the stacked executor's K workers) is S independent matrices,
+    A stack ``(S, m, n)`` (the fast executor's K workers) is S independent matrices,
     each with its own norm, in one batched ``np.matmul`` per product.
 
     Parameters
@@ -240,7 +240,7 @@ def as_moments(state: MuonState, params: Params) -> AdamWState:
 
     ``m`` holds the momentum ``B`` of the Muon matrices and AdamW's first moment of the
     other arrays; ``v`` holds AdamW's second moment of the other arrays and zeros for the
-    matrices. The stacked executor's ``(K, P)`` moment buffers and the checkpoints store a
+    matrices. The fast executor's ``(K, P)`` moment buffers and the checkpoints store a
     Muon worker this way; ``from_moments`` inverts it exactly (copies, no arithmetic).
     """
     if not isinstance(state, MuonState):

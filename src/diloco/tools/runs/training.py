@@ -4,7 +4,7 @@
 mechanism of ``config``, its family section included) or the synchronous baseline
 (``"sync"``) through the one driver (``diloco.core.driver.train``), on the executor that
 ``config.engine`` names (``"reference"``: the milestone functions; ``"fast"``: the
-stacked executor). ``checkpoint_dir=D, checkpoint_every=N`` writes a checkpoint
+fast executor). ``checkpoint_dir=D, checkpoint_every=N`` writes a checkpoint
 (``diloco.tools.runs.checkpoint``) every N rounds and after the last one, and
 ``resume_from=D`` continues from the newest one. A run killed at any moment and resumed
 ends with exactly the params and history of a run that was never interrupted.
@@ -33,8 +33,8 @@ __all__ = ["Diverged", "train_resumable", "check_record", "executor_of", "state_
 
 
 def executor_of(config) -> str:
-    """The driver's executor for ``config.engine``: ``"reference"`` or ``"stacked"`` (``"fast"``)."""
-    return "stacked" if config.engine == "fast" else "reference"
+    """The driver's executor for ``config.engine``: ``"reference"`` or ``"fast"`` (the same word)."""
+    return config.engine
 
 
 def _plain_starts(config) -> bool:

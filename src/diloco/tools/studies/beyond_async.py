@@ -136,7 +136,7 @@ def run_arm(arm: Arm, base, seed: int, data) -> dict:
         config = config.replace(rounds=equal_time_rounds(config, horizon))
     start = time.perf_counter()
     result = train("diloco", data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test,
-                   encode=data.encode, executor="stacked" if config.engine == "fast" else "reference")
+                   encode=data.encode, executor=config.engine)
     seconds = time.perf_counter() - start
     history = _at(result.history, horizon)
     outcome = outcome_of(arm, seed, config, history, seconds, config.engine)

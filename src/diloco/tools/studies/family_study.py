@@ -170,7 +170,7 @@ def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, 
             try:
                 result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
                                y_eval=dataset.y_test, on_round=on_round, max_loss=max_loss,
-                               executor="stacked" if config.engine == "fast" else "reference",
+                               executor=config.engine,
                                encode=dataset.encode)
             except Diverged as exc:  # name the run: which arm, which seed
                 raise Diverged(exc.algo, exc.round, exc.worker, exc.quantity, exc.step,

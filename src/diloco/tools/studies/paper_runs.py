@@ -93,7 +93,7 @@ def with_warmup(arms: list, base: DiLoCoConfig, fraction: float = WARMUP_FRACTIO
 
 
 def arm_engine(config: DiLoCoConfig, algo: str, encode=None) -> str:
-    """The engine an arm runs on: ``config.engine`` ("fast": the stacked executor, which runs every
+    """The engine an arm runs on: ``config.engine`` ("fast": the fast executor, which runs every
     task and mechanism; "reference": the milestone functions), "reference" where ``diloco.engine``
     is not installed (a learner workspace)."""
     return config.engine if fast_engine_available() else "reference"

@@ -1,4 +1,4 @@
-"""The stacked executor: the K workers in flat, preallocated buffers, stepped with batched matmul.
+"""The fast executor (``--engine fast``): the K workers in flat, preallocated buffers, stepped with batched matmul.
 
 The same ``Executor`` methods as ``diloco.core.executors.ReferenceExecutor``, so the one
 driver (``diloco.core.driver``) runs every algorithm and mechanism on it. Only storage
@@ -21,7 +21,7 @@ and stepping differ:
   workers' ``(K, m, n)`` matrices; SGD with momentum).
 
 The random draws are the milestones': worker k draws each batch from its child
-generator with ``sample_worker_batch``'s rule, so for a seed the stacked executor sees
+generator with ``sample_worker_batch``'s rule, so for a seed the fast executor sees
 the reference executor's batches and ends within rounding of it (the tests allow 1e-10
 relative in float64).
 """
@@ -38,7 +38,7 @@ from diloco.engine.optim import adamw_scratch, flat_updater
 from diloco.engine.stack import WorkerStack
 from diloco.mechanisms import inner_lr
 
-__all__ = ["StackedExecutor", "draw_batch"]
+__all__ = ["FastExecutor", "draw_batch"]
 
 
 def draw_batch(shard, batch_size: int, rng, x_out: np.ndarray, y_out: np.ndarray, encode=None) -> None:
@@ -53,10 +53,10 @@ def draw_batch(shard, batch_size: int, rng, x_out: np.ndarray, y_out: np.ndarray
     np.take(y_k, idx, out=y_out, mode="clip")
 
 
-class StackedExecutor:
+class FastExecutor:
     """K workers as rows of ``(K, P)`` buffers (see the module doc)."""
 
-    name = "stacked"
+    name = "fast"
 
     def __init__(self, shards, config, encode=None, layout: str = "auto") -> None:
         self.config = config
