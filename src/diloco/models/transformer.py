@@ -486,8 +486,8 @@ def causal_attention(qkv_flat, batch, cfg):
     q, k, v = qkv
     scores = q @ k.transpose(0, 1, 3, 2)  # (B, h, T, T)
     scores *= 1.0 / math.sqrt(cfg.head_dim)
-    scores[..., np.triu(np.ones((length, length), dtype=bool), k=1)] = -np.inf
-    probs = _softmax(scores)
+    scores += _causal_mask(length, scores.dtype)  # broadcast over (B, h)
+    probs = _softmax(scores, in_place=True)
     out = (probs @ v).transpose(0, 2, 1, 3).reshape(batch * length, cfg.d_model)  # (N, d)
     return out, qkv, probs
 
@@ -502,7 +502,9 @@ def _attention_backward(dout, qkv, probs, cfg):
     batch, _, length, _ = q.shape
     dout = dout.reshape(batch, length, cfg.n_heads, cfg.head_dim).transpose(0, 2, 1, 3)  # (B, h, T, d_h)
     dprobs = dout @ v.transpose(0, 1, 3, 2)  # (B, h, T, T)
-    dscores = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))
+    dscores = dprobs  # reused in place: dS = P * (dP - rowsum(dP * P)) / sqrt(d_h)
+    dscores -= (dprobs * probs).sum(axis=-1, keepdims=True)
+    dscores *= probs
     dscores *= 1.0 / math.sqrt(cfg.head_dim)
     dqkv = np.stack([dscores @ k, dscores.transpose(0, 1, 3, 2) @ q, probs.transpose(0, 1, 3, 2) @ dout])
     return dqkv.transpose(1, 3, 0, 2, 4).reshape(batch * length, 3 * cfg.d_model)
@@ -558,15 +560,23 @@ def _gelu_backward(dy, u, t):
     return slope
 
 
-def _softmax(scores):
+def _softmax(scores, *, in_place=False):
     """Row-wise softmax over the last axis, stable and ``-inf``-tolerant (a masked entry gives 0).
 
-    Not ``diloco.model.softmax``: that milestone rejects the ``-inf`` of the causal mask
-    (and is a stub in a learner's workspace until milestone 04 is done).
+    ``in_place`` overwrites ``scores`` (the attention's own scratch array). Not
+    ``diloco.model.softmax``: that milestone rejects the ``-inf`` of the causal mask (and is
+    a stub in a learner's workspace until milestone 04 is done).
     """
-    exp = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    exp = scores if in_place else scores.copy()
+    exp -= scores.max(axis=-1, keepdims=True)
+    np.exp(exp, out=exp)
     exp /= exp.sum(axis=-1, keepdims=True)
     return exp
+
+
+def _causal_mask(length, dtype):
+    """``M`` (T, T): 0 on and below the diagonal, ``-inf`` above it (position t never sees s > t)."""
+    return np.triu(np.full((length, length), -np.inf, dtype=dtype), k=1)
 
 
 def _cross_entropy(logits, targets, *, grad=True):

@@ -1,0 +1,188 @@
+"""CPU time per worker-step of the NumPy transformer, against PyTorch eager when importable.
+
+    .venv/bin/python benchmarks/transformer_step.py [--batch 32] [--steps 10] [--repeats 7] [--json OUT]
+
+One thread (threadpoolctl's BLAS limit, ``torch.set_num_threads(1)``), float32, the default
+``TransformerConfig`` (2 layers, d = 64, 4 heads, context 64, tied) on batches of
+``--batch`` sequences of 64 Tiny-Shakespeare-sized token ids (V = 65). Cases, timed
+interleaved (case A, B, C, A, B, C, ... so a change in the machine's load hits each alike),
+each repeat ``--steps`` steps after one warm-up step, CPU seconds (``time.process_time``):
+
+* ``numpy fwd+bwd``: ``transformer_loss_and_grads``;
+* ``numpy step``: that plus ``diloco.adamw.adamw_step`` (the milestones' AdamW): one worker-step;
+* ``numpy matmul floor``: only the step's matrix products (the same shapes and count,
+  forward and backward), into preallocated outputs: what no NumPy rewrite of the
+  element-wise work can go below;
+* ``torch fwd+bwd`` and ``torch step`` (``torch.optim.AdamW``, foreach): the same model in
+  PyTorch eager (``F.layer_norm``, ``F.scaled_dot_product_attention(is_causal=True)``,
+  ``F.gelu(approximate="tanh")``), from the same initial parameters, only when ``torch`` is
+  importable (it is never a dependency); its loss is checked against NumPy's first.
+
+Prints the median and the spread (min .. max) of the per-step milliseconds over the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import time
+
+import numpy as np
+
+from diloco.adamw import adamw_step, init_adamw_state
+from diloco.config import AdamWConfig
+from diloco.models.transformer import (
+    TransformerConfig,
+    init_transformer_params,
+    transformer_loss_and_grads,
+    transformer_param_shapes,
+)
+
+
+def numpy_cases(cfg: TransformerConfig, tokens, targets) -> dict:
+    """The NumPy step functions, each a closure with its own state."""
+    params = init_transformer_params(np.random.default_rng(0), cfg)
+    adam = AdamWConfig(lr=1e-3)
+    state = {"params": params, "opt": init_adamw_state(params)}
+
+    def fwd_bwd():
+        transformer_loss_and_grads(state["params"], tokens, targets, cfg)
+
+    def step():
+        _, grads = transformer_loss_and_grads(state["params"], tokens, targets, cfg)
+        state["params"], state["opt"] = adamw_step(state["params"], state["opt"], grads, adam)
+
+    return {"numpy fwd+bwd": fwd_bwd, "numpy step": step, "numpy matmul floor": matmul_floor(cfg, *tokens.shape)}
+
+
+def matmul_floor(cfg: TransformerConfig, batch: int, length: int):
+    """The step's matrix products alone: per layer 4 dense ones and 2 batched attention ones forward, twice
+    that backward (dA = dY W^T and dW = A^T dY), and the head's three."""
+    rng = np.random.default_rng(0)
+    n, d, m, v = batch * length, cfg.d_model, cfg.mlp_ratio * cfg.d_model, cfg.vocab_size
+    heads, width = cfg.n_heads, cfg.head_dim
+    dense = [(d, 3 * d), (d, d), (d, m), (m, d)]
+    buffers = []
+    for fan_in, fan_out in dense:
+        x, w, y = (rng.standard_normal(s).astype(cfg.dtype) for s in ((n, fan_in), (fan_in, fan_out), (n, fan_out)))
+        buffers.append((x, w, y, np.empty_like(y), np.empty_like(x), np.empty_like(w)))
+    q, k = (rng.standard_normal((batch, heads, length, width)).astype(cfg.dtype) for _ in range(2))
+    scores = np.empty((batch, heads, length, length), dtype=cfg.dtype)
+    out = np.empty_like(q)
+    final, head, logits = (rng.standard_normal(s).astype(cfg.dtype) for s in ((n, d), (d, v), (n, v)))
+    head_out = (np.empty_like(logits), np.empty_like(final), np.empty_like(head))
+
+    def products():
+        for _ in range(cfg.n_layers):
+            for x, w, y, fwd, dx, dw in buffers:
+                np.matmul(x, w, out=fwd)
+                np.matmul(y, w.T, out=dx)
+                np.matmul(x.T, y, out=dw)
+            for _ in range(2):  # S = q k^T forward, dP = dO v^T backward
+                np.matmul(q, k.transpose(0, 1, 3, 2), out=scores)
+            for _ in range(4):  # P v forward; dq = dS k, dk = dS^T q, dv = P^T dO backward
+                np.matmul(scores, k, out=out)
+        np.matmul(final, head, out=head_out[0])
+        np.matmul(logits, head.T, out=head_out[1])
+        np.matmul(final.T, logits, out=head_out[2])
+
+    return products
+
+
+def torch_cases(cfg: TransformerConfig, tokens, targets) -> dict:
+    """The same model in PyTorch eager, from the same initial parameters; {} without torch."""
+    if importlib.util.find_spec("torch") is None:
+        return {}
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    start = init_transformer_params(np.random.default_rng(0), cfg)
+    params = {k: torch.from_numpy(value.copy()).requires_grad_(True) for k, value in start.items()}
+    tok, tgt = torch.from_numpy(tokens), torch.from_numpy(targets)
+    opt = torch.optim.AdamW(list(params.values()), lr=1e-3, weight_decay=0.01, foreach=True)
+    d, h = cfg.d_model, cfg.n_heads
+
+    def loss_fn():
+        batch, length = tok.shape
+        x = params["wte"][tok] + params["wpe"][:length]
+        for layer in range(cfg.n_layers):
+            p = lambda name, layer=layer: params[f"h{layer}.{name}"]  # noqa: E731
+            a = F.layer_norm(x, (d,), p("ln1.gain"), p("ln1.bias"))
+            q, k, v = torch.addmm(p("attn.qkv_bias"), a.reshape(-1, d), p("attn.qkv")).view(
+                batch, length, 3, h, d // h).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(-1, d)
+            x = x + torch.addmm(p("attn.proj_bias"), y, p("attn.proj")).view(batch, length, d)
+            a = F.layer_norm(x, (d,), p("ln2.gain"), p("ln2.bias")).reshape(-1, d)
+            u = F.gelu(torch.addmm(p("mlp.fc_bias"), a, p("mlp.fc")), approximate="tanh")
+            x = x + torch.addmm(p("mlp.proj_bias"), u, p("mlp.proj")).view(batch, length, d)
+        x = F.layer_norm(x, (d,), params["ln_f.gain"], params["ln_f.bias"])
+        head = params["wte"].T if cfg.tied else params["head"]
+        return F.cross_entropy((x.reshape(-1, d) @ head), tgt.reshape(-1))
+
+    want, _ = transformer_loss_and_grads(start, tokens, targets, cfg)
+    got = float(loss_fn())
+    if abs(got - want) > 1e-4 * abs(want):
+        raise AssertionError(f"torch loss {got} != numpy loss {want}: not the same model")
+
+    def fwd_bwd():
+        opt.zero_grad(set_to_none=False)
+        loss_fn().backward()
+
+    def step():
+        fwd_bwd()
+        opt.step()
+
+    return {"torch fwd+bwd": fwd_bwd, "torch step": step}
+
+
+def measure(cases: dict, steps: int, repeats: int) -> dict:
+    """Per-step CPU milliseconds of each case, ``repeats`` interleaved rounds of ``steps`` steps."""
+    for run in cases.values():
+        run()  # warm-up: BLAS kernels, page faults, torch's first-call set-up
+    times = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, run in cases.items():
+            start = time.process_time()
+            for _ in range(steps):
+                run()
+            times[name].append(1000.0 * (time.process_time() - start) / steps)
+    return {name: {"median_ms": float(np.median(t)), "min_ms": min(t), "max_ms": max(t), "repeats": t}
+            for name, t in times.items()}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32, help="sequences per step (32)")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed repeat (10)")
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats (7)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    from threadpoolctl import threadpool_limits
+
+    cfg = TransformerConfig(dtype=args.dtype)
+    rng = np.random.default_rng(1)
+    tokens, targets = rng.integers(0, cfg.vocab_size, (2, args.batch, cfg.context))
+    with threadpool_limits(limits=1, user_api="blas"):
+        cases = {**numpy_cases(cfg, tokens, targets), **torch_cases(cfg, tokens, targets)}
+        results = measure(cases, args.steps, args.repeats)
+    size = sum(int(np.prod(s)) for s in transformer_param_shapes(cfg).values())
+    print(f"transformer {cfg}, {size:,} parameters, batch {args.batch} x {cfg.context} tokens, one thread")
+    for name, r in results.items():
+        print(f"  {name:20s} {r['median_ms']:8.2f} ms/step  (min {r['min_ms']:.2f}, max {r['max_ms']:.2f}, "
+              f"{args.repeats} repeats of {args.steps})")
+    if "torch step" not in results:
+        print("  torch: not importable, skipped (never a dependency; pip install torch in another venv to compare)")
+    else:
+        ratio = results["numpy step"]["median_ms"] / results["torch step"]["median_ms"]
+        print(f"  numpy step / torch step = {ratio:.2f} (below 1: NumPy faster)")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"config": str(cfg), "batch": args.batch, "results": results}, handle, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
