@@ -32,16 +32,30 @@ helper's docstring gives its equations. It is checked against central finite dif
 in float64 on every parameter (``tests/tooling/test_transformer.py``).
 
 Default size: 2 layers, ``d = 64``, 4 heads of 16, context 64, MLP ratio 4, tied output,
-over the 65 Tiny Shakespeare characters: 105,344 parameters. Why this size: it is the
-smallest that still has what the papers' models have and the MLP lacks -- more than one
-head (so heads can specialise), more than one layer (so Streaming DiLoCo has blocks to
-stagger and attention can compose across layers), hidden matrices of ``64 x 64`` and
-larger for Muon, and a context of 64 characters (about ten words, enough for a speaker's
-line to carry a "topic"; the MLP sees 6). Halving ``d`` leaves heads of width 8. Measured
-on this machine (one thread, float32, 2 shared cores, ``benchmarks/transformer_step.py``):
-a forward+backward of a batch of 32 sequences of 64 characters (2,048 tokens) takes about
-40 ms, so a worker-step fits the 2-hour budget of the transformer studies; doubling ``d``
-or the context roughly quadruples the attention's share.
+over the 65 Tiny Shakespeare characters: 108,352 parameters (embeddings 8,256, each block
+49,984, final LayerNorm 128). Why this size: it is the smallest that keeps what the
+papers' models have and the char-LM MLP lacks -- more than one head, more than one block
+(Streaming DiLoCo has blocks to stagger, attention composes across layers), hidden
+matrices of ``64 x 64`` and up for Muon, and a context of 64 characters (about ten words:
+enough for a speaker's line to carry a "topic"; the MLP sees 6). Going smaller saves
+little, because at this size the element-wise passes and NumPy's per-call overhead weigh
+as much as the products. CPU milliseconds per forward+backward of 2,048 tokens (median of
+5, one thread, float32, 2 shared and loaded cores, glibc's ``M_TOP_PAD`` at 64 MiB, see
+below)::
+
+    1 layer,  d = 32,  2 heads, context 32      15,872 params    27.7 ms
+    2 layers, d = 64,  4 heads, context 64     108,352 params    49.4 ms   <- default
+    2 layers, d = 64,  4 heads, context 128    112,448 params    61.3 ms
+    2 layers, d = 128, 4 heads, context 64     413,312 params   122.2 ms
+    4 layers, d = 128, 4 heads, context 128    818,048 params   359.2 ms
+
+``benchmarks/transformer_step.py`` times the default on 32 sequences of 64: 48.6 ms
+(min 47.9, max 49.8) for forward+backward, 51.1 ms with the milestones' AdamW step,
+against 23.3 ms for its matrix products alone (the floor no rewrite of the element-wise
+work goes below). Where the rest goes: the GELU's tanh and the attention's softmax over
+``(B, h, T, T)``, the LayerNorms, and -- unless the process keeps freed memory (glibc's
+``mallopt(M_TOP_PAD)``) -- page faults on every new temporary: 69.6 ms per forward+backward
+with glibc's default.
 """
 
 from __future__ import annotations
@@ -423,13 +437,13 @@ def sequence_targets(windows: np.ndarray, next_tokens: np.ndarray) -> tuple[np.n
 def _block_forward(params, p, x, batch, cfg):
     """``x + Attn(LN_1(x)) W_o + b_o``, then ``+ GELU(LN_2(.) W_fc + b_fc) W_proj + b_proj``; x is (N, d)."""
     attn_in, ln1 = _layer_norm(x, params[p + "ln1.gain"], params[p + "ln1.bias"])
-    qkv_flat = attn_in @ params[p + "attn.qkv"] + params[p + "attn.qkv_bias"]  # (N, 3d)
+    qkv_flat = _affine(attn_in, params[p + "attn.qkv"], params[p + "attn.qkv_bias"])  # (N, 3d)
     attn_out, qkv, probs = causal_attention(qkv_flat, batch, cfg)  # (N, d)
-    x = x + attn_out @ params[p + "attn.proj"] + params[p + "attn.proj_bias"]
+    x = _affine(attn_out, params[p + "attn.proj"], params[p + "attn.proj_bias"], residual=x)
     mlp_in, ln2 = _layer_norm(x, params[p + "ln2.gain"], params[p + "ln2.bias"])
-    fc_out = mlp_in @ params[p + "mlp.fc"] + params[p + "mlp.fc_bias"]  # (N, m)
+    fc_out = _affine(mlp_in, params[p + "mlp.fc"], params[p + "mlp.fc_bias"])  # (N, m)
     gelu_out, gelu_tanh = _gelu(fc_out)
-    x = x + gelu_out @ params[p + "mlp.proj"] + params[p + "mlp.proj_bias"]
+    x = _affine(gelu_out, params[p + "mlp.proj"], params[p + "mlp.proj_bias"], residual=x)
     return x, LayerCache(ln1, attn_in, qkv, probs, attn_out, ln2, mlp_in, fc_out, gelu_tanh, gelu_out)
 
 
@@ -445,7 +459,8 @@ def _block_backward(params, p, dx, cache: LayerCache, grads, cfg):
     grads[p + "mlp.fc_bias"] = dfc.sum(axis=0)
     dln2, grads[p + "ln2.gain"], grads[p + "ln2.bias"] = _layer_norm_backward(
         dfc @ params[p + "mlp.fc"].T, params[p + "ln2.gain"], cache.ln2)
-    dx = dx + dln2
+    dln2 += dx  # the residual branch: dx_mid = dx_out + d(MLP branch)
+    dx = dln2
     grads[p + "attn.proj"] = cache.attn_out.T @ dx  # (d, d)
     grads[p + "attn.proj_bias"] = dx.sum(axis=0)
     dqkv = _attention_backward(dx @ params[p + "attn.proj"].T, cache.qkv, cache.probs, cfg)  # (N, 3d)
@@ -453,7 +468,8 @@ def _block_backward(params, p, dx, cache: LayerCache, grads, cfg):
     grads[p + "attn.qkv_bias"] = dqkv.sum(axis=0)
     dln1, grads[p + "ln1.gain"], grads[p + "ln1.bias"] = _layer_norm_backward(
         dqkv @ params[p + "attn.qkv"].T, params[p + "ln1.gain"], cache.ln1)
-    return dx + dln1
+    dln1 += dx
+    return dln1
 
 
 def causal_attention(qkv_flat, batch, cfg):
@@ -506,8 +522,20 @@ def _attention_backward(dout, qkv, probs, cfg):
     dscores -= (dprobs * probs).sum(axis=-1, keepdims=True)
     dscores *= probs
     dscores *= 1.0 / math.sqrt(cfg.head_dim)
-    dqkv = np.stack([dscores @ k, dscores.transpose(0, 1, 3, 2) @ q, probs.transpose(0, 1, 3, 2) @ dout])
-    return dqkv.transpose(1, 3, 0, 2, 4).reshape(batch * length, 3 * cfg.d_model)
+    dqkv = np.empty((batch, length, 3, cfg.n_heads, cfg.head_dim), dtype=q.dtype)  # the forward's qkv layout
+    np.matmul(dscores, k, out=dqkv[:, :, 0].transpose(0, 2, 1, 3))  # dq
+    np.matmul(dscores.transpose(0, 1, 3, 2), q, out=dqkv[:, :, 1].transpose(0, 2, 1, 3))  # dk
+    np.matmul(probs.transpose(0, 1, 3, 2), dout, out=dqkv[:, :, 2].transpose(0, 2, 1, 3))  # dv
+    return dqkv.reshape(batch * length, 3 * cfg.d_model)
+
+
+def _affine(inputs, weight, bias, residual=None):
+    """``inputs @ weight + bias (+ residual)``, with the sums made in place in the product's new array."""
+    out = inputs @ weight
+    out += bias
+    if residual is not None:
+        out += residual
+    return out
 
 
 def _layer_norm(x, gain, bias):
@@ -594,10 +622,14 @@ def _cross_entropy(logits, targets, *, grad=True):
 
 
 def _embedding_grad(tokens, dx, vocab_size):
-    """``d wte[v] = sum of dx over the positions holding token v``; dx is (B, T, d)."""
-    grad = np.zeros((vocab_size, dx.shape[-1]), dtype=dx.dtype)
-    np.add.at(grad, tokens.reshape(-1), dx.reshape(-1, dx.shape[-1]))
-    return grad
+    """``d wte[v] = sum of dx over the positions holding token v``; dx is (B, T, d).
+
+    As the product ``onehot(tokens)^T dx`` (V, N) x (N, d): for V = 65 it costs a fifth of
+    ``np.add.at``'s scatter.
+    """
+    flat = tokens.reshape(-1)
+    onehot = (flat[None, :] == np.arange(vocab_size)[:, None]).astype(dx.dtype)  # (V, N)
+    return onehot @ dx.reshape(flat.size, dx.shape[-1])
 
 
 def _head(params, cfg):
