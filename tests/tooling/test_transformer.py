@@ -16,9 +16,10 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from diloco.models.layers import causal_attention
+from diloco.models.seam import TransformerModel
 from diloco.models.transformer import (
     TransformerConfig,
-    causal_attention,
     init_transformer_params,
     sequence_targets,
     transformer_blocks,
@@ -140,8 +141,7 @@ def test_attention_worked_by_hand():
         [3.0, 1.0, 0.0, 0.0, 0.0, 5.0, 0.0, 0.0, 4.0, 8.0, 2.0, -2.0],
         [math.sqrt(2.0), 0.0, 0.0, 1.0, math.log(3.0), 7.0, 0.0, 0.0, 8.0, 0.0, 6.0, 2.0],
     ])
-    cfg = TransformerConfig(vocab_size=3, context=2, d_model=4, n_heads=2, dtype="float64")
-    out, _, probs = causal_attention(qkv, 1, cfg)
+    out, _, probs = causal_attention(qkv, 1, 2)
     assert_close(out, np.array([[4.0, 8.0, 2.0, -2.0], [7.0, 2.0, 4.0, 0.0]]), rtol=1e-14, atol=1e-14,
                  what="attention output")
     assert_close(probs[0, 0], np.array([[1.0, 0.0], [0.25, 0.75]]), rtol=1e-14, atol=0.0, what="head 0 P")
@@ -344,17 +344,31 @@ def one_blas_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
-def test_adamw_on_tiny_shakespeare_learns_more_than_character_frequencies():
-    # 150 AdamW steps (the milestones' adamw_step, unchanged) of 16 windows of 32 characters.
+def adamw_and_muon(cfg):
+    """``(init, step)`` pairs: the milestones' AdamW, and Muon on the hidden matrices with AdamW on the rest."""
     from diloco.adamw import adamw_step, init_adamw_state
     from diloco.config import AdamWConfig
+    from diloco.methods.muon import MuonConfig, init_muon, muon_step
+
+    adam = AdamWConfig(lr=1e-2, weight_decay=0.0)
+    muon = MuonConfig(keys=transformer_hidden_matrices(cfg))
+    return {"adamw": (init_adamw_state, lambda p, s, g: adamw_step(p, s, g, adam)),
+            "muon": (lambda p: init_muon(p, muon), lambda p, s, g: muon_step(p, s, g, muon, adam))}
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_training_on_tiny_shakespeare_learns_more_than_character_frequencies(optimizer):
+    # 150 steps of 16 windows of 32 characters; the optimizers' own code, unchanged.
     from diloco.text import load_shakespeare
 
     cfg = TransformerConfig(context=32, d_model=32, n_heads=2, n_layers=2)
     data = load_shakespeare(cfg.context, eval_windows=256).dataset
     rng = np.random.default_rng(0)
     params = init_transformer_params(rng, cfg)
-    state, adam = init_adamw_state(params), AdamWConfig(lr=1e-2, weight_decay=0.0)
+    init, step = adamw_and_muon(cfg)[optimizer]
+    state = init(params)
+    if optimizer == "muon":  # Muon's momentum is on the hidden matrices only
+        assert sorted(state.momentum) == sorted(transformer_hidden_matrices(cfg))
     held_tokens, held_targets = sequence_targets(data.x_test, data.y_test)
     start = transformer_loss(params, held_tokens, held_targets, cfg)
     with one_blas_thread():
@@ -362,7 +376,7 @@ def test_adamw_on_tiny_shakespeare_learns_more_than_character_frequencies():
             rows = rng.choice(len(data.y_train), 16, replace=False)
             _, grads = transformer_loss_and_grads(params, *sequence_targets(data.x_train[rows], data.y_train[rows]),
                                                   cfg)
-            params, state = adamw_step(params, state, grads, adam)
+            params, state = step(params, state, grads)
     end = transformer_loss(params, held_tokens, held_targets, cfg)
     # The held-out cross-entropy of the training set's character frequencies (add-one smoothed):
     # a model below it predicts from the context, not only from how common each character is.
@@ -370,3 +384,30 @@ def test_adamw_on_tiny_shakespeare_learns_more_than_character_frequencies():
     unigram = float(-np.log(counts / counts.sum())[data.y_test].mean())
     assert start == pytest.approx(math.log(cfg.vocab_size), abs=0.1)
     assert end < unigram - 0.3, f"held-out loss {start:.3f} -> {end:.3f}, character frequencies give {unigram:.3f}"
+
+
+# --------------------------------------------------------------------------- the core's seam
+
+
+def test_the_seam_trains_on_the_char_lm_rows_and_evaluates_every_position():
+    cfg = TransformerConfig(vocab_size=6, context=5, d_model=8, n_heads=2, n_layers=1, dtype="float64")
+    model = TransformerModel(cfg, eval_chunk=3)
+    params = model.init_params(np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 6, (7, 5)).astype(np.float32)  # diloco.text's windows: float32 ids
+    y = rng.integers(0, 6, 7)
+    tokens = x.astype(np.int64)
+    targets = np.concatenate([tokens[:, 1:], y[:, None]], axis=1)
+    loss, grads = model.loss_and_grads(params, x, y)
+    want_loss, want_grads = transformer_loss_and_grads(params, tokens, targets, cfg)
+    assert loss == want_loss and all(np.array_equal(grads[k], want_grads[k]) for k in params)
+    # Chunks of 3, 3 and 1 windows give the mean over all 35 predictions.
+    eval_loss, eval_accuracy = model.metrics(params, x, y)
+    logits, _ = transformer_forward(params, tokens, cfg)
+    assert eval_loss == pytest.approx(transformer_loss(params, tokens, targets, cfg), rel=1e-12)
+    assert eval_accuracy == np.mean(logits.argmax(axis=-1) == targets)
+    assert model.muon_keys() == transformer_hidden_matrices(cfg) and model.blocks() == transformer_blocks(cfg)
+    with pytest.raises(ValueError, match=r"^TransformerModel\.eval_chunk must be a positive int"):
+        TransformerModel(cfg, eval_chunk=0)
+    with pytest.raises(ValueError, match="x_eval must be"):
+        model.metrics(params, x[:0], y[:0])

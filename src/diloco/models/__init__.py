@@ -7,13 +7,16 @@ functions: ``init(rng, config) -> params`` and ``loss_and_grads(params, inputs, 
 config) -> (loss, grads)``, plus the key lists that Muon (its hidden matrices) and
 Streaming DiLoCo (its blocks) need.
 
-- ``diloco.models.transformer``: a causal pre-LayerNorm transformer language model.
+- ``diloco.models.transformer``: a causal pre-LayerNorm transformer language model;
+- ``diloco.models.seam``: ``TransformerModel``, the calls the training core makes;
+- ``diloco.models.layers``: its pieces (LayerNorm, GELU, causal attention, cross-entropy),
+  each a forward and a backward by hand.
 """
 
+from diloco.models.seam import TransformerModel
 from diloco.models.transformer import (
     TransformerCache,
     TransformerConfig,
-    causal_attention,
     init_transformer_params,
     sequence_targets,
     transformer_backward,
@@ -28,7 +31,7 @@ from diloco.models.transformer import (
 __all__ = [
     "TransformerCache",
     "TransformerConfig",
-    "causal_attention",
+    "TransformerModel",
     "init_transformer_params",
     "sequence_targets",
     "transformer_backward",

@@ -69,6 +69,17 @@ import numpy as np
 from diloco._validation import check_bool, check_generator, check_positive_int
 from diloco.config import _dtype_name, _field_error
 from diloco.model import Params
+from diloco.models.layers import (
+    affine,
+    attention_backward,
+    causal_attention,
+    cross_entropy,
+    embedding_grad,
+    gelu,
+    gelu_backward,
+    layer_norm,
+    layer_norm_backward,
+)
 
 __all__ = [
     "TransformerConfig",
@@ -81,13 +92,9 @@ __all__ = [
     "transformer_loss_and_grads",
     "transformer_hidden_matrices",
     "transformer_blocks",
-    "causal_attention",
     "sequence_targets",
 ]
 
-LN_EPS = 1e-5  # LayerNorm's epsilon, PyTorch's default
-GELU_C = math.sqrt(2.0 / math.pi)
-GELU_A = 0.044715
 INIT_STD = 0.02  # GPT-2's initialisation: N(0, 0.02^2), residual projections scaled by 1/sqrt(2 n_layers)
 
 
@@ -279,7 +286,7 @@ def transformer_forward(params: Params, tokens: np.ndarray,
     for layer in range(cfg.n_layers):
         x, layer_cache = _block_forward(params, f"h{layer}.", x, batch, cfg)
         layers.append(layer_cache)
-    final, ln_f = _layer_norm(x, params["ln_f.gain"], params["ln_f.bias"])  # (N, d)
+    final, ln_f = layer_norm(x, params["ln_f.gain"], params["ln_f.bias"])  # (N, d)
     logits = final @ _head(params, cfg)  # (N, V)
     cache = TransformerCache(tokens, tuple(layers), ln_f, final, logits)
     return logits.reshape(batch, length, cfg.vocab_size), cache
@@ -316,16 +323,16 @@ def transformer_backward(params: Params, cache: TransformerCache, targets: np.nd
         raise ValueError(f"targets must be an ndarray of shape {(batch, length)} like the tokens, "
                          f"got {getattr(targets, 'shape', type(targets).__name__)}")
     _check_tokens(targets, cfg, "targets")
-    loss, dlogits = _cross_entropy(cache.logits, targets.reshape(-1))  # (N, V)
+    loss, dlogits = cross_entropy(cache.logits, targets.reshape(-1))  # (N, V)
     grads: Params = {}
     head = _head(params, cfg)
     head_grad = cache.final.T @ dlogits  # (d, V)
-    dx, grads["ln_f.gain"], grads["ln_f.bias"] = _layer_norm_backward(dlogits @ head.T, params["ln_f.gain"],
+    dx, grads["ln_f.gain"], grads["ln_f.bias"] = layer_norm_backward(dlogits @ head.T, params["ln_f.gain"],
                                                                      cache.ln_f)
     for layer in reversed(range(cfg.n_layers)):
         dx = _block_backward(params, f"h{layer}.", dx, cache.layers[layer], grads, cfg)
     dx = dx.reshape(batch, length, cfg.d_model)
-    grads["wte"] = _embedding_grad(cache.tokens, dx, cfg.vocab_size)
+    grads["wte"] = embedding_grad(cache.tokens, dx, cfg.vocab_size)
     grads["wpe"] = np.zeros_like(params["wpe"])
     grads["wpe"][:length] = dx.sum(axis=0)
     if cfg.tied:
@@ -364,7 +371,7 @@ def transformer_loss(params: Params, tokens: np.ndarray, targets: np.ndarray, cf
         raise ValueError(f"targets must be an ndarray of shape {tokens.shape} like the tokens, "
                          f"got {getattr(targets, 'shape', type(targets).__name__)}")
     _check_tokens(targets, cfg, "targets")
-    loss, _ = _cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), grad=False)
+    loss, _ = cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), grad=False)
     return loss
 
 
@@ -436,14 +443,14 @@ def sequence_targets(windows: np.ndarray, next_tokens: np.ndarray) -> tuple[np.n
 
 def _block_forward(params, p, x, batch, cfg):
     """``x + Attn(LN_1(x)) W_o + b_o``, then ``+ GELU(LN_2(.) W_fc + b_fc) W_proj + b_proj``; x is (N, d)."""
-    attn_in, ln1 = _layer_norm(x, params[p + "ln1.gain"], params[p + "ln1.bias"])
-    qkv_flat = _affine(attn_in, params[p + "attn.qkv"], params[p + "attn.qkv_bias"])  # (N, 3d)
-    attn_out, qkv, probs = causal_attention(qkv_flat, batch, cfg)  # (N, d)
-    x = _affine(attn_out, params[p + "attn.proj"], params[p + "attn.proj_bias"], residual=x)
-    mlp_in, ln2 = _layer_norm(x, params[p + "ln2.gain"], params[p + "ln2.bias"])
-    fc_out = _affine(mlp_in, params[p + "mlp.fc"], params[p + "mlp.fc_bias"])  # (N, m)
-    gelu_out, gelu_tanh = _gelu(fc_out)
-    x = _affine(gelu_out, params[p + "mlp.proj"], params[p + "mlp.proj_bias"], residual=x)
+    attn_in, ln1 = layer_norm(x, params[p + "ln1.gain"], params[p + "ln1.bias"])
+    qkv_flat = affine(attn_in, params[p + "attn.qkv"], params[p + "attn.qkv_bias"])  # (N, 3d)
+    attn_out, qkv, probs = causal_attention(qkv_flat, batch, cfg.n_heads)  # (N, d)
+    x = affine(attn_out, params[p + "attn.proj"], params[p + "attn.proj_bias"], residual=x)
+    mlp_in, ln2 = layer_norm(x, params[p + "ln2.gain"], params[p + "ln2.bias"])
+    fc_out = affine(mlp_in, params[p + "mlp.fc"], params[p + "mlp.fc_bias"])  # (N, m)
+    gelu_out, gelu_tanh = gelu(fc_out)
+    x = affine(gelu_out, params[p + "mlp.proj"], params[p + "mlp.proj_bias"], residual=x)
     return x, LayerCache(ln1, attn_in, qkv, probs, attn_out, ln2, mlp_in, fc_out, gelu_tanh, gelu_out)
 
 
@@ -454,182 +461,22 @@ def _block_backward(params, p, dx, cache: LayerCache, grads, cfg):
     """
     grads[p + "mlp.proj"] = cache.gelu_out.T @ dx  # (m, d)
     grads[p + "mlp.proj_bias"] = dx.sum(axis=0)
-    dfc = _gelu_backward(dx @ params[p + "mlp.proj"].T, cache.fc_out, cache.gelu_tanh)  # (N, m)
+    dfc = gelu_backward(dx @ params[p + "mlp.proj"].T, cache.fc_out, cache.gelu_tanh)  # (N, m)
     grads[p + "mlp.fc"] = cache.mlp_in.T @ dfc
     grads[p + "mlp.fc_bias"] = dfc.sum(axis=0)
-    dln2, grads[p + "ln2.gain"], grads[p + "ln2.bias"] = _layer_norm_backward(
+    dln2, grads[p + "ln2.gain"], grads[p + "ln2.bias"] = layer_norm_backward(
         dfc @ params[p + "mlp.fc"].T, params[p + "ln2.gain"], cache.ln2)
     dln2 += dx  # the residual branch: dx_mid = dx_out + d(MLP branch)
     dx = dln2
     grads[p + "attn.proj"] = cache.attn_out.T @ dx  # (d, d)
     grads[p + "attn.proj_bias"] = dx.sum(axis=0)
-    dqkv = _attention_backward(dx @ params[p + "attn.proj"].T, cache.qkv, cache.probs, cfg)  # (N, 3d)
+    dqkv = attention_backward(dx @ params[p + "attn.proj"].T, cache.qkv, cache.probs)  # (N, 3d)
     grads[p + "attn.qkv"] = cache.attn_in.T @ dqkv
     grads[p + "attn.qkv_bias"] = dqkv.sum(axis=0)
-    dln1, grads[p + "ln1.gain"], grads[p + "ln1.bias"] = _layer_norm_backward(
+    dln1, grads[p + "ln1.gain"], grads[p + "ln1.bias"] = layer_norm_backward(
         dqkv @ params[p + "attn.qkv"].T, params[p + "ln1.gain"], cache.ln1)
     dln1 += dx
     return dln1
-
-
-def causal_attention(qkv_flat, batch, cfg):
-    """Causal multi-head attention: ``P v`` of every head, concatenated.
-
-    ``S = q k^T / sqrt(d_h) + M`` per head, ``M_ts = -inf`` for ``s > t`` (else 0),
-    ``P = softmax(S)`` row by row, so ``P_ts = 0`` exactly for ``s > t``.
-
-    Parameters
-    ----------
-    qkv_flat : ndarray of shape (B T, 3 d)
-        Row ``b T + t`` holds ``[q | k | v]`` of position t of sequence b; within each of the
-        three, columns ``j d_h .. (j + 1) d_h - 1`` belong to head j.
-    batch : int
-        B.
-    cfg : TransformerConfig
-        Only ``n_heads``, ``head_dim`` and ``d_model`` are read.
-
-    Returns
-    -------
-    out : ndarray of shape (B T, d)
-        ``P v``, head j in columns ``j d_h .. (j + 1) d_h - 1``.
-    qkv : ndarray of shape (3, B, h, T, d_h)
-        q, k, v split by head (views of ``qkv_flat``), for the backward.
-    probs : ndarray of shape (B, h, T, T)
-        P.
-    """
-    length = qkv_flat.shape[0] // batch
-    qkv = qkv_flat.reshape(batch, length, 3, cfg.n_heads, cfg.head_dim).transpose(2, 0, 3, 1, 4)  # (3, B, h, T, d_h)
-    q, k, v = qkv
-    scores = q @ k.transpose(0, 1, 3, 2)  # (B, h, T, T)
-    scores *= 1.0 / math.sqrt(cfg.head_dim)
-    scores += _causal_mask(length, scores.dtype)  # broadcast over (B, h)
-    probs = _softmax(scores, in_place=True)
-    out = (probs @ v).transpose(0, 2, 1, 3).reshape(batch * length, cfg.d_model)  # (N, d)
-    return out, qkv, probs
-
-
-def _attention_backward(dout, qkv, probs, cfg):
-    """``d[q k v]`` (N, 3d) from ``d(P v)`` (N, d).
-
-    ``dP = dO v^T``, ``dv = P^T dO``, ``dS = P * (dP - rowsum(dP * P))``,
-    ``dq = dS k / sqrt(d_h)``, ``dk = dS^T q / sqrt(d_h)`` (masked entries have P = 0, so dS = 0).
-    """
-    q, k, v = qkv
-    batch, _, length, _ = q.shape
-    dout = dout.reshape(batch, length, cfg.n_heads, cfg.head_dim).transpose(0, 2, 1, 3)  # (B, h, T, d_h)
-    dprobs = dout @ v.transpose(0, 1, 3, 2)  # (B, h, T, T)
-    dscores = dprobs  # reused in place: dS = P * (dP - rowsum(dP * P)) / sqrt(d_h)
-    dscores -= (dprobs * probs).sum(axis=-1, keepdims=True)
-    dscores *= probs
-    dscores *= 1.0 / math.sqrt(cfg.head_dim)
-    dqkv = np.empty((batch, length, 3, cfg.n_heads, cfg.head_dim), dtype=q.dtype)  # the forward's qkv layout
-    np.matmul(dscores, k, out=dqkv[:, :, 0].transpose(0, 2, 1, 3))  # dq
-    np.matmul(dscores.transpose(0, 1, 3, 2), q, out=dqkv[:, :, 1].transpose(0, 2, 1, 3))  # dk
-    np.matmul(probs.transpose(0, 1, 3, 2), dout, out=dqkv[:, :, 2].transpose(0, 2, 1, 3))  # dv
-    return dqkv.reshape(batch * length, 3 * cfg.d_model)
-
-
-def _affine(inputs, weight, bias, residual=None):
-    """``inputs @ weight + bias (+ residual)``, with the sums made in place in the product's new array."""
-    out = inputs @ weight
-    out += bias
-    if residual is not None:
-        out += residual
-    return out
-
-
-def _layer_norm(x, gain, bias):
-    """``y = g * x_hat + b``, ``x_hat = (x - mean) / sqrt(var + eps)`` over the last axis; returns y and its cache."""
-    centred = x - x.mean(axis=-1, keepdims=True)
-    inv_std = 1.0 / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + LN_EPS)  # (N, 1)
-    x_hat = centred * inv_std
-    return x_hat * gain + bias, (x_hat, inv_std)
-
-
-def _layer_norm_backward(dy, gain, cache):
-    """``dx = inv_std (dx_hat - mean(dx_hat) - x_hat mean(dx_hat x_hat))`` with ``dx_hat = dy g``;
-    ``dg = sum_i dy x_hat``, ``db = sum_i dy``."""
-    x_hat, inv_std = cache
-    dx_hat = dy * gain
-    dx = inv_std * (dx_hat - dx_hat.mean(axis=-1, keepdims=True)
-                    - x_hat * (dx_hat * x_hat).mean(axis=-1, keepdims=True))
-    return dx, (dy * x_hat).sum(axis=0), dy.sum(axis=0)
-
-
-def _gelu(u):
-    """``GELU(u) = u/2 (1 + t)``, ``t = tanh(c (u + a u^3))`` (the tanh approximation, GPT-2's); returns it and t.
-
-    Written in place over one scratch array: ``u**3`` through ``power`` and the temporaries
-    of the one-line formula made this the forward's costliest step.
-    """
-    t = u * u
-    t *= GELU_A
-    t += 1.0
-    t *= u
-    t *= GELU_C
-    np.tanh(t, out=t)  # tanh(c u (1 + a u^2))
-    out = t + 1.0
-    out *= u
-    out *= 0.5
-    return out, t
-
-
-def _gelu_backward(dy, u, t):
-    """``dy * [ (1 + t)/2 + u/2 (1 - t^2) c (1 + 3 a u^2) ]`` with the forward's ``t = tanh(c (u + a u^3))``."""
-    slope = u * u
-    slope *= 3.0 * GELU_A
-    slope += 1.0
-    slope *= u
-    slope *= 1.0 - t * t
-    slope *= GELU_C
-    slope += 1.0 + t
-    slope *= 0.5
-    slope *= dy
-    return slope
-
-
-def _softmax(scores, *, in_place=False):
-    """Row-wise softmax over the last axis, stable and ``-inf``-tolerant (a masked entry gives 0).
-
-    ``in_place`` overwrites ``scores`` (the attention's own scratch array). Not
-    ``diloco.model.softmax``: that milestone rejects the ``-inf`` of the causal mask (and is
-    a stub in a learner's workspace until milestone 04 is done).
-    """
-    exp = scores if in_place else scores.copy()
-    exp -= scores.max(axis=-1, keepdims=True)
-    np.exp(exp, out=exp)
-    exp /= exp.sum(axis=-1, keepdims=True)
-    return exp
-
-
-def _causal_mask(length, dtype):
-    """``M`` (T, T): 0 on and below the diagonal, ``-inf`` above it (position t never sees s > t)."""
-    return np.triu(np.full((length, length), -np.inf, dtype=dtype), k=1)
-
-
-def _cross_entropy(logits, targets, *, grad=True):
-    """Mean CE of ``targets`` (N,) under ``logits`` (N, V) and ``d loss / d logits = (softmax - Y) / N``."""
-    n = logits.shape[0]
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_norm = np.log(np.exp(shifted).sum(axis=1))  # (N,)
-    loss = float(np.mean(log_norm - shifted[np.arange(n), targets]))
-    if not grad:
-        return loss, None
-    dlogits = _softmax(shifted)
-    dlogits[np.arange(n), targets] -= 1.0
-    dlogits *= 1.0 / n
-    return loss, dlogits
-
-
-def _embedding_grad(tokens, dx, vocab_size):
-    """``d wte[v] = sum of dx over the positions holding token v``; dx is (B, T, d).
-
-    As the product ``onehot(tokens)^T dx`` (V, N) x (N, d): for V = 65 it costs a fifth of
-    ``np.add.at``'s scatter.
-    """
-    flat = tokens.reshape(-1)
-    onehot = (flat[None, :] == np.arange(vocab_size)[:, None]).astype(dx.dtype)  # (V, N)
-    return onehot @ dx.reshape(flat.size, dx.shape[-1])
 
 
 def _head(params, cfg):
