@@ -411,3 +411,20 @@ def test_the_seam_trains_on_the_char_lm_rows_and_evaluates_every_position():
         TransformerModel(cfg, eval_chunk=0)
     with pytest.raises(ValueError, match="x_eval must be"):
         model.metrics(params, x[:0], y[:0])
+
+
+def test_float32_gradients_agree_with_float64():
+    # The same parameters in both dtypes: float32 must stay float32 all the way through (a float64
+    # intermediate would cost speed) and lose no more than float32's rounding.
+    cfg64 = TransformerConfig(vocab_size=13, context=16, d_model=16, n_heads=4, dtype="float64")
+    cfg32 = TransformerConfig(vocab_size=13, context=16, d_model=16, n_heads=4, dtype="float32")
+    params64 = init_transformer_params(np.random.default_rng(0), cfg64)
+    params32 = {key: value.astype(np.float32) for key, value in params64.items()}
+    tokens, targets = np.random.default_rng(1).integers(0, 13, (2, 4, 16))
+    loss64, grads64 = transformer_loss_and_grads(params64, tokens, targets, cfg64)
+    loss32, grads32 = transformer_loss_and_grads(params32, tokens, targets, cfg32)
+    assert loss32 == pytest.approx(loss64, rel=1e-6)
+    for key in params64:
+        assert grads32[key].dtype == np.float32, key
+        scale = np.abs(grads64[key]).max()
+        assert_close(grads32[key], grads64[key], rtol=0.0, atol=1e-4 * scale, what=f"float32 d {key}")
