@@ -22,6 +22,7 @@ from diloco.models.transformer import (
     TransformerConfig,
     init_transformer_params,
     sequence_targets,
+    transformer_backward,
     transformer_blocks,
     transformer_forward,
     transformer_hidden_matrices,
@@ -326,6 +327,8 @@ def test_bad_tokens_and_params_are_refused_before_any_work():
         init_transformer_params(0, cfg)
     with pytest.raises(TypeError, match="cfg must be a TransformerConfig"):
         transformer_forward(params, good, {"vocab_size": 5})
+    with pytest.raises(TypeError, match="cache must be the TransformerCache of transformer_forward"):
+        transformer_backward(params, transformer_forward(params, good, cfg)[0], good, cfg)
 
 
 # --------------------------------------------------------------------------- training

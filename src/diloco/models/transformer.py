@@ -318,11 +318,10 @@ def transformer_backward(params: Params, cache: TransformerCache, targets: np.nd
     grads : dict of str -> ndarray
         Same keys, order, shapes and dtype as ``params``.
     """
+    if not isinstance(cache, TransformerCache):
+        raise TypeError(f"cache must be the TransformerCache of transformer_forward, got {type(cache).__name__}")
     batch, length = cache.tokens.shape
-    if not isinstance(targets, np.ndarray) or targets.shape != (batch, length):
-        raise ValueError(f"targets must be an ndarray of shape {(batch, length)} like the tokens, "
-                         f"got {getattr(targets, 'shape', type(targets).__name__)}")
-    _check_tokens(targets, cfg, "targets")
+    _check_targets(targets, cache.tokens.shape, cfg)
     loss, dlogits = cross_entropy(cache.logits, targets.reshape(-1))  # (N, V)
     grads: Params = {}
     head = _head(params, cfg)
@@ -357,6 +356,8 @@ def transformer_loss_and_grads(params: Params, tokens: np.ndarray, targets: np.n
     loss : float
     grads : dict of str -> ndarray, shaped like ``params``
     """
+    _check_config(cfg)
+    _check_targets(targets, np.shape(tokens), cfg)  # before the forward's work
     _, cache = transformer_forward(params, tokens, cfg)
     return transformer_backward(params, cache, targets, cfg)
 
@@ -366,11 +367,9 @@ def transformer_loss(params: Params, tokens: np.ndarray, targets: np.ndarray, cf
 
     Parameters and return as ``transformer_loss_and_grads``'s first output.
     """
+    _check_config(cfg)
+    _check_targets(targets, np.shape(tokens), cfg)
     logits, _ = transformer_forward(params, tokens, cfg)
-    if not isinstance(targets, np.ndarray) or targets.shape != tokens.shape:
-        raise ValueError(f"targets must be an ndarray of shape {tokens.shape} like the tokens, "
-                         f"got {getattr(targets, 'shape', type(targets).__name__)}")
-    _check_tokens(targets, cfg, "targets")
     loss, _ = cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), grad=False)
     return loss
 
@@ -380,8 +379,8 @@ def transformer_hidden_matrices(cfg: TransformerConfig) -> tuple[str, ...]:
 
     The embeddings and the output head are 2-D too but are not hidden matrices: Muon
     (Jordan et al., 2024) and MuLoCo leave them, the gains and the biases to AdamW. Pass
-    the result as ``MuonConfig(keys=...)``. ``attn.qkv`` is one ``(d, 3d)`` matrix here,
-    orthogonalised as a whole (as modded-nanogpt's first Muon runs did).
+    the result as ``MuonConfig(keys=...)``. ``attn.qkv`` is one ``(d, 3d)`` matrix here and
+    is orthogonalised as a whole, not as three ``(d, d)`` ones.
     """
     _check_config(cfg)
     return tuple(f"h{layer}.{name}" for layer in range(cfg.n_layers)
@@ -506,6 +505,14 @@ def _check_params(params, cfg) -> None:
         if not isinstance(value, np.ndarray) or value.shape != shape or value.dtype != cfg.dtype:
             got = f"{value.shape} {value.dtype}" if isinstance(value, np.ndarray) else type(value).__name__
             raise ValueError(f"params[{key!r}] must be an ndarray of shape {shape} and dtype {cfg.dtype}, got {got}")
+
+
+def _check_targets(targets, shape, cfg) -> None:
+    """``targets`` of the tokens' ``shape``, ids in [0, V)."""
+    if not isinstance(targets, np.ndarray) or targets.shape != tuple(shape):
+        raise ValueError(f"targets must be an ndarray of shape {tuple(shape)} like the tokens, "
+                         f"got {getattr(targets, 'shape', type(targets).__name__)}")
+    _check_tokens(targets, cfg, "targets")
 
 
 def _check_tokens(tokens, cfg, name) -> tuple[int, int]:
