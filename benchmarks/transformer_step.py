@@ -20,6 +20,10 @@ each repeat ``--steps`` steps after one warm-up step, CPU seconds (``time.proces
 
 Prints the median and the spread (min .. max) of the per-step milliseconds over the repeats.
 
+For ``make bench``: ``measure(repeats, log)`` runs this script in a fresh process and returns
+its figures, ``section(result)`` renders them as report lines and target rows, in the shape
+``bench.EXTRA_WORKLOADS`` and ``report.EXTRA_SECTIONS`` take.
+
 ``--top-pad MB`` (default 64; 0 leaves glibc's default) asks glibc's ``malloc`` to keep that
 much freed memory at the top of the heap (``mallopt(M_TOP_PAD)``) instead of handing it back
 to the kernel. A step allocates and frees about 40 MB of 0.5-2 MB temporaries; by default
@@ -34,7 +38,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -159,7 +167,7 @@ def torch_cases(cfg: TransformerConfig, tokens, targets) -> dict:
     return {"torch fwd+bwd": fwd_bwd, "torch step": step}
 
 
-def measure(cases: dict, steps: int, repeats: int) -> dict:
+def time_cases(cases: dict, steps: int, repeats: int) -> dict:
     """Per-step CPU milliseconds of each case, ``repeats`` interleaved rounds of ``steps`` steps."""
     for run in cases.values():
         run()  # warm-up: BLAS kernels, page faults, torch's first-call set-up
@@ -172,6 +180,37 @@ def measure(cases: dict, steps: int, repeats: int) -> dict:
             times[name].append(1000.0 * (time.process_time() - start) / steps)
     return {name: {"median_ms": float(np.median(t)), "min_ms": min(t), "max_ms": max(t), "repeats": t}
             for name, t in times.items()}
+
+
+def measure(repeats: int, log, python: str = sys.executable) -> dict:
+    """This script in a fresh process, ``--repeats repeats``; its JSON figures."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "transformer_step.json"
+        subprocess.run([python, str(Path(__file__).resolve()), "--repeats", str(repeats), "--json", str(out)],
+                       check=True, capture_output=True, text=True)
+        result = json.loads(out.read_text())
+    log(f"  transformer step: numpy {result['results']['numpy step']['median_ms']:.1f} ms"
+        + (f", torch {result['results']['torch step']['median_ms']:.1f} ms" if "torch step" in result["results"]
+           else ", torch not importable"))
+    return result
+
+
+def section(result: dict) -> tuple[list, list]:
+    """The report's transformer section and its target row (NumPy's worker-step at or below PyTorch's)."""
+    lines = ["", "## The transformer, one BLAS thread", "",
+             f"`benchmarks/transformer_step.py`: {result['config']}, batch {result['batch']} x 64 tokens, float32, "
+             f"glibc M_TOP_PAD {result['top_pad_mb']} MiB; CPU milliseconds per step, median (min-max) of "
+             "interleaved repeats.", "", "| case | ms per step |", "|---|---|"]
+    for name, r in result["results"].items():
+        lines.append(f"| {name} | {r['median_ms']:.2f} ({r['min_ms']:.2f}-{r['max_ms']:.2f}) |")
+    if "torch step" in result["results"]:
+        ratio = result["results"]["numpy step"]["median_ms"] / result["results"]["torch step"]["median_ms"]
+        row = ("transformer worker-step at or below PyTorch eager's, float32, one thread", f"{ratio:.2f}x",
+               "met" if ratio <= 1.0 else "**missed**")
+    else:
+        row = ("transformer worker-step at or below PyTorch eager's, float32, one thread", "-",
+               "not measured: torch not importable")
+    return lines, [row]
 
 
 def main(argv=None) -> dict:
@@ -192,7 +231,7 @@ def main(argv=None) -> dict:
     tokens, targets = rng.integers(0, cfg.vocab_size, (2, args.batch, cfg.context))
     with threadpool_limits(limits=1, user_api="blas"):
         cases = {**numpy_cases(cfg, tokens, targets), **torch_cases(cfg, tokens, targets)}
-        results = measure(cases, args.steps, args.repeats)
+        results = time_cases(cases, args.steps, args.repeats)
     size = sum(int(np.prod(s)) for s in transformer_param_shapes(cfg).values())
     print(f"transformer {cfg}, {size:,} parameters, batch {args.batch} x {cfg.context} tokens, one thread, "
           f"malloc top pad {f'{args.top_pad} MiB' if padded else 'glibc default'}")
