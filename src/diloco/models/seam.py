@@ -1,0 +1,117 @@
+"""The transformer as the training core's model seam: the calls the core makes, nothing more.
+
+The core trains the char-LM MLP on ``(x, y)`` rows: ``x`` a window of ``T`` character ids
+(``diloco.text`` stores them as float32), ``y`` the character after it. ``TransformerModel``
+takes the same rows, so sharding, batch sampling (milestones 16-18), the outer step and
+the wire formats see nothing new; it turns each batch into tokens and shifted targets
+(``sequence_targets``), and every position of a window is a prediction.
+
+What a core executor calls, per worker-step and per evaluation::
+
+    model = TransformerModel(TransformerConfig(context=T, dtype=config.dtype))
+    params = model.init_params(rng)                          # dict[str, ndarray]
+    loss, grads = model.loss_and_grads(params, x_batch, y_batch)
+    eval_loss, eval_accuracy = model.metrics(params, x_eval, y_eval)
+    MuonConfig(keys=model.muon_keys())                       # Muon on the hidden matrices
+    model.blocks()                                           # Streaming's fragment units
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from diloco._validation import check_positive_int
+from diloco.model import Params
+from diloco.models.layers import cross_entropy
+from diloco.models.transformer import (
+    TransformerConfig,
+    init_transformer_params,
+    sequence_targets,
+    transformer_blocks,
+    transformer_forward,
+    transformer_hidden_matrices,
+    transformer_loss_and_grads,
+)
+
+__all__ = ["TransformerModel"]
+
+
+@dataclass(frozen=True)
+class TransformerModel:
+    """A ``TransformerConfig`` with the four calls the core makes.
+
+    Attributes
+    ----------
+    config : TransformerConfig
+        Its ``context`` must equal the data's window length ``T``; its ``dtype`` the run's.
+    eval_chunk : int >= 1
+        Windows per forward pass in ``metrics`` (256 windows of 64: the attention scores of
+        one chunk are 16 MB in float32).
+    """
+
+    config: TransformerConfig = field(default_factory=TransformerConfig)
+    eval_chunk: int = 256
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, TransformerConfig):
+            raise TypeError(f"TransformerModel.config must be a TransformerConfig, got {type(self.config).__name__}")
+        try:
+            object.__setattr__(self, "eval_chunk", check_positive_int(self.eval_chunk, "eval_chunk"))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"TransformerModel.{exc}") from None
+
+    def init_params(self, rng: np.random.Generator) -> Params:
+        """``init_transformer_params(rng, config)``."""
+        return init_transformer_params(rng, self.config)
+
+    def loss_and_grads(self, params: Params, x_batch: np.ndarray, y_batch: np.ndarray) -> tuple[float, Params]:
+        """Mean next-token cross-entropy over every position of the batch's windows, and its gradient.
+
+        Parameters
+        ----------
+        params : dict of str -> ndarray
+        x_batch : ndarray of shape (b, T), integer-valued token ids
+        y_batch : ndarray of shape (b,), integer: the token after each window
+
+        Returns
+        -------
+        loss : float
+        grads : dict of str -> ndarray, shaped like ``params``
+        """
+        tokens, targets = sequence_targets(x_batch, y_batch)
+        return transformer_loss_and_grads(params, tokens, targets, self.config)
+
+    def metrics(self, params: Params, x_eval: np.ndarray, y_eval: np.ndarray) -> tuple[float, float]:
+        """Held-out mean cross-entropy and next-token accuracy over every position of every window.
+
+        ``eval_chunk`` windows at a time; the chunks' sums are added, so the result is the
+        mean over all ``n T`` predictions whatever the chunk size.
+
+        Returns
+        -------
+        (loss, accuracy) : tuple of float
+            ``accuracy`` is the fraction of positions whose largest logit is the target.
+        """
+        if len(y_eval) == 0 or np.ndim(x_eval) != 2:
+            raise ValueError(f"x_eval must be (n, T) windows with n >= 1, got shape {np.shape(x_eval)}")
+        loss_sum = correct = 0.0
+        for start in range(0, len(y_eval), self.eval_chunk):
+            tokens, targets = sequence_targets(x_eval[start:start + self.eval_chunk],
+                                               y_eval[start:start + self.eval_chunk])
+            logits, _ = transformer_forward(params, tokens, self.config)
+            logits, targets = logits.reshape(-1, self.config.vocab_size), targets.reshape(-1)
+            loss, _ = cross_entropy(logits, targets, grad=False)
+            loss_sum += loss * targets.size
+            correct += float(np.count_nonzero(logits.argmax(axis=1) == targets))
+        predictions = len(y_eval) * x_eval.shape[1]
+        return loss_sum / predictions, correct / predictions
+
+    def muon_keys(self) -> tuple[str, ...]:
+        """``transformer_hidden_matrices(config)``: for ``MuonConfig(keys=...)``."""
+        return transformer_hidden_matrices(self.config)
+
+    def blocks(self) -> list[tuple[str, ...]]:
+        """``transformer_blocks(config)``: embeddings, each layer, head; Streaming's fragments are unions."""
+        return transformer_blocks(self.config)
