@@ -42,6 +42,7 @@ from diloco.sharding import sample_worker_batch
 
 __all__ = [
     "COSINE_FLOOR", "global_norm", "inner_lr", "scheduled_lr", "scheduled_adamw_step", "clip_by_global_norm",
+    "clip_scale",
     "inner_step", "init_inner_state", "train_worker",
     "uses_plain_worker", "pseudo_grad_weights", "normalised_weights",
     "draw_dropped", "mean_pairwise_cosine",
@@ -110,10 +111,17 @@ def clip_by_global_norm(grads: Params, max_norm: float | None) -> tuple[Params, 
     norm = global_norm(grads)
     if max_norm is None:
         return grads, norm
-    coef = max_norm / (norm + 1e-6)
+    coef = clip_scale(norm, max_norm)
     if coef >= 1.0:
         return grads, norm
     return {key: value * coef for key, value in grads.items()}, norm
+
+
+def clip_scale(norm, max_norm: float):
+    """The factor clipping multiplies gradients of global norm ``norm`` by: ``max_norm / (norm + 1e-6)``
+    when that is below 1, else 1 (elementwise over an array of norms: the fast executor's rows)."""
+    coef = max_norm / (norm + 1e-6)
+    return np.where(coef < 1.0, coef, 1.0) if isinstance(coef, np.ndarray) else min(coef, 1.0)
 
 
 def scheduled_adamw_step(params: Params, state: AdamWState, grads: Params, config: DiLoCoConfig

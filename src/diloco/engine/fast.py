@@ -36,21 +36,17 @@ from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.layout import choose_layout
 from diloco.engine.optim import adamw_scratch, flat_updater
 from diloco.engine.stack import WorkerStack
-from diloco.mechanisms import inner_lr
+from diloco.mechanisms import clip_scale, inner_lr
+from diloco.sharding import sample_worker_batch
 
 __all__ = ["FastExecutor", "draw_batch"]
 
 
 def draw_batch(shard, batch_size: int, rng, x_out: np.ndarray, y_out: np.ndarray, encode=None) -> None:
-    """Fill ``x_out`` (b, d) and ``y_out`` (b,) with a mini-batch drawn as ``sample_worker_batch`` draws it."""
-    x_k, y_k = shard
-    n = y_k.shape[0]
-    idx = rng.choice(n, size=batch_size, replace=False) if batch_size <= n else rng.integers(0, n, size=batch_size)
-    if encode is None:
-        np.take(x_k, idx, axis=0, out=x_out, mode="clip")  # idx is in range: no buffering
-    else:
-        x_out[...] = encode(x_k[idx], x_out.dtype)
-    np.take(y_k, idx, out=y_out, mode="clip")
+    """Fill ``x_out`` (b, d) and ``y_out`` (b,) with the mini-batch milestone 18 (``sample_worker_batch``) draws."""
+    x_batch, y_batch = sample_worker_batch(*shard, batch_size, rng)
+    x_out[...] = x_batch if encode is None else encode(x_batch, x_out.dtype)
+    y_out[...] = y_batch
 
 
 class FastExecutor:
@@ -113,9 +109,7 @@ class FastExecutor:
         if clip is None:
             return
         norms = np.sqrt(np.einsum("ij,ij->i", grads, grads))
-        coef = clip / (norms + 1e-6)
-        scale = np.where(coef < 1.0, coef, 1.0).astype(grads.dtype)
-        grads *= scale[:, None]
+        grads *= clip_scale(norms, clip).astype(grads.dtype)[:, None]
 
     def _update(self, rows: slice) -> None:
         self._clip(self.stack.grads)
