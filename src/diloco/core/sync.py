@@ -91,8 +91,8 @@ def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, con
     (default: the config's outer optimizer), ``count`` the arrivals kept.
     """
     num_workers = config.num_workers
-    dropped = draw_dropped(rng, config)  # [] unless drop_prob > 0
     arriving = range(num_workers) if workers is None else sorted(workers)
+    dropped = [k for k in draw_dropped(rng, config) if k in arriving]  # [] unless drop_prob > 0; drawn for all K
     kept = [k for k in arriving if k not in dropped]
     local = {k: v for k, v in executor.read(keys).items() if k in arriving}
     sub_global = {key: global_params[key] for key in keys}
