@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from oracles import async_diloco, diloco, eager_diloco, fragment_schedule, streaming_diloco
 
@@ -105,6 +105,9 @@ def base_configs(draw, max_workers: int = 4, hidden=((), (3,), (4, 3))):
 
 @FEW
 @given(fields=base_configs(), rows=st.integers(12, 40))
+@example(fields=dict(num_workers=3, inner_steps=3, rounds=3, batch_size=9, hidden_sizes=(4, 3), seed=7, iid=False,
+                     alpha=0.2, shard_weighting="size", outer_lr=0.7, outer_momentum=0.9, nesterov=True,
+                     drop_prob=0.35, drop_rule="restart", inner=AdamWConfig(lr=0.05)), rows=30)
 def test_diloco_equals_algorithm_1_with_weights_and_drops(fields, rows):
     config = DiLoCoConfig(**fields)
     run_all(config, make_data(fields["seed"], rows), diloco)
@@ -123,34 +126,59 @@ def test_a_round_where_every_worker_is_dropped_moves_nothing_and_follows_the_rul
 
 # --- sparse outer gradients: top-k and DCT with error feedback -------------------------------------
 
-@FEW
-@given(fields=base_configs(hidden=((3,), (4, 3))), rows=st.integers(12, 40), data=st.data())
-def test_topk_and_dct_with_error_feedback_equal_the_oracle(fields, rows, data):
-    feedback = data.draw(st.booleans())
-    family = FamilyConfig(topk=data.draw(st.sampled_from([0.1, 0.25, 0.3, 0.5, 1.0])),
-                          topk_chunk=data.draw(st.sampled_from([1, 2, 3, 5, 8, 16])),
-                          topk_transform=data.draw(st.sampled_from(["none", "dct"])), error_feedback=feedback,
-                          topk_decay=data.draw(st.sampled_from([1.0, 0.9, 0.5])) if feedback else 1.0)
-    ties = data.draw(st.booleans())  # a duplicated input column and no weight decay: tied magnitudes
+@st.composite
+def sparse_configs(draw):
+    """DiLoCo with top-k (of the DCT) outer gradients; ``ties``: a duplicated input column and no
+    weight decay, so tied magnitudes straddle the cut of a chunk."""
+    fields = draw(base_configs(hidden=((3,), (4, 3))))
+    fields["rounds"] = draw(st.integers(1, 4))  # a residual kept through a drop shows from round 3
+    feedback, ties = draw(st.booleans()), draw(st.booleans())
     if ties:
         fields["inner"] = AdamWConfig(lr=fields["inner"].lr, weight_decay=0.0)
-    config = DiLoCoConfig(**fields, family=family)
-    run_all(config, make_data(fields["seed"], rows, duplicate=ties), diloco)
+    family = FamilyConfig(topk=draw(st.sampled_from([0.1, 0.25, 0.3, 0.5, 1.0])),
+                          topk_chunk=draw(st.sampled_from([1, 2, 3, 5, 8, 16])),
+                          topk_transform=draw(st.sampled_from(["none", "dct"])), error_feedback=feedback,
+                          topk_decay=draw(st.sampled_from([1.0, 0.9, 0.5])) if feedback else 1.0)
+    return DiLoCoConfig(**fields, family=family), ties
+
+
+SPARSE = DiLoCoConfig(num_workers=3, inner_steps=3, rounds=3, batch_size=4, hidden_sizes=(4,), seed=4, iid=False,
+                      alpha=0.3, drop_prob=0.35, inner=AdamWConfig(lr=0.05),
+                      family=FamilyConfig(topk=0.3, topk_chunk=5, topk_transform="dct", error_feedback=True,
+                                          topk_decay=0.9))
+
+
+@FEW
+@given(drawn=sparse_configs(), rows=st.integers(12, 40))
+@example(drawn=(SPARSE, False), rows=30)  # worker 1 sends, is dropped, sends again: its residual waits
+@example(drawn=(SPARSE.replace(inner=AdamWConfig(lr=0.05, weight_decay=0.0), drop_prob=0.0,
+                               family=FamilyConfig(topk=0.25, topk_chunk=8, error_feedback=True)), True), rows=30)
+def test_topk_and_dct_with_error_feedback_equal_the_oracle(drawn, rows):
+    config, ties = drawn
+    run_all(config, make_data(config.seed, rows, duplicate=ties), diloco)
 
 
 # --- Streaming DiLoCo: P fragments, pattern, tau, mix -----------------------------------------------
 
-@FEW
-@given(fields=base_configs(max_workers=3, hidden=((3,), (3, 4), (4, 3, 3))), data=st.data())
-def test_streaming_diloco_equals_the_oracle_for_every_p_tau_and_mix(fields, data):
+@st.composite
+def streaming_configs(draw):
+    fields = draw(base_configs(max_workers=3, hidden=((3,), (3, 4), (4, 3, 3))))
     layers = len(fields["hidden_sizes"]) + 1
-    inner_steps = data.draw(st.integers(1, 7))
-    fragments = data.draw(st.integers(1, min(layers, inner_steps)))
-    family = FamilyConfig(fragments=fragments, pattern=data.draw(st.sampled_from(["strided", "sequential"])),
-                          overlap=data.draw(st.integers(0, inner_steps - 1)),
-                          mix=data.draw(st.sampled_from([1.0, 0.5, 0.25, 0.8]) | st.floats(0.05, 1.0)))
-    config = DiLoCoConfig(**{**fields, "inner_steps": inner_steps}, family=family)
-    run_all(config, make_data(fields["seed"], data.draw(st.integers(12, 40))), streaming_diloco)
+    inner_steps = draw(st.integers(1, 7))
+    fragments = draw(st.integers(1, min(layers, inner_steps)))
+    family = FamilyConfig(fragments=fragments, pattern=draw(st.sampled_from(["strided", "sequential"])),
+                          overlap=draw(st.integers(0, inner_steps - 1)),
+                          mix=draw(st.sampled_from([1.0, 0.5, 0.25, 0.8]) | st.floats(0.05, 1.0)))
+    return DiLoCoConfig(**{**fields, "inner_steps": inner_steps}, family=family)
+
+
+@FEW
+@given(config=streaming_configs(), rows=st.integers(12, 40))
+@example(config=DiLoCoConfig(num_workers=3, inner_steps=5, rounds=3, batch_size=4, hidden_sizes=(4, 3, 3), seed=8,
+                             iid=False, alpha=0.3, drop_prob=0.35, drop_rule="restart", inner=AdamWConfig(lr=0.05),
+                             family=FamilyConfig(fragments=3, pattern="sequential", overlap=4, mix=0.3)), rows=30)
+def test_streaming_diloco_equals_the_oracle_for_every_p_tau_and_mix(config, rows):
+    run_all(config, make_data(config.seed, rows), streaming_diloco)
 
 
 # Hand-worked: which fragment is sent, and merged, after which step (1-based over the run), for
@@ -201,6 +229,9 @@ def test_the_hand_worked_fragment_table(name):
 
 @FEW
 @given(fields=base_configs(), rows=st.integers(12, 40))
+@example(fields=dict(num_workers=3, inner_steps=3, rounds=3, batch_size=4, hidden_sizes=(4,), seed=5, iid=False,
+                     alpha=0.3, shard_weighting="auto", outer_lr=0.7, outer_momentum=0.9, nesterov=True,
+                     drop_prob=0.0, drop_rule="carry", inner=AdamWConfig(lr=0.05)), rows=30)
 def test_eager_updates_equal_the_oracle(fields, rows):
     fields.update(drop_prob=0.0, drop_rule="carry")  # eager updates need every fresh outer gradient
     config = DiLoCoConfig(**fields, family=FamilyConfig(eager=True))
@@ -227,6 +258,14 @@ def async_configs(draw):
 
 @FEW
 @given(config=async_configs(), rows=st.integers(12, 40))
+@example(config=DiLoCoConfig(num_workers=3, inner_steps=4, rounds=3, batch_size=4, hidden_sizes=(4,), seed=6,
+                             iid=False, alpha=0.5, inner=AdamWConfig(lr=0.05), family=FamilyConfig(mix=0.5),
+                             asynchrony=AsyncConfig(asynchronous=True, step_times=(1.0, 1.5, 3.0),
+                                                    delayed_nesterov=2, dynamic_local_steps=True)), rows=30)
+@example(config=DiLoCoConfig(num_workers=3, inner_steps=3, rounds=3, batch_size=4, hidden_sizes=(4,), seed=1,
+                             iid=False, alpha=0.3, drop_prob=0.35, inner=AdamWConfig(lr=0.05),
+                             family=FamilyConfig(mix=0.3),
+                             asynchrony=AsyncConfig(asynchronous=True, step_times=(1.0, 0.5, 2.0))), rows=30)
 def test_asynchronous_diloco_equals_the_oracle(config, rows):
     run_all(config, make_data(config.seed, rows), async_diloco, dropped=False, extra=ASYNC_EXTRA)
 
@@ -252,3 +291,75 @@ def test_asynchronous_records_name_only_arriving_workers_as_dropped():
     want = async_diloco(x, y, config, x_eval, y_eval)
     got = train("diloco", x, y, config, x_eval=x_eval, y_eval=y_eval)
     assert [record["dropped_workers"] for record in got.history] == [entry["dropped"] for entry in want.rounds]
+
+
+# --- real MPI ranks: a few fixed configurations, one mpiexec job -------------------------------------
+
+MPI_CASES = {
+    "diloco, all dropped in round 3": (diloco, dict(num_workers=3, inner_steps=3, rounds=4, batch_size=4,
+                                                    hidden_sizes=(4,), seed=2, iid=False, alpha=0.3, drop_prob=0.8)),
+    "dct top-k, decay, weights, drops": (diloco, dict(
+        num_workers=3, inner_steps=3, rounds=3, batch_size=4, hidden_sizes=(4,), seed=3, iid=False, alpha=0.3,
+        drop_prob=0.35, drop_rule="restart", family=FamilyConfig(topk=0.3, topk_chunk=5, topk_transform="dct",
+                                                                 error_feedback=True, topk_decay=0.9))),
+    "streaming P3 H5 tau2 mix .3": (streaming_diloco, dict(  # merges after step 3, after H, in the next round
+        num_workers=3, inner_steps=5, rounds=3, batch_size=4, hidden_sizes=(4, 2), seed=4, iid=False, alpha=0.5,
+        drop_prob=0.35, family=FamilyConfig(fragments=3, overlap=2, mix=0.3))),
+    "eager, weights": (eager_diloco, dict(num_workers=3, inner_steps=3, rounds=3, batch_size=4, hidden_sizes=(4,),
+                                          seed=5, iid=False, alpha=0.3, family=FamilyConfig(eager=True))),
+    "async, unequal groups, DN 2, DyLU": (async_diloco, dict(
+        num_workers=3, inner_steps=4, rounds=3, batch_size=4, hidden_sizes=(4,), seed=6, iid=False, alpha=0.5,
+        family=FamilyConfig(mix=0.5), asynchrony=AsyncConfig(asynchronous=True, step_times=(1.0, 1.5, 3.0),
+                                                             delayed_nesterov=2, dynamic_local_steps=True))),
+}
+
+
+def mpi_case(name: str):
+    """``(oracle, config, data)`` of one MPI case (every worker's AdamW at lr 0.05)."""
+    oracle, fields = MPI_CASES[name]
+    config = DiLoCoConfig(**fields, inner=AdamWConfig(lr=0.05))
+    return oracle, config, make_data(config.seed, 30)
+
+
+MPI_SCRIPT = """
+import json, sys
+from mpi4py import MPI
+sys.path.insert(0, sys.argv[2])
+from diloco.core.driver import train
+import test_oracles as t
+
+out = {}
+for name in t.MPI_CASES:
+    _, config, (x, y, x_eval, y_eval) = t.mpi_case(name)
+    result = train("diloco", x, y, config, executor="mpi", comm=MPI.COMM_WORLD, timeout=120, x_eval=x_eval,
+                   y_eval=y_eval, sync_fields=True)
+    out[name] = {"params": {k: v.tolist() for k, v in result.params.items()}, "history": result.history}
+if MPI.COMM_WORLD.rank == 0:
+    json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.slow
+def test_real_mpi_ranks_equal_the_oracles(tmp_path):
+    pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from cli_helpers import mpiexec
+
+    from diloco.run_records import TrainResult
+
+    (tmp_path / "run.py").write_text(MPI_SCRIPT, encoding="utf-8")
+    done = subprocess.run([mpiexec(), "-n", "3", sys.executable, "run.py", "out.json", str(Path(__file__).parent)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert sorted(got) == sorted(MPI_CASES)
+    for name, run in got.items():
+        oracle, config, (x, y, x_eval, y_eval) = mpi_case(name)
+        params = {key: np.array(value) for key, value in run["params"].items()}
+        extra = ASYNC_EXTRA if config.asynchrony.asynchronous else ()
+        assert_matches(TrainResult(params, run["history"]), oracle(x, y, config, x_eval, y_eval),
+                       dropped=not config.asynchrony.asynchronous, extra=extra)
