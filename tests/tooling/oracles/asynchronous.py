@@ -30,7 +30,9 @@ Conventions the core takes where the paper leaves a choice:
   the lost work);
 * the staleness of an arrival is the number of arrivals applied between its worker's
   start and the group it arrives in;
-* a dropped arrival is reported as dropped: only the arriving workers of a group can be.
+* a dropped arrival is reported as dropped: only the arriving workers of a group can be;
+* with sparse outer gradients (``oracles.compression``) each kept arrival sends the
+  top-k message of its error-feedback buffer fed with its ``g_k``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from oracles.common import (
     weighted_mean,
     worker_steps,
 )
+from oracles.compression import message_bytes, send
 
 __all__ = ["local_steps", "async_schedule", "async_diloco"]
 
@@ -119,16 +122,34 @@ class _Server:
         self.anchor, self.pending = self.theta, []
 
 
+def _group_gradient(begin, local, kept, shared, config):
+    """The kept arrivals' weighted mean ``g`` (their sparse messages with ``topk``), and the
+    bytes each sent; zeros when none is kept."""
+    weights, residual = shared
+    theta = begin[0]
+    if not kept:
+        return {key: 0.0 * value for key, value in theta.items()}, 0.0
+    outer = {k: {key: begin[k][key] - local[k][key] for key in theta} for k in kept}
+    sent_bytes = ring_bytes(sum(value.size for value in theta.values()), len(kept))
+    if config.family.topk is not None:
+        for k in kept:
+            outer[k], residual[k] = send(outer[k], residual[k], config.family)
+        sent_bytes = float((len(kept) - 1) * message_bytes(theta, config.family))
+    g = {key: weighted_mean([outer[k][key] for k in kept], [weights[k] for k in kept]) for key in theta}
+    return g, sent_bytes
+
+
 def async_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
     """Train asynchronous DiLoCo; one entry per round of groups."""
-    if not config.asynchrony.asynchronous or config.family.simulates_network or config.family.topk is not None:
-        raise NotImplementedError("asynchronous DiLoCo without a simulated network, dense outer gradients")
+    if not config.asynchrony.asynchronous or config.family.simulates_network:
+        raise NotImplementedError("asynchronous DiLoCo without a simulated network")
     num_workers, mix = config.num_workers, config.family.mix
     rng, shards, theta = start(x, y, config, y_eval)
     weights = [float(len(y_k)) if uses_size_weights(config) else 1.0 for _, y_k in shards]
     server = _Server(theta, config)
     local, begin = [dict(theta) for _ in range(num_workers)], [theta] * num_workers
     adam = [fresh_adam(theta) for _ in range(num_workers)]
+    residual = [{key: 0.0 * value for key, value in theta.items()} for _ in range(num_workers)]
     version, rounds = 0, []
     for groups in async_schedule(config):
         losses = {k: [] for k in range(num_workers)}
@@ -141,10 +162,8 @@ def async_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
             lost = draw_drops(rng, config)
             kept = [k for k in workers if k not in lost]
             dropped += [k for k in workers if k in lost]
-            g = {key: 0.0 * value for key, value in theta.items()}
+            g, sent_bytes = _group_gradient(begin, local, kept, (weights, residual), config)
             if kept:
-                g = {key: weighted_mean([begin[k][key] - local[k][key] for k in kept], [weights[k] for k in kept])
-                     for key in theta}
                 server.apply(g, len(kept))
             for k in (workers if config.drop_rule == "restart" else kept):
                 local[k] = {key: mix * server.theta[key] + (1.0 - mix) * local[k][key] for key in theta}
@@ -153,7 +172,7 @@ def async_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
             for k in workers:
                 begin[k] = server.theta
             arrivals += workers
-            syncs.append([config.inner_steps, ring_bytes(sum(v.size for v in theta.values()), len(kept)), 0])
+            syncs.append([config.inner_steps, sent_bytes, 0])
         rounds.append(round_entry(losses, server.theta, g, x_eval, y_eval, dropped=dropped, syncs=syncs,
                                   arrivals=arrivals, max_staleness=stale, seconds=float(groups[-1][0])))
     return OracleResult(server.theta, rounds)

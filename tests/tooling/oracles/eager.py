@@ -20,7 +20,9 @@ outer gradients, ``sum_{j != k} w_j Delta_j^(t-1)``.
 Conventions the core takes where the paper leaves a choice: the model a round's record
 evaluates is the workers' weighted average of their ``theta_k``, and its
 ``pseudo_grad_norm`` is that of ``Delta^(t)``; the inner AdamW state is each worker's
-own, carried.
+own, carried; with sparse outer gradients (``oracles.compression``) the all-reduce
+averages the workers' top-k messages (``Delta^(t)`` is that average), while each worker
+applies its own fresh ``Delta_k^(t)`` and ``Delta_k^(t-1)`` as computed, uncompressed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from oracles.common import (
     weighted_mean,
     worker_steps,
 )
+from oracles.compression import message_bytes, send
 
 __all__ = ["eager_diloco"]
 
@@ -43,9 +46,8 @@ __all__ = ["eager_diloco"]
 def eager_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
     """Train DiLoCo with eager updates; one entry per round."""
     family, num_workers = config.family, config.num_workers
-    if not family.eager or family.tau(config.inner_steps) != config.inner_steps or family.topk is not None \
-            or config.drop_prob:
-        raise NotImplementedError("eager updates with tau = H, dense outer gradients and no drops only")
+    if not family.eager or family.tau(config.inner_steps) != config.inner_steps or config.drop_prob:
+        raise NotImplementedError("eager updates with tau = H and no drops only")
     rng, shards, theta0 = start(x, y, config, y_eval)
     sizes = [float(len(y_k)) if uses_size_weights(config) else 1.0 for _, y_k in shards]
     share = [s / sum(sizes) for s in sizes]
@@ -53,6 +55,8 @@ def eager_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
     momenta = [{key: 0.0 * value for key, value in theta0.items()} for _ in range(num_workers)]
     adam = [fresh_adam(theta0) for _ in range(num_workers)]
     zero = {key: 0.0 * value for key, value in theta0.items()}
+    residual = [dict(zero) for _ in range(num_workers)]
+    size = sum(value.size for value in theta0.values())
     previous_mean, previous_own = zero, [zero] * num_workers
     rounds = []
     for _ in range(config.rounds):
@@ -66,10 +70,15 @@ def eager_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
             g = {key: share[k] * own[k][key] + (previous_mean[key] - share[k] * previous_own[k][key])
                  for key in theta0}
             thetas[k], momenta[k] = outer_sgd(thetas[k], g, momenta[k], config)
-        mean = {key: weighted_mean([own[k][key] for k in range(num_workers)], sizes) for key in theta0}
+        sent, sent_bytes = own, ring_bytes(size, num_workers)
+        if family.topk is not None:  # what travels is sparse; each worker's own fresh gradient is not
+            sent = [None] * num_workers
+            for k in range(num_workers):
+                sent[k], residual[k] = send(own[k], residual[k], family)
+            sent_bytes = float((num_workers - 1) * message_bytes(theta0, family))
+        mean = {key: weighted_mean([sent[k][key] for k in range(num_workers)], sizes) for key in theta0}
         previous_mean, previous_own = mean, own
         consensus = {key: weighted_mean([thetas[k][key] for k in range(num_workers)], sizes) for key in theta0}
-        syncs = [[config.inner_steps, ring_bytes(sum(v.size for v in theta0.values()), num_workers),
-                  config.inner_steps]]
+        syncs = [[config.inner_steps, sent_bytes, config.inner_steps]]
         rounds.append(round_entry(losses, consensus, mean, x_eval, y_eval, dropped=[], syncs=syncs))
     return OracleResult(consensus, rounds)

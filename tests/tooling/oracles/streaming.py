@@ -25,7 +25,10 @@ Conventions the core takes where the paper leaves a choice:
   fragment (it is not merged); if every worker is dropped the fragment's global value
   and momentum stay, and under ``restart`` every worker is still merged with it;
 * the merge writes the value received at the sync, even if the fragment's global
-  value has moved on since (it cannot, as tau < H).
+  value has moved on since (it cannot, as tau < H);
+* with sparse outer gradients (``oracles.compression``) each fragment's sync sends the
+  top-k messages of its own tensors; a worker's error-feedback buffer is per tensor, so
+  each fragment's part of it is touched only at that fragment's syncs.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from oracles.common import (
     weighted_mean,
     worker_steps,
 )
+from oracles.compression import message_bytes, send
 
 __all__ = ["fragment_layers", "sync_offset", "fragment_schedule", "streaming_diloco"]
 
@@ -84,8 +88,8 @@ def fragment_schedule(fragments: int, inner_steps: int, tau: int, rounds: int) -
 def streaming_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
     """Train Streaming DiLoCo step by step; one entry per round (H steps)."""
     family, num_workers, inner_steps = config.family, config.num_workers, config.inner_steps
-    if family.eager or config.asynchrony.asynchronous or family.topk is not None:
-        raise NotImplementedError("Streaming DiLoCo with dense outer gradients only")
+    if family.eager or config.asynchrony.asynchronous:
+        raise NotImplementedError("Streaming DiLoCo (see oracles.eager, .asynchronous)")
     tau, mix = family.tau(inner_steps), family.mix
     rng, shards, theta = start(x, y, config, y_eval)
     layers = fragment_layers(len(theta) // 2, family.fragments, family.pattern)
@@ -94,6 +98,7 @@ def streaming_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
     local = [dict(theta) for _ in range(num_workers)]
     adam = [fresh_adam(theta) for _ in range(num_workers)]
     momentum = {key: 0.0 * value for key, value in theta.items()}
+    residual = [{key: 0.0 * value for key, value in theta.items()} for _ in range(num_workers)]
     received = {}  # p -> (the fragment's value at its last sync, the workers to merge it into)
     events = fragment_schedule(family.fragments, inner_steps, tau, config.rounds)
     rounds = []
@@ -111,11 +116,12 @@ def streaming_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
                     out = draw_drops(rng, config)
                     dropped += out
                     kept = [k for k in range(num_workers) if k not in out]
-                    theta, momentum, fragment_delta = _sync(theta, momentum, local, keys[p], kept, sizes, config)
+                    sent = _sync(theta, momentum, local, keys[p], kept, (sizes, residual), config)
+                    theta, momentum, fragment_delta, sent_bytes = sent
                     delta.update(fragment_delta)
                     targets = list(range(num_workers)) if config.drop_rule == "restart" else kept
                     received[p] = ({key: theta[key] for key in keys[p]}, targets)
-                    syncs.append([h, ring_bytes(sum(theta[key].size for key in keys[p]), len(kept)), tau])
+                    syncs.append([h, sent_bytes, tau])
                 else:
                     values, targets = received.pop(p)
                     for k in targets:
@@ -127,11 +133,22 @@ def streaming_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
     return OracleResult(theta, rounds)
 
 
-def _sync(theta, momentum, local, keys, kept, sizes, config):
-    """One fragment's outer step from the kept workers (none kept: nothing moves)."""
+def _sync(theta, momentum, local, keys, kept, shared, config):
+    """One fragment's outer step from the kept workers (none kept: nothing moves), with each
+    kept worker's sparse message when ``topk`` is set (its buffers of these keys only):
+    ``(theta, momentum, delta, bytes each worker sent)``."""
+    sizes, residual = shared
     if not kept:
-        return theta, momentum, {key: 0.0 * theta[key] for key in keys}
+        return theta, momentum, {key: 0.0 * theta[key] for key in keys}, 0.0
+    outer = {k: {key: theta[key] - local[k][key] for key in keys} for k in kept}
+    fragment = {key: theta[key] for key in keys}
+    sent_bytes = ring_bytes(sum(value.size for value in fragment.values()), len(kept))
+    if config.family.topk is not None:
+        for k in kept:
+            outer[k], left = send(outer[k], {key: residual[k][key] for key in keys}, config.family)
+            residual[k].update(left)
+        sent_bytes = float((len(kept) - 1) * message_bytes(fragment, config.family))
     weights = [sizes[k] if uses_size_weights(config) else 1.0 for k in kept]
-    delta = {key: weighted_mean([theta[key] - local[k][key] for k in kept], weights) for key in keys}
+    delta = {key: weighted_mean([outer[k][key] for k in kept], weights) for key in keys}
     theta, momentum = outer_sgd(theta, delta, momentum, config)
-    return theta, momentum, delta
+    return theta, momentum, delta, sent_bytes
