@@ -22,6 +22,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -109,6 +110,7 @@ def load_mistakes() -> tuple:
 
 
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the temporary copy is removed
     mistakes = load_mistakes()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="plant only these mistakes")
