@@ -195,6 +195,10 @@ def streaming_configs(draw):
 @example(config=DiLoCoConfig(num_workers=3, inner_steps=5, rounds=3, batch_size=4, hidden_sizes=(4, 3, 3), seed=8,
                              iid=False, alpha=0.3, drop_prob=0.35, drop_rule="restart", inner=AdamWConfig(lr=0.05),
                              family=FamilyConfig(fragments=3, pattern="sequential", overlap=4, mix=0.3)), rows=30)
+@example(config=DiLoCoConfig(num_workers=3, inner_steps=3, rounds=3, batch_size=4, hidden_sizes=(4, 3), seed=9,
+                             iid=False, alpha=0.3, drop_prob=0.35, inner=AdamWConfig(lr=0.05),
+                             family=FamilyConfig(fragments=2, overlap=1, mix=0.5, topk=0.3, topk_chunk=5,
+                                                 error_feedback=True, topk_decay=0.9)), rows=30)
 def test_streaming_diloco_equals_the_oracle_for_every_p_tau_and_mix(config, rows):
     run_all(config, make_data(config.seed, rows), streaming_diloco)
 
