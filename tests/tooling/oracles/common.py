@@ -1,0 +1,135 @@
+"""What every oracle shares: the run's start, a worker's inner steps, the outer step, the record.
+
+Conventions the core follows and the papers leave open, taken here as well:
+
+* **the start**: ``rng = default_rng(config.seed)`` shards the data (milestone 16, or 17
+  for non-IID shards) and then initialises the MLP (milestone 01) from the same
+  generator, in that order;
+* **the batches**: at the start of every round (DiLoCo, Streaming, eager) or of every
+  group of arrivals (asynchronous DiLoCo) the run's generator spawns K children,
+  ``rng.spawn(K)``; worker k draws every mini-batch of that round from child k, with
+  milestone 18 (``sample_worker_batch``);
+* **the weights**: shard sizes ``n_k`` when ``shard_weighting == "size"`` (or ``"auto"``
+  with non-IID shards), else uniform; normalised over the workers whose outer gradient
+  is averaged (the kept ones).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from diloco.adamw import adamw_step, init_adamw_state
+from diloco.evaluation import evaluate_loss
+from diloco.model import cross_entropy_loss, init_model_params, model_backward, model_forward
+from diloco.sharding import iid_shard_dataset, noniid_shard_dataset, sample_worker_batch
+
+__all__ = ["OracleResult", "check_supported", "start", "worker_steps", "uses_size_weights", "weighted_mean",
+           "outer_sgd", "draw_drops", "fresh_adam", "norm", "round_entry", "ring_bytes"]
+
+
+class OracleResult(NamedTuple):
+    """The oracle's final global params and one entry per round (``round_entry``)."""
+
+    params: dict
+    rounds: list
+
+
+def check_supported(config) -> None:
+    """Refuse what the oracles do not model, rather than ignore it."""
+    unsupported = {
+        "lr_schedule": config.lr_schedule != "constant", "clip_norm": config.clip_norm is not None,
+        "inner_optimizer": config.inner_optimizer != "adamw", "outer_optimizer": config.outer_optimizer != "sgd",
+        "dtype": config.dtype != "float64", "noniid_split": config.noniid_split != "label",
+        "comm_dtype": config.family.comm_dtype is not None, "sign_prune": config.family.sign_prune != 0,
+        "topk_bits": config.family.topk_bits is not None,
+    }
+    named = [name for name, bad in unsupported.items() if bad]
+    if named:
+        raise NotImplementedError(f"the oracles do not model {named}")
+
+
+def start(x, y, config, y_eval=None):
+    """``(rng, shards, params)``: the shards, then the He-initialised MLP, from ``default_rng(seed)``."""
+    check_supported(config)
+    rng = np.random.default_rng(config.seed)
+    if config.iid:
+        shards = iid_shard_dataset(x, y, config.num_workers, rng)
+    else:
+        shards = noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
+    classes = int(y.max()) + 1 if y_eval is None else max(int(y.max()), int(y_eval.max())) + 1
+    params = init_model_params((x.shape[1], *config.hidden_sizes, classes), rng, dtype=np.float64)
+    return rng, shards, params
+
+
+def worker_steps(params: dict, adam, shard, steps: int, config, rng) -> tuple[dict, object, list]:
+    """``steps`` AdamW steps of one worker from ``params``: the batch, forward, loss, backward, step."""
+    x_k, y_k = shard
+    losses = []
+    for _ in range(steps):
+        x_b, y_b = sample_worker_batch(x_k, y_k, config.batch_size, rng)
+        logits, cache = model_forward(params, x_b)
+        losses.append(cross_entropy_loss(logits, y_b))
+        params, adam = adamw_step(params, adam, model_backward(params, cache, y_b), config.inner)
+    return params, adam, losses
+
+
+def fresh_adam(params: dict):
+    return init_adamw_state(params)
+
+
+def draw_drops(rng, config) -> list:
+    """The workers whose outer gradient is lost at this sync: ``rng.random(K) < p`` from the
+    run's generator (K uniforms per sync, drawn only when ``p > 0``; the core's convention,
+    after the round's ``spawn``, so the batches do not depend on the drops)."""
+    if config.drop_prob == 0:
+        return []
+    return [k for k, u in enumerate(rng.random(config.num_workers)) if u < config.drop_prob]
+
+
+def uses_size_weights(config) -> bool:
+    return config.shard_weighting == "size" or (config.shard_weighting == "auto" and not config.iid)
+
+
+def weighted_mean(tensors: list, weights: list) -> np.ndarray:
+    """``sum_i (w_i / sum_j w_j) t_i``, in a plain loop."""
+    total = float(sum(weights))
+    out = np.zeros_like(tensors[0])
+    for w, t in zip(weights, tensors, strict=True):
+        out = out + (w / total) * t
+    return out
+
+
+def outer_sgd(theta: dict, delta: dict, momentum: dict, config) -> tuple[dict, dict]:
+    """PyTorch's ``SGD(lr, momentum=mu, nesterov=...)`` on the outer gradient (DiLoCo's outer step).
+
+    ``m <- mu m + delta``; Nesterov: ``theta <- theta - lr (delta + mu m)``; heavy ball:
+    ``theta <- theta - lr m``. Only the keys of ``delta`` move.
+    """
+    mu, lr = config.outer_momentum, config.outer_lr
+    new_theta, new_m = dict(theta), dict(momentum)
+    for key, d in delta.items():
+        new_m[key] = mu * momentum[key] + d
+        step = d + mu * new_m[key] if config.nesterov else new_m[key]
+        new_theta[key] = theta[key] - lr * step
+    return new_theta, new_m
+
+
+def norm(tensors: dict) -> float:
+    """The global L2 norm of a dict of arrays."""
+    return math.sqrt(sum(float(np.sum(v * v)) for v in tensors.values()))
+
+
+def ring_bytes(num_values: int, workers: int) -> float:
+    """A ring all-reduce of float64 values: each of ``workers`` sends ``2 (n-1)/n`` of them."""
+    return 2.0 * (workers - 1) / workers * num_values * 8 if workers else 0.0
+
+
+def round_entry(losses: dict, theta: dict, delta: dict, x_eval, y_eval, **fields) -> dict:
+    """One round: each worker's mean loss, the outer gradient's norm, the held-out loss, extra fields."""
+    entry = {"worker_losses": [float(np.mean(losses[k])) for k in sorted(losses)], "pseudo_grad_norm": norm(delta),
+             "eval_loss": None if x_eval is None else evaluate_loss(theta, x_eval, y_eval)}
+    entry.update(fields)
+    return entry
