@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from diloco.tools.cli.config_file import run_data_name
 from diloco.tools.cli.errors import CliError
 
 __all__ = ["check_flags", "check_data_file", "usable_cores", "LOSSY_FORMATS", "NPZ_CONTENTS"]
@@ -97,7 +98,7 @@ def _check_family(args, config, data) -> None:
 
 
 def _check_data_flags(args, data) -> None:
-    name = _given(args, "data") or "digits"
+    name = _given(args, "data") or run_data_name(args) or "digits"  # --config run/config.json names its data
     if name != "shakespeare":
         for flag in ("context", "eval_windows"):
             if _given(args, flag) is not None:
