@@ -8,6 +8,9 @@
 * a run whose estimated memory exceeds what the machine has available, with the
   estimate in the message (``estimate_memory``; its history in memory included, so
   ``--rounds 10**12`` is refused at once);
+* workers' speeds the simulation cannot serve (``diloco.core.schedule.check_speeds``):
+  step times that overflow the simulated clock, or an asynchronous schedule whose speed
+  ratio needs more than ``MAX_ARRIVALS`` arrivals (``--async --step-times 1,1e9``);
 * anything ``diloco.loop.prepare_training`` rejects (the sharding included: a non-IID
   split that leaves a worker empty), by running it once on the real data.
 """
@@ -18,6 +21,7 @@ import numpy as np
 
 from diloco._validation import available_memory
 from diloco.config import DiLoCoConfig
+from diloco.core.schedule import check_speeds
 from diloco.data import Dataset
 from diloco.loop import prepare_training
 from diloco.tools.cli.errors import CliError
@@ -79,6 +83,10 @@ def check_run(config: DiLoCoConfig, data: Dataset, *, checkpointing: bool = True
     if config.num_workers > num_train:
         raise CliError(f"{prefix}K={config.num_workers} workers but only {num_train} training examples: "
                        f"every worker needs at least one (use -K {num_train} or fewer)")
+    try:
+        check_speeds(config)  # bounded before any schedule is built
+    except ValueError as exc:
+        raise CliError(f"{prefix}workers' speeds (--step-times, --speed-spread, --straggler-factor): {exc}") from None
     needed, how = estimate_memory(config, data.x_train.shape[1], data.num_classes, len(data.y_test),
                                   checkpointing=checkpointing)
     available = available_memory()
