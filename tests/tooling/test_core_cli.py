@@ -38,6 +38,37 @@ def test_a_family_run_that_diverges_stops_with_the_guard(flags, tmp_path, capsys
     assert _summary(only_run_dir(tmp_path))["status"] == "diverged"
 
 
+BLOW_UP = ["--lr", "1e200", "--weight-decay", "0", "--max-loss", "off"]  # inf within the first round's steps
+
+
+@pytest.mark.parametrize("command, flags", [
+    ("train", ["--comm-dtype", "fp4"]), ("train", ["--comm-dtype", "int8"]), ("train", ["--comm-dtype", "float16"]),
+    ("train", ["--eager"]), ("train", ["--comm-dtype", "int8", "--sign-prune", "0.5"]),
+    ("train", ["--topk", "0.1"]), ("train", ["--comm-dtype", "int8", "--error-feedback"]),
+    ("compare", ["--comm-dtype", "fp4"]), ("train", ["--comm-dtype", "fp4", "--engine", "fast"]),
+])
+def test_a_non_finite_pseudo_gradient_under_compression_is_a_divergence(command, flags, tmp_path, capsys):
+    status, _, err = run_cli([command, *TINY, *flags, *BLOW_UP, "--runs-dir", tmp_path], capsys)
+    assert status == 3, err
+    assert len(err.strip().splitlines()) == 1 and "diverged in round 1" in err, err
+    run_dir = only_run_dir(tmp_path)
+    summary = _summary(run_dir)
+    assert summary["status"] == "diverged" and summary["divergence"]["round"] == 1
+    assert not [r for r in _history(run_dir) if r["algo"] == "diloco"]  # it stopped in the round it names
+
+
+def test_a_resumed_run_names_the_round_it_diverged_in():
+    from diloco._validation import NonFiniteError
+    from diloco.core.divergence import Diverged, Guard
+
+    guard = Guard("diloco", None, first_round=5)
+    guard.finished({"round": 6, "worker_losses": [1.0], "pseudo_grad_norm": 1.0, "eval_loss": None,
+                    "eval_accuracy": None}, None)
+    with pytest.raises(Diverged) as caught, guard.watch():
+        raise NonFiniteError("x must be finite")
+    assert caught.value.round == 7 and "round 7" in str(caught.value)
+
+
 def test_a_family_study_has_the_guard_too(tmp_path, capsys):
     status, _, err = run_cli(["study", "compression", "--values", "fp4", "--seeds", "1", *TINY, "--lr", "10",
                               "--outer-lr", "50", "--max-loss", "2", "--runs-dir", tmp_path], capsys)

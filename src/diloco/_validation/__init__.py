@@ -20,6 +20,7 @@ import numpy as np
 
 __all__ = [
     "FLOAT_DTYPES",
+    "NonFiniteError",
     "milestone",
     "call_depth",
     "check_seed",
@@ -206,6 +207,12 @@ def check_probability(value, name: str) -> float:
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # float16 loses too much, longdouble is not portable
 
 
+class NonFiniteError(ValueError):
+    """An array that must be finite holds a NaN or an Inf. Inside a training run it is what
+    divergence produces mid-round (a pseudo-gradient that cannot be encoded, a delta), and
+    the guard (``diloco.core.divergence.Guard.watch``) turns it into ``Diverged``."""
+
+
 def check_float_array(x, name: str, *, ndim: int | None = None, finite: bool = True) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
@@ -216,7 +223,7 @@ def check_float_array(x, name: str, *, ndim: int | None = None, finite: bool = T
     # Fast path: a finite sum proves every entry finite; only a NaN/Inf (or an overflowing
     # sum of finite values) pays for the element-wise check.
     if finite and not np.isfinite(x.sum()) and not np.isfinite(x).all():
-        raise ValueError(f"{name} must contain only finite values (no NaN or Inf)")
+        raise NonFiniteError(f"{name} must contain only finite values (no NaN or Inf)")
     return x
 
 

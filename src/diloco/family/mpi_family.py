@@ -27,6 +27,7 @@ def train_family_mpi(x, y, config: DiLoCoConfig, comm, family: FamilyConfig, *, 
     ``allreduce_seconds`` (wall time in this rank's collectives) and ``mpi_bytes_sent``
     (bytes this rank handed MPI for the other ranks in the round's syncs).
     """
-    return train("diloco", x, y, config.replace(family=family), x_eval=x_eval, y_eval=y_eval, executor="mpi",
-                 hooks=[Guard("diloco", max_loss), *callbacks(on_round)], comm=comm, timeout=round_timeout,
-                 sync_fields=True)
+    guard = Guard("diloco", max_loss)
+    with guard.watch():
+        return train("diloco", x, y, config.replace(family=family), x_eval=x_eval, y_eval=y_eval, executor="mpi",
+                     hooks=[guard, *callbacks(on_round)], comm=comm, timeout=round_timeout, sync_fields=True)

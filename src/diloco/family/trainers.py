@@ -44,9 +44,11 @@ def family_trainer(algo: str, family: FamilyConfig, base=None):
         if algo == "sync":
             config = baseline_config(config)
         hooks = [NetworkTimer(config)] if family.simulates_network else []
-        hooks += [Guard(algo, max_loss), *callbacks(on_round)]
-        return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, rng=rng, encode=encode, executor=executor,
-                     hooks=hooks, sync_fields=algo == "diloco")
+        guard = Guard(algo, max_loss)
+        hooks += [guard, *callbacks(on_round)]
+        with guard.watch():
+            return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, rng=rng, encode=encode,
+                         executor=executor, hooks=hooks, sync_fields=algo == "diloco")
 
     return run
 
