@@ -112,6 +112,25 @@ def test_speeds_the_simulation_cannot_serve_are_refused_at_once(flags, numbers, 
     assert time.perf_counter() - start < 30  # refused before any schedule: the old loop ran for minutes
 
 
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_a_thousand_workers_of_a_million_steps_are_refused_on_both_engines_with_the_numbers(engine, capsys,
+                                                                                           tmp_path, monkeypatch):
+    from diloco.tools.cli import preflight
+
+    monkeypatch.setattr(preflight, "available_memory", lambda: 4 * 2**30)  # a 4 GB machine
+    line = refused(["-K", "1000", "-H", "1000000", "--engine", engine, "-q", "--no-plots"], capsys, tmp_path)
+    assert "1,000,000,000 step losses" in line and "available" in line and "-H" in line, line
+
+
+def test_the_fast_engine_counts_k_batches_of_activations():
+    from diloco.tools.cli.preflight import estimate_memory
+
+    config = DiLoCoConfig(num_workers=100, inner_steps=1, hidden_sizes=(512,), batch_size=256)
+    reference, _ = estimate_memory(config, 64, 10, 100, checkpointing=False)
+    fast, _ = estimate_memory(config.replace(engine="fast"), 64, 10, 100, checkpointing=False)
+    assert fast - reference == 8 * 4 * 99 * 256 * (64 + 512 + 10)
+
+
 def test_a_fifty_megabyte_value_is_not_echoed_back(capsys, tmp_path):
     config = tmp_path / "big.json"
     config.write_text(json.dumps({"dtype": "x" * 50_000_000}))
