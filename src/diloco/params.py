@@ -71,7 +71,7 @@ def subtract_params(params_a: Params, params_b: Params) -> Params:
 
     Parameters
     ----------
-    params_a, params_b : dicts with the same keys, shapes and dtype
+    params_a, params_b : dicts with the same keys (in any order), shapes and dtype
 
     Returns
     -------

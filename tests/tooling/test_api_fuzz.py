@@ -292,3 +292,86 @@ def _report():
     yield
     if os.environ.get("DILOCO_FUZZ_REPORT"):
         print(f"\napi fuzz: {sum(TALLY.values())} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(TALLY.items())))
+
+
+# --- edge inputs near the float64 limit (issue 31): each a clear refusal naming the argument, a
+# documented result, or, for the legal ones, the right answer. Listed by hand: they are single
+# values a random draw would rarely hit. ---------------------------------------------------------
+
+_P = _params()
+_M = float(np.finfo(np.float64).max)
+
+
+def _cache_with(part: str, dtype):
+    _, cache = diloco.model_forward(_P, np.ones((3, 3)))
+    arrays = list(getattr(cache, part))
+    arrays[-1 if part == "pre_activations" else 0] = arrays[-1 if part == "pre_activations" else 0].astype(dtype)
+    return cache._replace(**{part: tuple(arrays)})
+
+
+# (name, call, argument it must name) for the refusals.
+EDGE_REFUSED = [
+    ("model_backward: an int array as the logits in a cache",
+     lambda: diloco.model_backward(_P, _cache_with("pre_activations", np.int64), np.array([0, 1, 0])), "cache"),
+    ("model_backward: int inputs in a cache",
+     lambda: diloco.model_backward(_P, _cache_with("layer_inputs", np.int64), np.array([0, 1, 0])), "cache"),
+    ("DiLoCoConfig: seed = 2**64", lambda: DiLoCoConfig(seed=2**64), "seed"),
+    ("load_digits_split: seed = 2**64", lambda: diloco.data.load_digits_split(seed=2**64), "seed"),
+    ("nesterov_param_update: a NumPy bool as lr",
+     lambda: diloco.nesterov_param_update(_P, _P, diloco.init_outer_optimizer(_P), np.bool_(True), 0.9), "lr"),
+    ("AdamWConfig: a NumPy bool as lr", lambda: diloco.AdamWConfig(lr=np.bool_(True)), "lr"),
+    ("nesterov_param_update: lr = 1e308 overflowing the params",
+     lambda: diloco.nesterov_param_update(_P, {k: 2 * v for k, v in _P.items()}, diloco.init_outer_optimizer(_P),
+                                          1e308, 0.9), "lr"),
+    ("cross_entropy_loss: one row's loss above the float range",
+     lambda: diloco.cross_entropy_loss(np.array([[_M, -_M]]), np.array([1])), "logits"),
+    ("scale_params: params x 1e308 overflowing", lambda: diloco.scale_params({"W1": np.full(2, 10.0)}, 1e308),
+     "scalar"),
+]
+
+
+def _row_sums_to_one(result):
+    return result.dtype == np.float16 and np.allclose(result.astype(np.float64).sum(axis=-1), 1.0, atol=1e-3)
+
+
+# (name, call, check of the result) for the legal ones and the documented results.
+EDGE_ACCEPTED = [
+    ("softmax of float16", lambda: diloco.softmax(np.array([[1, 2, 3], [6e4, -6e4, 0]], dtype=np.float16)),
+     _row_sums_to_one),
+    ("cross_entropy_loss: a batch whose sum of losses overflows, its mean within range",
+     lambda: diloco.cross_entropy_loss(np.array([[1e308, -5e307], [1e308, -5e307]]), np.array([1, 1])),
+     lambda r: r == 1.5e308),
+    ("cross_entropy_loss: logits at +-max, the right class the largest",
+     lambda: diloco.cross_entropy_loss(np.array([[_M, -_M], [-_M, _M]]), np.array([0, 1])), lambda r: r == 0.0),
+    ("subtract_params: keys in another order",
+     lambda: diloco.subtract_params(_P, {k: 2 * _P[k] for k in reversed(list(_P))}),
+     lambda r: list(r) == list(_P) and all(np.array_equal(r[k], -_P[k]) for k in _P)),
+    ("average_params: weights [1e308, 1e308] overflowing their sum",
+     lambda: diloco.average_params([_P, _P], [1e308, 1e308]),
+     lambda r: all(np.array_equal(r[k], _P[k]) for k in _P)),
+    ("quantize: x of 1e300 saturates at fp4's largest value, as documented",  # 6 x 2**127
+     lambda: quantize(np.array([1e300, -1e300, 0.0]), "fp4"), lambda r: r.tolist() == [6 * 2.0**127, -6 * 2.0**127, 0]),
+    ("quantize: x of 1e300 saturates at float32's largest value, as documented",
+     lambda: quantize(np.array([1e300]), "float32"), lambda r: r[0] == np.finfo(np.float32).max),
+    ("adam_param_step: lr = 1e308 with a unit step", lambda: diloco.adam_param_step(
+        {"W1": np.zeros(2)}, {"W1": np.ones(2)}, {"W1": np.ones(2)}, 1e308, 1e-300), lambda r: r["W1"][0] == -1e308),
+    ("nesterov_param_update: lr = 1e308 whose step fits", lambda: diloco.nesterov_param_update(
+        {"W1": np.ones(2)}, {"W1": np.ones(2)}, diloco.init_outer_optimizer({"W1": np.ones(2)}), 1e308, 0.9),
+     lambda r: r["W1"][0] == 1 - 1e308),
+]
+
+
+@pytest.mark.parametrize("name, call, argument", EDGE_REFUSED, ids=[e[0] for e in EDGE_REFUSED])
+def test_an_edge_input_is_refused_naming_its_argument(name, call, argument):
+    with pytest.raises((TypeError, ValueError)) as caught:
+        call()
+    assert argument in str(caught.value) and len(str(caught.value)) <= MAX_MESSAGE, str(caught.value)
+    TALLY["clear"] += 1
+
+
+@pytest.mark.parametrize("name, call, check", EDGE_ACCEPTED, ids=[e[0] for e in EDGE_ACCEPTED])
+def test_a_legal_edge_input_gives_the_right_answer(name, call, check):
+    with np.errstate(over="ignore"):  # float16's exp of -inf, an overflow the result does not keep
+        result = call()
+    assert check(result), result
+    TALLY["legal"] += 1

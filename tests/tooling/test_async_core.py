@@ -315,3 +315,66 @@ def test_three_mpi_ranks_with_unequal_speeds_are_the_single_process_run_bit_for_
         assert max(r["max_staleness"] for r in want.history) > 0
         assert np.concatenate([v.ravel() for v in want.params.values()]).tobytes().hex() == params_hex
         assert losses == [r["eval_loss"] for r in want.history]
+
+
+# --- bounded before work: the schedule's cost is known before it is built ---
+
+class _TooSlow(Exception):
+    pass
+
+
+def _within(seconds, call):
+    """``call()``, failing the test (not hanging it) if it runs longer than ``seconds``."""
+    import signal
+
+    def expire(*_):
+        raise _TooSlow(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return call()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+EXTREME = {"1 and 1e9 s": {"step_times": (1.0, 1e9)}, "1e308 s each": {"step_times": (1e308, 1e308)},
+           "a denormal and 1 s": {"step_times": (5e-324, 1.0)}, "spread 1000": {"speed_spread": 1000.0},
+           "straggler x 1e308": {"straggler": 0, "straggler_factor": 1e308}}
+
+
+@pytest.mark.parametrize("section", EXTREME.values(), ids=list(EXTREME))
+def test_speeds_the_schedule_cannot_serve_are_refused_at_once_with_the_numbers(section):
+    config = BASE.replace(num_workers=8, asynchrony={"asynchronous": True, **section})
+    if "step_times" in section:
+        config = config.replace(num_workers=2)
+    with pytest.raises(ValueError) as caught:
+        _within(5, lambda: async_plan(config))
+    message = str(caught.value)
+    assert "\n" not in message and any(c.isdigit() for c in message), message
+
+
+def test_the_arrivals_bound_holds_for_every_schedule():
+    from diloco.methods.asynchrony import MAX_ARRIVALS, arrivals_bound
+
+    rng = np.random.default_rng(7)
+    tight = 0
+    for _ in range(300):
+        K, rounds = int(rng.integers(1, 6)), int(rng.integers(1, 7))
+        times = tuple(float(t) for t in np.exp(rng.uniform(-3, 3, size=K)))
+        section = {"asynchronous": True, "step_times": times, "dynamic_local_steps": bool(rng.integers(2))}
+        config = BASE.replace(num_workers=K, rounds=rounds, inner_steps=int(rng.integers(1, 5)), asynchrony=section)
+        comm = float(rng.choice([0.0, rng.uniform(0, 5)]))
+        bound = arrivals_bound(worker_step_times(config), worker_local_steps(config), rounds, comm_time=comm)
+        assert bound <= MAX_ARRIVALS
+        used = sum(len(group.workers) for groups in async_plan(config, comm) for group in groups)
+        assert used <= bound
+        tight += used > bound // 2
+    assert tight > 30  # the bound is an upper bound, but not a vacuous one
+
+
+def test_equal_speeds_plan_a_thousand_workers_quickly():
+    config = BASE.replace(num_workers=1000, rounds=10, asynchrony={"asynchronous": True})
+    plan = _within(10, lambda: async_plan(config))
+    assert [len(groups) for groups in plan] == [1] * 10 and len(plan[0][0].workers) == 1000

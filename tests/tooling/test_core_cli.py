@@ -38,6 +38,37 @@ def test_a_family_run_that_diverges_stops_with_the_guard(flags, tmp_path, capsys
     assert _summary(only_run_dir(tmp_path))["status"] == "diverged"
 
 
+BLOW_UP = ["--lr", "1e200", "--weight-decay", "0", "--max-loss", "off"]  # inf within the first round's steps
+
+
+@pytest.mark.parametrize("command, flags", [
+    ("train", ["--comm-dtype", "fp4"]), ("train", ["--comm-dtype", "int8"]), ("train", ["--comm-dtype", "float16"]),
+    ("train", ["--eager"]), ("train", ["--comm-dtype", "int8", "--sign-prune", "0.5"]),
+    ("train", ["--topk", "0.1"]), ("train", ["--comm-dtype", "int8", "--error-feedback"]),
+    ("compare", ["--comm-dtype", "fp4"]), ("train", ["--comm-dtype", "fp4", "--engine", "fast"]),
+])
+def test_a_non_finite_pseudo_gradient_under_compression_is_a_divergence(command, flags, tmp_path, capsys):
+    status, _, err = run_cli([command, *TINY, *flags, *BLOW_UP, "--runs-dir", tmp_path], capsys)
+    assert status == 3, err
+    assert len(err.strip().splitlines()) == 1 and "diverged in round 1" in err, err
+    run_dir = only_run_dir(tmp_path)
+    summary = _summary(run_dir)
+    assert summary["status"] == "diverged" and summary["divergence"]["round"] == 1
+    assert not [r for r in _history(run_dir) if r["algo"] == "diloco"]  # it stopped in the round it names
+
+
+def test_a_resumed_run_names_the_round_it_diverged_in():
+    from diloco._validation import NonFiniteError
+    from diloco.core.divergence import Diverged, Guard
+
+    guard = Guard("diloco", None, first_round=5)
+    guard.finished({"round": 6, "worker_losses": [1.0], "pseudo_grad_norm": 1.0, "eval_loss": None,
+                    "eval_accuracy": None}, None)
+    with pytest.raises(Diverged) as caught, guard.watch():
+        raise NonFiniteError("x must be finite")
+    assert caught.value.round == 7 and "round 7" in str(caught.value)
+
+
 def test_a_family_study_has_the_guard_too(tmp_path, capsys):
     status, _, err = run_cli(["study", "compression", "--values", "fp4", "--seeds", "1", *TINY, "--lr", "10",
                               "--outer-lr", "50", "--max-loss", "2", "--runs-dir", tmp_path], capsys)
@@ -73,16 +104,97 @@ def test_a_stopped_family_run_resumes_as_the_family_run_bit_for_bit(tmp_path, ca
     assert all(r["bytes_sent"] < num_values for r in got[2:])
 
 
-def test_config_json_reproduces_a_family_run(tmp_path, capsys):
-    argv = ["train", *TINY, "--comm-dtype", "int8", "--eager"]
+def _npz_data(tmp_path):
+    rng = np.random.default_rng(5)
+    path = tmp_path / "blobs.npz"
+    np.savez(path, x=rng.normal(size=(60, 6)), y=np.arange(60) % 3)
+    return path
+
+
+# Every data set, each with its own non-default settings (the ones a rerun on the digits would lose).
+CONFIG_ROWS = {
+    "digits": ["--split-seed", "3", "--test-fraction", "0.3", "--comm-dtype", "int8", "--eager"],
+    "mnist1d": ["--data", "mnist1d", "--num-samples", "300"],
+    "shakespeare": ["--data", "shakespeare", "--context", "3", "--eval-windows", "64"],
+    "npz": ["--data", "NPZ", "--split-seed", "2", "--test-fraction", "0.25"],
+    "sync": ["--algo", "sync", "--data", "shakespeare", "--context", "2", "--eval-windows", "32"],
+}
+
+
+def _params(run_dir):
+    out = {}
+    for path in sorted(run_dir.glob("params-*.npz")):
+        with np.load(path) as arrays:
+            out[path.name] = {k: arrays[k].tobytes() for k in arrays.files}
+    return out
+
+
+@pytest.mark.parametrize("command, row", [("train", row) for row in sorted(CONFIG_ROWS)]
+                         + [("compare", row) for row in sorted(CONFIG_ROWS) if row != "sync"])
+def test_config_json_reproduces_a_run_on_every_data_set_bit_for_bit(command, row, tmp_path, capsys):
+    if row == "mnist1d":
+        pytest.importorskip("mnist1d")
+    flags = [str(_npz_data(tmp_path)) if f == "NPZ" else f for f in CONFIG_ROWS[row]]
+    cache = ["--cache-dir", tmp_path / "cache"]
+    argv = [command, *TINY, *flags, *cache, "--max-loss", "500", "--checkpoint-every", "2"]
     assert run_cli([*argv, "--runs-dir", tmp_path / "a"], capsys)[0] == 0
     first = only_run_dir(tmp_path / "a")
-    status, _, err = run_cli(["train", "--config", first / "config.json", "-q", "--no-plots",
+    status, _, err = run_cli([command, "--config", first / "config.json", *cache, "-q", "--no-plots",
                               "--runs-dir", tmp_path / "b"], capsys)
     assert status == 0, err
     second = only_run_dir(tmp_path / "b")
+    a, b = (json.loads((d / "config.json").read_text()) for d in (first, second))
+    assert {k: v for k, v in b.items() if k != "blas_threads"} == {k: v for k, v in a.items() if k != "blas_threads"}
     strip = [{k: v for k, v in r.items() if k != "time"} for r in _history(first)]
     assert [{k: v for k, v in r.items() if k != "time"} for r in _history(second)] == strip
+    assert _params(second) == _params(first) and _params(first)
+
+
+def test_a_config_json_data_flag_still_overrides_its_data(tmp_path, capsys):
+    argv = ["train", *TINY, "--data", "shakespeare", "--context", "3", "--eval-windows", "64"]
+    assert run_cli([*argv, "--runs-dir", tmp_path / "a"], capsys)[0] == 0
+    first = only_run_dir(tmp_path / "a") / "config.json"
+    status, _, err = run_cli(["train", "--config", first, "--context", "2", "-q", "--no-plots",
+                              "--runs-dir", tmp_path / "b"], capsys)
+    assert status == 0, err
+    data = json.loads((only_run_dir(tmp_path / "b") / "config.json").read_text())["data"]
+    assert (data["name"], data["context"], data["eval_windows"]) == ("shakespeare", 2, 64)
+    status, _, err = run_cli(["train", "--config", first, "--data", "digits", "-q", "--no-plots",
+                              "--runs-dir", tmp_path / "c"], capsys)
+    assert status == 0, err
+    assert json.loads((only_run_dir(tmp_path / "c") / "config.json").read_text())["data"]["name"] == "digits"
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda saved: saved.update(family={"comm_dtype": "fp4"}), "'family'"),  # a section misplaced at the top
+    (lambda saved: saved.update(seeed=3), "'seeed'"),
+    (lambda saved: saved["config"].update(comm_dtype="fp4"), "comm_dtype"),  # a family field one level too high
+    (lambda saved: saved["data"].update(contxt=4), "'contxt'"),
+    (lambda saved: saved["data"].update(num_train=10), "data.num_train"),
+    (lambda saved: saved["data"].update(split_seed="3"), "data.split_seed"),
+    (lambda saved: saved.update(max_loss="big"), "max_loss"),
+])
+def test_a_misplaced_or_unknown_config_json_key_is_refused_by_name(edit, named, tmp_path, capsys):
+    assert run_cli(["train", *TINY, "--runs-dir", tmp_path / "a"], capsys)[0] == 0
+    path = only_run_dir(tmp_path / "a") / "config.json"
+    saved = json.loads(path.read_text())
+    edit(saved)
+    path.write_text(json.dumps(saved))
+    status, _, err = run_cli(["train", "--config", path, "-q", "--no-plots", "--runs-dir", tmp_path / "b"], capsys)
+    assert status == 2 and named in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+
+def test_a_mnist1d_run_with_its_own_sample_count_resumes(tmp_path, capsys):
+    pytest.importorskip("mnist1d")
+    argv = ["train", *TINY, "--data", "mnist1d", "--num-samples", "300", "--cache-dir", tmp_path / "cache",
+            "--checkpoint-every", "1", "--runs-dir", tmp_path / "runs"]
+    assert run_cli(argv, capsys)[0] == 0
+    run_dir = only_run_dir(tmp_path / "runs")
+    (run_dir / "checkpoints" / "diloco-round000002.json").unlink()
+    status, _, err = run_cli(["train", "--resume", run_dir, "--cache-dir", tmp_path / "cache", "-q", "--no-plots"],
+                             capsys)
+    assert status == 0, err
 
 
 @pytest.mark.parametrize("flags", [["--comm-dtype", "fp4"], ["--fragments", "2"], ["--eager"],

@@ -43,6 +43,7 @@ def refused(argv, capsys, tmp_path, command="train"):
     (["--lr-schedule", "cosine", "--warmup-steps", str(10**9)], "--warmup-steps 1000000000", "at most 6"),
     (["--batch-size", "5000"], "--batch-size 5000", "or less"),
     (["--allow-code-change"], "--allow-code-change", "without --resume"),
+    (["--checkpoint-every", str(10**9)], "--checkpoint-every 1000000000", "at most 2"),
 ])
 def test_a_flag_with_no_effect_is_refused_naming_it_and_the_remedy(flags, names, remedy, capsys, tmp_path):
     line = refused([*QUICK, *flags], capsys, tmp_path)
@@ -95,6 +96,39 @@ def test_a_study_of_a_billion_seeds_is_refused_at_once(capsys, tmp_path):
 def test_rounds_whose_history_cannot_fit_in_memory_are_refused(capsys, tmp_path):
     line = refused([*QUICK[:-6], "--rounds", str(10**12), "-q", "--no-plots"], capsys, tmp_path)
     assert "memory" in line and "available" in line
+
+
+@pytest.mark.parametrize("flags, numbers", [
+    (["--async", "--step-times", "1,1e9"], "1e+09 times"),
+    (["--step-times", "1e308,1e308"], "1e+308 s"),
+    (["--async", "--step-times", "1e308,1e308"], "1e+308 s"),
+    (["--async", "--step-times", "5e-324,1"], "inf times"),
+    (["--async", "-K", "8", "--speed-spread", "1000"], "speed_spread 1000"),
+])
+def test_speeds_the_simulation_cannot_serve_are_refused_at_once(flags, numbers, capsys, tmp_path):
+    start = time.perf_counter()
+    line = refused([*QUICK, *flags], capsys, tmp_path)
+    assert "--step-times" in line and numbers in line, line
+    assert time.perf_counter() - start < 30  # refused before any schedule: the old loop ran for minutes
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_a_thousand_workers_of_a_million_steps_are_refused_on_both_engines_with_the_numbers(engine, capsys,
+                                                                                           tmp_path, monkeypatch):
+    from diloco.tools.cli import preflight
+
+    monkeypatch.setattr(preflight, "available_memory", lambda: 4 * 2**30)  # a 4 GB machine
+    line = refused(["-K", "1000", "-H", "1000000", "--engine", engine, "-q", "--no-plots"], capsys, tmp_path)
+    assert "1,000,000,000 step losses" in line and "available" in line and "-H" in line, line
+
+
+def test_the_fast_engine_counts_k_batches_of_activations():
+    from diloco.tools.cli.preflight import estimate_memory
+
+    config = DiLoCoConfig(num_workers=100, inner_steps=1, hidden_sizes=(512,), batch_size=256)
+    reference, _ = estimate_memory(config, 64, 10, 100, checkpointing=False)
+    fast, _ = estimate_memory(config.replace(engine="fast"), 64, 10, 100, checkpointing=False)
+    assert fast - reference == 8 * 4 * 99 * 256 * (64 + 512 + 10)
 
 
 def test_a_fifty_megabyte_value_is_not_echoed_back(capsys, tmp_path):

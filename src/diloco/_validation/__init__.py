@@ -20,6 +20,7 @@ import numpy as np
 
 __all__ = [
     "FLOAT_DTYPES",
+    "NonFiniteError",
     "milestone",
     "state_type",
     "STATE_TYPES",
@@ -173,11 +174,16 @@ def check_bool(value, name: str) -> bool:
 
 
 def check_seed(value, name: str = "seed") -> int:
-    """A non-negative integer seed (a Python or NumPy int); returned as a Python int."""
+    """A non-negative integer seed below 2**64 (a Python or NumPy int); returned as a Python int.
+
+    The bound is a uint64's: what NumPy's generators, the checkpoints' JSON readers and other
+    tools take as a seed without a second thought. A larger seed is refused, not folded silently."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {shown(value)}")
     if value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {shown(value)}")
+    if value >= 2**64:
+        raise ValueError(f"{name} must be below 2**64 (a 64-bit seed), got {shown(value)}")
     return int(value)
 
 
@@ -219,6 +225,12 @@ def check_probability(value, name: str) -> float:
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # float16 loses too much, longdouble is not portable
 
 
+class NonFiniteError(ValueError):
+    """An array that must be finite holds a NaN or an Inf. Inside a training run it is what
+    divergence produces mid-round (a pseudo-gradient that cannot be encoded, a delta), and
+    the guard (``diloco.core.divergence.Guard.watch``) turns it into ``Diverged``."""
+
+
 def check_float_array(x, name: str, *, ndim: int | None = None, finite: bool = True) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
@@ -229,7 +241,7 @@ def check_float_array(x, name: str, *, ndim: int | None = None, finite: bool = T
     # Fast path: a finite sum proves every entry finite; only a NaN/Inf (or an overflowing
     # sum of finite values) pays for the element-wise check.
     if finite and not np.isfinite(x.sum()) and not np.isfinite(x).all():
-        raise ValueError(f"{name} must contain only finite values (no NaN or Inf)")
+        raise NonFiniteError(f"{name} must contain only finite values (no NaN or Inf)")
     return x
 
 
@@ -295,9 +307,10 @@ def check_mlp_params(params, name: str = "params") -> int:
     return num_layers
 
 
-def check_same_structure(reference, other, ref_name: str, other_name: str) -> None:
-    """``other`` has exactly the keys, shapes and dtype of ``reference``."""
-    if list(other) != list(reference):
+def check_same_structure(reference, other, ref_name: str, other_name: str, *, any_order: bool = False) -> None:
+    """``other`` has exactly the keys, shapes and dtype of ``reference`` (the keys in the same order,
+    unless ``any_order``: for a caller that reads ``other`` key by key)."""
+    if (set(other) != set(reference) or len(other) != len(reference)) if any_order else list(other) != list(reference):
         raise ValueError(
             f"{other_name} must have the same keys as {ref_name} {list(reference)}, got {list(other)}"
         )

@@ -228,7 +228,10 @@ def model_forward(params, x):
 
 @checker()
 def softmax(logits):
-    check_float_array(logits, "logits")
+    # float16 logits are legal here (a row max, an exp of values <= 0 and a sum of C terms cannot
+    # overflow): the result is float16 too. Training keeps refusing float16 (FLOAT_DTYPES).
+    half = isinstance(logits, np.ndarray) and logits.dtype == np.float16
+    check_float_array(logits.astype(np.float32) if half else logits, "logits")
     if logits.ndim == 0 or logits.shape[-1] == 0:
         raise ValueError(f"logits must have a non-empty last axis, got shape {logits.shape}")
 
@@ -259,6 +262,10 @@ def model_backward(params, cache, labels):
             raise ValueError(f"cache must come from model_forward with these params: layer {layer + 1} holds "
                              f"{getattr(inputs, 'shape', None)} -> {getattr(outputs, 'shape', None)}, W{layer + 1} is "
                              f"{weight.shape}")
+        for part, array in (("layer_inputs", inputs), ("pre_activations", outputs)):
+            if array.dtype != weight.dtype:  # an int array as logits, say: model_forward's are the params' dtype
+                raise TypeError(f"cache.{part}[{layer}] must have dtype {weight.dtype} like params (as model_forward "
+                                f"makes it), got {array.dtype}")
     logits = cache.pre_activations[-1]
     if logits.shape[0] == 0:
         raise ValueError("cache must come from a non-empty batch: the mean loss of zero rows is undefined")
@@ -342,7 +349,7 @@ def scale_params(params, scalar):
 def subtract_params(params_a, params_b):
     check_params(params_a, "params_a")
     check_params(params_b, "params_b")
-    check_same_structure(params_a, params_b, "params_a", "params_b")
+    check_same_structure(params_a, params_b, "params_a", "params_b", any_order=True)  # a - b is taken key by key
 
 
 @checker(nested=lambda items, w: [1.0] * len(items) if w is None else finite_sum([float(v) for v in w]))

@@ -62,7 +62,7 @@ def _forward_result(result, *args, **kwargs):
 @result_check("cross_entropy_loss")
 def _loss_result(result, *args, **kwargs):
     require_finite("cross_entropy_loss", "the loss", "the logits", [("", result)],
-                    " (a row's largest minus smallest logit, or the batch's sum of losses, exceeds it)")
+                    " (a row's largest minus smallest logit exceeds it)")
 
 
 @result_check("model_backward")

@@ -10,9 +10,12 @@ parameters must be finite, the pseudo-gradient norm too (DiLoCo), and, with
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
+
+from diloco._validation import NonFiniteError
 
 __all__ = ["Diverged", "Guard", "check_record"]
 
@@ -98,10 +101,21 @@ def _check_eval(algo, record, max_loss) -> None:
 
 class Guard:
     """The divergence guard: every loss finite (and at most ``max_loss``), the pseudo-gradient
-    norm and the parameters finite after the round, the held-out loss too."""
+    norm and the parameters finite after the round, the held-out loss too.
 
-    def __init__(self, algo: str, max_loss: float | None = None) -> None:
-        self.algo, self.max_loss = algo, max_loss
+    ``watch()`` wraps the driver's call: a ``NonFiniteError`` raised mid-round (a pseudo-gradient
+    that no wire format can encode, a non-finite delta) becomes ``Diverged`` naming the round in
+    progress (``first_round``, a resumed run's checkpoint round, plus the rounds finished since)."""
+
+    def __init__(self, algo: str, max_loss: float | None = None, first_round: int = 0) -> None:
+        self.algo, self.max_loss, self.round = algo, max_loss, first_round
+
+    @contextlib.contextmanager
+    def watch(self):
+        try:
+            yield
+        except NonFiniteError as exc:
+            raise Diverged(self.algo, self.round + 1, None, f"a non-finite value mid-round: {exc}") from None
 
     def trained(self, record, trained) -> None:
         params, losses = trained
@@ -125,5 +139,6 @@ class Guard:
 
     def finished(self, record, get_state) -> None:
         check_record(record, self.algo, self.max_loss)
+        self.round = record["round"]
 
 

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco._validation import api_checks, shown
+from diloco._validation import NonFiniteError, api_checks, shown
 from diloco.config_sections import FORMATS
 
 __all__ = ["FORMATS", "BITS", "E2M1_GRID", "Encoded", "encode", "decode", "quantize", "to_bytes", "from_bytes",
@@ -111,7 +111,7 @@ def _check(x, name: str = "x") -> np.ndarray:
     if x.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
     if not np.all(np.isfinite(x)):
-        raise ValueError(f"{name} must be finite (a pseudo-gradient with NaN or inf cannot be encoded)")
+        raise NonFiniteError(f"{name} must be finite (a pseudo-gradient with NaN or inf cannot be encoded)")
     return x
 
 

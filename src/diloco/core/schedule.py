@@ -18,18 +18,25 @@ inner steps ``h`` (1..H) after which something happens, and what: fragment syncs
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 
 from diloco._validation import api_checks
 from diloco.config_sections import PATTERNS
-from diloco.methods.asynchrony import arrival_schedule, draw_step_times, dynamic_local_steps, synchronous_round_time
+from diloco.methods.asynchrony import (
+    arrival_schedule,
+    arrivals_bound,
+    draw_step_times,
+    dynamic_local_steps,
+    synchronous_round_time,
+)
 from diloco.model import Params
 
 __all__ = ["SyncEvent", "fragment_layers", "fragment_keys", "sync_offsets", "sync_steps", "round_plan",
            "merge_step", "event_steps", "ArrivalGroup", "worker_step_times", "worker_local_steps", "async_plan",
-           "synchronous_round_seconds"]
+           "synchronous_round_seconds", "check_speeds"]
 
 
 class SyncEvent(NamedTuple):
@@ -149,6 +156,12 @@ def worker_step_times(config) -> np.ndarray:
                                 spread=section.speed_spread)
     if section.straggler is not None:
         times[section.straggler] *= section.straggler_factor
+    if not (np.all(np.isfinite(times)) and np.all(times > 0)):  # exp(spread z) or the factor left float64
+        what = (f"speed_spread {section.speed_spread:g}" if section.step_times is None
+                else "step_times") + (f" with straggler_factor {section.straggler_factor:g}"
+                                      if section.straggler is not None else "")
+        raise ValueError(f"asynchrony: {what} gives step times of {times.min():.3g} to {times.max():.3g} s, outside "
+                         f"float64's positive finite range: use a smaller spread or factor")
     return times
 
 
@@ -167,30 +180,47 @@ def async_plan(config, comm_time: float = 0.0) -> list[list[ArrivalGroup]]:
     A round ends at the first group boundary where every worker has arrived at least once
     in it, so it spans about one trip of the slowest worker (what a synchronous round
     waits for), and with equal speeds it is one group of all K workers: a DiLoCo round.
+    Its cost is bounded before anything is scheduled (``arrivals_bound``): speeds too far
+    apart for ``MAX_ARRIVALS`` arrivals, or a clock that overflows, raise ``ValueError``.
     """
     num_workers, rounds = config.num_workers, config.rounds
     times, steps = worker_step_times(config), worker_local_steps(config)
-    budget = rounds * num_workers * 2
-    while True:
-        arrivals = arrival_schedule(times, steps, budget, comm_time=comm_time)
-        plan, groups, seen, i, n = [], [], set(), 0, arrivals.worker.size
-        while len(plan) < rounds:
-            j = i
-            while j < n and arrivals.time[j] == arrivals.time[i]:
-                j += 1
-            if j == n:  # the last group may be cut short: schedule more arrivals
-                break
-            groups.append(ArrivalGroup(float(arrivals.time[i]), tuple(int(k) for k in arrivals.worker[i:j]),
-                                       tuple(int(h) for h in arrivals.steps[i:j]),
-                                       tuple(int(v) for v in arrivals.version[i:j])))
-            seen.update(groups[-1].workers)
-            i = j
-            if len(seen) == num_workers:
-                plan.append(groups)
-                groups, seen = [], set()
-        if len(plan) == rounds:
-            return plan
-        budget *= 2
+    budget = arrivals_bound(times, steps, rounds, comm_time=comm_time) + 1  # + 1: the group after the last
+    arrivals = arrival_schedule(times, steps, budget, comm_time=comm_time)
+    plan, groups, seen, i, n = [], [], set(), 0, arrivals.worker.size
+    while len(plan) < rounds:
+        j = i
+        while j < n and arrivals.time[j] == arrivals.time[i]:
+            j += 1
+        if j == n:  # cannot happen within the bound; a loud error, never a loop
+            raise RuntimeError(f"async_plan: {budget:,} arrivals did not make {rounds} rounds")
+        groups.append(ArrivalGroup(float(arrivals.time[i]), tuple(int(k) for k in arrivals.worker[i:j]),
+                                   tuple(int(h) for h in arrivals.steps[i:j]),
+                                   tuple(int(v) for v in arrivals.version[i:j])))
+        seen.update(groups[-1].workers)
+        i = j
+        if len(seen) == num_workers:
+            plan.append(groups)
+            groups, seen = [], set()
+    return plan
+
+
+def check_speeds(config, comm_time: float = 0.0) -> None:
+    """Raise ``ValueError`` (one line, with the numbers) unless the workers' speeds can be simulated:
+    step times in float64's range, a clock that does not overflow, and for an asynchronous run a
+    schedule of at most ``MAX_ARRIVALS`` arrivals (``arrivals_bound``). Cheap: nothing is scheduled."""
+    section = config.asynchrony
+    if not section.simulates_speeds:
+        return
+    times, steps = worker_step_times(config), worker_local_steps(config)
+    if section.asynchronous:
+        arrivals_bound(times, steps, config.rounds, comm_time=comm_time)
+        return
+    with np.errstate(over="ignore"):
+        end = config.rounds * (float(np.max(times * steps)) + comm_time)
+    if not math.isfinite(end):
+        raise ValueError(f"step times of up to {times.max():.3g} s x {config.inner_steps:,} inner steps x "
+                         f"{config.rounds:,} rounds overflow the simulated clock (float64): use shorter step times")
 
 
 def synchronous_round_seconds(config, comm_time: float = 0.0) -> float:

@@ -106,9 +106,11 @@ def family_trainer(algo: str, family: FamilyConfig):
         if algo == "sync":
             config = baseline_config(config)
         hooks = [NetworkTimer(config)] if family.simulates_network else []
-        hooks += [Guard(algo, max_loss), *callbacks(on_round)]
-        return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, rng=rng, encode=encode, executor=executor,
-                     hooks=hooks, sync_fields=algo == "diloco")
+        guard = Guard(algo, max_loss)
+        hooks += [guard, *callbacks(on_round)]
+        with guard.watch():
+            return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, rng=rng, encode=encode,
+                         executor=executor, hooks=hooks, sync_fields=algo == "diloco")
 
     return run
 
@@ -122,9 +124,10 @@ def train_family_mpi(x, y, config: DiLoCoConfig, comm, family: FamilyConfig, *, 
     run; each record also holds ``allreduce_seconds`` (wall time in this rank's
     collectives) and ``mpi_bytes_sent`` (bytes this rank handed MPI for the other ranks).
     """
-    return train("diloco", x, y, config.replace(family=family), x_eval=x_eval, y_eval=y_eval, executor="mpi",
-                 hooks=[Guard("diloco", max_loss), *callbacks(on_round)], comm=comm, timeout=round_timeout,
-                 sync_fields=True)
+    guard = Guard("diloco", max_loss)
+    with guard.watch():
+        return train("diloco", x, y, config.replace(family=family), x_eval=x_eval, y_eval=y_eval, executor="mpi",
+                     hooks=[guard, *callbacks(on_round)], comm=comm, timeout=round_timeout, sync_fields=True)
 
 
 def train_diloco_fast(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=None, y_eval=None, rng=None,

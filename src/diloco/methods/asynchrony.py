@@ -53,7 +53,8 @@ from diloco.model import Params
 from diloco.outer import OuterState, init_outer_optimizer, nesterov_param_update, update_outer_momentum
 from diloco.params import average_params
 
-__all__ = ["Arrivals", "AsyncOuterState", "draw_step_times", "dynamic_local_steps", "arrival_schedule",
+__all__ = ["Arrivals", "AsyncOuterState", "MAX_ARRIVALS", "draw_step_times", "dynamic_local_steps",
+           "arrival_schedule", "arrivals_bound",
            "synchronous_round_time", "init_async_outer", "delayed_nesterov_step",
            "delayed_outer_update"]
 
@@ -150,7 +151,8 @@ def draw_step_times(num_workers: int, rng: np.random.Generator, *, mean: float =
     factor = check_real(straggler_factor, "straggler_factor", low=0.0, low_open=True)
     times = np.full(num_workers, mean)
     if spread > 0:
-        times = mean * np.exp(spread * rng.standard_normal(num_workers))
+        with np.errstate(over="ignore"):  # an overflow to inf is refused where the times are used
+            times = mean * np.exp(spread * rng.standard_normal(num_workers))
     if straggler is not None:
         index = check_nonneg_int(straggler, "straggler")
         if index >= num_workers:
@@ -222,6 +224,45 @@ def arrival_schedule(step_times, local_steps, num_arrivals: int, *, comm_time: f
     return Arrivals(np.array(worker[:num_arrivals], dtype=np.int64), np.array(when[:num_arrivals]),
                     np.array(version[:num_arrivals], dtype=np.int64),
                     steps[np.array(worker[:num_arrivals], dtype=np.int64)].astype(np.int64))
+
+
+# The most arrivals a schedule is built for (``arrivals_bound``): a few MB of event queue, and
+# already more worker trips than a teaching run trains. A speed ratio that needs more is refused.
+MAX_ARRIVALS = 100_000
+
+
+def arrivals_bound(step_times, local_steps, rounds: int, *, comm_time: float = 0.0) -> int:
+    """How many arrivals ``rounds`` rounds can take at most, computed without scheduling them.
+
+    A round (``diloco.core.schedule.async_plan``) ends once every worker has arrived in it,
+    so it lasts at most the slowest trip ``d_max`` (each worker is always working, and its
+    trip ``d_k = H_k c_k + comm_time`` ends within ``d_k`` of any moment); worker k arrives
+    at most ``ceil(d_max / d_k) + 1`` times in it. The bound is ``rounds`` times the sum.
+
+    Raises
+    ------
+    ValueError
+        A trip or the simulated clock of the whole run overflows float64, or the bound
+        exceeds ``MAX_ARRIVALS`` (the speed ratio the schedule cannot serve), with the numbers.
+    """
+    times = _check_times(step_times)
+    steps = _check_steps(local_steps, times)
+    rounds = check_positive_int(rounds, "rounds")
+    comm_time = check_real(comm_time, "comm_time", low=0.0)
+    with np.errstate(over="ignore"):
+        trips = steps * times + comm_time
+        end = 2.0 * rounds * float(trips.max())  # the simulated clock at the end, with room to spare
+    if not (np.all(np.isfinite(trips)) and np.isfinite(end)):
+        raise ValueError(f"step times of {times.max():.3g} s x {int(steps.max()):,} inner steps x {rounds:,} rounds "
+                         f"overflow the simulated clock (float64): use shorter step times")
+    with np.errstate(over="ignore"):
+        ratio = float(trips.max() / trips.min())
+        bound = rounds * float(np.sum(np.ceil(trips.max() / trips) + 1.0))
+    if not bound <= MAX_ARRIVALS:
+        raise ValueError(f"the slowest worker's trip is {ratio:.3g} times the fastest's, so {rounds:,} rounds of "
+                         f"{times.size:,} workers need up to {bound:.3g} arrivals, more than the {MAX_ARRIVALS:,} an "
+                         f"asynchronous schedule is built for: bring the step times closer or use fewer rounds")
+    return int(bound)
 
 
 def synchronous_round_time(step_times, local_steps, *, comm_time: float = 0.0) -> float:

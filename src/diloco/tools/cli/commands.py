@@ -35,6 +35,7 @@ from diloco.core.driver import baseline_config
 from diloco.data import Dataset
 from diloco.evaluation import communication_savings
 from diloco.loop import num_values
+from diloco.tools.cli.config_file import run_file_settings
 from diloco.tools.cli.family_run import check_family, family_summary, print_family, run_with_family
 from diloco.tools.cli.flags import (
     DEFAULT_MAX_LOSS,
@@ -202,13 +203,15 @@ def _new_run(args, command: str, algos: tuple) -> dict:
     data, data_info = load_dataset(args, config.dtype)
     check_run(config, data)  # classes, K against n, memory, the library's own checks
     threads, limit = thread_limit(args, config, data)
-    max_loss = max_loss_flag(args)
+    saved = run_file_settings(args, command)  # --config run/config.json: the run's guard and checkpoints too
+    max_loss = max_loss_flag(args, saved.get("max_loss", DEFAULT_MAX_LOSS))
+    every = args.checkpoint_every or saved.get("checkpoint_every")
     name = f"{command}-{'-'.join(algos) if command == 'train' else data_info['name']}"
     run_dir, history = start_run(args, command, name, config, data_info,
                                  {"algorithms": list(algos), "blas_threads": threads,
-                                  "checkpoint_every": args.checkpoint_every, "max_loss": max_loss})
+                                  "checkpoint_every": every, "max_loss": max_loss})
     return dict(run_dir=run_dir, config=config, data=data, data_info=data_info, history=history, limit=limit,
-                starts={}, checkpoint_every=args.checkpoint_every, max_loss=max_loss, algos=algos, family=family)
+                starts={}, checkpoint_every=every, max_loss=max_loss, algos=algos, family=family)
 
 
 def _resumed_run(args, command: str, algos: tuple) -> dict:
@@ -310,4 +313,5 @@ def run_compare(args) -> int:
 
 
 def run_train(args) -> int:
-    return _run_algorithms(args, "train", (args.algo or "diloco",))
+    algo = args.algo or (None if args.resume else run_file_settings(args, "train").get("algo")) or "diloco"
+    return _run_algorithms(args, "train", (algo,))

@@ -18,7 +18,8 @@ something else:
 * ``--warmup-steps`` above the steps per worker (the decay would never start);
 * ``--batch-size`` above a worker's shard (``n // K`` examples: a batch would repeat
   examples of its shard instead of growing);
-* ``--allow-code-change`` without ``--resume``.
+* ``--allow-code-change`` without ``--resume``;
+* ``--checkpoint-every`` above the run's rounds (no round would reach it).
 
 ``check_data_file(spec)`` refuses a ``--data`` path that is not an ``.npz`` archive,
 saying what the file must hold (``diloco.tools.cli.flags.load_dataset`` calls it before
@@ -30,6 +31,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from diloco.tools.cli.config_file import run_data_name
 from diloco.tools.cli.errors import CliError
 
 __all__ = ["check_flags", "check_data_file", "usable_cores", "LOSSY_FORMATS", "NPZ_CONTENTS"]
@@ -97,7 +99,7 @@ def _check_family(args, config, data) -> None:
 
 
 def _check_data_flags(args, data) -> None:
-    name = _given(args, "data") or "digits"
+    name = _given(args, "data") or run_data_name(args) or "digits"  # --config run/config.json names its data
     if name != "shakespeare":
         for flag in ("context", "eval_windows"):
             if _given(args, flag) is not None:
@@ -133,6 +135,11 @@ def check_flags(args, config, data) -> None:
         raise CliError(f"--warmup-steps {warmup} is more than the run's {config.total_steps:,} steps per worker "
                        f"(rounds x H): the cosine decay would never start (use at most {config.total_steps:,}, "
                        f"or more --rounds)")
+    every = _given(args, "checkpoint_every")
+    if every is not None and every > config.rounds:
+        raise CliError(f"--checkpoint-every {every} is more than the run's {config.rounds:,} rounds, so no round "
+                       f"reaches it (use at most {config.rounds:,}; --checkpoint-every {config.rounds:,} keeps only "
+                       f"the last round's)")
     batch = _given(args, "batch_size")
     shard = len(data.y_train) // max(config.num_workers, 1)
     if batch is not None and shard and batch > shard:

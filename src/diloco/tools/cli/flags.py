@@ -9,7 +9,6 @@ and ``load_dataset`` turn the parsed flags into a config and a dataset, raising
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from diloco.data import (
     load_npz_dataset,
 )
 from diloco.tools.cli.async_flags import add_async_flags, build_async
+from diloco.tools.cli.config_file import DEFAULT_DATA, check_sizes, read_config_file, with_run_data
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.family_flags import add_family_flags, build_family
 from diloco.tools.cli.flag_checks import check_data_file
@@ -105,7 +105,7 @@ def add_execution_flags(parser: argparse.ArgumentParser) -> None:
 
 # The data flags' defaults. The flags themselves default to None, so a resumed run can tell
 # a flag the user gave (which must agree with the run's data) from one left alone.
-DATA_DEFAULTS = {"data": "digits", "split_seed": 0, "test_fraction": 0.2}
+DATA_DEFAULTS = {"data": DEFAULT_DATA, "split_seed": 0, "test_fraction": 0.2}
 
 # A training or held-out cross-entropy above this is divergence (--max-loss). Chance level
 # is ln(C), 2.3 for 10 classes; a mean of 1000 puts e^-1000 on the right class, which no
@@ -188,29 +188,12 @@ def _parse_hidden(text: str) -> tuple[int, ...]:
         raise CliError(f"--hidden-sizes must be comma-separated integers such as 128,64, got {text!r}") from None
 
 
-def _read_config_file(path: str) -> dict:
-    file = Path(path)
-    if not file.is_file():
-        raise CliError(f"config file not found: {path}")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CliError(f"cannot read config file {path}: {exc}") from None
-    except RecursionError:
-        raise CliError(f"cannot read config file {path}: JSON nested too deeply") from None
-    if isinstance(data, dict) and isinstance(data.get("config"), dict):
-        data = data["config"]  # a run folder's config.json
-    if not isinstance(data, dict):
-        raise CliError(f"config file {path} must hold a JSON object, got {type(data).__name__}")
-    return data
-
-
 def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | None = None) -> DiLoCoConfig:
     """The config from (in increasing priority) the defaults (or ``base``), ``--config`` and the flags."""
     try:
         config = base if base is not None else DiLoCoConfig(**(defaults or {}))
         if getattr(args, "config", None):
-            data = _read_config_file(args.config)
+            data = read_config_file(args.config)
             merged = {**config.to_dict(), **data}
             if isinstance(data.get("inner"), dict):
                 merged["inner"] = {**config.inner.to_dict(), **data["inner"]}
@@ -251,8 +234,19 @@ def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | Non
 def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
     """The dataset named by ``--data`` (cast to ``dtype``) and a description for config.json.
 
-    The description records what ``--resume`` needs to load the same data again.
+    The description records what ``--resume`` and ``--config`` need to load the same data
+    again. With ``--config`` a run folder's config.json, each data flag not given comes from
+    its ``"data"`` section, and the sizes it recorded must match what is loaded (unless a
+    flag names other data).
     """
+    args, recorded = with_run_data(args)  # --config run/config.json: its data, unless a flag says otherwise
+    data, info = _load_named_data(args, dtype)
+    if recorded is not None:
+        check_sizes(args.config, recorded, info)
+    return data, info
+
+
+def _load_named_data(args, dtype: str) -> tuple[Dataset, dict]:
     spec, split_seed, test_fraction = (DATA_DEFAULTS[name] if getattr(args, name, None) is None
                                        else getattr(args, name) for name in ("data", "split_seed", "test_fraction"))
     if split_seed < 0:
@@ -264,8 +258,8 @@ def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
             data = load_digits_split(seed=split_seed, test_fraction=test_fraction)
             info = {"name": "digits", "provenance": DIGITS_PROVENANCE}
         elif spec == "mnist1d":
-            num_samples = getattr(args, "num_samples", None) or 5000
-            data = load_mnist1d(cache_dir=args.cache_dir, num_samples=num_samples)
+            num_samples = 5000 if getattr(args, "num_samples", None) is None else args.num_samples
+            data = load_mnist1d(cache_dir=getattr(args, "cache_dir", None), num_samples=num_samples)
             info = {"name": "mnist1d", "provenance": MNIST1D_PROVENANCE, "num_samples": num_samples}
         elif spec == "shakespeare":
             data, info = load_text_dataset(args)

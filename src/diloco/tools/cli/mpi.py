@@ -90,9 +90,11 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
             f"run with mpiexec -n {config.num_workers}"
         )
     hooks = [NetworkTimer(config)] if config.family.simulates_network else []
-    hooks += [Guard(algo, max_loss), *callbacks(on_round)]
-    return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor="mpi", hooks=hooks,
-                 comm=comm, timeout=round_timeout, sync_fields=sync_fields)
+    guard = Guard(algo, max_loss)
+    hooks += [guard, *callbacks(on_round)]
+    with guard.watch():
+        return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor="mpi", hooks=hooks,
+                     comm=comm, timeout=round_timeout, sync_fields=sync_fields)
 
 
 def _positive(text: str) -> float:

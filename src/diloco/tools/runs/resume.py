@@ -31,8 +31,9 @@ from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
 from diloco.data import Dataset
+from diloco.tools.cli.config_file import data_flags, same_data
 from diloco.tools.cli.errors import CliError
-from diloco.tools.cli.flags import DATA_DEFAULTS, build_config, load_dataset
+from diloco.tools.cli.flags import build_config, load_dataset
 from diloco.tools.runs.checkpoint import (
     CheckpointError,
     config_changes,
@@ -122,25 +123,13 @@ def _saved_run(run_dir: Path, command: str) -> dict:
 
 
 def _resumed_data(args, saved: dict, config: DiLoCoConfig) -> tuple[Dataset, dict]:
-    info = saved.get("data") or {}
-    source = info.get("path") or info.get("name") or DATA_DEFAULTS["data"]
-    again = {"data": source, "split_seed": info.get("split_seed", DATA_DEFAULTS["split_seed"]),
-             "test_fraction": info.get("test_fraction", DATA_DEFAULTS["test_fraction"])}
+    again = data_flags(saved.get("data") or {})  # every data flag the run was made with
     for name, value in again.items():
         given = getattr(args, name, None)
-        if given is not None and given != value and not (name == "data" and Path(str(given)).resolve() == Path(
-                str(value)).resolve()):
+        if given is not None and not (same_data(given, value) if name == "data" else given == value):
             flag = "--" + name.replace("_", "-")
             raise CliError(f"--resume: the run used {flag} {value}; a resumed run keeps its data (drop {flag})")
-    text = {}
-    if info.get("name") == "shakespeare":  # the character-level task's own settings, as the run made them
-        for name, default in (("context", 6), ("eval_windows", 8192)):
-            value, given = info.get(name, default), getattr(args, name, None)
-            if given is not None and given != value:
-                flag = "--" + name.replace("_", "-")
-                raise CliError(f"--resume: the run used {flag} {value}; a resumed run keeps its data (drop {flag})")
-            text[name] = value
-    return load_dataset(Namespace(**again, **text, cache_dir=getattr(args, "cache_dir", None)), config.dtype)
+    return load_dataset(Namespace(**again, cache_dir=getattr(args, "cache_dir", None)), config.dtype)
 
 
 def plan_resume(args, command: str, algos: tuple) -> ResumePlan:

@@ -128,9 +128,11 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
             on_checkpoint(path, round_index)
 
     hooks = [NetworkTimer(config)] if config.family.simulates_network else []
-    hooks.append(Guard(algo, max_loss))
+    guard = Guard(algo, max_loss, start.round if start is not None else 0)
+    hooks.append(guard)
     if on_round is not None:
         hooks.append(Callback(on_round))
     hooks.append(Checkpointing(due, save))
-    return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor=executor_of(config),
-                 hooks=hooks, start=start)
+    with guard.watch():  # a non-finite pseudo-gradient mid-round is divergence too
+        return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode,
+                     executor=executor_of(config), hooks=hooks, start=start)
