@@ -9,6 +9,7 @@ import pytest
 
 from diloco.tools.cli.commands import savings_sentence
 from diloco.tools.cli.errors import Parser, closest_flag
+from diloco.tools.cli.invocation import program
 from diloco.tools.cli.main import build_parser, main
 
 
@@ -35,7 +36,7 @@ def test_a_typo_is_reported_against_its_sub_command_with_the_closest_flag(argv, 
     line = usage_error(argv, capsys)
     assert line.startswith(f"{prog}: error: unrecognized arguments: {typo}"), line
     assert f"did you mean {suggestion}?" in line, line
-    assert f"see '{prog} --help'" in line
+    assert f"see '{program()}{prog.removeprefix('diloco')} --help'" in line
 
 
 def test_a_prefix_is_never_taken_for_the_full_flag(tmp_path, capsys):
@@ -66,7 +67,7 @@ def test_several_typos_get_one_suggestion_each_and_nonsense_none(capsys):
     line = usage_error(["compare", "--round", "3", "--seeed", "2"], capsys)
     assert "did you mean --rounds for --round, --seed for --seeed?" in line, line
     line = usage_error(["train", "--bogus"], capsys)
-    assert line == "diloco train: error: unrecognized arguments: --bogus (see 'diloco train --help')"
+    assert line == f"diloco train: error: unrecognized arguments: --bogus (see '{program()} train --help')"
 
 
 def test_a_mistyped_sub_command_or_study_name_is_suggested(capsys):
@@ -79,7 +80,7 @@ def test_a_mistyped_sub_command_or_study_name_is_suggested(capsys):
 
 def test_a_flag_before_the_sub_command_is_the_top_levels(capsys):
     line = usage_error(["--quiet", "compare"], capsys)
-    assert line == "diloco: error: unrecognized arguments: --quiet (see 'diloco --help')", line
+    assert line == f"diloco: error: unrecognized arguments: --quiet (see '{program()} --help')", line
 
 
 @pytest.mark.parametrize("flag, known, expected", [
