@@ -113,8 +113,8 @@ X, Y = np.zeros((10, 4)), np.arange(10) % 2
 @pytest.mark.parametrize("argv, message", [
     (["compare", "--bogus"], "unrecognized arguments: --bogus"),
     (["compare", "--rounds", "abc"], "invalid int value: 'abc'"),
-    (["compare", "--rounds", "0"], "DiLoCoConfig.rounds must be a positive int"),
-    (["compare", "--outer-momentum", "1.5"], "outer_momentum"),
+    (["compare", "--rounds", "0"], "--rounds must be a positive int"),
+    (["compare", "--outer-momentum", "1.5"], "--outer-momentum must be < 1.0"),
     (["compare", "--hidden-sizes", "a,b"], "--hidden-sizes must be comma-separated integers"),
     (["train", "--algo", "adam"], "invalid choice: 'adam'"),
     (["study", "nonsense"], "invalid choice: 'nonsense'"),
@@ -136,7 +136,7 @@ def test_usage_errors_print_one_line_and_exit_2(argv, message, tmp_path, capsys)
 @pytest.mark.parametrize("content, message", [
     ("{not json", "cannot read config file"),
     ('{"num_workers": 2, "wormers": 3}', "unknown field(s) ['wormers']"),
-    ('{"inner": {"lr": -1}}', "AdamWConfig.lr must be > 0"),
+    ('{"inner": {"lr": -1}}', "inner.lr must be > 0"),
     ("[1, 2]", "must hold a JSON object"),
 ])
 def test_bad_config_file(content, message, tmp_path, capsys):

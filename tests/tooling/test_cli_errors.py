@@ -4,8 +4,10 @@ reported against the sub-command it belongs to; and the summary's savings senten
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
+from cli_helpers import run_cli
 
 from diloco.tools.cli.commands import savings_sentence
 from diloco.tools.cli.errors import Parser, closest_flag
@@ -112,3 +114,42 @@ def test_compare_with_h_1_prints_as_often(tmp_path, capsys):
     out = capsys.readouterr().out
     assert status == 0
     assert "as often as the synchronous baseline (H = 1)" in out and "1x less often" not in out, out
+
+
+# --- messages in the user's words ---------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, line", [
+    (["-K", "0"], "-K/--num-workers must be a positive int, got 0"),
+    (["--lr", "-1"], "--lr must be > 0.0, got -1.0"),
+    (["--outer-momentum", "1.5"], "--outer-momentum must be < 1.0, got 1.5"),
+    (["--inner-optimizer", "muon", "--muon-lr", "-1"], "--muon-lr must be > 0.0, got -1.0"),
+    (["--topk", "2"], "--topk must be <= 1.0, got 2.0"),
+    (["--async", "--step-times", "1,0"], "--step-times (value 2) must be > 0.0, got 0.0"),
+    (["--hidden-sizes", "64,,32"], "--hidden-sizes has an empty width in '64,,32'"),
+    (["--hidden-sizes", "64,"], "--hidden-sizes has an empty width in '64,'"),
+])
+def test_a_bad_value_is_named_by_its_flag_not_the_config_field(argv, line, tmp_path, capsys):
+    status, _, err = run_cli(["train", *argv, "--runs-dir", tmp_path], capsys)
+    assert status == 2 and err.startswith(f"diloco train: error: {line}"), err
+    assert "Config" not in err and not list(tmp_path.iterdir())
+
+
+def test_an_empty_hidden_sizes_is_no_hidden_layer(tmp_path, capsys):
+    status, _, err = run_cli(["train", "--hidden-sizes", "", "--rounds", "1", "-H", "1", "-K", "2", "-q",
+                              "--no-plots", "--runs-dir", tmp_path], capsys)
+    assert status == 0, err
+    assert json.loads(next(tmp_path.iterdir()).joinpath("config.json").read_text())["config"]["hidden_sizes"] == []
+
+
+@pytest.mark.parametrize("content, line", [
+    ({"num_worker": 4}, "top level: unknown field(s) ['num_worker']; did you mean 'num_workers' for 'num_worker'?"),
+    ({"inner": {"lrr": 1}}, "inner: unknown field(s) ['lrr']; did you mean 'lr' for 'lrr'?"),
+    ({"family": {"top_k": 0.1}}, "family: unknown field(s) ['top_k']; did you mean 'topk' for 'top_k'?"),
+    ({"num_workers": 0}, "num_workers must be a positive int, got 0"),
+    ({"zzzz": 1}, "top level: unknown field(s) ['zzzz']; known fields are ['alpha', "),
+])
+def test_a_config_file_mistake_names_the_file_and_its_key_with_a_suggestion(content, line, tmp_path, capsys):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(content))
+    status, _, err = run_cli(["train", "--config", path, "--runs-dir", tmp_path], capsys)
+    assert status == 2 and err.startswith(f"diloco train: error: --config {path}: {line}"), err
