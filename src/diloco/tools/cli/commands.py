@@ -47,6 +47,7 @@ from diloco.tools.cli.flags import (
     load_dataset,
 )
 from diloco.tools.cli.paper_flags import add_paper_study_flags
+from diloco.tools.cli.plot_command import save_run_pictures
 from diloco.tools.cli.preflight import check_run
 from diloco.tools.cli.run_setup import (
     check_plotting,
@@ -270,14 +271,10 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
         }
         write_json(run_dir / "summary.json", summary)
         plots = []
-        if not args.no_plots:
-            from diloco.tools.studies.plots import save_run_plots
-
+        if not args.no_plots:  # the same pictures as `diloco plot RUN_DIR` (diloco.tools.cli.plot_command)
             with late_step(run_dir / "summary.json", summary, "plots"):  # stays "completed", says "plots": failed
-                plots = save_run_plots({algo: history.for_algo(algo) for algo in algos}, run_dir,
-                                       title=f"{data_info['name']}, K={config.num_workers}, "
-                                             f"H={config.inner_steps}",
-                                       left="eval_perplexity" if data.encode is not None else "eval_loss")
+                plots = save_run_pictures({algo: history.for_algo(algo) for algo in algos}, run_dir, config,
+                                          data_info)
     _print_table(summary, savings["savings_factor"])
     print_family(family_extra)
     if "diloco" in algos:
