@@ -25,7 +25,8 @@ a = np.zeros(64)
 optim.adamw_update_numba(a.copy(), a.copy(), a.copy(), a + 1.0, 1, AdamWConfig())
 dW, columns, dz = np.zeros((2, 10, 4)), np.zeros((2, 3, 2), dtype=np.int64), np.ones((2, 3, 4))
 stack._scatter_kernel()(dW, columns, dz)
-stats = {name: kernel.stats for name, kernel in (("adamw", optim._numba_kernel()), ("scatter", stack._scatter_kernel()))}
+kernels = {"adamw": optim._numba_kernel(), "scatter": stack._scatter_kernel()}
+stats = {name: kernel.stats for name, kernel in kernels.items()}
 print(json.dumps({name: [sum(s.cache_hits.values()), sum(s.cache_misses.values())] for name, s in stats.items()}))
 """
 
