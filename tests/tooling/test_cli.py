@@ -8,6 +8,7 @@ stderr and exit with status 2; a Ctrl-C must keep what was already written.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -276,3 +277,18 @@ def test_python_dash_m_diloco_subprocess(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "diloco", "compare", "--bogus"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unrecognized arguments" in bad.stderr
+
+
+def test_resuming_a_completed_run_says_it_is_complete_and_writes_nothing(tmp_path, capsys):
+    status, out, err = run_cli(["compare", *TINY, "--no-plots", "--runs-dir", tmp_path], capsys)
+    assert status == 0, err
+    run_dir = only_run_dir(tmp_path)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
+    table = [line for line in out.splitlines() if re.match(r"(DiLoCo|sync) +\d", line)]  # the table's rows
+    status, again, err = run_cli(["compare", "--resume", run_dir], capsys)
+    assert status == 0, err
+    assert again.startswith(f"{run_dir} is already complete (diloco 2 of 2 rounds, sync 2 of 2 rounds): "
+                            f"nothing to resume, nothing written"), again
+    assert [line for line in again.splitlines() if re.match(r"(DiLoCo|sync) +\d", line)] == table  # its wall time
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
+    assert after == before
