@@ -420,14 +420,15 @@ def time_to(history, bandwidth, target=0.6, step_time=0.01):
     return times[0] if times else np.nan
 
 
+never = [name for name, history in arms.items() if min(r["eval_loss"] for r in history) > 0.6]
 fig, ax = plt.subplots(figsize=(6, 4))
 for name, history in arms.items():
-    ax.plot([parse_bandwidth(b) for b in bandwidths], [time_to(history, b) for b in bandwidths], "o-", label=name)
+    if name not in never:  # an arm with no point would still take a place in the legend
+        ax.plot([parse_bandwidth(b) for b in bandwidths], [time_to(history, b) for b in bandwidths], "o-", label=name)
 ax.set(xscale="log", yscale="log", xlabel="bandwidth (bit/s)", ylabel="simulated seconds to loss 0.6",
-       title="time to target against bandwidth")
+       title="time to target against bandwidth" + (f"\\n(never at loss 0.6: {', '.join(never)})" if never else ""))
 ax.legend()
 plt.show()
-never = [name for name, history in arms.items() if min(r["eval_loss"] for r in history) > 0.6]
 print(f"never at loss 0.6 within {config.rounds} rounds:", ", ".join(never) or "none")"""),
     ("md", """## Exercises
 

@@ -12,6 +12,7 @@ the same reason; ``diloco.core.comm`` and ``diloco.core.quantize`` import them.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,10 @@ def check_known_fields(cls, data, what: str) -> None:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
+        guesses = {name: difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.6) for name in unknown}
+        hints = [f"{guess[0]!r} for {name!r}" for name, guess in guesses.items() if guess]
+        if hints:  # a typo: the nearest field, not the whole list
+            raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; did you mean {', '.join(hints)}?")
         raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}")
 
 

@@ -8,6 +8,7 @@ stderr and exit with status 2; a Ctrl-C must keep what was already written.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -113,8 +114,8 @@ X, Y = np.zeros((10, 4)), np.arange(10) % 2
 @pytest.mark.parametrize("argv, message", [
     (["compare", "--bogus"], "unrecognized arguments: --bogus"),
     (["compare", "--rounds", "abc"], "invalid int value: 'abc'"),
-    (["compare", "--rounds", "0"], "DiLoCoConfig.rounds must be a positive int"),
-    (["compare", "--outer-momentum", "1.5"], "outer_momentum"),
+    (["compare", "--rounds", "0"], "--rounds must be a positive int"),
+    (["compare", "--outer-momentum", "1.5"], "--outer-momentum must be < 1.0"),
     (["compare", "--hidden-sizes", "a,b"], "--hidden-sizes must be comma-separated integers"),
     (["train", "--algo", "adam"], "invalid choice: 'adam'"),
     (["study", "nonsense"], "invalid choice: 'nonsense'"),
@@ -136,7 +137,7 @@ def test_usage_errors_print_one_line_and_exit_2(argv, message, tmp_path, capsys)
 @pytest.mark.parametrize("content, message", [
     ("{not json", "cannot read config file"),
     ('{"num_workers": 2, "wormers": 3}', "unknown field(s) ['wormers']"),
-    ('{"inner": {"lr": -1}}', "AdamWConfig.lr must be > 0"),
+    ('{"inner": {"lr": -1}}', "inner.lr must be > 0"),
     ("[1, 2]", "must hold a JSON object"),
 ])
 def test_bad_config_file(content, message, tmp_path, capsys):
@@ -276,3 +277,18 @@ def test_python_dash_m_diloco_subprocess(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "diloco", "compare", "--bogus"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unrecognized arguments" in bad.stderr
+
+
+def test_resuming_a_completed_run_says_it_is_complete_and_writes_nothing(tmp_path, capsys):
+    status, out, err = run_cli(["compare", *TINY, "--no-plots", "--runs-dir", tmp_path], capsys)
+    assert status == 0, err
+    run_dir = only_run_dir(tmp_path)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
+    table = [line for line in out.splitlines() if re.match(r"(DiLoCo|sync) +\d", line)]  # the table's rows
+    status, again, err = run_cli(["compare", "--resume", run_dir], capsys)
+    assert status == 0, err
+    assert again.startswith(f"{run_dir} is already complete (diloco 2 of 2 rounds, sync 2 of 2 rounds): "
+                            f"nothing to resume, nothing written"), again
+    assert [line for line in again.splitlines() if re.match(r"(DiLoCo|sync) +\d", line)] == table  # its wall time
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
+    assert after == before

@@ -4,11 +4,14 @@ reported against the sub-command it belongs to; and the summary's savings senten
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
+from cli_helpers import run_cli
 
 from diloco.tools.cli.commands import savings_sentence
 from diloco.tools.cli.errors import Parser, closest_flag
+from diloco.tools.cli.invocation import program
 from diloco.tools.cli.main import build_parser, main
 
 
@@ -35,7 +38,7 @@ def test_a_typo_is_reported_against_its_sub_command_with_the_closest_flag(argv, 
     line = usage_error(argv, capsys)
     assert line.startswith(f"{prog}: error: unrecognized arguments: {typo}"), line
     assert f"did you mean {suggestion}?" in line, line
-    assert f"see '{prog} --help'" in line
+    assert f"see '{program()}{prog.removeprefix('diloco')} --help'" in line
 
 
 def test_a_prefix_is_never_taken_for_the_full_flag(tmp_path, capsys):
@@ -66,7 +69,7 @@ def test_several_typos_get_one_suggestion_each_and_nonsense_none(capsys):
     line = usage_error(["compare", "--round", "3", "--seeed", "2"], capsys)
     assert "did you mean --rounds for --round, --seed for --seeed?" in line, line
     line = usage_error(["train", "--bogus"], capsys)
-    assert line == "diloco train: error: unrecognized arguments: --bogus (see 'diloco train --help')"
+    assert line == f"diloco train: error: unrecognized arguments: --bogus (see '{program()} train --help')"
 
 
 def test_a_mistyped_sub_command_or_study_name_is_suggested(capsys):
@@ -79,7 +82,7 @@ def test_a_mistyped_sub_command_or_study_name_is_suggested(capsys):
 
 def test_a_flag_before_the_sub_command_is_the_top_levels(capsys):
     line = usage_error(["--quiet", "compare"], capsys)
-    assert line == "diloco: error: unrecognized arguments: --quiet (see 'diloco --help')", line
+    assert line == f"diloco: error: unrecognized arguments: --quiet (see '{program()} --help')", line
 
 
 @pytest.mark.parametrize("flag, known, expected", [
@@ -111,3 +114,42 @@ def test_compare_with_h_1_prints_as_often(tmp_path, capsys):
     out = capsys.readouterr().out
     assert status == 0
     assert "as often as the synchronous baseline (H = 1)" in out and "1x less often" not in out, out
+
+
+# --- messages in the user's words ---------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, line", [
+    (["-K", "0"], "-K/--num-workers must be a positive int, got 0"),
+    (["--lr", "-1"], "--lr must be > 0.0, got -1.0"),
+    (["--outer-momentum", "1.5"], "--outer-momentum must be < 1.0, got 1.5"),
+    (["--inner-optimizer", "muon", "--muon-lr", "-1"], "--muon-lr must be > 0.0, got -1.0"),
+    (["--topk", "2"], "--topk must be <= 1.0, got 2.0"),
+    (["--async", "--step-times", "1,0"], "--step-times (value 2) must be > 0.0, got 0.0"),
+    (["--hidden-sizes", "64,,32"], "--hidden-sizes has an empty width in '64,,32'"),
+    (["--hidden-sizes", "64,"], "--hidden-sizes has an empty width in '64,'"),
+])
+def test_a_bad_value_is_named_by_its_flag_not_the_config_field(argv, line, tmp_path, capsys):
+    status, _, err = run_cli(["train", *argv, "--runs-dir", tmp_path], capsys)
+    assert status == 2 and err.startswith(f"diloco train: error: {line}"), err
+    assert "Config" not in err and not list(tmp_path.iterdir())
+
+
+def test_an_empty_hidden_sizes_is_no_hidden_layer(tmp_path, capsys):
+    status, _, err = run_cli(["train", "--hidden-sizes", "", "--rounds", "1", "-H", "1", "-K", "2", "-q",
+                              "--no-plots", "--runs-dir", tmp_path], capsys)
+    assert status == 0, err
+    assert json.loads(next(tmp_path.iterdir()).joinpath("config.json").read_text())["config"]["hidden_sizes"] == []
+
+
+@pytest.mark.parametrize("content, line", [
+    ({"num_worker": 4}, "top level: unknown field(s) ['num_worker']; did you mean 'num_workers' for 'num_worker'?"),
+    ({"inner": {"lrr": 1}}, "inner: unknown field(s) ['lrr']; did you mean 'lr' for 'lrr'?"),
+    ({"family": {"top_k": 0.1}}, "family: unknown field(s) ['top_k']; did you mean 'topk' for 'top_k'?"),
+    ({"num_workers": 0}, "num_workers must be a positive int, got 0"),
+    ({"zzzz": 1}, "top level: unknown field(s) ['zzzz']; known fields are ['alpha', "),
+])
+def test_a_config_file_mistake_names_the_file_and_its_key_with_a_suggestion(content, line, tmp_path, capsys):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(content))
+    status, _, err = run_cli(["train", "--config", path, "--runs-dir", tmp_path], capsys)
+    assert status == 2 and err.startswith(f"diloco train: error: --config {path}: {line}"), err

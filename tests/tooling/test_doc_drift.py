@@ -40,8 +40,9 @@ def commands(text: str) -> list[tuple[int, str]]:
     """``(line, command)`` for every command a Markdown page shows.
 
     Shell blocks: every command of every line (comments dropped, ``&&`` / ``;`` / ``|``
-    split). Other blocks (a program's output): what follows ``rerun:``, ``next:`` or
-    ``or:``. Prose: every inline code span.
+    split). Other blocks (a program's output): a line typed at a prompt (``$ ...``), and
+    what follows ``rerun:``, ``next:``, ``or:`` or ``with:`` (the interrupt's ``--resume``
+    line) or sits in ``(see '...')`` (a usage error's hint). Prose: every inline code span.
     """
     found: list[tuple[int, str]] = []
     fence = None
@@ -58,7 +59,10 @@ def commands(text: str) -> list[tuple[int, str]]:
                 code = re.sub(r"(^|\s)#.*$", "", line)
                 found += [(number, part.strip()) for part in re.split(r"&&|;|\|", code) if part.strip()]
             else:
-                for shown in re.findall(r"\b(?:rerun|next|or):\s+(.+?)(?:\)|\s{2,}|$)", line):
+                if line.startswith("$ "):
+                    found.append((number, line[2:].split(" & ")[0].strip()))
+                found += [(number, hint) for hint in re.findall(r"\(see '([^']+)'\)", line)]
+                for shown in re.findall(r"\b(?:rerun|next|or|with):\s+(.+?)(?:\)|\s{2,}|$)", line):
                     found += [(number, part.strip()) for part in shown.split("&&") if part.strip()]
             continue
         found += [(number, span.strip()) for span in re.findall(r"`([^`\n]+)`", line)]
@@ -87,6 +91,10 @@ def test_the_scanner_catches_a_bare_command():
     text = ("Run `pytest -m m04`.\n\n```bash\ncd ws && diloco grade  # progress\n```\n\n"
             "```text\n  rerun: python -m x\n```\n")
     assert [c for _, c in commands(text) if needs_activation(c)] == ["pytest -m m04", "diloco grade", "python -m x"]
+    output = ("```\n$ diloco train -q & sleep 1\nx: error: y (see 'diloco train --help')\n"
+              "x: interrupted; continue from round 3 with: diloco train --resume runs/r\n```\n")
+    assert [c for _, c in commands(output) if needs_activation(c)] == [
+        "diloco train -q", "diloco train --help", "diloco train --resume runs/r"]
     assert not needs_activation("diloco grade: error: no package") and not needs_activation("diloco.milestones")
     assert not needs_activation(".venv/bin/python -m pytest -m m07") and not needs_activation("make test M=m07")
 

@@ -33,6 +33,7 @@ from cli_helpers import TINY, only_run_dir, run_cli
 
 from diloco.core import sync
 from diloco.tools.cli import commands
+from diloco.tools.cli.invocation import program
 from diloco.tools.runs import folders as runs
 from diloco.tools.runs.folders import JsonlWriter, read_jsonl
 
@@ -302,8 +303,10 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path):
         proc.kill()
     assert proc.returncode == 143
     run_dir = only_run_dir(tmp_path)
-    assert one_line(err) == ("diloco train: interrupted by SIGTERM; files already written are kept; continue with: "
-                             f"diloco train --resume {run_dir}")
+    saved = len(read_jsonl(run_dir / "history.jsonl"))  # the last finished round is saved at the signal
+    assert one_line(err) == (f"diloco train: interrupted by SIGTERM; round {saved} of 100000 is saved; continue from "
+                             f"round {saved + 1} with: {program()} train --resume {run_dir}")
+    assert (run_dir / "checkpoints" / f"diloco-round{saved:06d}.json").is_file()
     summary = summary_of(run_dir)
     assert summary["status"] == "interrupted" and summary["signal"] == "SIGTERM"
     assert summary["algorithms"]["diloco"]["rounds_completed"] >= 2

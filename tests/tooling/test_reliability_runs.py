@@ -126,12 +126,14 @@ def test_a_signal_mid_run_is_interrupted_with_the_resume_command_that_finishes_i
     name = signal.Signals(sig).name
     assert proc.returncode == 128 + sig
     line, = err.strip().splitlines()
-    assert line.startswith(f"diloco train: interrupted by {name}; files already written are kept; continue with: ")
+    saved = len(read_jsonl(run_dir / "history.jsonl"))
+    assert line.startswith(f"diloco train: interrupted by {name}; round {saved} of 12 is saved; continue from "
+                           f"round {saved + 1} with: ")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["signal"] == name
-    command = shlex.split(line.split("continue with: ")[1])
-    assert command[:3] == ["diloco", "train", "--resume"] and (tmp_path / command[3]).resolve() == run_dir.resolve()
-    resumed = subprocess.run([sys.executable, "-m", "diloco", *command[1:], "-q", "--no-plots"], cwd=tmp_path,
+    command = shlex.split(line.split(" with: ")[1])
+    assert command[-3:-1] == ["train", "--resume"] and (tmp_path / command[-1]).resolve() == run_dir.resolve()
+    resumed = subprocess.run([*command, "-q", "--no-plots"], cwd=tmp_path,  # as printed
                              env=ENV, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     want = read_jsonl(next((tmp_path / "clean").iterdir()) / "history.jsonl")

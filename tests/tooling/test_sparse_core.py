@@ -224,9 +224,9 @@ def test_the_flags_train_compare_and_config_round_trip(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--topk", "1.5"], "topk must be"), (["--topk", "0.1", "--topk-chunk", "0"], "topk_chunk"),
-    (["--topk", "0.1", "--topk-bits", "4"], "topk_bits must be one of"),
-    (["--topk", "0.1", "--topk-transform", "dct"], "topk_chunk must be <= 1024"),
+    (["--topk", "1.5"], "--topk must be"), (["--topk", "0.1", "--topk-chunk", "0"], "--topk-chunk must be"),
+    (["--topk", "0.1", "--topk-bits", "4"], "--topk-bits must be one of"),
+    (["--topk", "0.1", "--topk-transform", "dct"], "--topk-chunk must be <= 1024"),
     (["--topk-chunk", "64"], "set topk too"), (["--topk", "0.1", "--comm-block", "8"], "--comm-block 8 has no effect"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(flags, message, tmp_path, capsys):

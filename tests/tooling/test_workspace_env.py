@@ -1,9 +1,14 @@
 """A workspace's environment is small: `make test` and `make grade` install the `grade` extra
-(pytest and Hypothesis beside NumPy), pinned by the constraints file, not the 500 MB dev set."""
+(pytest and Hypothesis beside NumPy), pinned by the constraints file, not the 500 MB dev set;
+and `make workspace` installs nothing, so the workspace's first `make grade` is a learner's
+only install."""
 
 from __future__ import annotations
 
+import filecmp
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,6 +62,32 @@ def test_a_workspace_installs_the_grade_extra_with_the_constraints(tmp_path):
         assert re.search(rf"^{target}: \$\(VENV\)/\.installed$", makefile, re.M), f"make {target} needs more than grade"
     assert (workspace / "constraints.txt").read_text() == (ROOT / "constraints.txt").read_text()
     assert "$(if $(CONSTRAINTS),-c $(CONSTRAINTS),)" in makefile
+
+
+def test_make_workspace_installs_nothing_and_writes_the_same_workspace(tmp_path):
+    """``make workspace`` on a Python with nothing installed (no NumPy, no pip): the workspace of
+    ``diloco workspace create``, file for file; the target depends on no install."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    python = bare / "bin" / "python"
+    assert subprocess.run([python, "-c", "import numpy"], capture_output=True).returncode != 0
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^workspace:\s*$", makefile, re.M), "make workspace must depend on no install"
+    done = subprocess.run(["make", "-s", "-C", str(ROOT), "workspace", f"WS={tmp_path / 'ws'}", f"PYTHON={python}"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"next: cd {tmp_path / 'ws'} && make grade" in done.stdout
+    reference = create_workspace(tmp_path / "reference")
+    compared = filecmp.dircmp(tmp_path / "ws", reference)
+
+    def same(cmp) -> bool:
+        return not (cmp.left_only or cmp.right_only or cmp.diff_files or cmp.funny_files) and all(
+            same(sub) for sub in cmp.subdirs.values())
+
+    assert same(compared)
+    again = subprocess.run([python, str(ROOT / "scripts" / "create_workspace.py"), str(tmp_path / "ws")],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already exists and is not empty" in again.stderr  # never overwritten
 
 
 def test_the_constraints_pin_every_package_of_the_dev_environment():

@@ -11,6 +11,7 @@ import argparse
 
 from diloco.config_sections import AsyncConfig
 from diloco.tools.cli.errors import CliError
+from diloco.tools.cli.flag_names import in_flag_words
 
 __all__ = ["add_async_flags", "build_async"]
 
@@ -51,4 +52,4 @@ def build_async(args, defaults: dict | None = None) -> AsyncConfig:
     try:
         return AsyncConfig.from_dict(changes)
     except (TypeError, ValueError) as exc:
-        raise CliError(f"invalid asynchrony setting: {exc}") from None
+        raise CliError(in_flag_words(str(exc))) from None

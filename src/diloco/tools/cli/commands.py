@@ -48,6 +48,7 @@ from diloco.tools.cli.flags import (
     load_dataset,
 )
 from diloco.tools.cli.paper_flags import add_paper_study_flags
+from diloco.tools.cli.plot_command import save_run_pictures
 from diloco.tools.cli.preflight import check_run
 from diloco.tools.cli.run_setup import (
     check_plotting,
@@ -58,7 +59,7 @@ from diloco.tools.cli.run_setup import (
     thread_limit,
 )
 from diloco.tools.runs.faults import late_step, quiet_numpy, run_outcome
-from diloco.tools.runs.folders import HistoryWriter, atomic_write_bytes, write_json
+from diloco.tools.runs.folders import HistoryWriter, atomic_write_bytes, read_json, write_json
 from diloco.tools.runs.resume import CHECKPOINT_DIR, plan_resume, record_code_change
 from diloco.tools.runs.training import train_resumable
 from diloco.tools.studies.ablations import STUDIES, TRAINERS, format_bytes
@@ -214,9 +215,27 @@ def _new_run(args, command: str, algos: tuple) -> dict:
                 starts={}, checkpoint_every=every, max_loss=max_loss, algos=algos, family=family)
 
 
-def _resumed_run(args, command: str, algos: tuple) -> dict:
-    """A stopped run's folder, checked (``plan_resume``), its history cut back to its checkpoints."""
+def _already_complete(plan) -> bool:
+    """Every algorithm's last round is checkpointed and ``summary.json`` says "completed": nothing to do."""
+    if any(start is None or start.round < start.config.rounds for start in plan.starts.values()):
+        return False
+    try:
+        summary = read_json(plan.run_dir / "summary.json")
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("status") == "completed" and "algorithms" in summary
+
+
+def _resumed_run(args, command: str, algos: tuple) -> dict | None:
+    """A stopped run's folder, checked (``plan_resume``), its history cut back to its checkpoints;
+    None (and the run's saved table) when the run is already complete."""
     plan = plan_resume(args, command, algos)
+    if _already_complete(plan):
+        summary = read_json(plan.run_dir / "summary.json")
+        rounds = ", ".join(f"{a} {s.round} of {s.config.rounds} rounds" for a, s in plan.starts.items())
+        print(f"{plan.run_dir} is already complete ({rounds}): nothing to resume, nothing written. Its results:")
+        _print_table(summary, summary.get("communication", {}).get("savings_factor", 1.0))
+        return None
     for algo in plan.algos:
         resolve_trainer(algo, plan.config)
     check_plotting(args)
@@ -242,6 +261,8 @@ def _resumed_run(args, command: str, algos: tuple) -> dict:
 def _run_algorithms(args, command: str, algos: tuple) -> int:
     make_bar = progress_factory(args.quiet)
     run = _resumed_run(args, command, algos) if args.resume else _new_run(args, command, algos)
+    if run is None:  # a completed run "resumed"
+        return 0
     run_dir, config, data, data_info, history = (run[k] for k in ("run_dir", "config", "data", "data_info",
                                                                    "history"))
     algos = run["algos"]
@@ -273,14 +294,10 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
         }
         write_json(run_dir / "summary.json", summary)
         plots = []
-        if not args.no_plots:
-            from diloco.tools.studies.plots import save_run_plots
-
+        if not args.no_plots:  # the same pictures as `diloco plot RUN_DIR` (diloco.tools.cli.plot_command)
             with late_step(run_dir / "summary.json", summary, "plots"):  # stays "completed", says "plots": failed
-                plots = save_run_plots({algo: history.for_algo(algo) for algo in algos}, run_dir,
-                                       title=f"{data_info['name']}, K={config.num_workers}, "
-                                             f"H={config.inner_steps}",
-                                       left="eval_perplexity" if data.encode is not None else "eval_loss")
+                plots = save_run_pictures({algo: history.for_algo(algo) for algo in algos}, run_dir, config,
+                                          data_info)
     _print_table(summary, savings["savings_factor"])
     print_family(family_extra)
     if "diloco" in algos:

@@ -43,7 +43,9 @@ class Parser(argparse.ArgumentParser):
       sub-command it belongs to (``diloco train: error: ...``), never the top level.
     * No abbreviations (``allow_abbrev=False``): ``--round`` is not silently taken as
       ``--rounds``; it is an error that suggests the closest flag.
-    * An unknown flag or sub-command gets a "did you mean" suggestion (``difflib``).
+    * An unknown flag or sub-command gets a "did you mean" suggestion (``difflib``), and the
+      ``--help`` command to see them all, as the user can run it from where they stand
+      (``diloco.tools.cli.invocation``).
 
     Sub-parsers made by ``add_subparsers().add_parser`` are of this class too, so all of
     this holds for every sub-command's flags.
@@ -98,4 +100,11 @@ class Parser(argparse.ArgumentParser):
             matches = difflib.get_close_matches(choice["value"], options, n=1)
             if matches:
                 message += f"; did you mean '{matches[0]}'?"
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"{self.prog}: error: {message} (see '{help_command(self.prog)}')\n")
+
+
+def help_command(prog: str) -> str:
+    """``.venv/bin/diloco train --help`` for the parser ``diloco train``, as runnable from here."""
+    from diloco.tools.cli.invocation import command
+
+    return command(" ".join([*prog.split()[1:], "--help"]))

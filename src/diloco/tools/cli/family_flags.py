@@ -14,6 +14,7 @@ from diloco.config_sections import PATTERNS, TRANSFORMS, WIRE_FIELDS, FamilyConf
 from diloco.core.netsim import parse_bandwidth, parse_duration
 from diloco.core.quantize import FORMATS
 from diloco.tools.cli.errors import CliError
+from diloco.tools.cli.flag_names import in_flag_words
 
 __all__ = ["add_family_flags", "build_family"]
 
@@ -73,7 +74,7 @@ def build_family(args, defaults: dict | None = None) -> FamilyConfig:
             changes["step_time"] = parse_duration(args.step_time)
         family = FamilyConfig(**changes)
     except (TypeError, ValueError) as exc:
-        raise CliError(f"invalid family setting: {exc}") from None
+        raise CliError(in_flag_words(str(exc))) from None
     if not family.simulates_network and (family.latency or family.step_time):
         raise CliError("--latency and --step-time need --bandwidth (they configure the simulated network)")
     return family

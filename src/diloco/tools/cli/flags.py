@@ -26,6 +26,7 @@ from diloco.tools.cli.config_file import DEFAULT_DATA, check_sizes, read_config_
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.family_flags import add_family_flags, build_family
 from diloco.tools.cli.flag_checks import check_data_file
+from diloco.tools.cli.flag_names import in_config_words, in_flag_words
 from diloco.tools.cli.paper_flags import add_mechanism_flags, add_text_flags, load_text_dataset, mechanism_changes
 
 __all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "MUON_FLAGS", "DATA_DEFAULTS", "DEFAULT_MAX_LOSS", "add_config_flags",
@@ -181,11 +182,29 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
 # --- configuration and data ----------------------------------------------------------------
 
 def _parse_hidden(text: str) -> tuple[int, ...]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
+    """``"128,64"`` -> ``(128, 64)``; ``""`` -> ``()`` (no hidden layer). An empty item
+    (``64,,32``, ``64,``) is refused, never dropped: it is a typo, not a width."""
+    if not text.strip():
+        return ()
+    parts = [p.strip() for p in text.split(",")]
+    if "" in parts:
+        raise CliError(f"--hidden-sizes has an empty width in {text!r}; write comma-separated integers such as "
+                       f"128,64 (or '' for no hidden layer)")
     try:
         return tuple(int(p) for p in parts)
     except ValueError:
         raise CliError(f"--hidden-sizes must be comma-separated integers such as 128,64, got {text!r}") from None
+
+
+def in_users_words(message: str, args) -> str:
+    """A config error as the user gave the value: the flag (``-K/--num-workers must be ...``),
+    or, for a value read from ``--config FILE``, the file and its key."""
+    config_file = getattr(args, "config", None)
+    if not config_file:
+        return in_flag_words(message)
+    given = {dest for dest, value in vars(args).items() if value is not None and value is not False}
+    worded = in_flag_words(message, given)
+    return worded if worded != message else f"--config {config_file}: {in_config_words(message)}"
 
 
 def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | None = None) -> DiLoCoConfig:
@@ -228,7 +247,7 @@ def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | Non
             changes["asynchrony"] = asynchrony
         return config.replace(**changes) if changes else config
     except (TypeError, ValueError) as exc:
-        raise CliError(f"invalid config: {exc}") from None
+        raise CliError(in_users_words(str(exc), args)) from None
 
 
 def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:

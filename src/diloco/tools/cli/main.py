@@ -16,7 +16,7 @@ import contextlib
 import sys
 
 from diloco import stop_signals
-from diloco.tools.cli import commands
+from diloco.tools.cli import commands, plot_command
 from diloco.tools.cli.errors import CliError, Parser
 from diloco.tools.grading import grader as grading
 from diloco.tools.runs.faults import describe_os_error, settle_runs, shorten, stop_message
@@ -26,7 +26,7 @@ from diloco.tools.workspace import create as workspace
 __all__ = ["main", "build_parser", "CliError"]
 
 # Modules that contribute sub-commands, in help order.
-_COMMAND_MODULES = (commands, workspace, grading)
+_COMMAND_MODULES = (commands, plot_command, workspace, grading)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -136,11 +136,10 @@ def run_study_command(args) -> int:
                 f"inner AdamW `{json.dumps(config.inner.to_dict())}`.\n\n"
                 f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n{table}"))
             if not args.no_plots:
-                from diloco.tools.studies.plots import plot_curves, plot_study, save_figure
+                from diloco.tools.studies.plots import plot_curves, plot_study, save_figure, study_curve_axis
 
                 save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), run_dir / "study.png")
-                x_axis = "bytes" if study.name == "inner-steps" else "step"
-                save_figure(plot_curves(mean_curves(history.records), x=x_axis,
+                save_figure(plot_curves(mean_curves(history.records), x=study_curve_axis(study.name),
                                         title=f"{study.title}: mean over {len(seeds)} seeds"),
                             run_dir / "study_curves.png")
     finally:

@@ -26,7 +26,9 @@ draw the batches they would have drawn without the interruption.
 
 Both files are written atomically (``diloco.tools.runs.folders.atomic_write_bytes``), the
 manifest only once the arrays are on disk, so a kill at any moment leaves the previous
-checkpoint intact and the new one either complete or without a manifest (ignored).
+checkpoint intact and the new one either complete or without a manifest (ignored, and
+removed by the next save). An error or a signal (``KeyboardInterrupt``) in the middle of
+a write removes what it had written: the temporary file and arrays without a manifest.
 The newest ``keep`` checkpoints are kept. ``load_checkpoint`` refuses, with
 ``CheckpointError`` saying which file and why, a checkpoint that is truncated,
 corrupted, of another format version, or made with another config, data or algorithm;
@@ -176,7 +178,6 @@ SHA-256 besides the ``.npz``'s; only then are older
     np.savez(buffer, **arrays)
     blob = buffer.getvalue()
     stem = _stem(algo, round_index)
-    atomic_write_bytes(directory / f"{stem}.npz", blob)
     manifest = {
         "format": FORMAT, "version": FORMAT_VERSION, "algo": algo, "round": int(round_index),
         "created": datetime.now().isoformat(timespec="seconds"),
@@ -194,9 +195,23 @@ SHA-256 besides the ``.npz``'s; only then are older
     }
     manifest["manifest_sha256"] = manifest_digest(manifest)
     manifest_path = directory / f"{stem}.json"
-    atomic_write_text(manifest_path, json.dumps(manifest, indent=1, allow_nan=False) + "\n")
+    text = json.dumps(manifest, indent=1, allow_nan=False) + "\n"
+    _write_pair(directory / f"{stem}.npz", blob, manifest_path, text)
     _prune(directory, algo, keep)
     return manifest_path
+
+
+def _write_pair(npz_path: Path, blob: bytes, manifest_path: Path, text: str) -> None:
+    """The arrays, then the manifest; an error or a signal between them (or during the
+    manifest) removes the new arrays again, so no file without its manifest is left."""
+    had_arrays = npz_path.exists()  # the same round written again (an interrupt's save): keep the old pair
+    atomic_write_bytes(npz_path, blob)
+    try:
+        atomic_write_text(manifest_path, text)
+    except BaseException:
+        if not had_arrays:
+            npz_path.unlink(missing_ok=True)
+        raise
 
 
 def _prune(directory: Path, algo: str, keep: int) -> None:

@@ -6,7 +6,8 @@ Once a run folder exists, ``run_outcome`` turns every way a run can end early in
 ========================  ===============  ===========  ==============================
 what happened             status           exit status  the line says
 ========================  ===============  ===========  ==============================
-SIGINT, SIGTERM, SIGHUP   ``interrupted``  128 + n      the signal, the ``--resume`` line
+SIGINT, SIGTERM, SIGHUP   ``interrupted``  128 + n      the signal, the round saved, the
+                                                        ``--resume`` line
 non-finite or huge loss   ``diverged``     3            round, worker, quantity
 ``OSError`` (disk full,   ``failed``       2            the file and the OS's reason
 read-only, name too long)
@@ -28,7 +29,6 @@ message says what they would have said, and where.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shlex
 import signal
@@ -39,12 +39,13 @@ import numpy as np
 
 from diloco.stop_signals import Stopped, Terminated, exit_status
 from diloco.tools.cli.errors import CliError
+from diloco.tools.cli.invocation import command, shown_path
 from diloco.tools.runs.atomic_files import read_json, write_json
 from diloco.tools.runs.run_lock import free_reserves, held_runs
 from diloco.tools.runs.training import Diverged
 
 __all__ = ["Terminated", "Stopped", "quiet_numpy", "describe_os_error", "run_outcome", "DIVERGED_STATUS",
-           "settle_runs", "stop_message", "late_step", "shorten", "ECHO_LIMIT"]
+           "settle_runs", "stop_message", "resume_line", "late_step", "shorten", "ECHO_LIMIT"]
 
 DIVERGED_STATUS = 3  # the exit status of a diverged run
 ECHO_LIMIT = 200  # characters of a value echoed back in a message
@@ -74,26 +75,50 @@ def _signal_of(exc: BaseException) -> tuple[int, str]:
     return signum, signal.Signals(signum).name
 
 
-def _shown(path: Path) -> str:
+def _saved_rounds(run_dir: Path) -> tuple[dict, int | None]:
+    """({algo: the round of its newest checkpoint, 0 for none}, the run's rounds) of a train/compare folder."""
+    from diloco.tools.runs.checkpoint import latest_checkpoint
+
     try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        relative = str(path)
-    return shlex.quote(relative if not relative.startswith("..") else str(path))
+        saved = read_json(run_dir / "config.json")
+        algos, rounds = list(saved["algorithms"]), saved["config"].get("rounds")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}, None
+    found = {}
+    for algo in algos:
+        manifest = latest_checkpoint(run_dir / "checkpoints", algo) if algo in ("diloco", "sync") else None
+        found[algo] = int(manifest.stem.rsplit("round", 1)[1]) if manifest is not None else 0
+    return found, rounds
 
 
-def stop_message(command: str, exc: BaseException) -> tuple[int, str]:
+def resume_line(run_dir: Path, made_by: str) -> str:
+    """What ``--resume`` of a stopped run will do, and the command: ``round 25 of 200 is saved; continue
+    from round 26 with: .venv/bin/diloco train --resume runs/x``. A run with no finished round
+    restarts, and the line says so (it never says "continue" then)."""
+    found, rounds = _saved_rounds(run_dir)
+    again = command(f"{made_by} --resume {shlex.quote(shown_path(run_dir))}")
+    if not any(found.values()):
+        return f"no round had finished, so nothing was saved; start it again with: {again}"
+    of = f" of {rounds}" if rounds else ""
+    if len(found) == 1:
+        (done,) = found.values()
+        return f"round {done}{of} is saved; continue from round {done + 1} with: {again}"
+    parts = ", ".join(f"{algo} after round {done}{of}" if done else f"{algo} from round 1"
+                      for algo, done in found.items())
+    return f"saved: continue ({parts}) with: {again}"
+
+
+def stop_message(command_name: str, exc: BaseException) -> tuple[int, str]:
     """(exit status 128 + n, the one line) for a command stopped by a signal."""
     signum, name = _signal_of(exc)
     runs = held_runs()
-    line = f"diloco {command}: interrupted by {name}"
+    line = f"diloco {command_name}: interrupted by {name}"
     if not runs:
         return exit_status(signum), f"{line} before its run folder was made; nothing was written"
-    resumable = [f"diloco {made_by} --resume {_shown(path)}" for path, made_by in runs.items()
-                 if made_by in ("train", "compare")]
+    resumable = [resume_line(path, made_by) for path, made_by in runs.items() if made_by in ("train", "compare")]
     if resumable:
-        return exit_status(signum), f"{line}; files already written are kept; continue with: {' && '.join(resumable)}"
-    folders = ", ".join(_shown(path) for path in runs)
+        return exit_status(signum), f"{line}; {'; '.join(resumable)}"
+    folders = ", ".join(shlex.quote(shown_path(path)) for path in runs)
     return exit_status(signum), f"{line}; files already written are kept in {folders} (a study does not resume: " \
                                 f"run it again)"
 

@@ -25,6 +25,7 @@ exactly the records an uninterrupted run would have written after them.
 
 from __future__ import annotations
 
+import shlex
 from argparse import Namespace
 from pathlib import Path
 from typing import NamedTuple
@@ -34,6 +35,8 @@ from diloco.data import Dataset
 from diloco.tools.cli.config_file import data_flags, same_data
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, load_dataset
+from diloco.tools.cli.invocation import command as cli_command
+from diloco.tools.cli.invocation import shown_path
 from diloco.tools.runs.checkpoint import (
     CheckpointError,
     config_changes,
@@ -117,8 +120,8 @@ def _saved_run(run_dir: Path, command: str) -> dict:
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict) or not saved.get("algorithms"):
         raise CliError(f"--resume: {run_dir / 'config.json'} is not a train or compare run's config.json")
     if saved.get("command") != command:
-        raise CliError(f"--resume: {run_dir} was made by 'diloco {saved.get('command')}'; resume it with "
-                       f"'diloco {saved.get('command')} --resume'")
+        again = cli_command(f"{saved.get('command')} --resume {shlex.quote(shown_path(run_dir))}")
+        raise CliError(f"--resume: {run_dir} was made by 'diloco {saved.get('command')}'; resume it with: {again}")
     return saved
 
 

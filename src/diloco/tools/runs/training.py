@@ -10,7 +10,11 @@ fast executor). ``checkpoint_dir=D, checkpoint_every=N`` writes a checkpoint
 ends with exactly the params and history of a run that was never interrupted.
 
 The guard, the callback, the checkpoints and the simulated network are the driver's hooks
-(``diloco.core.hooks``), so every algorithm and executor has them. The guard checks, after
+(``diloco.core.hooks``), so every algorithm and executor has them. The checkpoint hook
+(``KeepLastRound``) keeps a copy of the last finished round's state; when a signal
+(``KeyboardInterrupt``: SIGINT, SIGTERM, SIGHUP) stops the run mid-round, that round is
+written as a checkpoint before the interrupt goes on, so ``resume_from`` continues
+after it even without ``checkpoint_every``. The guard checks, after
 every round, that the losses, the pseudo-gradient and the parameters are finite (and,
 with ``max_loss``, that no loss exceeds it), then the held-out loss. A failure raises
 ``Diverged``, which names the round, the worker and the quantity; no checkpoint is
@@ -19,6 +23,7 @@ written for the bad round, so the last good one stays.
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -26,10 +31,47 @@ import numpy as np
 
 from diloco.core.divergence import Diverged, check_record
 from diloco.core.driver import RunState, train
-from diloco.core.hooks import Callback, Checkpointing, Guard, NetworkTimer
+from diloco.core.hooks import Callback, Guard, NetworkTimer
 from diloco.tools.runs.checkpoint import Checkpoint, data_fingerprint, load_checkpoint, save_checkpoint
+from diloco.tools.runs.checkpoint_records import generator_state, restore_generator
 
-__all__ = ["Diverged", "train_resumable", "check_record", "executor_of", "state_of_checkpoint"]
+__all__ = ["Diverged", "train_resumable", "check_record", "executor_of", "state_of_checkpoint", "KeepLastRound"]
+
+
+def frozen(state: RunState) -> RunState:
+    """``state`` detached from the running driver: the generator, history and family state copied.
+
+    The driver goes on using its generator (``spawn`` moves it), its history list and
+    its family state after the round; the params and optimizer states are new arrays
+    every round (the executors' ``snapshot``), so they are shared, not copied.
+    """
+    return state._replace(rng=restore_generator(generator_state(state.rng)), history=list(state.history),
+                          extra=copy.deepcopy(state.extra))
+
+
+class KeepLastRound:
+    """The checkpoint hook: ``save(round, state)`` after the rounds ``due(round)`` selects, and a
+    copy of every finished round's state, so ``save_last()`` can write it when a signal stops
+    the next round (``train_resumable``)."""
+
+    def __init__(self, due, save) -> None:
+        self.due, self.save = due, save
+        self.last, self.saved = None, None  # the last finished round's state; the round last on disk
+
+    def finished(self, record, get_state) -> None:
+        self.last = frozen(get_state())  # one assignment: a signal before it leaves the previous round
+        if self.due(record["round"]):
+            self.save(record["round"], self.last)
+            self.saved = record["round"]
+
+    def save_last(self) -> int | None:
+        """Write the last finished round unless it is on disk already; return its round (None: none finished)."""
+        if self.last is None:
+            return None
+        if self.saved != self.last.round:
+            self.save(self.last.round, self.last)
+            self.saved = self.last.round
+        return self.last.round
 
 
 def executor_of(config) -> str:
@@ -66,7 +108,9 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
         Where checkpoints go; None writes none.
     checkpoint_every : int >= 1, optional
         With ``checkpoint_dir``: a checkpoint after every this many rounds; the last round
-        is always checkpointed (the final params and states). Default: only the last.
+        is always checkpointed (the final params and states). Default: only the last. A
+        ``KeyboardInterrupt`` (a signal) during a round also writes the last finished round
+        first, so the work done is kept whatever ``checkpoint_every`` is.
     resume_from : path or Checkpoint, optional
         A checkpoint folder (its newest checkpoint of ``algo``) or a manifest. Training
         continues after its round; the checkpoint must have been made with this exact
@@ -85,6 +129,8 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
 
     Raises
     ------
+    KeyboardInterrupt
+        Passed on, after the last finished round is written (with ``checkpoint_dir``).
     Diverged
         A non-finite value (or a loss above ``max_loss``); names round, worker, quantity.
     diloco.tools.runs.checkpoint.CheckpointError
@@ -113,9 +159,8 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
         if checkpoint_dir is None:
             checkpoint_dir = checkpoint.path.parent
 
-    def due(round_index) -> bool:
-        return checkpoint_dir is not None and (
-            round_index == config.rounds or (checkpoint_every is not None and round_index % checkpoint_every == 0))
+    def due(round_index) -> bool:  # every checkpoint_every rounds, and the last
+        return round_index == config.rounds or (checkpoint_every is not None and round_index % checkpoint_every == 0)
 
     def save(round_index, state: RunState) -> None:
         starts = None
@@ -132,7 +177,13 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
     hooks.append(guard)
     if on_round is not None:
         hooks.append(Callback(on_round))
-    hooks.append(Checkpointing(due, save))
-    with guard.watch():  # a non-finite pseudo-gradient mid-round is divergence too
-        return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode,
-                     executor=executor_of(config), hooks=hooks, start=start)
+    checkpoints = KeepLastRound(due, save) if checkpoint_dir is not None else None
+    try:
+        with guard.watch():  # a non-finite pseudo-gradient mid-round is divergence too
+            return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode,
+                         executor=executor_of(config), hooks=hooks + [checkpoints] * (checkpoints is not None),
+                         start=start)
+    except KeyboardInterrupt:  # a signal mid-round: the last finished round goes to disk, then the signal goes on
+        if checkpoints is not None:
+            checkpoints.save_last()
+        raise

@@ -233,8 +233,9 @@ def run_async_study(args) -> int:
                "config": config.to_dict(), "horizon_seconds": horizon, "seeds": seeds, "rows": rows,
                "claims": judge_claims(claims(), rows, task), "time_to_target": _time_to_target(outcomes, rows),
                "seconds": time.perf_counter() - started, "command": " ".join(command)}
-    write_study(run_dir, summary, f"Asynchronous DiLoCo ({task})", render_block(summary),
-                getattr(args, "export", None), f"beyond-async-{task}{_suffix(config)}")
+    export = getattr(args, "export", None)
+    write_study(run_dir, summary, f"Asynchronous DiLoCo ({task})", render_block(summary, export), export,
+                f"beyond-async-{task}{_suffix(config)}", plots=not args.no_plots)
     return 0
 
 
@@ -270,14 +271,17 @@ def _time_table(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_block(summary: dict) -> str:
-    """The page's block for one task: the command, the arms, the claims, the time to target."""
+def render_block(summary: dict, export="docs/assets/results") -> str:
+    """The page's block for one task: the command (with ``--export EXPORT`` when given: the
+    results page's files are exported, a run folder's study.md says what was run), the
+    arms, the claims, the time to target."""
     config = summary["config"]
     speeds = config["asynchrony"]
     horizon = summary["horizon_seconds"]
     horizon = (f"{horizon:g} simulated seconds" if not isinstance(horizon, list) else
                "the seed's own time (" + ", ".join(f"{h:.0f}" for h in horizon) + " simulated seconds)")
-    return (f"Command: `.venv/bin/{summary['command']} --export docs/assets/results` "
+    command = summary["command"] + (f" --export {export}" if export else "")
+    return (f"Command: `.venv/bin/{command}` "
             f"({summary['seconds'] / 60:.1f} min of wall time, one process). K = {config['num_workers']}, "
             f"H = {config['inner_steps']}, speeds "
             f"{_speeds(speeds, config['num_workers'])}; every arm is compared at T = {horizon}, "

@@ -307,8 +307,9 @@ def run_muon_study(args) -> int:
         "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
         "command": command,
     }
-    write_study(run_dir, summary, f"MuLoCo in miniature ({task})", render_section(summary),
-                getattr(args, "export", None), f"beyond-muon-{task}")
+    export = getattr(args, "export", None)
+    write_study(run_dir, summary, f"MuLoCo in miniature ({task})", render_section(summary, export), export,
+                f"beyond-muon-{task}", plots=not args.no_plots)
     return 0
 
 
@@ -326,13 +327,15 @@ def _gap_text(stats, relative: bool) -> str:
     return interval_text(stats)
 
 
-def render_section(summary: dict) -> str:
-    """Markdown for one task: the tuning grid, the arms, the claims, the gap claims."""
+def render_section(summary: dict, export="docs/assets/results") -> str:
+    """Markdown for one task: the command (``--export EXPORT`` only when given), the tuning
+    grid, the arms, the claims, the gap claims."""
     field, name = metric_of(summary["task"])
     cost = f"{summary['seconds'] / 60:.1f} min wall-clock"
     if summary.get("cpu_seconds") is not None:
         cost += f", {summary['cpu_seconds'] / 60:.1f} min of CPU"
-    lines = [f"Command: `.venv/bin/{summary['command']} --export docs/assets/results` "
+    command = summary["command"] + (f" --export {export}" if export else "")
+    lines = [f"Command: `.venv/bin/{command}` "
              f"({cost}, one process on a shared 2-core machine). Seeds {summary['seeds']}, "
              f"{summary['steps_per_worker']} steps per worker, H={summary['config']['inner_steps']}, "
              f"hidden sizes {summary['config']['hidden_sizes']}.", "",

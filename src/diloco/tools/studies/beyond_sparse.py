@@ -200,7 +200,7 @@ def run_sparse_study(args) -> int:
                "claims": judge_claims(sparse_claims(arms), rows, task),
                "seconds": time.perf_counter() - started, "command": command}
     write_study(run_dir, summary, f"Sparse outer gradients ({task})", render_block(summary),
-                getattr(args, "export", None), f"beyond-sparse-{task}")
+                getattr(args, "export", None), f"beyond-sparse-{task}", plots=not args.no_plots)
     return 0
 
 

@@ -339,14 +339,14 @@ def run_family_study_command(args) -> int:
         f"Seeds: {seeds}. Base config: `{json.dumps(base)}`; family flags `{json.dumps(family.to_dict())}`.\n\n"
         f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n{table}"))
     if not args.no_plots:
-        from diloco.tools.studies.plots import plot_curves, plot_study, save_figure
+        from diloco.tools.studies.plots import plot_curves, plot_study, save_figure, study_curve_axis
 
         save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), run_dir / "study.png")
         if export:  # the bandwidth study's page shows its time to target, the others their final metrics
             save_figure(plot_time_to_target(summary["bandwidth"], values, target) if study.name == "bandwidth"
                         else plot_study(rows, title=study.title, xlabel=study.xlabel),
                         Path(export) / f"family-{study.name}.png")
-        save_figure(plot_curves(mean_curves(history.records), x="bytes" if study.name == "compression" else "step",
+        save_figure(plot_curves(mean_curves(history.records), x=study_curve_axis(study.name),
                                 title=f"{study.name}: held-out curves, mean over {len(seeds)} seeds"),
                     run_dir / "study_curves.png")
         if study.name == "bandwidth":

@@ -186,15 +186,23 @@ def plot_paper_study(summary: dict):
 
     field, name = metric_of(summary["task"])
     to_metric = np.exp if field == "eval_perplexity" else (lambda v: v)
-    fig = Figure(figsize=(12, 4.2))
+    from diloco.tools.studies.plots import log_where_decades
+
+    fig = Figure(figsize=(12, 4.4), layout="constrained")
     curves, finals = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    xs, ys = [], []
+    shown = name.removeprefix("held-out ")
     for row in summary["rows"]:
         steps = [point[0] for point in row["curve"]]
-        curves.plot(steps, to_metric(np.array([point[1] for point in row["curve"]])), label=row["arm"],
+        values = to_metric(np.array([point[1] for point in row["curve"]]))
+        curves.plot(steps, values, label=row["arm"],
                     linestyle="--" if row["algo"] == "sync" else "-", marker="o" if len(steps) <= 3 else None)
-    curves.set_xlabel("inner steps per worker")
-    curves.set_ylabel(f"held-out {name}")
-    curves.set_title(f"{summary['reference']}: {summary['title']}")
+        xs, ys = xs + steps, ys + list(values)
+    # Arms of 5,000 and 40,000 steps, a perplexity from 27 down to 6: log axes, or the curves hug a corner.
+    log_x = log_where_decades(curves, "x", xs, at_least=2.0)
+    log_y = log_where_decades(curves, "y", ys, at_least=0.5)
+    curves.set_xlabel("inner steps per worker" + (" (log scale)" if log_x else ""))
+    curves.set_ylabel(f"held-out {shown}" + (" (log scale)" if log_y else ""))
     curves.legend(fontsize=7)
     labels = [row["arm"] for row in summary["rows"]]
     means = [row[field]["mean"] for row in summary["rows"]]
@@ -205,9 +213,11 @@ def plot_paper_study(summary: dict):
     low = min(m - e for m, e in zip(means, errors, strict=True))
     high = max(m + e for m, e in zip(means, errors, strict=True))
     finals.set_xlim(low - 0.1 * (high - low + 1e-9), high + 0.1 * (high - low + 1e-9))
-    finals.set_xlabel(f"final held-out {name}, mean and 95% CI over {len(summary['seeds'])} seeds")
-    fig.suptitle(f"{summary['task']}, {summary['steps_per_worker']} steps per worker", fontsize=9)
-    fig.tight_layout()
+    finals.set_xlabel(f"final held-out {shown}, mean and 95% CI over {len(summary['seeds'])} seeds")
+    budget = (f"{summary['steps_per_worker']} steps per worker" if "steps_per_worker" in summary
+              else "at equal simulated time" if "horizon_seconds" in summary else "")
+    fig.suptitle(f"{summary['reference']}: {summary['title']}\n"
+                 + ", ".join(part for part in (summary["task"], budget) if part), fontsize=10)
     return fig
 
 

@@ -248,12 +248,20 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
     return [by_label[arm.label] for arm in arms], tuning
 
 
-def write_study(run_dir: Path, summary: dict, title: str, table: str, export, export_name: str) -> None:
-    """A study's outputs: ``summary.json`` and ``study.md`` (``# title`` then ``table``) in
-    ``run_dir``; with ``export`` (a folder, or None) also ``export/<export_name>.json``; then
-    the table and the run folder on standard output."""
+def write_study(run_dir: Path, summary: dict, title: str, table: str, export, export_name: str, *,
+                plots: bool = True) -> None:
+    """A study's outputs: ``summary.json``, ``study.md`` (``# title`` then ``table``) and, with
+    ``plots``, ``study.png`` (each arm's curve and final value,
+    ``diloco.tools.studies.paper_command.plot_paper_study``) in ``run_dir``; with ``export``
+    (a folder, or None) also ``export/<export_name>.json``; then the table and the run
+    folder on standard output."""
     write_json(run_dir / "summary.json", summary)
     atomic_write_text(run_dir / "study.md", f"# {title}\n\n{table}")
+    if plots:
+        from diloco.tools.studies.paper_command import plot_paper_study
+        from diloco.tools.studies.plots import save_figure
+
+        save_figure(plot_paper_study(summary), run_dir / "study.png")
     if export:
         target = Path(export)
         target.mkdir(parents=True, exist_ok=True)

@@ -9,13 +9,21 @@ returned figure displays itself).
   (log axis), one line per algorithm, all on the same axes.
 * ``plot_study``: a study's final held-out loss and accuracy per variant, mean with a
   95% interval over seeds.
+* ``log_where_decades``: an axis goes to a log scale when its data spans decades (a loss
+  from 2.3 down to 0.05, steps from 50 to 40,000), so no curve is squashed into a corner.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["require_matplotlib", "plot_curves", "plot_study", "save_figure", "save_run_plots"]
+__all__ = ["require_matplotlib", "plot_curves", "plot_study", "save_figure", "save_run_plots", "log_where_decades",
+           "decades", "study_curve_axis"]
+
+def study_curve_axis(study: str) -> str:
+    """The x axis of a study's curves: bytes where the study varies what is sent, steps otherwise."""
+    return "bytes" if study in ("inner-steps", "compression") else "step"
+
 
 _X_AXES = {
     "round": ("round", "outer round (synchronisation)", False),
@@ -63,6 +71,29 @@ def save_figure(fig, path) -> Path:
     return atomic_write_bytes(path, buffer.getvalue())
 
 
+def decades(values) -> float:
+    """``log10(max / min)`` of the positive finite ``values`` (0 with fewer than two)."""
+    import math
+
+    kept = [float(v) for v in values if v is not None and math.isfinite(v) and v > 0]
+    return math.log10(max(kept) / min(kept)) if len(kept) > 1 else 0.0
+
+
+def log_where_decades(ax, axis: str, values, at_least: float = 1.0, formatter=None) -> bool:
+    """Put ``ax``'s ``axis`` ("x" or "y") on a log scale when ``values`` span ``at_least`` decades,
+    labelled 0.2, 0.5, 1, 2, 5 (or by ``formatter(value)``), not 2 x 10^-1."""
+    if decades(values) < at_least:
+        return False
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    scale = ax.xaxis if axis == "x" else ax.yaxis
+    scale.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=15))
+    scale.set_major_formatter(FuncFormatter(lambda value, _pos: formatter(value) if formatter else f"{value:g}"))
+    scale.set_minor_formatter(NullFormatter())
+    return True
+
+
 def _label(name: str) -> str:
     return {"diloco": "DiLoCo", "sync": "synchronous baseline"}.get(name, name)
 
@@ -88,7 +119,7 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str
     if x not in _X_AXES:
         raise ValueError(f"x must be one of {sorted(_X_AXES)}, got {x!r}")
     Figure = require_matplotlib()
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    from matplotlib.ticker import MaxNLocator
 
     from diloco.tools.studies.study_stats import format_bytes
 
@@ -96,6 +127,7 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str
     fig = Figure(figsize=(10, 4), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2)
     styles = _line_styles(histories)
+    drawn = []
     for name, records in histories.items():
         points = [r for r in records if r.get("eval_loss") is not None and (not log or (r.get(key) or 0) > 0)]
         if not points:
@@ -103,19 +135,21 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str
         xs = [r[key] for r in points]
         style = {**styles[name], "label": _label(name), "marker": "o" if len(xs) <= 30 else None, "markersize": 3}
         ax_loss.plot(xs, [r[left] for r in points], **style)
+        drawn += [r[left] for r in points]
         ax_acc.plot(xs, [r["eval_accuracy"] for r in points], **style)
     left_label = "held-out perplexity" if left == "eval_perplexity" else "held-out loss (cross-entropy)"
     for ax, ylabel in ((ax_loss, left_label), (ax_acc, "held-out accuracy")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3, which="both")
-        if log:
-            ax.set_xscale("log")
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: format_bytes(value)))  # as the CLI prints
+        if log:  # bytes, as the CLI prints them
+            log_where_decades(ax, "x", [1.0, 10.0], formatter=format_bytes)
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds and steps are whole numbers
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
+    if log_where_decades(ax_loss, "y", drawn):  # a loss falling by 10x or more: every part of the curve shows
+        ax_loss.set_ylabel(f"{left_label} (log scale)")
     if title:
         fig.suptitle(title)
     return fig
