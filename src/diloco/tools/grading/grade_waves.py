@@ -2,7 +2,8 @@
 
 ``make_workdir`` lays out a wave's folder (the copied plugin, a ``pytest.ini``, the
 environment); ``probe_import`` / ``probe_sandbox`` check which ``diloco`` the tests will
-see; ``run_wave`` runs the milestone tests of one wave and returns the plugin's records;
+see; ``run_wave`` runs the milestone tests of one wave, each milestone within its own time
+budget, and returns the plugin's records;
 ``unreported`` names collected tests that never reported an outcome.
 """
 
@@ -14,13 +15,14 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from diloco.tools.sandbox.box import Sandbox, SandboxError, missing, protections
 
 __all__ = ["GRADER_ROOT", "GradingError", "Workdir", "grader_folders", "kill_leftovers", "make_workdir",
-           "probe_import", "probe_sandbox", "run_wave", "unreported"]
+           "probe_import", "probe_sandbox", "run_wave", "unreported", "STARTUP_LIMIT"]
 
 
 class GradingError(Exception):
@@ -143,40 +145,161 @@ def _markers(units: list) -> list[str]:
     return [unit if isinstance(unit, str) else f"m{unit:02d}" for unit in units]
 
 
+STARTUP_LIMIT = 120.0  # seconds a pytest run may take to reach its first test (imports, collection)
+_POLL = 0.2
+
+
+class _Run:
+    """One pytest run of a wave, watched: the time each unit's tests have taken, from the
+    plugin's ``start`` records, and the records read so far."""
+
+    def __init__(self, out, markers: set[str], used: dict[str, float]):
+        self.out, self.markers, self.offset = out, markers, 0
+        self.records: list[dict] = []
+        self.unit_of: dict[str, str] = {}  # nodeid -> marker, from the ``collected`` record
+        self.used = used  # marker -> seconds its tests have run, in this run and the wave's earlier ones
+        self.current: str | None = None  # the marker of the test running now
+        self.begun = False  # a test has started
+        self.started = self.since = time.monotonic()
+
+    def read(self) -> None:
+        """Take in every complete line the plugin has written since the last read."""
+        data = os.pread(self.out.fileno(), 1 << 24, self.offset)
+        data = data[:data.rfind(b"\n") + 1]
+        self.offset += len(data)
+        for line in data.decode("utf-8", "replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("kind"), str):
+                self._take(record)
+
+    def _take(self, record: dict) -> None:
+        self.records.append(record)
+        if record["kind"] == "collected":
+            self.unit_of.update({str(n): m for n, m in record.get("items", []) if m in self.markers})
+        elif record["kind"] == "start":
+            self.charge()
+            self.current = self.unit_of.get(record.get("nodeid"))
+            self.begun = True
+
+    def charge(self) -> None:
+        """Charge the time since the last charge to the unit whose test runs."""
+        now = time.monotonic()
+        if self.current is not None:
+            self.used[self.current] = self.used.get(self.current, 0.0) + now - self.since
+        self.since = now
+
+    def over(self, budget: float) -> str | None:
+        """The marker whose tests have used more than ``budget``; ``"*"`` when the run has not
+        reached its first test within ``STARTUP_LIMIT``."""
+        self.charge()
+        if self.current is not None and self.used.get(self.current, 0.0) > budget:
+            return self.current
+        if not self.begun and time.monotonic() - self.started > STARTUP_LIMIT:
+            return "*"
+        return None
+
+
+def _finished(records: list[dict], marker: str) -> bool:
+    """Every collected test of ``marker`` reported its outcome in ``records``."""
+    return not unreported([marker], records)
+
+
+def _own(records: list[dict], markers: set[str]) -> list[dict]:
+    """The records of one run that belong to ``markers`` (and those of no unit: imports, sandboxes)."""
+    unit_of = {}
+    kept = []
+    for record in records:
+        if record["kind"] == "collected":
+            items = [item for item in record.get("items", []) if item[1] in markers]
+            unit_of.update(dict(record.get("items", [])))
+            kept.append({**record, "items": items})
+        elif record["kind"] in ("test", "start"):
+            if unit_of.get(record.get("nodeid"), record.get("marker")) in markers:
+                kept.append(record)
+        else:
+            kept.append(record)
+    return kept
+
+
 def run_wave(units: list, tests_dir: Path, workdir: Workdir, python: str,
-              timeout: float) -> tuple[list[dict], str]:
+             budget: float) -> tuple[list[dict], dict[str, str]]:
     """Run the tests of ``units`` (milestone numbers, exercise codes ``x01``); the plugin's records
-    and any crash text."""
+    and a crash text per unit's marker (``m04``) that did not end normally.
+
+    Each unit's tests have ``budget`` seconds of wall-clock time in all. When one unit uses
+    its budget up, the run is stopped, that unit is timed out, and the units it had not
+    finished run again without it (their time so far still counts): a slow unit fails only
+    itself, and a wave takes at most ``len(units) * (budget + STARTUP_LIMIT)``.
+    """
+    pending = _markers(units)
+    records: list[dict] = []
+    crashes: dict[str, str] = {}
+    used: dict[str, float] = {}
+    while pending:
+        run_records, ended, over = _run_once(pending, tests_dir, workdir, python, budget, used)
+        done = {m for m in pending if _finished(run_records, m)}
+        if over == "*":
+            crashes.update({m: f"the test run did not reach its first test within {STARTUP_LIMIT:g} s"
+                            for m in pending})
+            done = set(pending)
+        elif over is not None:
+            crashes[over] = f"timed out: its tests used up their {budget:g} s"
+            done.add(over)
+        else:  # the run ended by itself: whatever it did not finish, it never will
+            crashes.update({m: ended for m in pending if ended and m not in done})
+            done = set(pending)
+        records += _own(run_records, done)
+        pending = [m for m in pending if m not in done]
+    return records, crashes
+
+
+def _run_once(markers: list[str], tests_dir: Path, workdir: Workdir, python: str, budget: float,
+              used: dict[str, float]) -> tuple[list[dict], str, str | None]:
+    """One pytest run of the tests of ``markers``: its records, its crash text, and the marker
+    that ran out of ``budget`` (``"*"``: the run never reached a test; ``None``: none did)."""
     command = [
         python, "-m", "pytest", str(tests_dir),
-        "-m", " or ".join(_markers(units)),
+        "-m", " or ".join(markers),
         "-c", str(workdir.path / "pytest.ini"), "--rootdir", str(tests_dir.parent),
         "--confcutdir", str(tests_dir), "--ignore", str(tests_dir / "tooling"),
         "-p", "no:cacheprovider", "-p", "_diloco_grade_plugin", "-q", "--tb=no", "--no-header",
     ]
-    crash = ""
-    with tempfile.TemporaryFile() as out:  # a file with no name: only the plugin holds it
+    crash, over = "", None
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as log:  # no names: only we hold them
         env = dict(workdir.env, DILOCO_GRADE_RECORDS_FD=str(out.fileno()))
+        proc = subprocess.Popen(command, cwd=workdir.path, env=env, stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL, pass_fds=(out.fileno(),), start_new_session=True)
+        run = _Run(out, set(markers), used)
         try:
-            proc = subprocess.run(command, cwd=workdir.path, env=env, capture_output=True, text=True,
-                                  timeout=timeout, pass_fds=(out.fileno(),))
-            if proc.returncode not in (0, 1, 5):  # 2 interrupted, 3 internal error, 4 usage error
-                crash = (proc.stdout + proc.stderr).strip()[-3000:] or f"pytest exited with status {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            crash = f"timed out after {timeout:g} s"
-        out.seek(0)
-        lines = out.read().decode("utf-8", "replace").splitlines()
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line cut short by a time-out
-            continue
-        if isinstance(record, dict) and isinstance(record.get("kind"), str):
-            records.append(record)
+            while proc.poll() is None and over is None:
+                try:
+                    proc.wait(timeout=_POLL)
+                except subprocess.TimeoutExpired:
+                    pass
+                run.read()
+                over = run.over(budget)
+        finally:
+            _kill_group(proc)
+        run.read()
+        if over is None and proc.returncode not in (0, 1, 5):  # 2 interrupted, 3 internal error, 4 usage error
+            size = os.fstat(log.fileno()).st_size
+            tail = os.pread(log.fileno(), 3000, max(0, size - 3000)).decode("utf-8", "replace").strip()
+            crash = tail or f"pytest exited with status {proc.returncode}"
     if workdir.sandbox is not None:
-        kill_leftovers(records, workdir.sandbox["folder"])
-    return records, crash
+        kill_leftovers(run.records, workdir.sandbox["folder"])
+    return run.records, crash, over
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill a pytest run and everything it started in its session."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def unreported(units: list, records: list[dict]) -> str:

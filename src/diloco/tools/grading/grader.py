@@ -50,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from diloco.exercises import EXERCISES, by_code
-from diloco.milestones import MILESTONES, by_number
+from diloco.milestones import MILESTONES, Milestone, by_number
 from diloco.tools.grading.grade_report import (
     ERROR,
     FAILED,
@@ -124,7 +124,8 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     ----------
     impl : folder holding ``src/diloco``, ``diloco``, or the package itself; not modified.
     tests : folder of milestone tests (default: the suite shipped with this grader).
-    timeout : seconds allowed for each wave of tests.
+    timeout : seconds of wall-clock time allowed for the tests of each milestone (and each
+        exercise); one that runs out fails alone, with its dependants locked.
     python : interpreter for the test runs (default: this one); needs numpy, pytest, hypothesis.
     on_wave : called with the milestone numbers and the exercise codes (``x01``) of each wave
         before it runs.
@@ -194,16 +195,18 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
                     break
                 if on_wave is not None:
                     on_wave(wave, extra)
-                records, crash = run_wave([*wave, *extra], tests_dir, workdir, python, timeout)
+                records, crashes = run_wave([*wave, *extra], tests_dir, workdir, python, timeout)
                 for record in records:
                     if record["kind"] == "import" and "file" in record and Path(record["file"]).resolve() != Path(
                             imported).resolve():
                         raise GradingError(f"the tests imported diloco from {record['file']}, not {imported}")
-                crash = crash or unreported([*wave, *extra], records)
-                for number in wave:
-                    status[number] = classify(by_number(number), records, crash, tests_dir)
-                for code in extra:
-                    done[code] = classify(by_code(code), records, crash, tests_dir)
+                for unit in [*map(by_number, wave), *map(by_code, extra)]:
+                    crash = crashes.get(unit.marker) or unreported([unit.marker], records)
+                    verdict = classify(unit, records, crash, tests_dir)
+                    if isinstance(unit, Milestone):
+                        status[unit.number] = verdict
+                    else:
+                        done[unit.code] = verdict
         finally:
             if config is not None:
                 shutil.rmtree(config["folder"], ignore_errors=True)

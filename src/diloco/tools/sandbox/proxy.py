@@ -27,7 +27,7 @@ A callable argument (``on_round=seen.append``) stays here: the sandbox asks for 
 When the sandbox dies, exits, hangs or answers nonsense, the call raises ``SandboxError``
 (a ``BaseException``) and the test fails. The worker is then restarted for the next test,
 at most ``MAX_STARTS`` times per milestone (``begin``), and not at all for a milestone whose
-call ran out of time. So the process that runs the tests and records
+call ran out of time. Each milestone starts a worker of its own. So the process that runs the tests and records
 their outcomes never imports the graded package.
 """
 
@@ -144,8 +144,10 @@ def _proxy(name: str, function):
 
 def begin(scope: str) -> None:
     """Charge the sandbox's restarts from now on to ``scope`` (the grading plugin passes the
-    marker of the test about to run): each milestone has its own ``MAX_STARTS``."""
-    if _session is not None:
+    marker of the test about to run): each milestone has its own ``MAX_STARTS``, and its own
+    worker, so its CPU-time limit is the milestone's alone."""
+    if _session is not None and _session.scope != str(scope):
+        shutdown()
         _session.scope = str(scope)
 
 

