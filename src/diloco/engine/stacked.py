@@ -32,6 +32,7 @@ import dataclasses
 import numpy as np
 
 from diloco.adamw import AdamWState
+from diloco.core import progress
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.layout import choose_layout
 from diloco.engine.optim import adamw_scratch, adamw_update, muon_update
@@ -147,6 +148,7 @@ class StackedExecutor:
                 losses[:, h] = stack.loss_and_grads()[:, 0]
                 self._update(slice(0, K))
                 self.step += 1
+                progress.steps_done(K)
             self.params[...] = stack.params
             self.steps = [self.step] * K
         else:
@@ -158,6 +160,7 @@ class StackedExecutor:
                     losses[k, h] = stack.loss_and_grads()[0, 0]
                     self._update(slice(k, k + 1))
                     self.step += 1
+                    progress.steps_done(1)
                 self.params[k] = stack.params[0]
                 self.steps[k] = self.step
         return {k: losses[k] for k in chosen}
@@ -173,6 +176,7 @@ class StackedExecutor:
             losses[:, h] = stack.loss_and_grads()[0]
             self._update(slice(0, 1))
             self.step += 1
+            progress.steps_done(K)
         self.params[...] = stack.params
         self.steps = [self.step]
         return {k: losses[k] for k in range(K)}
