@@ -86,9 +86,9 @@ def naive_softmax(tmp_path_factory):
     shifted = "    shifted = logits - logits.max(axis=-1, keepdims=True)\n    exp = np.exp(shifted)\n"
     assert shifted in text
     text = text.replace(shifted, "    exp = np.exp(logits)\n")
-    mean = "return float(np.mean(log_sum_exp - correct))"
+    mean = "mean = np.mean(losses)"
     assert mean in text
-    model.write_text(text.replace(mean, "return float(np.sum(log_sum_exp - correct))"))
+    model.write_text(text.replace(mean, "mean = np.sum(losses)"))
     return grade(ws)
 
 

@@ -122,6 +122,24 @@ def test_a_thousand_workers_of_a_million_steps_are_refused_on_both_engines_with_
     assert "1,000,000,000 step losses" in line and "available" in line and "-H" in line, line
 
 
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_an_address_space_limit_is_memory_the_run_cannot_have(engine, tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    def limit():  # 3 GB of address space, as `prlimit --as` or `ulimit -v` would set
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 10**9, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    done = subprocess.run([sys.executable, "-m", "diloco", "train", "-K", "1000", "-H", "1000000", "--engine", engine,
+                           "-q", "--no-plots", "--runs-dir", str(tmp_path / "runs")], preexec_fn=limit,
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "8." in lines[0] and "GB of memory" in lines[0] and "available" in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
 def test_the_fast_engine_counts_k_batches_of_activations():
     from diloco.tools.cli.preflight import estimate_memory
 

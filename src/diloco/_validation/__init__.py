@@ -188,7 +188,15 @@ def check_seed(value, name: str = "seed") -> int:
 
 
 def available_memory() -> int | None:
-    """Bytes the kernel says a new allocation can get (``MemAvailable``), or None if unknown."""
+    """Bytes a new allocation can get, or None if unknown: the kernel's ``MemAvailable``, and no
+    more than this process's address-space limit (``ulimit -v``, ``prlimit --as``) or its
+    cgroup's ``memory.max`` leave (a container's limit, minus what the cgroup already uses)."""
+    limits = [_meminfo_available(), _address_space_left(), _cgroup_left()]
+    known = [limit for limit in limits if limit is not None]
+    return min(known) if known else None
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as handle:
             for line in handle:
@@ -201,6 +209,36 @@ def available_memory() -> int | None:
 
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _address_space_left() -> int | None:
+    """RLIMIT_AS minus the address space this process maps already (``/proc/self/statm``)."""
+    try:
+        import os
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            mapped = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        return max(0, limit - mapped)
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+
+
+def _cgroup_left() -> int | None:
+    """cgroup v2: ``memory.max`` minus ``memory.current``, when the cgroup has a limit."""
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as handle:
+            text = handle.read().strip()
+        if text == "max":
+            return None
+        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as handle:
+            used = int(handle.read().strip())
+        return max(0, int(text) - used)
+    except (OSError, ValueError):
         return None
 
 

@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+from diloco.core import progress
 from diloco.mechanisms import inner_step, train_worker, uses_plain_worker
 from diloco.model import cross_entropy_loss, model_backward, model_forward
 from diloco.params import average_params
@@ -61,12 +62,17 @@ class ReferenceExecutor:
         config, losses = self.config, {}
         for k in self.workers if workers is None else [k for k in self.workers if k in workers]:
             x_k, y_k = self.shards[k]
-            if self.plain:
-                self.params[k], self.states[k], losses[k] = inner_train_worker(
-                    self.params[k], self.states[k], x_k, y_k, steps, config.batch_size, config.inner, rngs[k])
-            else:
-                self.params[k], self.states[k], losses[k] = train_worker(
-                    self.params[k], self.states[k], x_k, y_k, config, rngs[k], encode=self.encode, steps=steps)
+            parts = []
+            for piece in progress.chunks(steps):  # [steps] unless a progress bar listens (same bits either way)
+                if self.plain:
+                    self.params[k], self.states[k], part = inner_train_worker(
+                        self.params[k], self.states[k], x_k, y_k, piece, config.batch_size, config.inner, rngs[k])
+                else:
+                    self.params[k], self.states[k], part = train_worker(
+                        self.params[k], self.states[k], x_k, y_k, config, rngs[k], encode=self.encode, steps=piece)
+                parts.append(part)
+                progress.steps_done(piece)
+            losses[k] = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return losses
 
     def _gradient(self, params, k, rng):
@@ -87,6 +93,7 @@ class ReferenceExecutor:
             everyone = self.gather(grads)
             params, state = inner_step(params, state, average_params([everyone[k] for k in sorted(everyone)]),
                                        self.config)
+            progress.steps_done(len(self.workers))
         self.params[0], self.states[0] = params, state
         return losses
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from diloco.adamw import AdamWState
+from diloco.core import progress
 from diloco.core.inner import inner_optimizer
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.layout import choose_layout
@@ -129,6 +130,7 @@ class FastExecutor:
                 losses[:, h] = stack.loss_and_grads()[:, 0]
                 self._update(slice(0, K))
                 self.step += 1
+                progress.steps_done(K)
             self.params[...] = stack.params
             self.steps = [self.step] * K
         else:
@@ -140,6 +142,7 @@ class FastExecutor:
                     losses[k, h] = stack.loss_and_grads()[0, 0]
                     self._update(slice(k, k + 1))
                     self.step += 1
+                    progress.steps_done(1)
                 self.params[k] = stack.params[0]
                 self.steps[k] = self.step
         return {k: losses[k] for k in chosen}
@@ -155,6 +158,7 @@ class FastExecutor:
             losses[:, h] = stack.loss_and_grads()[0]
             self._update(slice(0, 1))
             self.step += 1
+            progress.steps_done(K)
         self.params[...] = stack.params
         self.steps = [self.step]
         return {k: losses[k] for k in range(K)}

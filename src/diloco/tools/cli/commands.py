@@ -55,6 +55,7 @@ from diloco.tools.cli.run_setup import (
     max_loss_flag,
     progress_factory,
     resolve_trainer,
+    round_progress,
     start_run,
     thread_limit,
 )
@@ -138,8 +139,9 @@ def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryW
                                resume_from=start, max_loss=max_loss, on_round=on_round)
 
     try:
-        result = run_with_family(algo, family, config, data, history.callback(
-            algo, after=after, time_offset=previous[-1] if previous else 0.0), resumable)
+        with round_progress(bar, config):  # a long round shows its steps (diloco.core.progress)
+            result = run_with_family(algo, family, config, data, history.callback(
+                algo, after=after, time_offset=previous[-1] if previous else 0.0), resumable)
     finally:
         if bar is not None:
             bar.close()

@@ -82,7 +82,8 @@ MUON_FLAGS = {
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("experiment (every DiLoCoConfig field; flags override --config)")
-    group.add_argument("--config", metavar="FILE.json", help="start from this config (a run's config.json works)")
+    group.add_argument("--config", metavar="FILE.json",
+                       help="start from this config; a run's config.json is the whole run (its data, --max-loss, ...)")
     for name, (flags, options) in {**CONFIG_FLAGS, **INNER_FLAGS}.items():
         group.add_argument(*flags, dest=name, default=None, **options)
     muon = parser.add_argument_group("Muon inner optimizer (with --inner-optimizer muon; docs/concepts/muon.md)")
