@@ -291,7 +291,7 @@ def test_resuming_a_completed_run_says_it_is_complete_and_writes_nothing(tmp_pat
     status, again, err = run_cli(["compare", "--resume", run_dir], capsys)
     assert status == 0, err
     assert again.startswith(f"{run_dir} is already complete (diloco 2 of 2 rounds, sync 2 of 2 rounds): "
-                            f"nothing to resume, nothing written"), again
+                            f"nothing to resume. Its results:"), again
     assert [line for line in again.splitlines() if re.match(r"(DiLoCo|sync) +\d", line)] == table  # its wall time
     after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
     assert after == before
