@@ -78,3 +78,13 @@ def test_program_names_the_checkout_script_relative_and_outside_absolute(tmp_pat
     assert program() == str(SCRIPT) and shown_path(tmp_path / "runs" / "x") == os.path.join("runs", "x")
     monkeypatch.setenv("PATH", str(SCRIPT.parent))
     assert program() == "diloco"
+
+
+def test_the_mpi_entry_points_hint_runs_as_printed(tmp_path):
+    pytest.importorskip("mpi4py")
+    proc = run([sys.executable, "-m", "diloco.tools.cli.mpi", "--round", "3"], ROOT)
+    hint = re.search(r"\(see '([^']+)'\)", proc.stderr)
+    assert proc.returncode == 2 and hint, proc.stderr
+    assert hint[1] == f"{shown_path(sys.executable)} -m diloco.tools.cli.mpi --help"
+    again = run(shlex.split(hint[1]), ROOT)
+    assert again.returncode == 0 and again.stdout.startswith("usage: python -m diloco.tools.cli.mpi"), again.stderr
