@@ -49,15 +49,17 @@ def estimate_memory(config: DiLoCoConfig, num_features: int, num_classes: int, n
 
     With ``P`` parameters of ``b`` bytes and ``K`` workers, the reference path holds about
     ``3K + 8`` parameter-sized arrays at once: K workers' AdamW moments (2K) and models (K),
-    the global model, the outer momentum, the pseudo-gradient and AdamW's temporaries. A
-    checkpoint adds its serialised copy (``2K + 2``). Activations: a batch through the widest
+    the global model, the outer momentum, the pseudo-gradient and AdamW's temporaries.
+    Checkpointing keeps the last finished round's state for an interrupt to save
+    (``diloco.tools.runs.training.KeepLastRound``: ``3K + 1``) and adds a checkpoint's
+    serialised copy while one is written (``2K + 2``). Activations: a batch through the widest
     layers (4 arrays of ``batch * sum(widths)``) and the held-out set through the model at
     once (3 arrays of ``n_eval * max(width)``). Python ints, so absurd sizes do not overflow.
     """
     widths = (num_features, *config.hidden_sizes, num_classes)
     itemsize = np.dtype(config.dtype).itemsize
     params = _num_params(widths)
-    copies = 3 * config.num_workers + 8 + (2 * config.num_workers + 2 if checkpointing else 0)
+    copies = 3 * config.num_workers + 8 + (5 * config.num_workers + 3 if checkpointing else 0)
     activations = 4 * config.batch_size * sum(widths) + 3 * num_eval * max(widths)
     total = itemsize * (copies * params + activations) + config.rounds * RECORD_BYTES  # + the history
     how = (f"{params:,} parameters x {copies} copies (K={config.num_workers}) + activations, "
