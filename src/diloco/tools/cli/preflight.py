@@ -51,7 +51,7 @@ def estimate_memory(config: DiLoCoConfig, num_features: int, num_classes: int, n
     ``3K + 8`` parameter-sized arrays at once: K workers' AdamW moments (2K) and models (K),
     the global model, the outer momentum, the pseudo-gradient and AdamW's temporaries.
     Checkpointing keeps the last finished round's state for an interrupt to save
-    (``diloco.tools.runs.training.KeepLastRound``: ``3K + 1``) and adds a checkpoint's
+    (``diloco.tools.runs.training.KeepLastRound``: up to ``3K + 1``) and adds a checkpoint's
     serialised copy while one is written (``2K + 2``). Activations: a batch through the widest
     layers (4 arrays of ``batch * sum(widths)``) and the held-out set through the model at
     once (3 arrays of ``n_eval * max(width)``). Python ints, so absurd sizes do not overflow.
