@@ -18,6 +18,7 @@ from cli_helpers import TINY, only_run_dir, run_cli
 
 from diloco.data import load_npz_dataset
 from diloco.tools.cli import commands
+from diloco.tools.cli.invocation import program
 from diloco.tools.runs.folders import HISTORY_FIELDS, read_jsonl
 from diloco.tools.studies import ablations as studies
 
@@ -191,8 +192,10 @@ def test_ctrl_c_keeps_what_was_written(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(commands, "train_resumable", interrupted_sync)
     argv = ["compare", "--rounds", "4", "-H", "2", "-K", "2", "--hidden-sizes", "8", "-q", "--runs-dir", tmp_path]
     status, _, err = run_cli(argv, capsys)
-    assert status == 130 and "interrupted" in err
     run_dir = only_run_dir(tmp_path)
+    assert status == 130 and err.startswith("diloco compare: interrupted by SIGINT; diloco complete, sync round 2 of "
+                                            f"4 saved; continue with: {program()} compare --resume {run_dir}"), err
+    assert (run_dir / "checkpoints" / "sync-round000002.json").is_file()  # the last finished round, kept
     history = read_jsonl(run_dir / "history.jsonl")
     assert [(r["algo"], r["round"]) for r in history] == [("diloco", i) for i in (1, 2, 3, 4)] + [("sync", 1),
                                                                                                   ("sync", 2)]
@@ -288,7 +291,7 @@ def test_resuming_a_completed_run_says_it_is_complete_and_writes_nothing(tmp_pat
     status, again, err = run_cli(["compare", "--resume", run_dir], capsys)
     assert status == 0, err
     assert again.startswith(f"{run_dir} is already complete (diloco 2 of 2 rounds, sync 2 of 2 rounds): "
-                            f"nothing to resume, nothing written"), again
+                            f"nothing to resume. Its results:"), again
     assert [line for line in again.splitlines() if re.match(r"(DiLoCo|sync) +\d", line)] == table  # its wall time
     after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
     assert after == before

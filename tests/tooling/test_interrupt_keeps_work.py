@@ -132,29 +132,38 @@ def test_a_stopped_write_removes_its_own_files(tmp_path, monkeypatch):
 # --- the command line: train --rounds 200, SIGINT after round 25, resumed as printed --------------
 
 ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-RUN = ["train", "--rounds", "200", "-K", "2", "-H", "5", "--hidden-sizes", "8", "--batch-size", "8", "-q",
-       "--no-plots"]
+RUN = ["train", "--rounds", "200", "-K", "2", "-H", "20", "--hidden-sizes", "16", "--batch-size", "8", "-q",
+       "--no-plots"]  # about 30 ms a round: the signal after round 25 lands long before round 200
 
 
-def test_train_200_rounds_stopped_at_round_25_resumes_at_26_and_ends_identical(tmp_path):
-    script = [sys.executable, "-m", "diloco"]
-    clean = subprocess.run([*script, *RUN, "--runs-dir", tmp_path / "clean"], env=ENV, capture_output=True,
-                           text=True, timeout=600)
-    assert clean.returncode == 0, clean.stderr
-    proc = subprocess.Popen([*script, *RUN, "--runs-dir", tmp_path / "runs"], env=ENV, cwd=tmp_path,
+def interrupted_after(rounds: int, runs_dir, cwd) -> tuple:
+    """(process, its stderr, its run folder): ``RUN`` stopped by SIGINT once ``rounds`` rounds are written."""
+    proc = subprocess.Popen([sys.executable, "-m", "diloco", *RUN, "--runs-dir", runs_dir], env=ENV, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline, found = time.monotonic() + 120, []
         while time.monotonic() < deadline:
-            found = list((tmp_path / "runs").glob("*/history.jsonl"))
-            if found and len(found[0].read_bytes().splitlines()) >= 25:
+            found = list(runs_dir.glob("*/history.jsonl"))
+            if found and len(found[0].read_bytes().splitlines()) >= rounds:
                 break
             time.sleep(0.01)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    run_dir = found[0].parent
+    return proc, err, found[0].parent
+
+
+def test_train_200_rounds_stopped_at_round_25_resumes_at_26_and_ends_identical(tmp_path):
+    clean = subprocess.run([sys.executable, "-m", "diloco", *RUN, "--runs-dir", tmp_path / "clean"], env=ENV,
+                           capture_output=True, text=True, timeout=600)
+    assert clean.returncode == 0, clean.stderr
+    for attempt in range(3):  # a machine so loaded that the run ends before the signal: try again, then skip
+        proc, err, run_dir = interrupted_after(25, tmp_path / f"runs{attempt}", tmp_path)
+        if proc.returncode != 0:
+            break
+    else:
+        pytest.skip("the run finished before the signal, three times")
     line, = err.strip().splitlines()
     match = re.fullmatch(r"diloco train: interrupted by SIGINT; round (\d+) of 200 is saved; "
                          r"continue from round (\d+) with: (.*)", line)

@@ -143,3 +143,16 @@ def test_a_curve_panel_spanning_decades_gets_log_axes():
     summary["rows"] = [row("DiLoCo", 500, 1.0)]  # 50..500 steps, loss 0.91..0.5: linear is readable
     curves = plot_paper_study(summary).axes[0]
     assert curves.get_xscale() == "linear" and curves.get_yscale() == "linear"
+
+
+def test_follow_on_a_finished_study_draws_and_ends_at_once(tmp_path, capsys):
+    """The beyond-DiLoCo and paper studies write summary.json once, at the end, without a status."""
+    status, _, err = run_cli(["study", "async", "--data", "digits", "--seeds", "2", "--rounds", "1", "-H", "2", "-K",
+                              "2", "--hidden-sizes", "8", "--batch-size", "8", "-q", "--no-plots",
+                              "--runs-dir", tmp_path], capsys)
+    assert status == 0, err
+    run_dir = only_run_dir(tmp_path)
+    status, out, err = run_cli(["plot", run_dir, "--follow", "--every", "0.05"], capsys)
+    assert status == 0, err
+    assert out.strip().splitlines()[-1] == f"the run ended (completed); pictures in {run_dir}"
+    assert pictures(run_dir) == ["study.png"]

@@ -28,6 +28,12 @@ BARE_PATH = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.paths
                             if not (Path(p) / "diloco").exists())  # a PATH without any diloco
 
 
+def from_root(path: Path) -> str:
+    """``path`` as typed from the project root (what a process started there prints)."""
+    relative = os.path.relpath(path, ROOT)
+    return str(path) if relative.startswith("..") else relative
+
+
 def run(argv, cwd, path=BARE_PATH):
     return subprocess.run(argv, cwd=cwd, env={**os.environ, "PATH": path, "OPENBLAS_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=300)
@@ -52,7 +58,7 @@ def test_the_usage_hint_runs_as_printed_wherever_the_user_stands(tmp_path):
         printed.append(hint[1])
         again = run(shlex.split(hint[1]), cwd, path)  # as printed
         assert again.returncode == 0 and again.stdout.startswith("usage: diloco compare"), (hint[1], again.stderr)
-    assert printed[0] == ".venv/bin/diloco compare --help"  # a fresh checkout: nothing on PATH
+    assert printed[0] == f"{from_root(SCRIPT)} compare --help"  # a checkout (.venv/bin/diloco): nothing on PATH
     assert printed[1] == f"{SCRIPT} compare --help"  # outside the checkout: the script's full path
     assert printed[2] == "diloco compare --help"  # diloco on PATH is this environment's
 
@@ -78,3 +84,13 @@ def test_program_names_the_checkout_script_relative_and_outside_absolute(tmp_pat
     assert program() == str(SCRIPT) and shown_path(tmp_path / "runs" / "x") == os.path.join("runs", "x")
     monkeypatch.setenv("PATH", str(SCRIPT.parent))
     assert program() == "diloco"
+
+
+def test_the_mpi_entry_points_hint_runs_as_printed(tmp_path):
+    pytest.importorskip("mpi4py")
+    proc = run([sys.executable, "-m", "diloco.tools.cli.mpi", "--round", "3"], ROOT)
+    hint = re.search(r"\(see '([^']+)'\)", proc.stderr)
+    assert proc.returncode == 2 and hint, proc.stderr
+    assert hint[1] == f"{from_root(Path(sys.executable))} -m diloco.tools.cli.mpi --help"
+    again = run(shlex.split(hint[1]), ROOT)
+    assert again.returncode == 0 and again.stdout.startswith("usage: python -m diloco.tools.cli.mpi"), again.stderr

@@ -230,12 +230,15 @@ def _already_complete(plan) -> bool:
 
 def _resumed_run(args, command: str, algos: tuple) -> dict | None:
     """A stopped run's folder, checked (``plan_resume``), its history cut back to its checkpoints;
-    None (and the run's saved table) when the run is already complete."""
+    None (and the run's saved table) when the run is already complete: then nothing is
+    written but the repair of a torn last history line."""
     plan = plan_resume(args, command, algos)
     if _already_complete(plan):
         summary = read_json(plan.run_dir / "summary.json")
         rounds = ", ".join(f"{a} {s.round} of {s.config.rounds} rounds" for a, s in plan.starts.items())
-        print(f"{plan.run_dir} is already complete ({rounds}): nothing to resume, nothing written. Its results:")
+        for note in plan.notes:  # a torn last line of history.jsonl, repaired
+            print(note)
+        print(f"{plan.run_dir} is already complete ({rounds}): nothing to resume. Its results:")
         _print_table(summary, summary.get("communication", {}).get("savings_factor", 1.0))
         return None
     for algo in plan.algos:

@@ -104,7 +104,16 @@ class Parser(argparse.ArgumentParser):
 
 
 def help_command(prog: str) -> str:
-    """``.venv/bin/diloco train --help`` for the parser ``diloco train``, as runnable from here."""
-    from diloco.tools.cli.invocation import command
+    """``.venv/bin/diloco train --help`` for the parser ``diloco train``, ``.venv/bin/python -m
+    diloco.tools.cli.mpi --help`` for ``python -m diloco.tools.cli.mpi``: runnable from here."""
+    import shlex
+    import sys
 
-    return command(" ".join([*prog.split()[1:], "--help"]))
+    from diloco.tools.cli.invocation import command, shown_path
+
+    words = prog.split()
+    if words[:1] == ["diloco"]:
+        return command(" ".join([*words[1:], "--help"]))
+    if words[:2] == ["python", "-m"]:
+        return " ".join([shlex.quote(shown_path(sys.executable)), *words[1:], "--help"])
+    return f"{prog} --help"

@@ -136,6 +136,8 @@ def _status(run_dir: Path) -> str | None:
         summary = read_json(run_dir / "summary.json")
     except (OSError, ValueError):
         return None
+    if isinstance(summary, dict) and "status" not in summary and "rows" in summary:
+        return "completed"  # the paper's and the beyond-DiLoCo studies write their summary once, at the end
     return summary.get("status") if isinstance(summary, dict) else None
 
 
@@ -151,6 +153,7 @@ def _follow(run_dir: Path, every: float) -> int:
                 print(f"{time.strftime('%H:%M:%S')} {run_dir}: {len(_records(history))} record(s) drawn "
                       f"({', '.join(p.name for p in paths) or 'nothing to draw yet'})", flush=True)
             if status not in (None, "running"):
+                paths = plot_folder(run_dir) or paths  # the last rounds, and a study's final pictures
                 print(f"the run ended ({status}); pictures in {run_dir}")
                 return 0
             time.sleep(every)

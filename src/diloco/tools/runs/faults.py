@@ -103,9 +103,10 @@ def resume_line(run_dir: Path, made_by: str) -> str:
     if len(found) == 1:
         (done,) = found.values()
         return f"round {done}{of} is saved; continue from round {done + 1} with: {again}"
-    parts = ", ".join(f"{algo} after round {done}{of}" if done else f"{algo} from round 1"
+    parts = ", ".join(f"{algo} complete" if rounds and done == rounds else
+                      f"{algo} round {done}{of} saved" if done else f"{algo} not started"
                       for algo, done in found.items())
-    return f"saved: continue ({parts}) with: {again}"
+    return f"{parts}; continue with: {again}"
 
 
 def stop_message(command_name: str, exc: BaseException) -> tuple[int, str]:

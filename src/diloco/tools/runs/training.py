@@ -52,14 +52,17 @@ def frozen(state: RunState) -> RunState:
 class KeepLastRound:
     """The checkpoint hook: ``save(round, state)`` after the rounds ``due(round)`` selects, and a
     copy of every finished round's state, so ``save_last()`` can write it when a signal stops
-    the next round (``train_resumable``)."""
+    the next round (``train_resumable``). ``keep_starts=False``: every worker starts the next
+    round from the global params, so the workers' own params are not kept (K fewer arrays)."""
 
-    def __init__(self, due, save) -> None:
-        self.due, self.save = due, save
+    def __init__(self, due, save, *, keep_starts: bool = True) -> None:
+        self.due, self.save, self.keep_starts = due, save, keep_starts
         self.last, self.saved = None, None  # the last finished round's state; the round last on disk
 
     def finished(self, record, get_state) -> None:
-        self.last = frozen(get_state())  # one assignment: a signal before it leaves the previous round
+        state = frozen(get_state())
+        # one assignment: a signal before it leaves the previous round
+        self.last = state if self.keep_starts else state._replace(worker_params=None)
         if self.due(record["round"]):
             self.save(record["round"], self.last)
             self.saved = record["round"]
@@ -163,9 +166,7 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
         return round_index == config.rounds or (checkpoint_every is not None and round_index % checkpoint_every == 0)
 
     def save(round_index, state: RunState) -> None:
-        starts = None
-        if algo == "diloco" and not _plain_starts(config):
-            starts = [state.worker_params[k] for k in range(config.num_workers)]
+        starts = None if state.worker_params is None else [state.worker_params[k] for k in range(config.num_workers)]
         path = save_checkpoint(Path(checkpoint_dir), algo, round_index, config, state.global_params,
                                state.outer_state, [state.worker_states[k] for k in sorted(state.worker_states)],
                                state.rng, state.history, fingerprint, worker_starts=starts, extra=state.extra)
@@ -177,7 +178,8 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
     hooks.append(guard)
     if on_round is not None:
         hooks.append(Callback(on_round))
-    checkpoints = KeepLastRound(due, save) if checkpoint_dir is not None else None
+    keep_starts = algo == "diloco" and not _plain_starts(config)  # what save() writes
+    checkpoints = KeepLastRound(due, save, keep_starts=keep_starts) if checkpoint_dir is not None else None
     try:
         with guard.watch():  # a non-finite pseudo-gradient mid-round is divergence too
             return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode,

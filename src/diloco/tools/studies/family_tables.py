@@ -113,25 +113,44 @@ def bandwidth_rows(outcomes, bandwidths, latency: float, step_time: float, targe
 
 
 def plot_time_to_target(rows, bandwidths, target: float):
-    """Simulated seconds to the target loss against bandwidth, one line per arm (log-log)."""
+    """Simulated seconds to the target loss against bandwidth, one line per arm (log-log).
+
+    A point is the mean over the seeds that reached the target: filled when every seed did,
+    hollow when only some did (the legend says how many). An arm no seed brought to the
+    target is not drawn and is named in the title, so the legend lists only what the axes
+    show.
+    """
     from diloco.tools.studies.plots import require_matplotlib
 
     fig = require_matplotlib()(figsize=(6.5, 4.2))
     ax = fig.add_subplot()
     rates = [parse_bandwidth(b) for b in bandwidths]
-    reached_any = False
+    never, partial = [], False
     for row in rows:
-        seconds = [c["seconds"]["mean"] if c["seconds"] is not None and c["reached"] == c["runs"] else np.nan
-                   for c in row["cells"]]
-        reached_any = reached_any or bool(np.isfinite(seconds).any())
-        ax.plot(rates, seconds, "o-", label=row["variant"])
-    # A log axis needs a positive value: when no arm reached the target, say so on a linear one.
-    ax.set(xscale="log", yscale="log" if reached_any else "linear", xlabel="bandwidth (bit/s)",
-           ylabel=f"simulated seconds to loss {target:g}",
-           title="Time to target against bandwidth (missing: not reached)" if reached_any
-           else f"No arm reached loss {target:g} at any bandwidth")
+        cells = row["cells"]
+        seconds = [c["seconds"]["mean"] if c["seconds"] is not None else np.nan for c in cells]
+        if not np.isfinite(seconds).any():
+            never.append(row["variant"])
+            continue
+        counts = sorted({(c["reached"], c["runs"]) for c in cells})
+        shown = "" if counts == [(cells[0]["runs"],) * 2] else (
+            f" ({counts[0][0]}/{counts[0][1]} seeds)" if len(counts) == 1 else " (some seeds)")
+        (line,) = ax.plot(rates, seconds, "-", label=row["variant"] + shown)
+        for rate, value, cell in zip(rates, seconds, cells, strict=True):
+            full = cell["reached"] == cell["runs"]
+            partial = partial or not full
+            ax.plot([rate], [value], "o", color=line.get_color(), markerfacecolor=line.get_color() if full else "white")
+    drawn = len(rows) > len(never)
+    title = "Time to target against bandwidth" if drawn else f"No arm reached loss {target:g} at any bandwidth"
+    notes = (["hollow: the mean of the seeds that reached it"] if partial else []) + (
+        [f"never reached: {', '.join(never)}"] if never and drawn else [])
+    # A log axis needs a positive value: when no arm reached the target, a linear one.
+    ax.set(xscale="log", yscale="log" if drawn else "linear", xlabel="bandwidth (bit/s)",
+           ylabel=f"simulated seconds to loss {target:.3g}")
+    ax.set_title("\n".join([title, *notes]), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    if drawn:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -82,13 +82,15 @@ def decades(values) -> float:
 def log_where_decades(ax, axis: str, values, at_least: float = 1.0, formatter=None) -> bool:
     """Put ``ax``'s ``axis`` ("x" or "y") on a log scale when ``values`` span ``at_least`` decades,
     labelled 0.2, 0.5, 1, 2, 5 (or by ``formatter(value)``), not 2 x 10^-1."""
-    if decades(values) < at_least:
+    span = decades(values)
+    if span < at_least:
         return False
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
     scale = ax.xaxis if axis == "x" else ax.yaxis
-    scale.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=15))
+    subs = (1.0, 2.0, 5.0) if span <= 1.5 else (1.0, 3.0) if span <= 2.5 else (1.0,)  # labels that do not collide
+    scale.set_major_locator(LogLocator(base=10, subs=subs, numticks=15))
     scale.set_major_formatter(FuncFormatter(lambda value, _pos: formatter(value) if formatter else f"{value:g}"))
     scale.set_minor_formatter(NullFormatter())
     return True
@@ -127,7 +129,7 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str
     fig = Figure(figsize=(10, 4), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2)
     styles = _line_styles(histories)
-    drawn = []
+    drawn, positions = [], []
     for name, records in histories.items():
         points = [r for r in records if r.get("eval_loss") is not None and (not log or (r.get(key) or 0) > 0)]
         if not points:
@@ -136,6 +138,7 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str
         style = {**styles[name], "label": _label(name), "marker": "o" if len(xs) <= 30 else None, "markersize": 3}
         ax_loss.plot(xs, [r[left] for r in points], **style)
         drawn += [r[left] for r in points]
+        positions += xs
         ax_acc.plot(xs, [r["eval_accuracy"] for r in points], **style)
     left_label = "held-out perplexity" if left == "eval_perplexity" else "held-out loss (cross-entropy)"
     for ax, ylabel in ((ax_loss, left_label), (ax_acc, "held-out accuracy")):
@@ -143,7 +146,7 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3, which="both")
         if log:  # bytes, as the CLI prints them
-            log_where_decades(ax, "x", [1.0, 10.0], formatter=format_bytes)
+            log_where_decades(ax, "x", positions, at_least=0.0, formatter=format_bytes)
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds and steps are whole numbers
         if ax.get_legend_handles_labels()[0]:
