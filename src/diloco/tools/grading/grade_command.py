@@ -13,6 +13,7 @@ from pathlib import Path
 
 from diloco.tools.cli.errors import CliError
 from diloco.tools.grading.grade_report import error_report, format_table, to_gradescope, to_junit_xml
+from diloco.tools.grading.grade_text import LINE_LIMIT, safe_text
 from diloco.tools.grading.grader import GradingError, grade
 from diloco.tools.runs.atomic_files import atomic_write_text
 
@@ -42,7 +43,7 @@ def _cmd_grade(args) -> int:
     except GradingError as exc:
         if args.json:
             _write(args.json, json.dumps(error_report(impl, str(exc)), indent=2) + "\n")
-        raise CliError(str(exc)) from None
+        raise CliError(safe_text(exc, LINE_LIMIT * 4, one_line=True)) from None
     print(format_table(report))
     if args.json:
         _write(args.json, json.dumps(to_gradescope(report), indent=2) + "\n")
