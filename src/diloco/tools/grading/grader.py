@@ -74,7 +74,7 @@ from diloco.tools.grading.grade_waves import (
     run_wave,
     unreported,
 )
-from diloco.tools.sandbox.box import Unavailable, prepare
+from diloco.tools.sandbox.box import Refused, Unavailable, prepare
 
 __all__ = [
     "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
@@ -165,6 +165,9 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
             except Unavailable as exc:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise GradingError(f"cannot sandbox the submission: {exc}") from None
+            except Refused as exc:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise GradingError(f"the submission is refused: {exc}") from None
         try:
             workdir = make_workdir(Path(tmp), package_root, config)
             if config is None:
