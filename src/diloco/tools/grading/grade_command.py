@@ -14,6 +14,7 @@ from pathlib import Path
 from diloco.tools.cli.errors import CliError
 from diloco.tools.grading.grade_report import error_report, format_table, to_gradescope, to_junit_xml
 from diloco.tools.grading.grade_text import LINE_LIMIT, safe_text
+from diloco.tools.grading.grade_verdicts import HIDDEN_LEVELS
 from diloco.tools.grading.grader import GradingError, grade
 from diloco.tools.runs.atomic_files import atomic_write_text
 
@@ -39,7 +40,8 @@ def _cmd_grade(args) -> int:
                                   file=sys.stderr, flush=True))
     try:
         report = grade(impl, args.tests, timeout=args.timeout, on_wave=progress, sandbox=not args.trust_submission,
-                       sandbox_user=args.sandbox_user, call_timeout=args.call_timeout)
+                       sandbox_user=args.sandbox_user, call_timeout=args.call_timeout,
+                       hidden=args.hidden or ("milestone" if args.tests else "full"))
     except GradingError as exc:
         if args.json:
             _write(args.json, json.dumps(error_report(impl, str(exc)), indent=2) + "\n")
@@ -86,6 +88,10 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--tests", metavar="DIR",
                         help="folder of milestone tests, say a hidden set (default: the suite shipped with this "
                              "grader); the sandbox can never read it")
+    parser.add_argument("--hidden", choices=HIDDEN_LEVELS, metavar="LEVEL",
+                        help="what a failure of the --tests shows: milestone (that a hidden test failed, how many), "
+                             "check (and the check in words) or full (its message and the test names). Default: "
+                             "milestone with --tests, full for the shipped suite")
     parser.add_argument("--json", metavar="FILE", help="also write Gradescope results.json to FILE")
     parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
     parser.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
