@@ -9,11 +9,11 @@ one-line error: every output shows it escaped (``\\x1b``), never raw, and cut to
 from __future__ import annotations
 
 import json
-import unicodedata
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from test_exploits import raw_controls, strings  # the exploit suite's checks of every output
 
 from diloco.milestones import MILESTONES
 from diloco.tools.cli.main import main
@@ -49,22 +49,6 @@ CLASSES = {
     "line separator": ("a\u2028b", "a\\u2028b"),
 }
 LONG = "A" * 100_000
-
-
-def raw_controls(text: str) -> list[str]:
-    """What must never be shown raw: controls but the newline, format characters, separators."""
-    return sorted({c for c in text if c != "\n" and unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn",
-                                                                                 "Zl", "Zp")})
-
-
-def strings(value) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [*value.keys(), *(s for item in value.values() for s in strings(item))]
-    if isinstance(value, list):
-        return [s for item in value for s in strings(item)]
-    return []
 
 
 def report_of(text: str, tmp_path: Path) -> GradeReport:
