@@ -2,7 +2,9 @@
 
 Parses the flags, runs ``diloco.tools.grading.grader.grade``, prints the table and writes
 Gradescope's ``results.json`` (``--json``) and JUnit XML (``--junit``) atomically. A
-submission that cannot be graded at all still gets a ``results.json`` of zeros.
+submission that cannot be graded at all still gets a ``results.json`` of zeros, and its
+one-line error passes through ``grade_text.safe_text``. ``--submissions DIR --out OUT``
+grades a class instead (``diloco.tools.grading.grade_class``).
 """
 
 from __future__ import annotations
