@@ -106,10 +106,12 @@ grade: $(VENV)/.installed-dev
 
 # The Gradescope autograder: the project's source with setup.sh and run_autograder at its top
 # (scripts/autograder/; docs/instructor-guide.md, "Gradescope"). Upload build/autograder.zip.
+# TESTS=DIR adds a hidden suite, which run_autograder then grades with.
 AUTOGRADER_ZIP ?= build/autograder.zip
+TESTS ?=
 
 autograder:
-	$(PYTHON) scripts/build_autograder.py $(AUTOGRADER_ZIP)
+	$(PYTHON) scripts/build_autograder.py $(AUTOGRADER_ZIP) $(if $(TESTS),--tests '$(TESTS)',)
 
 # The notebooks, executed from the command line into build/notebooks/ (outputs and plots
 # included); the tracked notebooks in notebooks/ are left as they are. NB picks some:

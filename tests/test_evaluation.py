@@ -208,6 +208,15 @@ def test_classification_accuracy_is_one_for_argmax_labels_and_zero_for_argmin_la
 
 
 @pytest.mark.m29
+def test_classification_accuracy_breaks_ties_to_the_lowest_index():
+    """Classes 0 and 1 tie: the arg-max is class 0, so label 1 is wrong, although its logit
+    equals the largest (the docstring: ties go to the lowest index, as ``np.argmax`` does)."""
+    params = {"W1": np.zeros((1, 3)), "b1": np.array([1.0, 1.0, 0.0])}
+    x, y = np.ones((4, 1)), np.array([0, 1, 0, 2])
+    assert classification_accuracy(params, x, y) == 0.5, "rows 0 and 2 are right, 1 (a tie) and 3 are wrong"
+
+
+@pytest.mark.m29
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_classification_accuracy_is_pure_in_both_dtypes(dtype):
     params, x, y = small_model(dtype)

@@ -183,6 +183,22 @@ def test_update_outer_momentum_rejects_bad_input():
         update_outer_momentum(state, {"W1": np.full((2, 2), np.nan)}, 0.9)
 
 
+# Keys in no sorted order: a result built from sorted keys shows here (W1, b1 are sorted already).
+UNSORTED = ("b2", "W2", "b1", "W1")
+
+
+def unsorted(value: float) -> dict:
+    return {key: np.full(2, value) for key in UNSORTED}
+
+
+@pytest.mark.m22
+def test_update_outer_momentum_keeps_the_key_order_of_the_pseudo_gradient():
+    state = update_outer_momentum(OuterState(momentum=unsorted(1.0)), unsorted(2.0), 0.5)
+    assert list(state.momentum) == list(UNSORTED), (
+        f"momentum keys: expected the order of outer_grad {list(UNSORTED)}, got {list(state.momentum)}")
+    assert_close(state.momentum["b2"], np.full(2, 2.5), rtol=0, what="0.5 * 1 + 2")
+
+
 # --------------------------------------------------------------------------- m23 nesterov_param_update
 
 
@@ -285,6 +301,14 @@ def test_nesterov_param_update_rejects_bad_input():
         nesterov_param_update(params, {"W1": np.ones((1, 2))}, state, 0.7, 0.9)
     with pytest.raises(TypeError, match="outer_state"):
         nesterov_param_update(params, grad, {"W1": np.zeros((2, 2))}, 0.7, 0.9)
+
+
+@pytest.mark.m23
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_nesterov_param_update_keeps_the_key_order_of_params(nesterov):
+    got = nesterov_param_update(unsorted(1.0), unsorted(0.5), OuterState(momentum=unsorted(1.0)), 0.5, 0.5,
+                                nesterov=nesterov)
+    assert list(got) == list(UNSORTED), f"keys: expected the order of params {list(UNSORTED)}, got {list(got)}"
 
 
 # --------------------------------------------------------------------------- m24 compute_outer_gradient

@@ -175,6 +175,22 @@ def test_scale_params_rejects_bad_scalar():
         scale_params([np.ones(2)], 2.0)
 
 
+# Keys in no sorted order: a result built from sorted keys (or from a set) shows here, where
+# params of W1, b1 (already sorted) cannot tell.
+UNSORTED = ("b2", "W2", "b1", "W1")
+
+
+def unsorted_params(scale: float = 1.0) -> dict:
+    return {key: np.full((2,), scale * (k + 1)) for k, key in enumerate(UNSORTED)}
+
+
+@pytest.mark.m13
+def test_scale_params_keeps_the_key_order_of_params():
+    got = scale_params(unsorted_params(), 2.0)
+    assert list(got) == list(UNSORTED), f"keys: expected the order of params {list(UNSORTED)}, got {list(got)}"
+    assert_close(got["W1"], np.full(2, 8.0), rtol=0, what="2 * params['W1']")
+
+
 # --------------------------------------------------------------------------- m14 subtract_params
 
 
@@ -223,6 +239,13 @@ def test_subtract_params_keeps_dtype_and_order_of_a(dtype):
     assert_same_layout(got, params_a, "a - b")
     assert_close(got["W1"], np.array([[2.0, -3.0]]), rtol=0, what="(a - b)['W1']")
     assert_close(got["b1"], np.array([0.75]), rtol=0, what="(a - b)['b1']")
+
+
+@pytest.mark.m14
+def test_subtract_params_keys_follow_params_a_not_a_sorted_order():
+    got = subtract_params(unsorted_params(3.0), unsorted_params(1.0))
+    assert list(got) == list(UNSORTED), f"keys: expected the order of params_a {list(UNSORTED)}, got {list(got)}"
+    assert_close(got["b2"], np.full(2, 2.0), rtol=0, what="(a - b)['b2']")
 
 
 @pytest.mark.m14
@@ -366,3 +389,11 @@ def test_average_params_rejects_bad_input():
         average_params([params, {"W1": np.ones((2, 3))}])
     with pytest.raises(TypeError, match="params_list"):
         average_params(params)
+
+
+@pytest.mark.m15
+def test_average_params_keys_follow_the_first_dict_not_a_sorted_order():
+    got = average_params([unsorted_params(1.0), unsorted_params(3.0)], [1.0, 1.0])
+    assert list(got) == list(UNSORTED), (
+        f"keys: expected the order of params_list[0] {list(UNSORTED)}, got {list(got)}")
+    assert_close(got["W2"], np.full(2, 4.0), rtol=0, what="average['W2']")

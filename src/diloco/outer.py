@@ -91,7 +91,7 @@ def update_outer_momentum(outer_state: OuterState, outer_grad: Params, momentum:
     Returns
     -------
     OuterState
-        A new state; ``outer_state`` is unchanged.
+        A new state, its keys in the order of ``outer_grad``; ``outer_state`` is unchanged.
 
     Raises
     ------
@@ -135,7 +135,7 @@ def nesterov_param_update(params: Params, outer_grad: Params, outer_state: Outer
     Returns
     -------
     dict of str -> ndarray
-        New global parameters.
+        New global parameters, keys in the order of ``params``.
 
     Raises
     ------

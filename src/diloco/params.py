@@ -50,7 +50,7 @@ def scale_params(params: Params, scalar: float) -> Params:
     Returns
     -------
     dict of str -> ndarray
-        New arrays, same keys, shapes and dtype (a float32 model stays float32).
+        New arrays, same keys (in the same order), shapes and dtype (a float32 model stays float32).
 
     Raises
     ------

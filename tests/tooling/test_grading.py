@@ -452,7 +452,8 @@ def test_the_instructor_guide_shows_the_autograder_scripts_as_they_are():
     for name in ("setup.sh", "run_autograder"):
         assert (REPO / "scripts" / "autograder" / name).read_text() in blocks, f"the guide's {name} is not the file"
     text = (REPO / "Makefile").read_text()
-    assert "\nautograder:\n\t$(PYTHON) scripts/build_autograder.py $(AUTOGRADER_ZIP)\n" in text
+    assert ("\nautograder:\n\t$(PYTHON) scripts/build_autograder.py $(AUTOGRADER_ZIP) "
+            "$(if $(TESTS),--tests '$(TESTS)',)\n") in text
 
 
 @pytest.mark.slow
@@ -485,3 +486,43 @@ def test_the_autograder_zip_grades_the_reference_30_and_a_fresh_workspace_0(tmp_
         assert "local, not sandboxed" not in results["output"]
         states = {t["extra_data"]["state"] for t in results["tests"] if "exercise" in t["extra_data"]}
         assert states == ({PASSED} if score else {NOT_STARTED}), states  # every exercise, or none
+
+
+@pytest.mark.slow
+def test_the_autograder_zip_with_hidden_tests_grades_with_them(tmp_path):
+    """`make autograder TESTS=DIR`: run_autograder, called with no arguments as Gradescope does,
+    grades with the hidden suite (three milestones of relu tests) and shows no hidden test name."""
+    from test_exploits import hidden_suite
+
+    hidden = hidden_suite(tmp_path / "hidden")
+    archive = tmp_path / "autograder.zip"
+    made = subprocess.run(["make", "-s", "autograder", f"AUTOGRADER_ZIP={archive}", f"TESTS={hidden}",
+                           f"PYTHON={sys.executable}"], cwd=REPO, capture_output=True, text=True)
+    assert made.returncode == 0 and "hidden tests from" in made.stdout, made.stderr
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(archive) as unpacked:
+        assert {"hidden-tests/conftest.py", "hidden-tests/test_hidden.py"} <= set(unpacked.namelist())
+        unpacked.extractall(root / "source")
+    env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(DILOCO_NO_APT="1", DILOCO_AUTOGRADER=str(root))
+    subprocess.run(["bash", str(root / "source" / "setup.sh")], env=env, check=True, capture_output=True)
+    for reference, score in ((True, 3), (False, 0)):
+        shutil.rmtree(root / "submission", ignore_errors=True)
+        ws = create_workspace(root / "submission")
+        if reference:
+            shutil.rmtree(ws / "src" / "diloco")
+            shutil.copytree(REPO / "src" / "diloco", ws / "src" / "diloco",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:  # relu written but wrong: its hidden tests fail
+            model = ws / "src" / "diloco" / "model.py"
+            model.write_text(model.read_text().replace('    raise NotImplementedError(\n        "milestone 02 relu',
+                                                       '    return x\n    raise NotImplementedError(\n        "m'))
+        run = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env, capture_output=True,
+                             text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+        results = json.loads((root / "results" / "results.json").read_text())
+        assert results["score"] == score, results["output"]
+        assert [t["extra_data"]["tests_total"] for t in results["tests"][:4]] == [5, 2, 0, 2]  # the hidden suite's
+        text = json.dumps(results)
+        assert "test_relu" not in text, "a hidden test's name is shown"
+        assert ("hidden tests failed" in text) == (not reference), text[:2000]

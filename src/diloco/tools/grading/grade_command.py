@@ -2,7 +2,9 @@
 
 Parses the flags, runs ``diloco.tools.grading.grader.grade``, prints the table and writes
 Gradescope's ``results.json`` (``--json``) and JUnit XML (``--junit``) atomically. A
-submission that cannot be graded at all still gets a ``results.json`` of zeros.
+submission that cannot be graded at all still gets a ``results.json`` of zeros, and its
+one-line error passes through ``grade_text.safe_text``. ``--submissions DIR --out OUT``
+grades a class instead (``diloco.tools.grading.grade_class``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 
 from diloco.tools.cli.errors import CliError
 from diloco.tools.grading.grade_report import error_report, format_table, to_gradescope, to_junit_xml
+from diloco.tools.grading.grade_text import LINE_LIMIT, safe_text
+from diloco.tools.grading.grade_verdicts import HIDDEN_LEVELS
 from diloco.tools.grading.grader import GradingError, grade
 from diloco.tools.runs.atomic_files import atomic_write_text
 
@@ -29,7 +33,42 @@ def _write(path: str, text: str) -> None:
         raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+def _passed_on(args) -> list[str]:
+    """The flags of ``args`` that each submission's own ``diloco grade`` takes too."""
+    flags = ["--timeout", f"{args.timeout:g}", "--call-timeout", f"{args.call_timeout:g}",
+             "--sandbox-user", args.sandbox_user]
+    flags += ["--tests", str(Path(args.tests).resolve())] if args.tests else []
+    flags += ["--hidden", args.hidden] if args.hidden else []
+    return flags + (["--local"] if args.trust_submission else [])
+
+
+def _cmd_grade_class(args) -> int:
+    from diloco.tools.grading.grade_class import grade_class
+
+    folder = Path(args.submissions)
+    if args.impl or args.json or args.junit:
+        raise CliError("--submissions writes a report per submission into --out: no --impl, --json or --junit")
+    if not folder.is_dir():
+        raise CliError(f"--submissions: {folder} is not a folder")
+    if not args.out:
+        raise CliError("--submissions needs --out DIR, the folder for the reports and scores.csv")
+    if args.jobs is not None and args.jobs < 1:
+        raise CliError(f"--jobs must be at least 1, got {args.jobs}")
+    out = Path(args.out)
+    progress = None if args.quiet else (lambda row: print(
+        f"{row.name}: {row.score:g}/{row.max_score:g}" + (f" ({row.error})" if row.error else ""),
+        file=sys.stderr, flush=True))
+    rows = grade_class(folder, out, _passed_on(args), args.jobs, on_done=progress)
+    errors = sum(row.status == "error" for row in rows)
+    print(f"graded {len(rows)} submissions into {safe_text(out, LINE_LIMIT, one_line=True)}: "
+          f"{len(rows) - errors} graded, {errors} could not be graded; scores in "
+          f"{safe_text(out / 'scores.csv', LINE_LIMIT, one_line=True)}")
+    return 0
+
+
 def _cmd_grade(args) -> int:
+    if args.submissions:
+        return _cmd_grade_class(args)
     impl = Path(args.impl) if args.impl else Path.cwd()
     progress = None if args.quiet else (
         lambda wave, extra: print(f"running {len(wave)} milestone(s)"
@@ -38,11 +77,12 @@ def _cmd_grade(args) -> int:
                                   file=sys.stderr, flush=True))
     try:
         report = grade(impl, args.tests, timeout=args.timeout, on_wave=progress, sandbox=not args.trust_submission,
-                       sandbox_user=args.sandbox_user, call_timeout=args.call_timeout)
+                       sandbox_user=args.sandbox_user, call_timeout=args.call_timeout,
+                       hidden=args.hidden or ("milestone" if args.tests else "full"))
     except GradingError as exc:
         if args.json:
             _write(args.json, json.dumps(error_report(impl, str(exc)), indent=2) + "\n")
-        raise CliError(str(exc)) from None
+        raise CliError(safe_text(exc, LINE_LIMIT * 4, one_line=True)) from None
     print(format_table(report))
     if args.json:
         _write(args.json, json.dumps(to_gradescope(report), indent=2) + "\n")
@@ -85,12 +125,23 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--tests", metavar="DIR",
                         help="folder of milestone tests, say a hidden set (default: the suite shipped with this "
                              "grader); the sandbox can never read it")
+    parser.add_argument("--hidden", choices=HIDDEN_LEVELS, metavar="LEVEL",
+                        help="what a failure of the --tests shows: milestone (that a hidden test failed, how many), "
+                             "check (and the check in words) or full (its message and the test names). Default: "
+                             "milestone with --tests, full for the shipped suite")
     parser.add_argument("--json", metavar="FILE", help="also write Gradescope results.json to FILE")
     parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
     parser.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
                         help="wall-clock time allowed for the tests of each milestone; one that runs out fails "
                              "alone and locks its dependants (default 600)")
-    parser.add_argument("--quiet", action="store_true", help="do not print a line per wave")
+    parser.add_argument("--quiet", action="store_true", help="do not print a line per wave (or per submission)")
+    parser.add_argument("--submissions", metavar="DIR",
+                        help="grade a class: each folder of DIR is one learner's submission, graded by its own "
+                             "process and sandbox; writes OUT/<name>/report.txt, results.json, results.xml and "
+                             "OUT/scores.csv (needs --out)")
+    parser.add_argument("--out", metavar="DIR", help="with --submissions: where the reports and scores.csv go")
+    parser.add_argument("--jobs", type=int, metavar="N",
+                        help="with --submissions: submissions graded at once (default and most: one per core)")
     parser.add_argument("--local", "--trust-submission", dest="trust_submission", action="store_true",
                         help="grade in-process: run the graded code inside the test process (fast, but the code "
                              "can forge its score; every report says 'local, not sandboxed'). Default: the "

@@ -3,7 +3,8 @@
 Each milestone ends as one of ``passed``, ``not started``, ``failed``, ``locked`` or
 ``error`` (see ``diloco.tools.grading.grader``); ``GradeReport`` holds the 30 verdicts, and
 those of the optional exercises (``diloco.exercises``), which every output shows in a
-section of its own and none counts in the score.
+section of its own and none counts in the score. Every output passes its text through
+``grade_text.safe_text``: what the submission wrote reaches no terminal or report raw.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import NamedTuple
 
 from diloco.exercises import EXERCISES, Exercise
 from diloco.milestones import MILESTONES, Milestone
+from diloco.tools.grading.grade_text import LINE_LIMIT, safe_data, safe_text
 from diloco.tools.grading.lessons import mistakes_link
 
 __all__ = [
@@ -200,7 +202,7 @@ def format_table(report: GradeReport) -> str:
                 out += failure_lines(r, " " * 8, rerun_command(report, r))
         out += ["", report.exercise_line()]
     out += ["", report.progress_line()]
-    return "\n".join(out)
+    return "\n".join(safe_text(line, LINE_LIMIT, one_line=True) for line in out)
 
 
 def _output_text(r: MilestoneResult, rerun: str | None = None) -> str:
@@ -270,7 +272,7 @@ def to_gradescope(report: GradeReport) -> dict:
             },
         })
     tests += [_exercise_entry(r, _output_text(r, f"{r.rerun} (in your workspace)")) for r in report.exercises]
-    return {
+    return safe_data({
         "score": float(sum(t["score"] for t in tests)),
         "max_score": float(sum(t["max_score"] for t in tests)),
         "execution_time": round(report.duration, 3),
@@ -279,7 +281,7 @@ def to_gradescope(report: GradeReport) -> dict:
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,
-    }
+    })
 
 
 def _suite_attrs(name: str, results: tuple[MilestoneResult, ...], duration: float) -> dict:
@@ -314,6 +316,10 @@ def to_junit_xml(report: GradeReport) -> str:
                 ET.SubElement(case, "error", message=r.summary, type="Error").text = _output_text(r, rerun)
             elif r.status == LOCKED:
                 ET.SubElement(case, "skipped", message=f"locked: {r.summary}")
+    for element in suites.iter():
+        element.attrib = {key: safe_text(value, LINE_LIMIT, one_line=True) for key, value in element.attrib.items()}
+        if element.text:
+            element.text = safe_text(element.text)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
@@ -327,5 +333,6 @@ def error_report(impl: Path, message: str) -> dict:
                              "depends_on": list(m.depends_on), "blocked_by": [], "lesson": m.lesson}}
              for m in MILESTONES]
     tests += [_exercise_entry(MilestoneResult(e, ERROR, message), f"error: {message}") for e in EXERCISES]
-    return {"score": 0.0, "max_score": float(len(MILESTONES)), "execution_time": 0.0, "output": f"error: {message}",
-            "output_format": "text", "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+    return safe_data({"score": 0.0, "max_score": float(len(MILESTONES)), "execution_time": 0.0,
+                      "output": f"error: {message}", "output_format": "text", "visibility": "visible",
+                      "stdout_visibility": "hidden", "tests": tests})

@@ -5,13 +5,62 @@
 * ``round_tolerances`` shows ``atol=1.0000000000000001e-07`` as ``atol=1e-07``.
 * ``shown_lines`` cuts a failure message to a few lines, and when it shows an expected
   array beside the one got, it shows the same rows of both.
+* ``safe_text`` makes a string that may come from the submission (an exception's message,
+  a crash's output, a path) safe for a terminal, JSON, XML or HTML: every output of the
+  grader passes its text through it, and nothing else escapes.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
-__all__ = ["plain_math", "round_tolerances", "shown_lines"]
+__all__ = ["plain_math", "round_tolerances", "shown_lines", "safe_text", "safe_data", "TEXT_LIMIT", "LINE_LIMIT"]
+
+# Shown as they are: printable ASCII, the newline, and non-ASCII letters, marks, digits,
+# punctuation, symbols and spaces. Escaped: C0 and C1 controls (ESC, so every ANSI and OSC
+# sequence; BEL, backspace, carriage return, tab, DEL), format characters (bidi overrides
+# and isolates, zero-width marks), line and paragraph separators, surrogates, private-use
+# and unassigned code points.
+_NOT_PLAIN = re.compile(r"[^\x20-\x7e\n]")
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+TEXT_LIMIT = 8000  # characters of one field (a results.json output, a JUnit text)
+LINE_LIMIT = 500  # characters of one line of the table, or of a one-line field
+
+
+def _escaped(match: re.Match) -> str:
+    char = match[0]
+    if char == "\n" or (char >= "\xa0" and unicodedata.category(char) not in _ESCAPED_CATEGORIES):
+        return char
+    return char.encode("unicode_escape").decode("ascii")  # \x1b, \x07, \u202e
+
+
+def safe_text(text: object, limit: int = TEXT_LIMIT, *, one_line: bool = False) -> str:
+    """``text`` as it may be shown anywhere: what could act on a terminal or a report reader
+    escaped (``\x1b[2J``, ``\u202e``), at most ``limit`` characters (then how many were cut).
+
+    ``one_line`` escapes newlines too, so the text cannot start a line of its own (the
+    table's rows, an XML attribute, an error message).
+    """
+    text = str(text)
+    cut = max(len(text) - limit, 0)
+    text = _NOT_PLAIN.sub(_escaped, text[:limit])
+    if one_line:
+        text = text.replace("\n", "\\n")
+    if len(text) > limit:  # escapes make it longer
+        cut, text = cut + len(text) - limit, text[:limit]
+    return text + (f" ... ({cut} more characters)" if cut else "")
+
+
+def safe_data(value):
+    """``value`` (a results.json dict) with every string in it, keys included, made safe."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {safe_text(key, LINE_LIMIT, one_line=True): safe_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [safe_data(item) for item in value]
+    return value
 
 _WORDS = {
     "alpha": "alpha", "beta": "beta", "gamma": "gamma", "delta": "delta", "Delta": "Delta", "epsilon": "epsilon",

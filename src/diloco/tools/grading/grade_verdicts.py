@@ -16,7 +16,7 @@ from diloco.tools.grading.grade_report import ERROR, FAILED, LOCKED, NOT_STARTED
 from diloco.tools.grading.grade_text import plain_math, round_tolerances, shown_lines
 from diloco.tools.grading.lessons import common_mistakes, matching_mistakes
 
-__all__ = ["classify", "locked"]
+__all__ = ["classify", "locked", "hide", "HIDDEN_LEVELS"]
 
 
 def _humanise(record: dict) -> str:
@@ -121,3 +121,33 @@ def locked(milestone: Milestone | Exercise, status: dict[int, MilestoneResult]) 
     blocked = tuple(d for d in milestone.depends_on if not status[d].passed)
     needs = by_number(blocked[0]).label if len(blocked) == 1 else ", ".join(f"{d:02d}" for d in blocked)
     return MilestoneResult(milestone, LOCKED, f"needs {needs}", blocked_by=blocked, rerun=_rerun(milestone))
+
+
+# How much a failure of a hidden test shows (``diloco grade --hidden``), least first.
+HIDDEN_LEVELS = ("milestone", "check", "full")
+_KEPT = ("timed out:", "the test run did not reach its first test")  # grader-made lines that name no test
+
+
+def hide(result: MilestoneResult, level: str) -> MilestoneResult:
+    """``result`` as a learner may see it when its tests are hidden.
+
+    ``milestone``: that a hidden test failed, and how many, nothing else; ``check``: also the
+    check in words (the failing test's docstring, else its name); ``full``: everything, the
+    message (which the submission can fill with the test's inputs) and the test names too.
+    No level but ``full`` shows a test's name, node id, message, output or matching mistakes.
+    """
+    if level not in HIDDEN_LEVELS:
+        raise ValueError(f"hidden level must be one of {', '.join(HIDDEN_LEVELS)}, got {level!r}")
+    if level == "full" or result.status not in (FAILED, ERROR):
+        return result
+    failed = len(result.failing) or 1
+    if result.status == FAILED:
+        summary = result.summary if level == "check" else "a hidden test failed"
+        detail = (f"{failed} of {result.tests_total} hidden tests failed; the hidden tests and their messages "
+                  "are not shown",)
+    elif result.tests_total == 0:
+        summary, detail = f"no hidden tests for {result.milestone.marker}", ()
+    else:
+        summary = "the hidden tests did not run to the end"
+        detail = tuple(line for line in result.detail if line.startswith(_KEPT))[:1]
+    return result._replace(summary=summary, detail=detail, failing=(), mistakes=())

@@ -63,7 +63,7 @@ from diloco.tools.grading.grade_report import (
     to_gradescope,
     to_junit_xml,
 )
-from diloco.tools.grading.grade_verdicts import classify, locked
+from diloco.tools.grading.grade_verdicts import HIDDEN_LEVELS, classify, hide, locked
 from diloco.tools.grading.grade_waves import (
     GRADER_ROOT,
     GradingError,
@@ -74,7 +74,7 @@ from diloco.tools.grading.grade_waves import (
     run_wave,
     unreported,
 )
-from diloco.tools.sandbox.box import Unavailable, prepare
+from diloco.tools.sandbox.box import Refused, Unavailable, prepare
 
 __all__ = [
     "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
@@ -117,7 +117,7 @@ def default_tests_dir() -> Path:
 def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float = 600.0,
           python: str | None = None, on_wave: Callable[[list[int], list[str]], None] | None = None,
           sandbox: bool = True, sandbox_user: str = "nobody", call_timeout: float = 120.0,
-          disk: int = 64 << 20) -> GradeReport:
+          disk: int = 64 << 20, hidden: str = "full") -> GradeReport:
     """Grade the ``diloco`` package in folder ``impl`` against the milestone tests.
 
     Parameters
@@ -135,6 +135,9 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     call_timeout : seconds allowed for one call of a graded function in the sandbox, every
         callback it asks for included.
     disk : bytes the sandbox may write (the size of its tmpfs).
+    hidden : how much a failure shows when ``tests`` are hidden from the learner
+        (``grade_verdicts.HIDDEN_LEVELS``): ``milestone`` (that a hidden test failed),
+        ``check`` (and the check in words) or ``full`` (messages and test names too).
 
     Raises
     ------
@@ -143,6 +146,8 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
         ``sandbox``) the isolation cannot be had here: the message says how to enable it.
     """
     start = time.perf_counter()
+    if hidden not in HIDDEN_LEVELS:
+        raise GradingError(f"hidden must be one of {', '.join(HIDDEN_LEVELS)}, got {hidden!r}")
     impl = Path(impl).expanduser().resolve()
     package_root = find_package_root(impl)
     tests_dir = Path(tests).expanduser().resolve() if tests is not None else default_tests_dir()
@@ -165,6 +170,9 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
             except Unavailable as exc:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise GradingError(f"cannot sandbox the submission: {exc}") from None
+            except Refused as exc:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise GradingError(f"the submission is refused: {exc}") from None
         try:
             workdir = make_workdir(Path(tmp), package_root, config)
             if config is None:
@@ -214,9 +222,9 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
             status.setdefault(m.number, MilestoneResult(m, LOCKED, "dependency cycle"))
         for e in EXERCISES:
             done.setdefault(e.code, MilestoneResult(e, LOCKED, "dependency cycle"))
-    results = tuple(status[m.number] for m in MILESTONES)
+    results = tuple(hide(status[m.number], hidden) for m in MILESTONES)
     return GradeReport(results, impl, imported_from, tests_dir, time.perf_counter() - start, guarded,
-                       tuple(done[e.code] for e in EXERCISES))
+                       tuple(hide(done[e.code], hidden) for e in EXERCISES))
 
 
 # The command line (``diloco grade``, and this file run as a script) lives in grade_command,

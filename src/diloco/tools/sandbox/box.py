@@ -54,12 +54,22 @@ from diloco.tools.sandbox.sandbox_root import (
     runtime,
 )
 
-__all__ = ["SandboxError", "Unavailable", "Sandbox", "prepare", "protections", "missing", "find_bwrap",
-           "HOW_TO_ENABLE"]
+__all__ = ["SandboxError", "Unavailable", "Refused", "Sandbox", "prepare", "check_package", "protections", "missing",
+           "find_bwrap", "HOW_TO_ENABLE", "PACKAGE_LIMIT"]
 
 _PR_SET_PDEATHSIG = 1
-DEFAULT_LIMITS = {"cpu": 600, "as": 4 << 30, "nproc": 64, "fsize": 256 << 20, "nofile": 256, "core": 0}
 DEFAULT_DISK = 64 << 20
+# fsize is the disk quota (prepare sets it to ``disk``): no file on the tmpfs can be larger,
+# and the worker's stdout and stderr, one file of the grader's, stop there too.
+DEFAULT_LIMITS = {"cpu": 600, "as": 4 << 30, "nproc": 64, "fsize": DEFAULT_DISK, "nofile": 256, "core": 0}
+
+
+PACKAGE_LIMIT = 32 << 20  # bytes of the graded package copied for the sandbox, at most
+PACKAGE_ENTRIES = 5000  # files and folders in it, at most
+
+
+class Refused(ValueError):
+    """The graded package cannot be copied for the sandbox: too large, or a sparse or special file."""
 
 
 class SandboxError(BaseException):
@@ -68,7 +78,8 @@ class SandboxError(BaseException):
 
 def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limits=None,
             call_timeout: float = 120.0, python: str | None = None, disk: int = DEFAULT_DISK,
-            packages: tuple[str, ...] = ("numpy",), as_user: bool = False) -> dict:
+            packages: tuple[str, ...] = ("numpy",), as_user: bool = False,
+            package_limit: int = PACKAGE_LIMIT) -> dict:
     """Fill ``folder`` (empty, made by the caller) for a sandbox; the config a ``Sandbox`` takes.
 
     ``package_root`` holds the graded ``diloco`` package; it is copied, so the original is
@@ -77,7 +88,8 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
     shows; ``disk`` is the size of the worker's tmpfs in bytes; ``packages`` what the graded
     code may import besides the standard library. ``as_user``: as root, start bubblewrap itself
     as ``user``, in a user namespace (what happens anyway where root cannot make namespaces).
-    ``Unavailable`` when the sandbox cannot be isolated here.
+    ``Unavailable`` when the sandbox cannot be isolated here; ``Refused``, before anything is
+    copied, when the package is over ``package_limit`` bytes or holds a sparse or special file.
     """
     import sys
 
@@ -89,6 +101,7 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
         found = runtime(python or sys.executable, tuple(packages))
     except RuntimeError as exc:
         raise Unavailable(f"{exc}; the sandbox needs an interpreter with {', '.join(packages)}") from None
+    check_package(package_root / "diloco", package_limit)
     shutil.copytree(package_root / "diloco", folder / "pkg" / "diloco", ignore=_plain_files_only, symlinks=True)
     (folder / "bin").mkdir()
     here = Path(__file__).resolve().parent
@@ -106,7 +119,7 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
         "paths": found["paths"], "shown": shown, "folder": str(folder), "package_root": PKG,
         "mode": launch["mode"], "launch_as": launch["launch_as"], "uid": launch["uid"], "gid": launch["gid"],
         "user": user if os.geteuid() == 0 else None, "packages": list(packages), "disk": int(disk),
-        "limits": {**DEFAULT_LIMITS, **(limits or {})}, "call_timeout": float(call_timeout),
+        "limits": {**DEFAULT_LIMITS, "fsize": int(disk), **(limits or {})}, "call_timeout": float(call_timeout),
     }
 
 
@@ -121,6 +134,46 @@ def _plain_files_only(directory: str, names: list[str]) -> set[str]:
         if name == "__pycache__" or name.endswith(".pyc") or not plain:
             skipped.add(name)
     return skipped
+
+
+def check_package(package: Path, limit: int = PACKAGE_LIMIT) -> None:
+    """``Refused`` unless what ``prepare`` would copy of ``package`` is at most ``limit`` bytes
+    (sizes as the files claim them) in at most ``PACKAGE_ENTRIES`` entries, with no sparse
+    file (a hole is read as zeros: copied dense) and no FIFO, socket or device."""
+    total = entries = 0
+    for folder, dirs, names in os.walk(package):  # symbolic links to folders are not entered
+        skipped = _plain_files_only(folder, dirs + names)
+        dirs[:] = [name for name in dirs if name not in skipped]
+        for name in sorted(set(dirs + names) - skipped):
+            path = os.path.join(folder, name)
+            shown = os.path.relpath(path, package.parent)
+            entries += 1
+            if entries > PACKAGE_ENTRIES:
+                raise Refused(f"the package holds more than {PACKAGE_ENTRIES} files and folders")
+            if name in dirs:
+                continue
+            if _sparse(path):
+                raise Refused(f"{shown} is a sparse file")
+            total += os.lstat(path).st_size
+            if total > limit:
+                raise Refused(f"the package is larger than {limit >> 20} MiB (at {shown})")
+        for name in sorted(skipped):
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+            if not (stat.S_ISLNK(mode) or stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise Refused(f"{os.path.relpath(os.path.join(folder, name), package.parent)} is a special file "
+                              "(a FIFO, socket or device)")
+
+
+def _sparse(path: str) -> bool:
+    """A regular file with a hole before its end (``SEEK_HOLE``; exact whatever the compression)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        size = os.fstat(fd).st_size
+        return size > 0 and os.lseek(fd, 0, os.SEEK_HOLE) < size
+    except OSError:  # no SEEK_HOLE here: every file reads as dense
+        return False
+    finally:
+        os.close(fd)
 
 
 _REQUIRED_LIMITS = ("cpu", "as", "nproc", "fsize")

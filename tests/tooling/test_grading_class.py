@@ -1,0 +1,80 @@
+"""``diloco grade --submissions DIR --out OUT``: a class at once, one report per learner and a CSV.
+
+The class: a stub workspace (0), a reference copy (3: milestones 01, 02 and 04 of the small
+hidden suite of ``test_exploits``), a package that does not import (an error row, still a
+report of zeros) and a folder whose name holds escape sequences and a formula. Graded in
+the sandbox, two at a time.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import time
+
+import pytest
+from test_exploits import REPO, hidden_suite, stub_workspace  # noqa: F401  (a fixture)
+
+from diloco.tools.cli.main import main
+from diloco.tools.grading.grade_class import grade_class, submissions
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def graded(stub_workspace, tmp_path_factory):  # noqa: F811
+    base = tmp_path_factory.mktemp("class")
+    tests = hidden_suite(base / "hidden")
+    folder = base / "submissions"
+    shutil.copytree(stub_workspace / "src", folder / "ada" / "src")
+    shutil.copytree(REPO / "src" / "diloco", folder / "bob" / "diloco", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(stub_workspace / "src", folder / "cy" / "src")
+    (folder / "cy" / "src" / "diloco" / "__init__.py").write_text("raise ImportError('\\x1b[2Jbroken')\n")
+    shutil.copytree(stub_workspace / "src", folder / "=cmd|\x1b[31mdee" / "src")
+    out = base / "out"
+    start = time.monotonic()
+    code = main(["grade", "--submissions", str(folder), "--out", str(out), "--tests", str(tests), "--jobs", "2",
+                 "--quiet"])
+    return {"code": code, "out": out, "folder": folder, "seconds": time.monotonic() - start}
+
+
+def test_each_learner_gets_a_report_and_a_row_of_the_csv(graded):
+    assert graded["code"] == 0
+    out = graded["out"]
+    with open(out / "scores.csv", newline="") as handle:
+        rows = {row["name"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == {"ada", "bob", "cy", "_cmd___31mdee"}
+    assert {name: float(row["score"]) for name, row in rows.items()} == {"ada": 0, "bob": 3, "cy": 0,
+                                                                        "_cmd___31mdee": 0}
+    assert rows["cy"]["status"] == "error" and "does not import" in rows["cy"]["error"]
+    assert "\x1b" not in rows["cy"]["error"] and "\\x1b[2Jbroken" in rows["cy"]["error"]
+    assert all(rows[name]["status"] == "graded" for name in ("ada", "bob", "_cmd___31mdee"))
+    for name in rows:
+        results = json.loads((out / name / "results.json").read_text())
+        assert results["score"] == float(rows[name]["score"]) and len(results["tests"]) == 33
+        assert (out / name / "report.txt").read_text().strip()
+    assert "3/30 passed" in (out / "bob" / "report.txt").read_text()
+    assert (out / "bob" / "results.xml").read_text().startswith("<?xml")
+
+
+def test_names_are_made_plain_and_unique_and_a_formula_is_never_a_cell(tmp_path):
+    for name in ("a", "a b", "a_b", "=1+1", "...", "x\x1b[2J"):
+        (tmp_path / "in" / name).mkdir(parents=True)
+    names = [name for name, _ in submissions(tmp_path / "in")]
+    assert len(set(names)) == len(names) == 6 and all("\x1b" not in n and "/" not in n for n in names)
+    assert all(not n.startswith(("=", "+", "-", "@")) and n.strip("._") for n in names)
+    (tmp_path / "empty").mkdir()
+    assert grade_class(tmp_path / "empty", tmp_path / "out", [], 1) == []
+    assert (tmp_path / "out" / "scores.csv").read_text() == "name,score,max_score,status,error\n"
+
+
+def test_bad_class_flags_are_one_line_before_any_work(tmp_path, capsys):
+    for argv, message in [(["--submissions", str(tmp_path / "no")], "is not a folder"),
+                          (["--submissions", str(tmp_path)], "needs --out"),
+                          (["--submissions", str(tmp_path), "--out", str(tmp_path / "o"), "--impl", "."], "no --impl"),
+                          (["--submissions", str(tmp_path), "--out", str(tmp_path / "o"), "--jobs", "0"], "--jobs")]:
+        assert main(["grade", *argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "o").exists()
