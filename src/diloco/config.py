@@ -28,9 +28,10 @@ from diloco._validation import (
     check_real,
     check_seed,
 )
-from diloco.config_sections import AsyncConfig, FamilyConfig, check_known_fields
+from diloco.config_sections import MODELS, AsyncConfig, FamilyConfig, TransformerShape, check_known_fields
 
-__all__ = ["AdamWConfig", "MuonConfig", "DiLoCoConfig", "FamilyConfig", "AsyncConfig", "OUTER_OPTIMIZER_NAMES",
+__all__ = ["AdamWConfig", "MuonConfig", "DiLoCoConfig", "FamilyConfig", "AsyncConfig", "TransformerShape",
+           "OUTER_OPTIMIZER_NAMES",
            "INNER_OPTIMIZER_NAMES",
            "MUON_SCALES"]
 
@@ -266,6 +267,15 @@ class DiLoCoConfig:
     asynchrony : AsyncConfig
         The workers' speeds and asynchronous DiLoCo (``diloco.config_sections.AsyncConfig``,
         Liu et al. 2024); the default is synchronous DiLoCo with equal workers.
+    model : "mlp" or "transformer"
+        The MLP of milestones 01-10 with ``hidden_sizes`` (default), or a causal
+        transformer language model (``diloco.models``) with ``transformer``'s shape, for
+        the character-level task only (index windows and a ``diloco.text.OneHot``
+        encoder, whose vocabulary and window length it takes). The transformer runs
+        through ``diloco.core`` (``diloco.core.model_seam``), never the milestone model.
+    transformer : TransformerShape
+        The transformer's width, heads, blocks, MLP ratio and output tying; off its
+        defaults only with ``model="transformer"``.
     """
 
     num_workers: int = 8
@@ -297,6 +307,8 @@ class DiLoCoConfig:
     muon: MuonConfig = field(default_factory=MuonConfig)
     family: FamilyConfig = field(default_factory=FamilyConfig)
     asynchrony: AsyncConfig = field(default_factory=AsyncConfig)
+    model: str = "mlp"
+    transformer: TransformerShape = field(default_factory=TransformerShape)
 
     def __post_init__(self) -> None:
         try:
@@ -357,6 +369,7 @@ class DiLoCoConfig:
             raise ValueError(f"drop_rule must be one of {DROP_RULES}, got {self.drop_rule!r}")
         if self.drop_rule != "carry" and drop_prob == 0:
             raise ValueError(f"drop_rule={self.drop_rule!r} needs drop_prob > 0 (no worker is ever dropped)")
+        self._check_model()
         if self.noniid_split not in NONIID_SPLITS:
             raise ValueError(f"noniid_split must be one of {NONIID_SPLITS}, got {self.noniid_split!r}")
         if self.noniid_split != "label" and self.iid:
@@ -370,13 +383,28 @@ class DiLoCoConfig:
             "drop_prob": drop_prob,
         }
 
+    def _check_model(self) -> None:
+        """The model's name, and no setting of the other model's."""
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if not isinstance(self.transformer, TransformerShape):
+            raise TypeError(f"transformer must be a TransformerShape, got {type(self.transformer).__name__}")
+        if self.model == "mlp" and self.transformer != TransformerShape():
+            raise ValueError("transformer settings need model='transformer' (the MLP would ignore them)")
+        if self.model == "transformer" and tuple(self.hidden_sizes) != (128,):
+            raise ValueError("hidden_sizes configure the MLP: the transformer's shape is the transformer section "
+                             "(d_model, n_heads, n_layers, mlp_ratio, tied)")
+
     @property
     def total_steps(self) -> int:
         """Inner steps per worker over the whole run, ``rounds * inner_steps``."""
         return self.rounds * self.inner_steps
 
     def replace(self, **changes: Any) -> DiLoCoConfig:
-        """A copy with some fields changed (validated again). ``inner``, ``muon`` and ``family`` may be dicts."""
+        """A copy with some fields changed (validated again).
+
+        Its sections (``inner``, ``muon``, ``family``, ``asynchrony``, ``transformer``) may be dicts.
+        """
         if isinstance(changes.get("inner"), dict):
             changes["inner"] = dataclasses.replace(self.inner, **changes["inner"])
         if isinstance(changes.get("muon"), dict):
@@ -385,6 +413,8 @@ class DiLoCoConfig:
             changes["family"] = dataclasses.replace(self.family, **changes["family"])
         if isinstance(changes.get("asynchrony"), dict):
             changes["asynchrony"] = dataclasses.replace(self.asynchrony, **changes["asynchrony"])
+        if isinstance(changes.get("transformer"), dict):
+            changes["transformer"] = dataclasses.replace(self.transformer, **changes["transformer"])
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -411,6 +441,8 @@ class DiLoCoConfig:
             data["family"] = FamilyConfig.from_dict(data["family"])
         if "asynchrony" in data:
             data["asynchrony"] = AsyncConfig.from_dict(data["asynchrony"])
+        if "transformer" in data:
+            data["transformer"] = TransformerShape.from_dict(data["transformer"])
         if "hidden_sizes" in data and isinstance(data["hidden_sizes"], list):
             data["hidden_sizes"] = tuple(data["hidden_sizes"])
         return cls(**data)

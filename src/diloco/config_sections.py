@@ -20,7 +20,7 @@ from diloco._validation import check_nonneg_int, check_positive_int, check_real
 
 __all__ = ["FamilyConfig", "CommSpec", "WIRE_FIELDS", "FORMATS", "PATTERNS", "TRANSFORMS", "SPARSE_BITS",
            "MAX_DCT_CHUNK",
-           "check_known_fields", "AsyncConfig"]
+           "check_known_fields", "AsyncConfig", "MODELS", "TransformerShape"]
 
 # Wire formats of outer gradients (diloco.core.quantize).
 FORMATS = ("float64", "float32", "float16", "bfloat16", "int8", "fp4")
@@ -218,14 +218,19 @@ class FamilyConfig(CommSpec):
     def check_against(self, config) -> None:
         """Raise ``ValueError`` unless these settings fit ``config`` (a ``DiLoCoConfig``).
 
-        P must not exceed the MLP's layers (``len(hidden_sizes) + 1``) nor H; tau < H for
+        P must not exceed the model's layers (the MLP's ``len(hidden_sizes) + 1``, the
+        transformer's ``n_layers + 2`` blocks) nor H; tau < H for
         Streaming DiLoCo; tau in {0, H} for eager updates. Every other mechanism of
         ``DiLoCoConfig`` composes with these settings (``diloco.core``).
         """
-        layers, inner_steps = len(config.hidden_sizes) + 1, config.inner_steps
+        inner_steps = config.inner_steps
+        if config.model == "transformer":
+            layers, source = config.transformer.blocks(), f"n_layers {config.transformer.n_layers} + 2"
+        else:
+            layers, source = len(config.hidden_sizes) + 1, f"hidden_sizes {config.hidden_sizes}"
         if self.fragments > layers:
             raise ValueError(f"fragments ({self.fragments}) must not exceed the model's layers ({layers}, "
-                             f"from hidden_sizes {config.hidden_sizes})")
+                             f"from {source})")
         if self.fragments > inner_steps:
             raise ValueError(f"fragments ({self.fragments}) must not exceed inner_steps ({inner_steps})")
         tau = self.tau(inner_steps)
@@ -368,4 +373,53 @@ class AsyncConfig:
         data = dict(data)
         if isinstance(data.get("step_times"), list):
             data["step_times"] = tuple(data["step_times"])
+        return cls(**data)
+
+
+# --- The model: the MLP (milestones 01-10) or a causal transformer LM (diloco.models) ---
+
+MODELS = ("mlp", "transformer")
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """The transformer's shape: ``DiLoCoConfig.transformer``, read only with ``model="transformer"``.
+
+    The vocabulary and the context come from the data (the text's characters and its
+    window length ``--context``) and the dtype is the run's, so they are not repeated
+    here (``diloco.core.model_seam`` builds the ``TransformerConfig``). The default is
+    the smallest faithful model of ``docs/transformer.md``: 2 pre-LayerNorm blocks,
+    d = 64, 4 heads of 16, an MLP of 4 d, the output head tied to the token embedding.
+    """
+
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    mlp_ratio: int = 4
+    tied: bool = True
+
+    def __post_init__(self) -> None:
+        try:
+            sizes = {name: check_positive_int(getattr(self, name), name)
+                     for name in ("d_model", "n_heads", "n_layers", "mlp_ratio")}
+            if sizes["d_model"] % sizes["n_heads"]:
+                raise ValueError(f"n_heads must divide d_model ({sizes['d_model']}), got {sizes['n_heads']}")
+            if not isinstance(self.tied, bool):
+                raise TypeError(f"tied must be a bool, got {self.tied!r}")
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"TransformerShape.{exc}") from None
+        for name, value in sizes.items():
+            object.__setattr__(self, name, value)
+
+    def blocks(self) -> int:
+        """Streaming DiLoCo's fragment units: the embeddings, each block, the head (``n_layers + 2``)."""
+        return self.n_layers + 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformerShape:
+        """Build from a dict (``DiLoCoConfig.to_dict()["transformer"]``); unknown keys raise ``ValueError``."""
+        check_known_fields(cls, data, "DiLoCoConfig.transformer")
         return cls(**data)

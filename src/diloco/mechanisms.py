@@ -159,14 +159,24 @@ def init_inner_state(params: Params, config: DiLoCoConfig):
 
 
 def uses_plain_worker(config: DiLoCoConfig, encode=None) -> bool:
-    """Whether milestone 20 (``inner_train_worker``) runs the workers as they are: AdamW
-    with a constant lr, no clipping and no input encoder."""
+    """Whether milestone 20 (``inner_train_worker``) runs the workers as they are: the MLP
+    and AdamW with a constant lr, no clipping and no input encoder."""
     return (config.lr_schedule == "constant" and config.clip_norm is None and encode is None
-            and config.inner_optimizer == "adamw")
+            and config.inner_optimizer == "adamw" and config.model == "mlp")
+
+
+def loss_and_grads(params: Params, x_batch: np.ndarray, y_batch: np.ndarray, dtype, encode=None, model=None):
+    """One batch's loss and gradient: ``model.loss_and_grads``, or the MLP's milestones 03-10 (after ``encode``)."""
+    if model is not None:
+        return model.loss_and_grads(params, x_batch, y_batch)
+    if encode is not None:
+        x_batch = encode(x_batch, dtype)
+    logits, cache = model_forward(params, x_batch)
+    return cross_entropy_loss(logits, y_batch), model_backward(params, cache, y_batch)
 
 
 def train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_shard: np.ndarray,
-                 config: DiLoCoConfig, rng, *, encode=None, steps: int | None = None
+                 config: DiLoCoConfig, rng, *, encode=None, steps: int | None = None, model=None
                  ) -> tuple[Params, AdamWState, np.ndarray]:
     """``steps`` (default ``config.inner_steps``) local steps of one worker with the paper's mechanisms.
 
@@ -190,6 +200,9 @@ def train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_
         ``encode(x_batch, dtype) -> (b, d_in)`` model inputs (``diloco.text.OneHot``).
     steps : int, keyword-only, optional
         How many steps (Streaming DiLoCo stops a worker at its fragments' sync steps).
+    model : keyword-only, optional
+        A model of ``diloco.core.model_seam`` (the transformer): its ``loss_and_grads``
+        replaces the MLP's forward, loss and backward (and ``encode`` is not used).
 
     Returns
     -------
@@ -201,11 +214,7 @@ def train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_
     losses = np.empty(steps, dtype=np.float64)
     for step in range(steps):
         x_batch, y_batch = sample_worker_batch(x_shard, y_shard, config.batch_size, rng)
-        if encode is not None:
-            x_batch = encode(x_batch, dtype)
-        logits, cache = model_forward(worker_params, x_batch)
-        losses[step] = cross_entropy_loss(logits, y_batch)
-        grads = model_backward(worker_params, cache, y_batch)
+        losses[step], grads = loss_and_grads(worker_params, x_batch, y_batch, dtype, encode, model)
         worker_params, adam_state = inner_step(worker_params, adam_state, grads, config)
     return worker_params, adam_state, losses
 

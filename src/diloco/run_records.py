@@ -23,6 +23,7 @@ from diloco._validation import (
     check_params,
 )
 from diloco.config import DiLoCoConfig
+from diloco.core.model_seam import data_model, model_of, parameter_count, with_model_defaults
 from diloco.evaluation import classification_accuracy, communication_savings, evaluate_loss
 from diloco.mechanisms import global_norm
 from diloco.model import Params, init_model_params, relu
@@ -184,7 +185,10 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
     Used by ``train_diloco``, ``train_synchronous_baseline`` and the MPI backend, so for
     one seed they all start from the same shards and the same initial model. With
     ``encode``, ``x`` holds index windows of width ``encode.input_width`` and the model's
-    input width is ``encode.num_features``. ``on_round``, if given, is only checked to be
+    input width is ``encode.num_features``. With ``config.model == "transformer"`` the
+    model is ``diloco.core.model_seam.data_model``'s, initialised from the same point of
+    the rng stream (after the shards), and the returned config carries what the model
+    fixes (``with_model_defaults``: Muon's matrices). ``on_round``, if given, is only checked to be
     callable (a trainer's callback, refused before any training).
 
     Returns
@@ -223,11 +227,16 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
     if num_classes < 2:
         raise ValueError("y must hold at least two classes (labels 0 and 1 at least): with one, every accuracy "
                          "would be a meaningless 1.0")
-    layer_sizes = (num_features, *config.hidden_sizes, num_classes)
-    num_params = sum(a * b + b for a, b in zip(layer_sizes[:-1], layer_sizes[1:], strict=True))
+    model = data_model(config, x, encode)  # None: the MLP
+    if model is None:
+        layer_sizes = (num_features, *config.hidden_sizes, num_classes)
+        num_params = sum(a * b + b for a, b in zip(layer_sizes[:-1], layer_sizes[1:], strict=True))
+        what = f"layer sizes {layer_sizes} (C = largest label in y or y_eval + 1)"
+    else:
+        num_params, what = parameter_count(model), f"the transformer {model.config}"
     check_fits_in_memory(num_params * np.dtype(config.dtype).itemsize * (3 * config.num_workers + 4), "the model",
-                         f"layer sizes {layer_sizes} (C = largest label in y or y_eval + 1), "
-                         f"{num_params:,} parameters, with K = {config.num_workers} workers' copies and states,")
+                         f"{what}, {num_params:,} parameters, with K = {config.num_workers} workers' copies and "
+                         f"states,")
     rng = np.random.default_rng(config.seed) if rng is None else check_generator(rng)
     if config.iid:
         shards = iid_shard_dataset(x, y, config.num_workers, rng)
@@ -237,11 +246,14 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
         shards = topic_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
     else:
         shards = noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
-    params = init_model_params(layer_sizes, rng, dtype=np.dtype(config.dtype))
-    return config, rng, shards, params
+    if model is None:
+        params = init_model_params(layer_sizes, rng, dtype=np.dtype(config.dtype))
+    else:
+        params = model.init_params(rng)
+    return with_model_defaults(config, params), rng, shards, params
 
 
-def held_out_metrics(params: Params, x_eval, y_eval, encode=None) -> tuple[float, float]:
+def held_out_metrics(params: Params, x_eval, y_eval, encode=None, model=None) -> tuple[float, float]:
     """``(evaluate_loss, classification_accuracy)`` of ``params`` on held-out data.
 
     Without ``encode`` these are milestones 28 and 29 on the whole array. With an encoder
@@ -250,8 +262,10 @@ def held_out_metrics(params: Params, x_eval, y_eval, encode=None) -> tuple[float
     ``relu`` (milestone 02) applied once, and milestones 28 and 29 run on the remaining
     layers. With another encoder, the windows are encoded ``EVAL_CHUNK`` rows at a time.
     Either way the chunks' means are combined, weighted by their sizes, so no dense
-    ``(n, c V)`` matrix is ever built.
+    ``(n, c V)`` matrix is ever built. With a ``model`` (the transformer), its ``metrics``.
     """
+    if model is not None:
+        return model.metrics(params, x_eval, y_eval)
     if encode is None:
         return evaluate_loss(params, x_eval, y_eval), classification_accuracy(params, x_eval, y_eval)
     dtype = next(iter(params.values())).dtype
@@ -288,7 +302,8 @@ def finish_record(record: RoundRecord, round_index: int, config, params, x_eval,
     if x_eval is None:
         record["eval_loss"] = record["eval_accuracy"] = record["eval_perplexity"] = record["eval_bits"] = None
     else:
-        record["eval_loss"], record["eval_accuracy"] = held_out_metrics(params, x_eval, y_eval, encode)
+        record["eval_loss"], record["eval_accuracy"] = held_out_metrics(params, x_eval, y_eval, encode,
+                                                                        model_of(config, params))
         record["eval_perplexity"] = perplexity(record["eval_loss"])
         record["eval_bits"] = bits_per_char(record["eval_loss"])
     history.append(record)

@@ -2,9 +2,10 @@
 
 * On the reference executor with default settings the driver is milestone 26 / 27 bit
   for bit.
-* Every feature of ``diloco.core.features.FEATURES``, for both algorithms, on every
-  executor: it works (stacked within 1e-10 relative of the reference in float64, MPI
-  bit for bit, and the feature changes the result), or it is refused by design in one
+* Every feature of ``diloco.core.features.FEATURES``, for both algorithms and both models
+  (the MLP and a tiny transformer), on every executor: it works (stacked within 1e-10
+  relative of the reference in float64, MPI bit for bit, and the feature changes the
+  result), or it is refused by design in one
   line before any work. The table is the docs' matrix too.
 """
 
@@ -20,6 +21,7 @@ import pytest
 from resume_helpers import assert_resumes_bit_identical, run_keeping_checkpoints
 
 from diloco import DiLoCoConfig, train_diloco, train_synchronous_baseline
+from diloco.config import TransformerShape
 from diloco.core.divergence import Diverged
 from diloco.core.driver import check_algorithm, train
 from diloco.core.features import FEATURES, cell, render_matrix
@@ -28,7 +30,12 @@ from diloco.data import load_digits_split
 from diloco.text import OneHot, char_windows
 
 BASE = DiLoCoConfig(num_workers=2, inner_steps=4, rounds=2, hidden_sizes=(8, 8), batch_size=8, seed=1)
+# The transformer's cells: a tiny one (1 block, d = 8, 2 heads) on 3-character windows of a 6-letter text.
+BASES = {"mlp": BASE, "transformer": DiLoCoConfig(num_workers=2, inner_steps=4, rounds=2, batch_size=8, seed=1,
+                                                   model="transformer",
+                                                   transformer=TransformerShape(d_model=8, n_heads=2, n_layers=1))}
 ALGOS = ("diloco", "sync")
+MODELS = tuple(BASES)
 
 
 def _digits():
@@ -39,20 +46,26 @@ def _digits():
 def _chars():
     ids = np.random.default_rng(3).integers(0, 6, 300)
     x, y = char_windows(ids, 3)
-    return x[:240], y[:240], x[240:], y[240:]
+    return x[:241], y[:241], x[241:], y[241:]  # unequal shards
 
 
-def _config(feature):
+def _config(feature, model="mlp"):
     changes = dict(feature.changes)
     family = changes.pop("family", None)
-    config = BASE.replace(**changes)
+    config = BASES[model].replace(**changes)
     return config.replace(family=family) if family else config
 
 
-def _run(feature, algo, executor="reference", **kwargs):
-    config = _config(feature)
-    x, y, x_eval, y_eval = _chars() if feature.hook == "encode" else _digits()
-    encode = OneHot(6, 3) if feature.hook == "encode" else None
+def _data(feature, model="mlp"):
+    """``(x, y, x_eval, y_eval, encode)``: characters for the LM feature and for the transformer, else digits."""
+    if feature.hook == "encode" or model == "transformer":
+        return (*_chars(), OneHot(6, 3))
+    return (*_digits(), None)
+
+
+def _run(feature, algo, executor="reference", model="mlp", **kwargs):
+    config = _config(feature, model)
+    x, y, x_eval, y_eval, encode = _data(feature, model)
     hooks = [NetworkTimer(config)] if feature.hook == "clock" else []
     return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor=executor, hooks=hooks,
                  **kwargs)
@@ -77,33 +90,36 @@ def test_the_matrix_in_the_docs_is_the_table_the_tests_run():
     assert render_matrix() in page, "docs/architecture.md: regenerate the matrix with diloco.core.features"
 
 
-CELLS = [(f, algo) for f in FEATURES for algo in ALGOS]
+CELLS = [(f, algo, model) for f in FEATURES for algo in ALGOS for model in MODELS]
+PLAIN = FEATURES[[f.name for f in FEATURES].index("character-level LM")]  # no config change: each model's plain run
 
 
-@pytest.mark.parametrize("feature, algo", CELLS, ids=[f"{f.name}-{a}" for f, a in CELLS])
-def test_every_feature_works_on_reference_and_stacked_or_is_refused_in_one_line(feature, algo):
+@pytest.mark.parametrize("feature, algo, model", CELLS, ids=[f"{f.name}-{a}-{m}" for f, a, m in CELLS])
+def test_every_feature_works_on_reference_and_stacked_or_is_refused_in_one_line(feature, algo, model):
     if cell(feature, algo, "reference") == "refused":
         with pytest.raises(ValueError) as caught:
-            check_algorithm(algo, _config(feature))
+            check_algorithm(algo, _config(feature, model))
         message = str(caught.value)
         assert "\n" not in message and "no outer gradient" in message
         assert feature.changes and any(name.split("=")[0] in message for name in _names(feature)), message
-        x, y, *_ = _digits()
+        x, y, *_, encode = _data(feature, model)
         with pytest.raises(ValueError, match="no outer gradient"):  # the driver refuses before any work
-            train(algo, x, y, _config(feature), hooks=[_NoWork()])
+            train(algo, x, y, _config(feature, model), encode=encode, hooks=[_NoWork()])
         return
     if feature.hook in ("guard", "resume"):
         pytest.skip("a hook, tested below on every executor")
-    reference = _run(feature, algo)
-    stacked = _run(feature, algo, "fast")
-    rtol = 1e-5 if _config(feature).dtype == "float32" else 1e-10
-    np.testing.assert_allclose(_flat(stacked.params), _flat(reference.params), rtol=rtol, atol=rtol * 1e-2)
+    reference = _run(feature, algo, model=model)
+    stacked = _run(feature, algo, "fast", model=model)
+    rtol = 1e-5 if _config(feature, model).dtype == "float32" else 1e-10
+    atol = rtol * (1e-1 if model == "transformer" else 1e-2)  # float32 attention: a few ulps of 1e-2 params
+    np.testing.assert_allclose(_flat(stacked.params), _flat(reference.params), rtol=rtol, atol=atol)
     np.testing.assert_allclose([r["eval_loss"] for r in stacked.history],
                                [r["eval_loss"] for r in reference.history], rtol=rtol)
     assert set(stacked.history[-1]) == set(reference.history[-1])
     if feature.hook == "encode":
-        return  # another task: nothing to compare it with
-    plain = train(algo, *_digits()[:2], BASE, x_eval=_digits()[2], y_eval=_digits()[3])
+        return  # another task (the MLP), or the transformer's plain run: nothing to compare it with
+    plain = train(algo, *_digits()[:2], BASE, x_eval=_digits()[2], y_eval=_digits()[3]) if model == "mlp" else \
+        _run(PLAIN, algo, model=model)
     changed = not np.array_equal(_flat(reference.params), _flat(plain.params))
     new_fields = set(reference.history[-1]) - set(plain.history[-1])
     assert changed or new_fields, f"{feature.flag} had no effect on {algo}"
@@ -131,7 +147,9 @@ def test_the_guard_stops_every_algorithm_on_every_executor(algo, executor):
 RESUMED = [("diloco", {}), ("sync", {}), ("diloco", {"family": {"comm_dtype": "int8", "error_feedback": True}}),
            ("diloco", {"family": {"fragments": 2, "overlap": 1, "mix": 0.5}}), ("diloco", {"family": {"eager": True}}),
            ("diloco", {"drop_prob": 0.5}), ("diloco", {"outer_optimizer": "adam", "outer_lr": 0.05}),
-           ("diloco", {"inner_optimizer": "sgd"}), ("sync", {"inner_optimizer": "sgd"})]
+           ("diloco", {"inner_optimizer": "sgd"}), ("sync", {"inner_optimizer": "sgd"}),
+           ("diloco", {"model": "transformer"}), ("sync", {"model": "transformer"}),
+           ("diloco", {"model": "transformer", "inner_optimizer": "muon", "family": {"fragments": 2, "overlap": 1}})]
 
 
 @pytest.mark.parametrize("engine", ["reference", "fast"])
@@ -139,11 +157,12 @@ RESUMED = [("diloco", {}), ("sync", {}), ("diloco", {"family": {"comm_dtype": "i
 def test_resume_from_every_round_is_bit_identical_for_every_algorithm(algo, changes, engine, tmp_path):
     changes = dict(changes)
     family = changes.pop("family", None)
-    config = BASE.replace(rounds=3, engine=engine, **changes)
+    model = changes.pop("model", "mlp")
+    config = BASES[model].replace(rounds=3, engine=engine, **changes)
     config = config.replace(family=family) if family else config
-    data = _digits()
-    want, copies = run_keeping_checkpoints(algo, data, config, tmp_path)
-    assert_resumes_bit_identical(algo, data, config, want, copies)
+    *data, encode = _data(PLAIN if model == "transformer" else FEATURES[0], model)
+    want, copies = run_keeping_checkpoints(algo, data, config, tmp_path, encode=encode)
+    assert_resumes_bit_identical(algo, data, config, want, copies, encode=encode)
 
 
 # --- MPI: one job runs every cell, each rank compares with nothing; the test compares bytes ---
@@ -162,9 +181,10 @@ for feature in FEATURES:
     for algo in t.ALGOS:
         if cell(feature, algo, "mpi") != "works" or feature.hook in ("guard", "resume"):
             continue
-        result = t._run(feature, algo, "mpi", comm=MPI.COMM_WORLD, timeout=60)
-        out[f"{feature.name}|{algo}"] = [np.concatenate([v.ravel() for v in result.params.values()]).tobytes().hex(),
-                                          [r["eval_loss"] for r in result.history]]
+        for model in t.MODELS:
+            result = t._run(feature, algo, "mpi", model, comm=MPI.COMM_WORLD, timeout=60)
+            flat = np.concatenate([v.ravel() for v in result.params.values()])
+            out[f"{feature.name}|{algo}|{model}"] = [flat.tobytes().hex(), [r["eval_loss"] for r in result.history]]
 if MPI.COMM_WORLD.rank == 0:
     json.dump(out, open(sys.argv[1], "w"))
 """
@@ -180,13 +200,13 @@ def test_every_feature_on_real_mpi_ranks_is_the_single_process_run_bit_for_bit(t
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads((tmp_path / "out.json").read_text())
-    expected = {f"{f.name}|{a}" for f in FEATURES for a in ALGOS
+    expected = {f"{f.name}|{a}|{m}" for f in FEATURES for a in ALGOS for m in MODELS
                 if cell(f, a, "mpi") == "works" and f.hook not in ("guard", "resume")}
     assert set(got) == expected
     for key, (params_hex, losses) in got.items():
-        name, algo = key.split("|")
+        name, algo, model = key.split("|")
         feature = next(f for f in FEATURES if f.name == name)
-        want = _run(feature, algo)
+        want = _run(feature, algo, model=model)
         flat = np.concatenate([v.ravel() for v in want.params.values()])
         assert flat.tobytes().hex() == params_hex, key
         assert losses == [r["eval_loss"] for r in want.history], key

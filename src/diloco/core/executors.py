@@ -17,7 +17,8 @@ Every executor offers the same few methods to ``diloco.core.driver``:
 
 ``ReferenceExecutor`` runs the learner's milestone functions (20, or 16-19 with the
 paper's lr schedule, clipping and an input encoder), so the milestones gate what
-``--engine reference`` trains. ``MPIExecutor`` is the same with one worker per rank and
+``--engine reference`` trains; a transformer (``config.model``) takes the place of the
+MLP's forward and backward (``diloco.core.model_seam``). ``MPIExecutor`` is the same with one worker per rank and
 mpi4py collectives. The fast executor (flat buffers, batched matmul) is
 ``diloco.engine.fast``, outside learner workspaces.
 """
@@ -30,8 +31,8 @@ import time
 import numpy as np
 
 from diloco.core import progress
-from diloco.mechanisms import inner_step, train_worker, uses_plain_worker
-from diloco.model import cross_entropy_loss, model_backward, model_forward
+from diloco.core.model_seam import model_of
+from diloco.mechanisms import inner_step, loss_and_grads, train_worker, uses_plain_worker
 from diloco.params import average_params
 from diloco.sharding import inner_train_worker, sample_worker_batch
 
@@ -57,6 +58,7 @@ class ReferenceExecutor:
     def load(self, worker_params: dict, worker_states: dict) -> None:
         self.params = {k: dict(v) for k, v in worker_params.items()}
         self.states = dict(worker_states)
+        self.model = model_of(self.config, next(iter(worker_params.values())))  # None: the MLP
 
     def run(self, rngs, steps: int, workers=None) -> dict:
         config, losses = self.config, {}
@@ -69,7 +71,8 @@ class ReferenceExecutor:
                         self.params[k], self.states[k], x_k, y_k, piece, config.batch_size, config.inner, rngs[k])
                 else:
                     self.params[k], self.states[k], part = train_worker(
-                        self.params[k], self.states[k], x_k, y_k, config, rngs[k], encode=self.encode, steps=piece)
+                        self.params[k], self.states[k], x_k, y_k, config, rngs[k], encode=self.encode, steps=piece,
+                        model=self.model)
                 parts.append(part)
                 progress.steps_done(piece)
             losses[k] = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -78,10 +81,7 @@ class ReferenceExecutor:
     def _gradient(self, params, k, rng):
         x_k, y_k = self.shards[k]
         x_batch, y_batch = sample_worker_batch(x_k, y_k, self.config.batch_size, rng)
-        if self.encode is not None:  # the character-level task: one-hot windows, batch by batch
-            x_batch = self.encode(x_batch, next(iter(params.values())).dtype)
-        logits, cache = model_forward(params, x_batch)
-        return cross_entropy_loss(logits, y_batch), model_backward(params, cache, y_batch)
+        return loss_and_grads(params, x_batch, y_batch, next(iter(params.values())).dtype, self.encode, self.model)
 
     def run_sync(self, rngs, steps: int) -> dict:
         params, state = self.params[0], self.states[0]

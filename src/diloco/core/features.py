@@ -105,6 +105,8 @@ def render_matrix() -> str:
     for feature in FEATURES:
         cells = [cell(feature, algo, ex) for algo in ("diloco", "sync") for ex in EXECUTOR_NAMES]
         lines.append(f"| {feature.name} | `{feature.flag}` | " + " | ".join(cells) + " |")
-    lines += ["", "Refused by design, in one line (on every executor):", ""]
+    lines += ["", "Every cell holds for both models, the MLP and the transformer (`--model transformer`): the "
+              "composition test runs each.", ""]
+    lines += ["Refused by design, in one line (on every executor):", ""]
     lines += [f"* {feature} with {others}: {why}." for feature, others, why in REFUSED_COMBINATIONS]
     return "\n".join(lines) + "\n"

@@ -34,7 +34,8 @@ from diloco.methods.asynchrony import (
 )
 from diloco.model import Params
 
-__all__ = ["SyncEvent", "fragment_layers", "fragment_keys", "sync_offsets", "sync_steps", "round_plan",
+__all__ = ["SyncEvent", "fragment_layers", "fragment_keys", "block_fragment_keys", "sync_offsets", "sync_steps",
+           "round_plan",
            "merge_step", "event_steps", "ArrivalGroup", "worker_step_times", "worker_local_steps", "async_plan",
            "synchronous_round_seconds", "check_speeds"]
 
@@ -76,6 +77,17 @@ def fragment_keys(params: Params, fragments: int, pattern: str = "strided") -> l
     return [tuple(key for layer in group for key in (f"W{layer}", f"b{layer}"))
             for group in fragment_layers(num_layers, fragments, pattern)]
     # END EXERCISE x02
+
+
+def block_fragment_keys(blocks: list[tuple[str, ...]], fragments: int, pattern: str = "strided"
+                        ) -> list[tuple[str, ...]]:
+    """The keys of each fragment of a model whose units are ``blocks`` (the transformer's).
+
+    ``fragment_layers`` groups the blocks as it groups an MLP's layers: block ``i``
+    (1-based) is layer ``i``.
+    """
+    return [tuple(key for unit in group for key in blocks[unit - 1])
+            for group in fragment_layers(len(blocks), fragments, pattern)]
 
 
 def sync_offsets(fragments: int, inner_steps: int) -> list[int]:

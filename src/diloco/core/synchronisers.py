@@ -31,9 +31,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from diloco.core.model_seam import fragment_units
 from diloco.core.netsim import all_reduce_seconds
 from diloco.core.outer import outer_optimizer
-from diloco.core.schedule import async_plan, event_steps, fragment_keys, merge_step, round_plan
+from diloco.core.schedule import async_plan, block_fragment_keys, event_steps, fragment_keys, merge_step, round_plan
 from diloco.core.state import RunState
 from diloco.core.sync import eager_consensus, eager_sync, merge_fragment, sync_fragment
 from diloco.methods.asynchrony import AsyncOuterState, delayed_outer_update
@@ -169,14 +170,23 @@ class FragmentState(NamedTuple):
     pending: tuple
 
 
+def _fragments(config, params: Params) -> list[tuple[str, ...]]:
+    """The P fragments' keys: the MLP's layers (``fragment_keys``), or the model's blocks."""
+    family, units = config.family, fragment_units(config, params)
+    if units is None:
+        return fragment_keys(params, family.fragments, family.pattern)
+    return block_fragment_keys(units, family.fragments, family.pattern)
+
+
 class FragmentSync:
     """DiLoCo (one fragment) and Streaming DiLoCo (Douillard et al., 2025, arXiv 2501.18512).
 
-    The model's L layers are split into P fragments (``fragment_keys``: *strided*, the
-    paper's choice, or *sequential*). Fragment p synchronises every H inner steps, offset
-    by ``t_p = floor(p H / P)``, so a round of H steps holds one sync of each. At its sync
-    its outer gradient ``Delta_p = theta_p - mean_k theta_{k,p}`` is all-reduced (possibly
-    encoded, ``diloco.core.comm``) and the outer step updates ``theta_p``; the workers keep
+    The model's L layers (a transformer's blocks) are split into P fragments
+    (``fragment_keys``: *strided*, the paper's choice, or *sequential*). Fragment p
+    synchronises every H inner steps, offset by ``t_p = floor(p H / P)``, so a round of H
+    steps holds one sync of each. At its sync its outer gradient
+    ``Delta_p = theta_p - mean_k theta_{k,p}`` is all-reduced (possibly encoded,
+    ``diloco.core.comm``) and the outer step updates ``theta_p``; the workers keep
     training, and ``tau`` steps later (in this round or the next) each merges the result:
     ``theta_{k,p} <- mix theta_p + (1 - mix) theta_{k,p}``. With P = 1, tau = 0 and
     mix = 1 this is DiLoCo, bit for bit.
@@ -185,7 +195,7 @@ class FragmentSync:
     def __init__(self, config, params: Params, weights) -> None:
         family = config.family
         self.config, self.weights, self.order = config, weights, tuple(params)
-        self.keys = [self.order] if family.fragments == 1 else fragment_keys(params, family.fragments, family.pattern)
+        self.keys = [self.order] if family.fragments == 1 else _fragments(config, params)
         self.plan = round_plan(config, self.keys)
         self.tau = family.tau(config.inner_steps)
 

@@ -15,6 +15,9 @@ and stepping differ:
   windows into their one-hot columns once, checked once; a batch draws its columns, and
   the first layer gathers and scatters rows by them (``WorkerStack``, ``context``).
   Any other encoder is called on each batch, into the input buffer;
+* a transformer (``config.model``) takes the MLP kernel's place: ``ModelStack`` calls its
+  ``loss_and_grads`` on views of the flat buffers, one worker at a time, and the flat
+  optimizer kernels step it as they step the MLP;
 * the inner optimizer (``diloco.core.inner``) keeps its stored form in the ``m`` and ``v``
   buffers (``to_moments`` / ``from_moments``) and its flat kernel steps them
   (``diloco.engine.optim.flat_updater``: AdamW; Muon, one batched Newton-Schulz over the K
@@ -33,8 +36,10 @@ import numpy as np
 from diloco.adamw import AdamWState
 from diloco.core import progress
 from diloco.core.inner import inner_optimizer
+from diloco.core.model_seam import model_of
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.layout import choose_layout
+from diloco.engine.model_stack import ModelStack
 from diloco.engine.optim import adamw_scratch, flat_updater
 from diloco.engine.stack import WorkerStack
 from diloco.mechanisms import clip_scale, inner_lr
@@ -62,6 +67,8 @@ class FastExecutor:
         # A one-hot encoder (``OneHot``: ``columns`` and ``first_layer``): each shard's windows become their
         # one-hot columns once, checked once, and the stack gathers its first layer from a batch's columns.
         self.context = getattr(encode, "context", None) if hasattr(encode, "first_layer") else None
+        if config.model != "mlp":  # the transformer reads the index windows themselves
+            self.context = encode = None
         self.encode = None if self.context is not None else encode  # any other encoder: called per batch
         self.shards = [(self._inputs(x_k, encode), np.ascontiguousarray(y_k, dtype=np.intp)) for x_k, y_k in shards]
         self.layout_name = layout
@@ -88,7 +95,11 @@ class FastExecutor:
             pack(worker_states[k].v, self.v[k], self.flat)
         self.steps = [int(worker_states[k].step) for k in range(rows)]  # per worker: asynchronous ones differ
         self.step = self.steps[0]
-        if self.sync_model:
+        model = model_of(self.config, first)
+        if model is not None:  # one worker at a time (engine/model_stack.py says why)
+            self.stacked = self.sync_model
+            self.stack = ModelStack(model, self.flat, 1, K if self.sync_model else 1, b, self.dtype)
+        elif self.sync_model:
             self.stack = WorkerStack(self.flat, 1, K, b, self.dtype, self.context)
             self.stacked = True
         else:

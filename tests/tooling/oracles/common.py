@@ -3,8 +3,8 @@
 Conventions the core follows and the papers leave open, taken here as well:
 
 * **the start**: ``rng = default_rng(config.seed)`` shards the data (milestone 16, or 17
-  for non-IID shards) and then initialises the MLP (milestone 01) from the same
-  generator, in that order;
+  for non-IID shards) and then initialises the MLP (milestone 01; or the transformer,
+  ``config.model``) from the same generator, in that order;
 * **the batches**: at the start of every round (DiLoCo, Streaming, eager) or of every
   group of arrivals (asynchronous DiLoCo) the run's generator spawns K children,
   ``rng.spawn(K)``; worker k draws every mini-batch of that round from child k, with
@@ -26,7 +26,8 @@ from diloco.evaluation import evaluate_loss
 from diloco.model import cross_entropy_loss, init_model_params, model_backward, model_forward
 from diloco.sharding import iid_shard_dataset, noniid_shard_dataset, sample_worker_batch
 
-__all__ = ["OracleResult", "check_supported", "start", "worker_steps", "uses_size_weights", "weighted_mean",
+__all__ = ["OracleResult", "check_supported", "start", "worker_steps", "transformer", "model_of", "loss_and_grads",
+           "held_out_loss", "uses_size_weights", "weighted_mean",
            "outer_sgd", "draw_drops", "fresh_adam", "norm", "round_entry", "ring_bytes"]
 
 
@@ -51,17 +52,56 @@ def check_supported(config) -> None:
         raise NotImplementedError(f"the oracles do not model {named}")
 
 
-def start(x, y, config, y_eval=None):
-    """``(rng, shards, params)``: the shards, then the He-initialised MLP, from ``default_rng(seed)``."""
+def transformer(config, vocab_size: int, context: int):
+    """The transformer of ``config.transformer``'s shape (``diloco.models``, checked on its own by finite
+    differences and against PyTorch), built here from the shape's fields, not by the core's seam."""
+    from diloco.models import TransformerConfig, TransformerModel
+
+    shape = config.transformer
+    return TransformerModel(TransformerConfig(vocab_size=vocab_size, context=context, d_model=shape.d_model,
+                                              n_heads=shape.n_heads, n_layers=shape.n_layers,
+                                              mlp_ratio=shape.mlp_ratio, tied=shape.tied, dtype="float64"))
+
+
+def model_of(config, params: dict):
+    """None for the MLP; the transformer whose embeddings ``params`` holds."""
+    return None if config.model == "mlp" else transformer(config, params["wte"].shape[0], params["wpe"].shape[0])
+
+
+def start(x, y, config, y_eval=None, vocab_size=None):
+    """``(rng, shards, params)``: the shards, then the model, from ``default_rng(seed)``.
+
+    The MLP is He-initialised (milestone 01) for the data's classes; the transformer
+    (``config.model``) draws its own initialisation for ``vocab_size`` tokens and the
+    windows' context.
+    """
     check_supported(config)
     rng = np.random.default_rng(config.seed)
     if config.iid:
         shards = iid_shard_dataset(x, y, config.num_workers, rng)
     else:
         shards = noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
+    if config.model == "transformer":
+        return rng, shards, transformer(config, vocab_size, x.shape[1]).init_params(rng)
     classes = int(y.max()) + 1 if y_eval is None else max(int(y.max()), int(y_eval.max())) + 1
     params = init_model_params((x.shape[1], *config.hidden_sizes, classes), rng, dtype=np.float64)
     return rng, shards, params
+
+
+def loss_and_grads(params: dict, x_b, y_b, config) -> tuple[float, dict]:
+    """The batch's loss and gradient: the MLP's forward, loss and backward, or the transformer's."""
+    model = model_of(config, params)
+    if model is not None:
+        return model.loss_and_grads(params, x_b, y_b)
+    logits, cache = model_forward(params, x_b)
+    return cross_entropy_loss(logits, y_b), model_backward(params, cache, y_b)
+
+
+def held_out_loss(params: dict, x_eval, y_eval, config) -> float | None:
+    if x_eval is None:
+        return None
+    model = model_of(config, params)
+    return evaluate_loss(params, x_eval, y_eval) if model is None else model.metrics(params, x_eval, y_eval)[0]
 
 
 def worker_steps(params: dict, adam, shard, steps: int, config, rng) -> tuple[dict, object, list]:
@@ -70,9 +110,9 @@ def worker_steps(params: dict, adam, shard, steps: int, config, rng) -> tuple[di
     losses = []
     for _ in range(steps):
         x_b, y_b = sample_worker_batch(x_k, y_k, config.batch_size, rng)
-        logits, cache = model_forward(params, x_b)
-        losses.append(cross_entropy_loss(logits, y_b))
-        params, adam = adamw_step(params, adam, model_backward(params, cache, y_b), config.inner)
+        loss, grads = loss_and_grads(params, x_b, y_b, config)
+        losses.append(loss)
+        params, adam = adamw_step(params, adam, grads, config.inner)
     return params, adam, losses
 
 
@@ -127,9 +167,13 @@ def ring_bytes(num_values: int, workers: int) -> float:
     return 2.0 * (workers - 1) / workers * num_values * 8 if workers else 0.0
 
 
-def round_entry(losses: dict, theta: dict, delta: dict, x_eval, y_eval, **fields) -> dict:
-    """One round: each worker's mean loss, the outer gradient's norm, the held-out loss, extra fields."""
+def round_entry(losses: dict, theta: dict, delta: dict, x_eval, y_eval, config=None, **fields) -> dict:
+    """One round: each worker's mean loss, the outer gradient's norm, the held-out loss, extra fields.
+
+    ``config`` names the model (the MLP when None)."""
+    held_out = None if x_eval is None else (evaluate_loss(theta, x_eval, y_eval) if config is None
+                                            else held_out_loss(theta, x_eval, y_eval, config))
     entry = {"worker_losses": [float(np.mean(losses[k])) for k in sorted(losses)], "pseudo_grad_norm": norm(delta),
-             "eval_loss": None if x_eval is None else evaluate_loss(theta, x_eval, y_eval)}
+             "eval_loss": held_out}
     entry.update(fields)
     return entry

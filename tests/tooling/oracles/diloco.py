@@ -43,13 +43,15 @@ from oracles.compression import message_bytes, send
 __all__ = ["diloco"]
 
 
-def diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
-    """Train DiLoCo as Algorithm 1 says; return the final ``theta`` and one entry per round."""
+def diloco(x, y, config, x_eval=None, y_eval=None, vocab_size=None) -> OracleResult:
+    """Train DiLoCo as Algorithm 1 says; return the final ``theta`` and one entry per round.
+
+    ``vocab_size``: the transformer's tokens (``config.model == "transformer"``)."""
     family = config.family
     if family.fragments != 1 or family.tau(config.inner_steps) or family.eager or family.mix != 1 \
             or config.asynchrony.asynchronous:
         raise NotImplementedError("plain DiLoCo only (see oracles.streaming, .eager, .asynchronous)")
-    rng, shards, theta = start(x, y, config, y_eval)
+    rng, shards, theta = start(x, y, config, y_eval, vocab_size)
     num_workers, spec = config.num_workers, config.family
     sizes = [len(y_k) for _, y_k in shards]
     adam = [fresh_adam(theta) for _ in range(num_workers)]
@@ -81,6 +83,6 @@ def diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
         for k in range(num_workers):
             restarts = k in kept or config.drop_rule == "restart"
             begin[k] = theta if restarts else local[k]
-        rounds.append(round_entry(losses, theta, delta, x_eval, y_eval, dropped=dropped,
+        rounds.append(round_entry(losses, theta, delta, x_eval, y_eval, config, dropped=dropped,
                                   syncs=[[config.inner_steps, sent_bytes, 0]]))
     return OracleResult(theta, rounds)

@@ -31,6 +31,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
+from diloco.core.model_seam import data_model, parameter_shapes
 from diloco.tools.cli.config_file import run_data_name
 from diloco.tools.cli.errors import CliError
 
@@ -73,6 +76,9 @@ def _given(args, name: str):
 
 
 def _largest_tensor(config, data) -> int:
+    model = data_model(config, data.x_train, data.encode)
+    if model is not None:
+        return max(int(np.prod(shape)) for shape in parameter_shapes(model).values())
     widths = (data.x_train.shape[1], *config.hidden_sizes, data.num_classes)
     return max(a * b for a, b in zip(widths[:-1], widths[1:], strict=True))
 
@@ -98,7 +104,7 @@ def _check_family(args, config, data) -> None:
                        f"scale per tensor: use --comm-block 0 for that, or a block of at most {largest:,}")
 
 
-def _check_data_flags(args, data) -> None:
+def _check_data_flags(args, config, data) -> None:
     name = _given(args, "data") or run_data_name(args) or "digits"  # --config run/config.json names its data
     if name != "shakespeare":
         for flag in ("context", "eval_windows"):
@@ -110,6 +116,8 @@ def _check_data_flags(args, data) -> None:
         if windows is not None and windows > len(data.y_test):
             raise CliError(f"--eval-windows {windows} is more than the {len(data.y_test):,} held-out windows the "
                            f"text has; it would be cut to them (use at most {len(data.y_test):,})")
+    if name != "shakespeare" and config.model == "transformer":
+        raise CliError(f"--model transformer needs --data shakespeare (it reads character windows), got --data {name}")
     if name != "mnist1d" and _given(args, "num_samples") is not None:
         raise CliError(f"--num-samples has no effect with --data {name}: it sets how many MNIST-1D examples are "
                        f"generated (use it with --data mnist1d)")
@@ -125,7 +133,7 @@ def check_flags(args, config, data) -> None:
     if getattr(args, "allow_code_change", False) and not getattr(args, "resume", None):
         raise CliError("--allow-code-change has no effect without --resume (it lets a resume run on changed code)")
     _check_family(args, config, data)
-    _check_data_flags(args, data)
+    _check_data_flags(args, config, data)
     threads, cores = _given(args, "threads"), usable_cores()
     if threads is not None and threads > cores:
         raise CliError(f"--threads {threads} is more than the {cores} cores this process may use; the extra threads "

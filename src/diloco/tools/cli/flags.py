@@ -29,7 +29,8 @@ from diloco.tools.cli.flag_checks import check_data_file
 from diloco.tools.cli.flag_names import in_config_words, in_flag_words
 from diloco.tools.cli.paper_flags import add_mechanism_flags, add_text_flags, load_text_dataset, mechanism_changes
 
-__all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "MUON_FLAGS", "DATA_DEFAULTS", "DEFAULT_MAX_LOSS", "add_config_flags",
+__all__ = ["CONFIG_FLAGS", "INNER_FLAGS", "MUON_FLAGS", "TRANSFORMER_FLAGS", "DATA_DEFAULTS", "DEFAULT_MAX_LOSS",
+           "add_config_flags",
            "add_data_flags", "add_execution_flags", "add_output_flags", "add_recovery_flags", "build_config",
            "load_dataset"]
 
@@ -49,11 +50,15 @@ CONFIG_FLAGS = {
                                    "help": "Nesterov (default) or plain heavy-ball outer momentum"}),
     "alpha": (("--alpha",), {"type": float, "help": "Dirichlet concentration of --noniid shards (0.5)"}),
     "seed": (("--seed",), {"type": int, "help": "seeds sharding, initialisation and batches (0)"}),
-    "dtype": (("--dtype",), {"choices": ("float32", "float64"), "help": "parameter dtype (float64)"}),
+    "dtype": (("--dtype",), {"choices": ("float32", "float64"),
+                             "help": "parameter dtype (float64; float32 with --model transformer)"}),
     "inner_optimizer": (("--inner-optimizer",), {"choices": INNER_OPTIMIZER_NAMES,
                                                  "help": "the workers' optimizer: AdamW (default), Muon on the "
                                                          "weight matrices with AdamW on the biases (MuLoCo), or "
                                                          "SGD with momentum --beta1"}),
+    "model": (("--model",), {"choices": ("mlp", "transformer"),
+                             "help": "the MLP of the milestones (mlp, default) or a causal transformer language "
+                                     "model (transformer: --data shakespeare only; docs/transformer.md)"}),
     "engine": (("--engine",), {"choices": ("reference", "fast"),
                                "help": "executor: the milestone functions (reference, the default of train and "
                                        "compare) or diloco.engine, the same algorithm faster (fast, the default "
@@ -79,6 +84,17 @@ MUON_FLAGS = {
                                           "0.2 sqrt(max(fan_in, fan_out)) (moonlight)"}),
 }
 
+# The transformer's shape (DiLoCoConfig.transformer), with --model transformer; dest "transformer_<field>".
+TRANSFORMER_FLAGS = {
+    "d_model": (("--d-model",), {"type": int, "metavar": "D", "help": "the residual stream's width d (64)"}),
+    "n_heads": (("--n-heads",), {"type": int, "metavar": "N", "help": "attention heads; must divide d (4)"}),
+    "n_layers": (("--n-layers",), {"type": int, "metavar": "N", "help": "transformer blocks (2)"}),
+    "mlp_ratio": (("--mlp-ratio",), {"type": int, "metavar": "R", "help": "the MLP's width is R d (4)"}),
+    "tied": (("--tied",), {"action": argparse.BooleanOptionalAction,
+                           "help": "output head tied to the token embedding (default) or its own (--no-tied)"}),
+}
+TRANSFORMER_DTYPE = "float32"  # the transformer's default dtype: float32 for speed (float64 for the checks)
+
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("experiment (every DiLoCoConfig field; flags override --config)")
@@ -89,6 +105,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     muon = parser.add_argument_group("Muon inner optimizer (with --inner-optimizer muon; docs/concepts/muon.md)")
     for name, (flags, options) in MUON_FLAGS.items():
         muon.add_argument(*flags, dest=f"muon_{name}", default=None, **options)
+    transformer = parser.add_argument_group("transformer (with --model transformer; docs/transformer.md)")
+    for name, (flags, options) in TRANSFORMER_FLAGS.items():
+        transformer.add_argument(*flags, dest=f"transformer_{name}", default=None, **options)
     sharding = group.add_mutually_exclusive_group()
     sharding.add_argument("--iid", dest="iid", action="store_true", default=None, help="IID shards (default)")
     sharding.add_argument("--noniid", dest="iid", action="store_false",
@@ -221,8 +240,9 @@ def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | Non
                 merged["family"] = {**config.family.to_dict(), **data["family"]}
             if isinstance(data.get("asynchrony"), dict):
                 merged["asynchrony"] = {**config.asynchrony.to_dict(), **data["asynchrony"]}
-            if isinstance(data.get("muon"), dict):
-                merged["muon"] = {**config.muon.to_dict(), **data["muon"]}
+            for section in ("muon", "transformer"):
+                if isinstance(data.get(section), dict):
+                    merged[section] = {**getattr(config, section).to_dict(), **data[section]}
             config = DiLoCoConfig.from_dict(merged)
         changes = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name, None) is not None}
         if "hidden_sizes" in changes:
@@ -239,6 +259,7 @@ def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | Non
                 given = ", ".join(MUON_FLAGS[name][0][0] for name in muon)
                 raise CliError(f"{given} configure(s) Muon: add --inner-optimizer muon")
             changes["muon"] = muon
+        changes.update(_model_changes(args, config, changes))
         changes.update(mechanism_changes(args))
         family = build_family(args, config.family.to_dict())
         if family != config.family:
@@ -249,6 +270,24 @@ def build_config(args, defaults: dict | None = None, *, base: DiLoCoConfig | Non
         return config.replace(**changes) if changes else config
     except (TypeError, ValueError) as exc:
         raise CliError(in_users_words(str(exc), args)) from None
+
+
+def _model_changes(args, config: DiLoCoConfig, changes: dict) -> dict:
+    """The transformer's shape flags; with ``--model transformer``, float32 unless ``--dtype`` says
+    otherwise, and the MLP widths of a study's defaults dropped (``--hidden-sizes`` is refused)."""
+    shape = {name: getattr(args, f"transformer_{name}") for name in TRANSFORMER_FLAGS
+             if getattr(args, f"transformer_{name}", None) is not None}
+    model = changes.get("model", config.model)
+    if shape and model != "transformer":
+        given = ", ".join(TRANSFORMER_FLAGS[name][0][0] for name in shape)
+        raise CliError(f"{given} configure(s) the transformer: add --model transformer")
+    out = {"transformer": shape} if shape else {}
+    if model == "transformer" and config.model != "transformer":
+        if "dtype" not in changes:
+            out["dtype"] = TRANSFORMER_DTYPE
+        if "hidden_sizes" not in changes:  # a study's MLP widths: not the transformer's (a flag's are refused)
+            out["hidden_sizes"] = DiLoCoConfig().hidden_sizes
+    return out
 
 
 def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from diloco.config import OUTER_OPTIMIZER_NAMES
+from diloco.core.model_seam import TRANSFORMER_CONTEXT
 from diloco.tools.cli.errors import CliError
 
 __all__ = ["MECHANISM_FLAGS", "add_mechanism_flags", "mechanism_changes", "add_text_flags", "load_text_dataset",
@@ -64,7 +65,7 @@ def mechanism_changes(args) -> dict:
 
 def add_text_flags(group) -> None:
     group.add_argument("--context", type=int, default=None, metavar="C",
-                       help="--data shakespeare: characters of context the model sees (6)")
+                       help="--data shakespeare: characters of context the model sees (6; 64 with --model transformer)")
     group.add_argument("--eval-windows", type=int, default=None, metavar="N",
                        help="--data shakespeare: held-out windows, evenly spaced over the text's tail (8192)")
 
@@ -74,7 +75,9 @@ def load_text_dataset(args):
     from diloco.text import SHAKESPEARE_PROVENANCE, load_shakespeare
 
     context, eval_windows = (getattr(args, name, None) for name in ("context", "eval_windows"))
-    context, eval_windows = 6 if context is None else context, 8192 if eval_windows is None else eval_windows
+    if context is None:
+        context = TRANSFORMER_CONTEXT if getattr(args, "model", None) == "transformer" else 6
+    eval_windows = 8192 if eval_windows is None else eval_windows
     for flag, value in (("--context", context), ("--eval-windows", eval_windows)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CliError(f"{flag} must be a positive int, got {value!r}")

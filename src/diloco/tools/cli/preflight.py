@@ -102,7 +102,7 @@ def check_run(config: DiLoCoConfig, data: Dataset, *, checkpointing: bool = True
                        f"{format_bytes(available)} is available; use smaller --hidden-sizes, fewer workers, fewer "
                        f"inner steps (-H) or a smaller --batch-size")
     try:
-        prepare_training(data.x_train, data.y_train, config, data.x_test, data.y_test)
+        prepare_training(data.x_train, data.y_train, config, data.x_test, data.y_test, encode=data.encode)
     except (TypeError, ValueError) as exc:
         raise CliError(f"{prefix}cannot train: {exc}") from None
     except MemoryError:

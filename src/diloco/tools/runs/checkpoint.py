@@ -50,6 +50,7 @@ import numpy as np
 from diloco.adamw import AdamWState
 from diloco.config import DiLoCoConfig
 from diloco.core.inner import inner_optimizer
+from diloco.core.model_seam import parameter_keys, with_model_defaults
 from diloco.outer import OuterState
 from diloco.tools.runs.checkpoint_extra import pack_extra, unpack_extra
 from diloco.tools.runs.checkpoint_records import data_fingerprint, generator_state, restore_generator
@@ -301,7 +302,7 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
     if len(manifest["history"]) != round_index or not all(isinstance(r, dict) for r in manifest["history"]):
         raise refuse(f"corrupted manifest: the history must hold {round_index} records")
     params = _group(arrays, "params.")
-    layout = [key for layer in range(1, len(saved_config.hidden_sizes) + 2) for key in (f"W{layer}", f"b{layer}")]
+    layout = parameter_keys(saved_config)
     if list(params) != layout:
         raise refuse(f"the params must be {layout}, got {list(params)}")
     worker_states = []
@@ -322,7 +323,8 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
         if list(group) != layout or any(group[key].shape != params[key].shape for key in layout):
             raise refuse("an optimizer state's keys or shapes do not match the params'")
     try:
-        worker_states = [inner_optimizer(saved_config).from_moments(state, saved_config) for state in worker_states]
+        fixed = with_model_defaults(saved_config, params)  # as prepare_training fixes it (Muon's matrices)
+        worker_states = [inner_optimizer(fixed).from_moments(state, fixed) for state in worker_states]
     except ValueError as exc:
         raise refuse(f"the {saved_config.inner_optimizer} states do not fit the params ({exc})") from None
     try:
