@@ -109,3 +109,13 @@ def test_compare_runs_the_transformer_in_float32_on_64_characters(capsys, tmp_pa
     assert config["model"] == "transformer" and config["dtype"] == "float32"
     assert config["transformer"] == {"d_model": 16, "n_heads": 2, "n_layers": 1, "mlp_ratio": 4, "tied": True}
     assert written["data"]["context"] == 64
+
+
+def test_titles_and_messages_name_the_transformers_flags():
+    from diloco.tools.cli.flag_names import config_differences, in_flag_words
+
+    config = DiLoCoConfig(model="transformer", transformer=TransformerShape(d_model=32, tied=False))
+    assert config_differences(config) == ["--model transformer", "--d-model 32", "--no-tied"]
+    with pytest.raises(ValueError) as caught:
+        TransformerShape(d_model=10)
+    assert in_flag_words(str(caught.value)) == "--n-heads must divide d_model (10), got 4"

@@ -17,10 +17,11 @@ import re
 __all__ = ["flag_of", "in_flag_words", "in_config_words", "config_differences"]
 
 # The config classes whose fields are named in messages, and the prefix of their flags' dests.
-_SECTIONS = {"DiLoCoConfig": "", "AdamWConfig": "", "MuonConfig": "muon_", "FamilyConfig": "", "AsyncConfig": ""}
+_SECTIONS = {"DiLoCoConfig": "", "AdamWConfig": "", "MuonConfig": "muon_", "FamilyConfig": "", "AsyncConfig": "",
+             "TransformerShape": "transformer_"}
 # The same classes as a config.json names them: its top level and its sections.
 _KEYS = {"DiLoCoConfig": "", "AdamWConfig": "inner.", "MuonConfig": "muon.", "FamilyConfig": "family.",
-         "AsyncConfig": "asynchrony."}
+         "AsyncConfig": "asynchrony.", "TransformerShape": "transformer."}
 _FIELD = re.compile(r"\b(?P<cls>" + "|".join(_SECTIONS) + r")\.(?P<field>[a-z_0-9]+)(?P<index>\[\d+\])?")
 
 
@@ -78,7 +79,7 @@ def _flat(data: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in data.items():
         if isinstance(value, dict):
-            flat.update(_flat(value, "muon_" if key == "muon" else ""))
+            flat.update(_flat(value, f"{key}_" if key in ("muon", "transformer") else ""))
         else:
             flat[prefix + key] = value
     return flat
@@ -105,7 +106,7 @@ def config_differences(config, base=None, *, skip=("seed", "rounds", "engine")) 
         if value is True:
             shown.append(flag)
         elif value is False:
-            shown.append(flag.replace("--", "--no-", 1) if dest in ("nesterov", "muon_nesterov") else
+            shown.append(flag.replace("--", "--no-", 1) if dest in ("nesterov", "muon_nesterov", "transformer_tied") else
                          ("--noniid" if dest == "iid" else f"{flag} off"))
         else:
             shown.append(f"{flag} {_shown(value)}")
