@@ -1,4 +1,4 @@
-"""The driver's hooks: the divergence guard, round callbacks, checkpoints and the network clock.
+"""The driver's hooks: the divergence guard, round callbacks and the network clock.
 
 A hook is any object with ``trained(record, (params, losses))`` (called after a round's
 training, before the held-out evaluation, with the new global params and each worker's
@@ -6,8 +6,9 @@ per-step training losses) and/or
 ``finished(record, get_state)`` (after it).
 ``get_state()`` builds the round's ``diloco.core.driver.RunState``; a hook that needs no
 state never pays for it. The tools pass them in this order: the network clock, the guard,
-the callbacks (history file, progress bar), then the checkpoint, so a checkpoint never
-holds a round its history lacks and no bad round is checkpointed.
+the callbacks (history file, progress bar), then the checkpoint (``KeepLastRound`` of
+``diloco.tools.runs.training``, which also keeps the last round for an interrupt), so a
+checkpoint never holds a round its history lacks and no bad round is checkpointed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from diloco.core.divergence import Guard
 from diloco.core.netsim import NetworkClock
 
-__all__ = ["Guard", "Callback", "Checkpointing", "NetworkTimer", "callbacks"]
+__all__ = ["Guard", "Callback", "NetworkTimer", "callbacks"]
 
 
 class Callback:
@@ -28,17 +29,6 @@ class Callback:
 
     def finished(self, record, get_state) -> None:
         self.function(record)
-
-
-class Checkpointing:
-    """Calls ``save(round, state)`` after the rounds ``due(round)`` selects."""
-
-    def __init__(self, due, save) -> None:
-        self.due, self.save = due, save
-
-    def finished(self, record, get_state) -> None:
-        if self.due(record["round"]):
-            self.save(record["round"], get_state())
 
 
 class NetworkTimer:

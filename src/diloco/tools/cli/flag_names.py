@@ -22,6 +22,7 @@ _SECTIONS = {"DiLoCoConfig": "", "AdamWConfig": "", "MuonConfig": "muon_", "Fami
 # The same classes as a config.json names them: its top level and its sections.
 _KEYS = {"DiLoCoConfig": "", "AdamWConfig": "inner.", "MuonConfig": "muon.", "FamilyConfig": "family.",
          "AsyncConfig": "asynchrony.", "TransformerShape": "transformer."}
+_NEGATABLE = ("nesterov", "muon_nesterov", "transformer_tied")  # False shows as --no-<flag>
 _FIELD = re.compile(r"\b(?P<cls>" + "|".join(_SECTIONS) + r")\.(?P<field>[a-z_0-9]+)(?P<index>\[\d+\])?")
 
 
@@ -106,7 +107,7 @@ def config_differences(config, base=None, *, skip=("seed", "rounds", "engine")) 
         if value is True:
             shown.append(flag)
         elif value is False:
-            shown.append(flag.replace("--", "--no-", 1) if dest in ("nesterov", "muon_nesterov", "transformer_tied") else
+            shown.append(flag.replace("--", "--no-", 1) if dest in _NEGATABLE else
                          ("--noniid" if dest == "iid" else f"{flag} off"))
         else:
             shown.append(f"{flag} {_shown(value)}")
