@@ -50,7 +50,8 @@ def data_model(config, x, encode):
     vocab_size = getattr(encode, "vocab_size", None)
     if vocab_size is None or getattr(encode, "input_width", None) != x.shape[1]:
         raise ValueError("model='transformer' trains on character windows: give the character-level data "
-                         "(--data shakespeare, or diloco.text's windows with their OneHot as encode=)")
+                         "(--data shakespeare, or diloco.text's windows with their OneHot as encode= of "
+                         "diloco.core.driver.train; the milestone loops train the MLP)")
     return _transformer(config, vocab_size, x.shape[1])
 
 
