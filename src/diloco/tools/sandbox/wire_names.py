@@ -30,6 +30,7 @@ RECORDS: dict[str, tuple[str, ...] | None] = {
     "config.MuonConfig": None,
     "config_sections.FamilyConfig": None,
     "config_sections.AsyncConfig": None,
+    "config_sections.TransformerShape": None,
     "core.quantize.Encoded": None,  # the records of the optional exercises' modules
     "methods.sparse.SparseConfig": None,
     "methods.sparse.SparsePayload": None,
