@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["shard_divergence", "split_divergence", "split_report"]
+__all__ = ["shard_divergence", "split_divergence", "run_split_divergence", "split_report", "split_sentence"]
 
 
 def shard_divergence(labels, contexts=None) -> np.ndarray:
@@ -89,28 +89,39 @@ def split_divergence(shards, *, text: bool) -> float:
     return float(np.mean(shard_divergence([y_k for _, y_k in shards], contexts)))
 
 
+def run_split_divergence(x, y, config, *, text: bool) -> float:
+    """``split_divergence`` of the shards a run of ``config`` starts from: those of
+    ``diloco.run_records.shard_dataset`` with ``default_rng(config.seed)``, whose first
+    draws they are in ``prepare_training``."""
+    from diloco.run_records import shard_dataset
+
+    return split_divergence(shard_dataset(x, y, config, np.random.default_rng(config.seed)), text=text)
+
+
 def split_report(x, y, config, *, text: bool) -> dict:
     """The divergence of ``config``'s split of ``(x, y)`` and of IID shards at the same K and seed.
 
-    The shards are those every trainer starts from (``diloco.run_records.shard_dataset``
-    with ``default_rng(config.seed)``, its first draws, as in ``prepare_training``).
+    The shards are those every trainer starts from (``run_split_divergence``).
 
     Returns
     -------
     dict
         ``split`` ("iid", "label", "topic" or "speaker"), ``alpha`` (None where unused),
         ``num_workers``, ``divergence`` and ``iid_divergence`` (nats), ``given``
-        ("previous character" or "nothing (label histogram)"), ``shard_sizes``.
+        ("previous character" or "nothing (label histogram)").
     """
-    from diloco.run_records import shard_dataset
-
-    def measured(chosen):
-        shards = shard_dataset(x, y, chosen, np.random.default_rng(chosen.seed))
-        return split_divergence(shards, text=text), [len(y_k) for _, y_k in shards]
-
-    divergence, sizes = measured(config)
-    iid = divergence if config.iid else measured(config.replace(iid=True, noniid_split="label"))[0]
+    divergence = run_split_divergence(x, y, config, text=text)
+    iid = divergence if config.iid else run_split_divergence(x, y, config.replace(iid=True, noniid_split="label"),
+                                                              text=text)
     split = "iid" if config.iid else config.noniid_split
     return {"split": split, "alpha": None if split in ("iid", "speaker") else config.alpha,
             "num_workers": config.num_workers, "divergence": divergence, "iid_divergence": iid,
-            "given": "previous character" if text else "nothing (label histogram)", "shard_sizes": sizes}
+            "given": "previous character" if text else "nothing (label histogram)"}
+
+
+def split_sentence(report: dict) -> str:
+    """One line for a ``split_report``: the split, its divergence and IID shards' beside it."""
+    split = report["split"] + ("" if report["alpha"] is None else f" a={report['alpha']:g}")
+    what = "next character given the previous one" if report["given"] == "previous character" else "label histogram"
+    return (f"shards: {split}, K={report['num_workers']}; mean KL of a shard's {what} from the whole's "
+            f"{report['divergence']:.4f} nats (IID shards: {report['iid_divergence']:.4f})")

@@ -36,6 +36,7 @@ from diloco.config import DiLoCoConfig
 from diloco.core.driver import is_course_algorithm, train
 from diloco.core.hooks import NetworkTimer, callbacks
 from diloco.loop import train_diloco, train_synchronous_baseline
+from diloco.shard_divergence import run_split_divergence
 from diloco.tools.studies.study_stats import (
     format_bytes,
     markdown_table,
@@ -232,7 +233,8 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
     -------
     list of dict
         ``variant, algo, seed, rounds, inner_steps, num_workers, eval_loss,
-        eval_accuracy, inner_loss, all_reduces, bytes_sent, seconds`` per run.
+        eval_accuracy, inner_loss, all_reduces, bytes_sent, seconds, split_divergence`` per
+        run (``diloco.shard_divergence.run_split_divergence``: how non-IID its shards are).
     """
     variants = study.variants(config, tuple(study.default_values if values is None else values))
     results = []
@@ -258,6 +260,8 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
                 "eval_accuracy": last["eval_accuracy"], "inner_loss": last["inner_loss"],
                 "all_reduces": int(sum(r["all_reduces"] for r in result.history)),
                 "bytes_sent": last["cumulative_bytes"], "seconds": time.perf_counter() - start,
+                "split_divergence": run_split_divergence(dataset.x_train, dataset.y_train, run_config,
+                                                         text=encode is not None),
             }
             results.append(outcome)
             if on_run_end is not None:
