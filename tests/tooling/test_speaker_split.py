@@ -207,3 +207,39 @@ def test_the_speaker_split_on_other_data_is_refused_naming_the_flag(tmp_path, ca
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--noniid-split speaker" in err and "--data shakespeare" in err and "Traceback" not in err
+
+
+def test_a_study_records_each_variants_divergence_beside_its_result(tmp_path, capsys):
+    argv = ["study", "noniid", "--seeds", "1", "--values", "0.05", "--rounds", "1", "-H", "1", "-K", "4",
+            "--hidden-sizes", "4", "--no-plots", "-q", "--runs-dir", str(tmp_path)]
+    assert main(argv) == 0, capsys.readouterr().err
+    run_dir = next(tmp_path.iterdir())
+    rows = {row["variant"]: row for row in json.loads((run_dir / "summary.json").read_text())["rows"]}
+    results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert all(r["split_divergence"] is not None for r in results)
+    iid, skewed = (rows[name]["split_divergence"] for name in ("IID", "alpha=0.05"))
+    assert skewed > 10 * iid, f"label skew {skewed} against IID {iid}"
+    table = (run_dir / "study.md").read_text()
+    assert "shard KL (nats) |" in table and f"| {skewed:.4f} |" in table
+
+
+def test_a_paper_study_arm_records_its_shards_divergence_cached_or_not(tmp_path):
+    from diloco.data import load_digits_split
+    from diloco.shard_divergence import run_split_divergence
+    from diloco.tools.studies.paper_report import summarise_arms
+    from diloco.tools.studies.paper_runs import Arm, RunCache, run_arm
+
+    data = load_digits_split(seed=0)
+    base = DiLoCoConfig(num_workers=4, inner_steps=1, rounds=1, hidden_sizes=(4,), batch_size=8)
+    arm = Arm("label a=0.1", "diloco", {"iid": False, "alpha": 0.1})
+    cache = RunCache(tmp_path)
+    fresh = run_arm(arm, base, 3, data, cache=cache, data_key="digits")
+    expected = run_split_divergence(data.x_train, data.y_train, base.replace(iid=False, alpha=0.1, seed=3),
+                                    text=False)
+    assert fresh["split_divergence"] == pytest.approx(expected, rel=1e-12) and expected > 0.1
+    stored = next(tmp_path.glob("*.json"))  # a run cached before the divergence was recorded
+    stored.write_text(json.dumps({k: v for k, v in json.loads(stored.read_text()).items() if k != "split_divergence"}))
+    cached = run_arm(arm, base, 3, data, cache=cache, data_key="digits")
+    assert cached["cached"] and cached["split_divergence"] == pytest.approx(expected, rel=1e-12)
+    row, = summarise_arms([fresh], [arm])
+    assert row["split_divergence"] == pytest.approx(expected, rel=1e-12)
