@@ -243,3 +243,15 @@ def test_a_paper_study_arm_records_its_shards_divergence_cached_or_not(tmp_path)
     assert cached["cached"] and cached["split_divergence"] == pytest.approx(expected, rel=1e-12)
     row, = summarise_arms([fresh], [arm])
     assert row["split_divergence"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_study_over_a_non_iid_base_keeps_its_iid_variant_iid(tmp_path, capsys):
+    """Was a traceback: the IID variant kept the base's --noniid-split topic, which needs iid=False."""
+    argv = ["study", "noniid", "--noniid", "--noniid-split", "topic", "--seeds", "1", "--values", "0.5",
+            "--rounds", "1", "-H", "1", "-K", "2", "--hidden-sizes", "4", "--no-plots", "-q",
+            "--runs-dir", str(tmp_path)]
+    assert main(argv) == 0, capsys.readouterr().err
+    argv[argv.index("topic")] = "speaker"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "sweeps alpha, which --noniid-split speaker does not use" in err and "Traceback" not in err

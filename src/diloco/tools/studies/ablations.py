@@ -158,12 +158,17 @@ _OUTER = {
 }
 
 
+# An IID variant of a study whose base may be non-IID: IID shards have no split to skew.
+_IID = {"iid": True, "noniid_split": "label"}
+
+
 def _outer_variants(config: DiLoCoConfig, values) -> list[Variant]:
     unknown = sorted(set(values) - set(_OUTER))
     if unknown:
         raise ValueError(f"outer optimizers must be among {sorted(_OUTER)}, got {unknown}")
     variants = []
-    for setting, sharding in (("IID", {"iid": True}), (f"non-IID a={config.alpha:g}", {"iid": False})):
+    noniid = "non-IID speaker" if config.noniid_split == "speaker" else f"non-IID a={config.alpha:g}"
+    for setting, sharding in (("IID", _IID), (noniid, {"iid": False})):
         for key in values:
             label, changes = _OUTER[key]
             variants.append(Variant(f"{setting} / {label}", "diloco", {**changes, **sharding}))
@@ -178,7 +183,10 @@ def _noniid_variants(config: DiLoCoConfig, values) -> list[Variant]:
         raise ValueError(f"alpha values must be numbers, got {list(values)}") from None
     if any(not (a > 0 and math.isfinite(a)) for a in alphas):
         raise ValueError(f"alpha values must be positive, got {alphas}")
-    settings = [("IID", {"iid": True})] + [(f"alpha={a:g}", {"iid": False, "alpha": a}) for a in alphas]
+    if config.noniid_split == "speaker":
+        raise ValueError("the noniid study sweeps alpha, which --noniid-split speaker does not use (compare it "
+                         "with IID through train or compare, or the outer-optimizer study)")
+    settings = [("IID", _IID)] + [(f"alpha={a:g}", {"iid": False, "alpha": a}) for a in alphas]
     return [Variant(label, algo, dict(changes)) for label, changes in settings for algo in ("diloco", "sync")]
 
 
