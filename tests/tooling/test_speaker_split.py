@@ -188,8 +188,12 @@ def test_train_prints_and_records_the_split_divergence(tmp_path, capsys):
     assert split["split"] == "speaker" and split["num_workers"] == 4 and split["alpha"] is None
     assert f"{split['divergence']:.4f} nats (IID shards: {split['iid_divergence']:.4f})" in line
     assert split["divergence"] > 5 * split["iid_divergence"]
-    config = json.loads(next(tmp_path.glob("*/config.json")).read_text())
-    assert config["split"] == split
+    config_file = next(tmp_path.glob("*/config.json"))
+    assert json.loads(config_file.read_text())["split"] == split
+    # the run's config.json, split section and all, starts the same run again
+    assert main(["train", "--config", str(config_file), "--runs-dir", str(tmp_path / "again"), "-q"]) == 0
+    again = json.loads(next((tmp_path / "again").glob("*/summary.json")).read_text())
+    assert again["split"] == split
 
 
 def test_alpha_with_the_speaker_split_is_refused(tmp_path, capsys):
