@@ -16,9 +16,11 @@ KL divergence of the shard's label histogram from the pooled one: label skew.
 ``split_divergence`` is the mean of ``D_k`` over the K shards. For the char-LM the context
 is the window's last character (``x[:, -1]``), so ``D`` says how differently the shards
 continue the same character; for other data it is the label histogram. A finite sample
-is never exactly IID: IID shards of ``n_k`` rows measure about ``(cells - contexts) / (2 n_k)``
-for the ``cells`` (context, label) pairs that occur, which is why every report prints IID
-shards' value at the same K beside the split's (``split_report``).
+is never exactly IID: IID shards of ``n_k`` rows measure about
+``(1 - 1/K) (cells - contexts) / (2 n_k)`` for the ``cells`` (context, label) pairs that
+occur (Tiny Shakespeare's training text: 1,380 pairs after 65 characters, so 0.0046 nats
+at K = 8, 0.0020 at K = 4; measured 0.0046 and 0.0021), which is why every report prints
+IID shards' value at the same K beside the split's (``split_report``).
 """
 
 from __future__ import annotations
