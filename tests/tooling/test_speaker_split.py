@@ -175,6 +175,11 @@ def test_speaker_shards_are_measurably_more_divergent_than_iid_and_topic(shakesp
     assert speaker["divergence"] == pytest.approx(0.0489, abs=5e-5)
     assert speaker["divergence"] > 10 * speaker["iid_divergence"]
     assert speaker["divergence"] > 3 * topic["divergence"]
+    # independent of the code: a multinomial sample of n_k rows sits about
+    # (1 - 1/K)(cells - contexts) / (2 n_k) nats from its pool (the chi-square / 2 of its counts)
+    pairs = np.unique(x[:, -1].astype(np.int64) * 65 + y)
+    floor = (1 - 1 / 8) * (len(pairs) - len(np.unique(pairs // 65))) / (2 * len(y) / 8)
+    assert speaker["iid_divergence"] == pytest.approx(floor, rel=0.1), f"mine {speaker['iid_divergence']}"
 
 
 def test_train_prints_and_records_the_split_divergence(tmp_path, capsys):
