@@ -142,7 +142,7 @@ def assign_speakers(sizes: np.ndarray, num_workers: int, rng) -> np.ndarray:
     return owner
 
 
-def speaker_texts(ids: np.ndarray, speeches: Speeches, owner: np.ndarray) -> list[np.ndarray]:
+def speaker_texts(ids: np.ndarray, speeches: Speeches, owner: np.ndarray, num_workers: int) -> list[np.ndarray]:
     """Each worker's text: the speeches of its speakers, concatenated in text order.
 
     Parameters
@@ -151,6 +151,7 @@ def speaker_texts(ids: np.ndarray, speeches: Speeches, owner: np.ndarray) -> lis
         The text (characters or their indices) ``speeches`` was found in.
     speeches : Speeches of that text
     owner : int ndarray of shape (len(speeches.names),), values in [0, K)
+    num_workers : int, K
 
     Returns
     -------
@@ -158,7 +159,7 @@ def speaker_texts(ids: np.ndarray, speeches: Speeches, owner: np.ndarray) -> lis
     """
     lengths = np.diff(speeches.bounds)
     position_owner = np.repeat(np.asarray(owner)[speeches.speaker], lengths)  # (N,): the worker of each character
-    return [ids[position_owner == worker] for worker in range(int(np.max(owner)) + 1)]
+    return [ids[position_owner == worker] for worker in range(num_workers)]
 
 
 def ids_from_windows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -218,7 +219,7 @@ def speaker_shard_dataset(x: np.ndarray, y: np.ndarray, num_workers: int, rng, *
     speeches = split_speeches("".join(np.array(list(vocabulary))[ids]))
     owner = assign_speakers(np.bincount(speeches.speaker, weights=np.diff(speeches.bounds)), num_workers, rng)
     context, shards = x.shape[1], []
-    for worker, text in enumerate(speaker_texts(ids, speeches, owner)):
+    for worker, text in enumerate(speaker_texts(ids, speeches, owner, num_workers)):
         if text.shape[0] <= context:
             raise ValueError(f"the speaker split gave worker {worker} {text.shape[0]} characters, no more than the "
                              f"context c={context}: use fewer workers")
