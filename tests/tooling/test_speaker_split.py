@@ -235,7 +235,7 @@ def test_a_study_records_each_variants_divergence_beside_its_result(tmp_path, ca
 def test_a_paper_study_arm_records_its_shards_divergence_cached_or_not(tmp_path):
     from diloco.data import load_digits_split
     from diloco.shard_divergence import run_split_divergence
-    from diloco.tools.studies.paper_report import summarise_arms
+    from diloco.tools.studies.paper_report import render_arms_table, summarise_arms
     from diloco.tools.studies.paper_runs import Arm, RunCache, run_arm
 
     data = load_digits_split(seed=0)
@@ -252,6 +252,10 @@ def test_a_paper_study_arm_records_its_shards_divergence_cached_or_not(tmp_path)
     assert cached["cached"] and cached["split_divergence"] == pytest.approx(expected, rel=1e-12)
     row, = summarise_arms([fresh], [arm])
     assert row["split_divergence"] == pytest.approx(expected, rel=1e-12)
+    header, _, line = render_arms_table({"task": "mnist1d", "rows": [row]}).splitlines()
+    assert header.endswith("| shard KL (nats) |") and line.endswith(f"| {expected:.4f} |")
+    older = render_arms_table({"task": "mnist1d", "rows": [{**row, "split_divergence": None}]})
+    assert "shard KL" not in older, "a summary exported before the divergence was recorded renders as it did"
 
 
 def test_a_study_over_a_non_iid_base_keeps_its_iid_variant_iid(tmp_path, capsys):

@@ -182,18 +182,23 @@ def _difference(claim: dict) -> str:
 
 
 def render_arms_table(summary: dict) -> str:
-    """Markdown: one row per arm, the headline metric and accuracy with their intervals."""
+    """Markdown: one row per arm, the headline metric and accuracy with their intervals and,
+    where every row measured it, the arm's shards' mean KL divergence (mean over seeds,
+    ``diloco.shard_divergence``; a summary exported before it was recorded has no column)."""
     field, name = metric_of(summary["task"])
+    kl = bool(summary["rows"]) and all(row.get("split_divergence") is not None for row in summary["rows"])
     lines = [f"| arm | steps/worker | all-reduces | {name}, mean [95% CI] | accuracy, mean [95% CI] "
-             f"| best {('loss' if field == 'eval_loss' else 'loss')} over rounds |",
-             "|---|---:|---:|---|---|---:|"]
+             f"| best {('loss' if field == 'eval_loss' else 'loss')} over rounds |"
+             + (" shard KL (nats) |" if kl else ""),
+             "|---|---:|---:|---|---|---:|" + ("---:|" if kl else "")]
     clipped = False
     for row in summary["rows"]:
         metric = interval_text(row[field], field=field)
         accuracy = interval_text(row["eval_accuracy"], field="eval_accuracy")
         clipped = clipped or CLIPPED_MARK in metric + accuracy
         lines.append(f"| {row['arm']} | {row['steps_per_worker']} | {row['all_reduces']} | {metric} "
-                     f"| {accuracy} | {_number(row['best_eval_loss']['mean'])} |")
+                     f"| {accuracy} | {_number(row['best_eval_loss']['mean'])} |"
+                     + (f" {row['split_divergence']:.4f} |" if kl else ""))
     if clipped:
         lines += ["", CLIPPED_NOTE]
     return "\n".join(lines) + "\n"
