@@ -27,9 +27,9 @@ every training character but each worker's first ``c`` is a target, as with IID 
 
 There is no play split. Tiny Shakespeare has no play or act markers; the sequence of
 speakers shows long runs of one play's cast (CORIOLANUS speaks only in about the first
-154,000 characters, ROMEO only from about 449,000 to 566,000), but nothing in the package says where
-a play ends, so a boundary guessed from a change of cast could not be checked, and names
-cross the boundaries: GLOUCESTER, QUEEN MARGARET and KING EDWARD IV speak from about 154,000
+154,000 characters, ROMEO only from about 449,000 to 566,000), but nothing in the package
+says where a play ends, so a boundary guessed from a change of cast could not be checked,
+and names cross the boundaries: GLOUCESTER, QUEEN MARGARET and KING EDWARD IV speak from about 154,000
 to 710,000, in Richard III and in the third part of Henry VI with other plays between, and
 generic speakers (Messenger, Servant, First Citizen) recur across the whole text. And
 with the nine or so plays the casts suggest, some short (PROSPERO speaks only in the last
