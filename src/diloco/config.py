@@ -40,7 +40,7 @@ _ENGINES = ("reference", "fast")
 _LR_SCHEDULES = ("constant", "cosine")
 _SHARD_WEIGHTINGS = ("auto", "uniform", "size")
 DROP_RULES = ("carry", "restart")
-NONIID_SPLITS = ("label", "topic")
+NONIID_SPLITS = ("label", "topic", "speaker")
 # The outer optimizers diloco.core.outer.OUTER_OPTIMIZERS implements (a test checks the two agree).
 OUTER_OPTIMIZER_NAMES = ("sgd", "adam", "lion")
 # The inner optimizers diloco.core.inner.INNER_OPTIMIZERS implements (a test checks the two agree).
@@ -198,12 +198,14 @@ class DiLoCoConfig:
         IID shards (random split) or non-IID shards (``noniid_split``).
     alpha : float > 0
         Dirichlet concentration for non-IID shards; ignored when ``iid``.
-    noniid_split : "label" or "topic"
+    noniid_split : "label", "topic" or "speaker"
         What non-IID shards skew: ``"label"`` (default, milestone 17: Dirichlet label
-        skew) or ``"topic"``: the training rows cut into contiguous segments (for the
+        skew), ``"topic"``: the training rows cut into contiguous segments (for the
         char-LM, stretches of the play text), each segment spread over the workers by
-        Dirichlet(``alpha``) proportions (``diloco.text.topic_shard_dataset``). Needs
-        ``iid=False``.
+        Dirichlet(``alpha``) proportions (``diloco.text.topic_shard_dataset``), or
+        ``"speaker"``: each worker the whole speeches of its own speakers of Tiny
+        Shakespeare, balanced by characters (``diloco.speakers``; ``alpha`` unused).
+        Needs ``iid=False``.
     seed : int >= 0
         Seeds sharding, initialisation and batch sampling.
     dtype : "float64" or "float32"

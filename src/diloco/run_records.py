@@ -31,7 +31,7 @@ from diloco.sharding import iid_shard_dataset, noniid_shard_dataset
 from diloco.text import bits_per_char, perplexity
 
 __all__ = ["RoundRecord", "RoundCallback", "TrainResult", "num_values", "round_record", "prepare_training",
-           "finish_record", "held_out_metrics", "EVAL_CHUNK"]
+           "shard_dataset", "finish_record", "held_out_metrics", "EVAL_CHUNK"]
 
 # Held-out windows encoded at a time by ``held_out_metrics`` (one (2048, c V) block).
 EVAL_CHUNK = 2048
@@ -238,19 +238,29 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
                          f"{what}, {num_params:,} parameters, with K = {config.num_workers} workers' copies and "
                          f"states,")
     rng = np.random.default_rng(config.seed) if rng is None else check_generator(rng)
-    if config.iid:
-        shards = iid_shard_dataset(x, y, config.num_workers, rng)
-    elif config.noniid_split == "topic":
-        from diloco.text import topic_shard_dataset
-
-        shards = topic_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
-    else:
-        shards = noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
+    shards = shard_dataset(x, y, config, rng)
     if model is None:
         params = init_model_params(layer_sizes, rng, dtype=np.dtype(config.dtype))
     else:
         params = model.init_params(rng)
     return with_model_defaults(config, params), rng, shards, params
+
+
+def shard_dataset(x, y, config: DiLoCoConfig, rng) -> list:
+    """The K shards ``config`` asks for: IID (milestone 16), or non-IID by ``noniid_split``:
+    label skew (milestone 17), topic segments (``diloco.text.topic_shard_dataset``) or
+    speakers (``diloco.speakers.speaker_shard_dataset``, which ignores ``alpha``)."""
+    if config.iid:
+        return iid_shard_dataset(x, y, config.num_workers, rng)
+    if config.noniid_split == "topic":
+        from diloco.text import topic_shard_dataset
+
+        return topic_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
+    if config.noniid_split == "speaker":
+        from diloco.speakers import speaker_shard_dataset
+
+        return speaker_shard_dataset(x, y, config.num_workers, rng)
+    return noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
 
 
 def held_out_metrics(params: Params, x_eval, y_eval, encode=None, model=None) -> tuple[float, float]:

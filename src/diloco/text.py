@@ -33,8 +33,8 @@ from diloco._validation import api_checks, check_positive_int, check_real
 from diloco.data import Dataset
 
 __all__ = ["SHAKESPEARE_PROVENANCE", "SHAKESPEARE_SHA256", "OneHot", "TextData", "load_shakespeare_text",
-           "char_windows", "load_shakespeare", "perplexity", "bits_per_char", "TOPIC_SEGMENTS", "topic_segments",
-           "topic_shard_dataset"]
+           "vocabulary_of", "char_windows", "load_shakespeare", "perplexity", "bits_per_char", "TOPIC_SEGMENTS",
+           "topic_segments", "topic_shard_dataset"]
 
 SHAKESPEARE_PROVENANCE = (
     "Tiny Shakespeare: 1,115,394 characters of plays by William Shakespeare (public domain), "
@@ -188,6 +188,11 @@ def load_shakespeare_text() -> str:
     return raw.decode("utf-8")
 
 
+def vocabulary_of(text: str) -> str:
+    """The distinct characters of ``text``, sorted: character ``vocabulary[i]`` has index ``i``."""
+    return "".join(sorted(set(text)))
+
+
 def char_windows(ids: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray]:
     """Every window of ``context`` characters and the character that follows it.
 
@@ -247,7 +252,7 @@ def load_shakespeare(context: int = 6, *, test_fraction: float = 0.1,
     context = check_positive_int(context, "context")
     test_fraction = check_real(test_fraction, "test_fraction", low=0.0, high=1.0, low_open=True, high_open=True)
     text = load_shakespeare_text()
-    vocabulary = "".join(sorted(set(text)))
+    vocabulary = vocabulary_of(text)
     lookup = np.zeros(max(map(ord, vocabulary)) + 1, dtype=np.uint8)
     lookup[[ord(ch) for ch in vocabulary]] = np.arange(len(vocabulary), dtype=np.uint8)
     ids = lookup[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)]

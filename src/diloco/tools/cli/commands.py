@@ -35,6 +35,7 @@ from diloco.core.driver import baseline_config
 from diloco.data import Dataset
 from diloco.evaluation import communication_savings
 from diloco.loop import num_values
+from diloco.shard_divergence import split_report, split_sentence
 from diloco.tools.cli.config_file import run_file_settings
 from diloco.tools.cli.family_run import check_family, family_summary, print_family, run_with_family
 from diloco.tools.cli.flags import (
@@ -206,15 +207,16 @@ def _new_run(args, command: str, algos: tuple) -> dict:
     data, data_info = load_dataset(args, config.dtype)
     check_run(config, data)  # classes, K against n, memory, the library's own checks
     threads, limit = thread_limit(args, config, data)
+    split = split_report(data.x_train, data.y_train, config, text=data.encode is not None)
     saved = run_file_settings(args, command)  # --config run/config.json: the run's guard and checkpoints too
     max_loss = max_loss_flag(args, saved.get("max_loss", DEFAULT_MAX_LOSS))
     every = args.checkpoint_every or saved.get("checkpoint_every")
     name = f"{command}-{'-'.join(algos) if command == 'train' else data_info['name']}"
     run_dir, history = start_run(args, command, name, config, data_info,
                                  {"algorithms": list(algos), "blas_threads": threads,
-                                  "checkpoint_every": every, "max_loss": max_loss})
+                                  "checkpoint_every": every, "max_loss": max_loss, "split": split})
     return dict(run_dir=run_dir, config=config, data=data, data_info=data_info, history=history, limit=limit,
-                starts={}, checkpoint_every=every, max_loss=max_loss, algos=algos, family=family)
+                starts={}, checkpoint_every=every, max_loss=max_loss, algos=algos, family=family, split=split)
 
 
 def _already_complete(plan) -> bool:
@@ -260,7 +262,7 @@ def _resumed_run(args, command: str, algos: tuple) -> dict | None:
     return dict(run_dir=plan.run_dir, config=plan.config, data=plan.data, data_info=plan.data_info, history=history,
                 limit=limit, starts=plan.starts, checkpoint_every=every,
                 max_loss=max_loss_flag(args, plan.saved.get("max_loss", DEFAULT_MAX_LOSS)), algos=plan.algos,
-                family=check_family(args, command, plan.algos, plan.config))
+                family=check_family(args, command, plan.algos, plan.config), split=plan.saved.get("split"))
 
 
 def _run_algorithms(args, command: str, algos: tuple) -> int:
@@ -275,6 +277,8 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
         print(f"{data_info['name']}: {data_info['num_train']} train / {data_info['num_test']} held-out examples; "
               f"K={config.num_workers} workers, H={config.inner_steps} inner steps, {config.rounds} rounds "
               f"({config.total_steps} steps per worker, batch {config.batch_size})")
+        if run["split"] is not None:  # None: a run folder from before the split was measured
+            print(split_sentence(run["split"]))
     results, seconds = {}, {}
 
     def stopped(status: str, reason: str, extra: dict) -> None:
@@ -294,6 +298,7 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
             "algorithms": {algo: _algo_summary(algo, history.for_algo(algo), seconds[algo], num_params)
                            for algo in algos},
             "communication": savings,
+            "split": run["split"],
             "params": {algo: f"params-{algo}.npz" for algo in algos},
             **family_extra,
         }

@@ -20,9 +20,11 @@ __all__ = ["RUN_FILE_KEYS", "STUDY_FILE_KEYS", "DATA_FILE_KEYS", "read_run_file"
 DEFAULT_DATA = "digits"
 
 
-# The top level of a run folder's config.json (``start_run``; the studies add their spec):
+# The top level of a run folder's config.json (``start_run``; the studies add their spec; "split" is
+# read by --resume only: any other run measures its split again):
 # anything else is a misplaced or mistyped key, refused rather than ignored.
-RUN_FILE_KEYS = frozenset({"command", "algorithms", "blas_threads", "checkpoint_every", "max_loss", "config", "data"})
+RUN_FILE_KEYS = frozenset({"command", "algorithms", "blas_threads", "checkpoint_every", "max_loss", "config", "data",
+                           "split"})
 STUDY_FILE_KEYS = RUN_FILE_KEYS | {"study", "title", "claim", "values", "seeds", "variants", "family", "target_loss",
                                    "task", "steps_per_worker", "tune_seeds", "arms", "tuning_steps"}
 # Its "data" section (``load_dataset``'s description): what is loaded again, then what is checked.

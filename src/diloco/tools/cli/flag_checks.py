@@ -18,6 +18,7 @@ something else:
 * ``--warmup-steps`` above the steps per worker (the decay would never start);
 * ``--batch-size`` above a worker's shard (``n // K`` examples: a batch would repeat
   examples of its shard instead of growing);
+* ``--alpha`` with ``--noniid-split speaker`` (the speaker split draws no proportions);
 * ``--allow-code-change`` without ``--resume``;
 * ``--checkpoint-every`` above the run's rounds (no round would reach it).
 
@@ -134,6 +135,9 @@ def check_flags(args, config, data) -> None:
         raise CliError("--allow-code-change has no effect without --resume (it lets a resume run on changed code)")
     _check_family(args, config, data)
     _check_data_flags(args, config, data)
+    if not config.iid and config.noniid_split == "speaker" and _given(args, "alpha") is not None:
+        raise CliError(f"--alpha {_given(args, 'alpha')} has no effect with --noniid-split speaker: each worker "
+                       f"gets whole speakers, no Dirichlet proportions (drop --alpha, or use --noniid-split topic)")
     threads, cores = _given(args, "threads"), usable_cores()
     if threads is not None and threads > cores:
         raise CliError(f"--threads {threads} is more than the {cores} cores this process may use; the extra threads "

@@ -111,7 +111,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     sharding = group.add_mutually_exclusive_group()
     sharding.add_argument("--iid", dest="iid", action="store_true", default=None, help="IID shards (default)")
     sharding.add_argument("--noniid", dest="iid", action="store_false",
-                          help="label-skewed shards: per class, Dirichlet(alpha) proportions across workers")
+                          help="non-IID shards, skewed as --noniid-split says (default: labels, per class "
+                               "Dirichlet(alpha) proportions across workers)")
     add_mechanism_flags(parser)  # the paper's mechanisms: lr schedule, clipping, weights, outer Adam, drops
     add_family_flags(parser)  # compression, Streaming DiLoCo, eager, the simulated network
     add_async_flags(parser)  # asynchronous DiLoCo, the workers' speeds

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from diloco.config import OUTER_OPTIMIZER_NAMES
+from diloco.config import NONIID_SPLITS, OUTER_OPTIMIZER_NAMES
 from diloco.core.model_seam import TRANSFORMER_CONTEXT
 from diloco.tools.cli.errors import CliError
 
@@ -41,10 +41,12 @@ MECHANISM_FLAGS = {
     "drop_rule": (("--drop-rule",), {"choices": ("carry", "restart"),
                                      "help": "where a dropped worker goes on from: its own parameters (carry, "
                                              "default) or the new global model (restart; needs --drop-prob)"}),
-    "noniid_split": (("--noniid-split",), {"choices": ("label", "topic"),
-                                           "help": "what --noniid skews: labels (default, Dirichlet label skew) or "
+    "noniid_split": (("--noniid-split",), {"choices": NONIID_SPLITS,
+                                           "help": "what --noniid skews: labels (default, Dirichlet label skew), "
                                                    "topics (contiguous segments of the training rows, e.g. stretches "
-                                                   "of the text, spread by Dirichlet(--alpha))"}),
+                                                   "of the text, spread by Dirichlet(--alpha)) or speakers (--data "
+                                                   "shakespeare: each worker the whole speeches of its own "
+                                                   "speakers; no --alpha)"}),
     "record_similarity": (("--record-similarity",), {"action": "store_true", "default": None,
                                                      "help": "record the mean pairwise cosine similarity of the "
                                                              "workers' pseudo-gradients every round"}),

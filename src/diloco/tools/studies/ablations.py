@@ -36,6 +36,7 @@ from diloco.config import DiLoCoConfig
 from diloco.core.driver import is_course_algorithm, train
 from diloco.core.hooks import NetworkTimer, callbacks
 from diloco.loop import train_diloco, train_synchronous_baseline
+from diloco.shard_divergence import run_split_divergence
 from diloco.tools.studies.study_stats import (
     format_bytes,
     markdown_table,
@@ -157,12 +158,17 @@ _OUTER = {
 }
 
 
+# An IID variant of a study whose base may be non-IID: IID shards have no split to skew.
+_IID = {"iid": True, "noniid_split": "label"}
+
+
 def _outer_variants(config: DiLoCoConfig, values) -> list[Variant]:
     unknown = sorted(set(values) - set(_OUTER))
     if unknown:
         raise ValueError(f"outer optimizers must be among {sorted(_OUTER)}, got {unknown}")
     variants = []
-    for setting, sharding in (("IID", {"iid": True}), (f"non-IID a={config.alpha:g}", {"iid": False})):
+    noniid = "non-IID speaker" if config.noniid_split == "speaker" else f"non-IID a={config.alpha:g}"
+    for setting, sharding in (("IID", _IID), (noniid, {"iid": False})):
         for key in values:
             label, changes = _OUTER[key]
             variants.append(Variant(f"{setting} / {label}", "diloco", {**changes, **sharding}))
@@ -177,7 +183,10 @@ def _noniid_variants(config: DiLoCoConfig, values) -> list[Variant]:
         raise ValueError(f"alpha values must be numbers, got {list(values)}") from None
     if any(not (a > 0 and math.isfinite(a)) for a in alphas):
         raise ValueError(f"alpha values must be positive, got {alphas}")
-    settings = [("IID", {"iid": True})] + [(f"alpha={a:g}", {"iid": False, "alpha": a}) for a in alphas]
+    if config.noniid_split == "speaker":
+        raise ValueError("the noniid study sweeps alpha, which --noniid-split speaker does not use (compare it "
+                         "with IID through train or compare, or the outer-optimizer study)")
+    settings = [("IID", _IID)] + [(f"alpha={a:g}", {"iid": False, "alpha": a}) for a in alphas]
     return [Variant(label, algo, dict(changes)) for label, changes in settings for algo in ("diloco", "sync")]
 
 
@@ -232,7 +241,8 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
     -------
     list of dict
         ``variant, algo, seed, rounds, inner_steps, num_workers, eval_loss,
-        eval_accuracy, inner_loss, all_reduces, bytes_sent, seconds`` per run.
+        eval_accuracy, inner_loss, all_reduces, bytes_sent, seconds, split_divergence`` per
+        run (``diloco.shard_divergence.run_split_divergence``: how non-IID its shards are).
     """
     variants = study.variants(config, tuple(study.default_values if values is None else values))
     results = []
@@ -258,6 +268,8 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
                 "eval_accuracy": last["eval_accuracy"], "inner_loss": last["inner_loss"],
                 "all_reduces": int(sum(r["all_reduces"] for r in result.history)),
                 "bytes_sent": last["cumulative_bytes"], "seconds": time.perf_counter() - start,
+                "split_divergence": run_split_divergence(dataset.x_train, dataset.y_train, run_config,
+                                                         text=encode is not None),
             }
             results.append(outcome)
             if on_run_end is not None:

@@ -32,7 +32,14 @@ import math
 
 import numpy as np
 
-from diloco.tools.studies.study_stats import CLIPPED_MARK, CLIPPED_NOTE, RANGES, clip_interval, mean_interval
+from diloco.tools.studies.study_stats import (
+    CLIPPED_MARK,
+    CLIPPED_NOTE,
+    RANGES,
+    clip_interval,
+    mean_interval,
+    mean_or_none,
+)
 
 __all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "VERDICTS", "paired_difference", "verdict",
            "combine_verdicts", "summarise_arms", "judge_claims", "arm_value", "render_arms_table",
@@ -93,7 +100,8 @@ def summarise_arms(outcomes: list, arms: list) -> list:
                "num_workers": runs[0]["num_workers"], "inner_steps": runs[0]["inner_steps"],
                "rounds": runs[0]["rounds"], "steps_per_worker": runs[0]["steps_per_worker"],
                "all_reduces": runs[0]["all_reduces"], "bytes_sent": runs[0]["bytes_sent"],
-               "engine": runs[0]["engine"], "seconds": float(np.mean([r["seconds"] for r in runs]))}
+               "engine": runs[0]["engine"], "seconds": float(np.mean([r["seconds"] for r in runs])),
+               "split_divergence": mean_or_none([r.get("split_divergence") for r in runs])}
         for field in ("eval_loss", "eval_perplexity", "eval_bits", "eval_accuracy", "best_eval_loss"):
             values = [r[field] for r in runs]
             row[field] = mean_interval(values, bounds=RANGES[field])  # clipped to what the metric can be
@@ -174,18 +182,23 @@ def _difference(claim: dict) -> str:
 
 
 def render_arms_table(summary: dict) -> str:
-    """Markdown: one row per arm, the headline metric and accuracy with their intervals."""
+    """Markdown: one row per arm, the headline metric and accuracy with their intervals and,
+    where every row measured it, the arm's shards' mean KL divergence (mean over seeds,
+    ``diloco.shard_divergence``; a summary exported before it was recorded has no column)."""
     field, name = metric_of(summary["task"])
+    kl = bool(summary["rows"]) and all(row.get("split_divergence") is not None for row in summary["rows"])
     lines = [f"| arm | steps/worker | all-reduces | {name}, mean [95% CI] | accuracy, mean [95% CI] "
-             f"| best {('loss' if field == 'eval_loss' else 'loss')} over rounds |",
-             "|---|---:|---:|---|---|---:|"]
+             f"| best {('loss' if field == 'eval_loss' else 'loss')} over rounds |"
+             + (" shard KL (nats) |" if kl else ""),
+             "|---|---:|---:|---|---|---:|" + ("---:|" if kl else "")]
     clipped = False
     for row in summary["rows"]:
         metric = interval_text(row[field], field=field)
         accuracy = interval_text(row["eval_accuracy"], field="eval_accuracy")
         clipped = clipped or CLIPPED_MARK in metric + accuracy
         lines.append(f"| {row['arm']} | {row['steps_per_worker']} | {row['all_reduces']} | {metric} "
-                     f"| {accuracy} | {_number(row['best_eval_loss']['mean'])} |")
+                     f"| {accuracy} | {_number(row['best_eval_loss']['mean'])} |"
+                     + (f" {row['split_divergence']:.4f} |" if kl else ""))
     if clipped:
         lines += ["", CLIPPED_NOTE]
     return "\n".join(lines) + "\n"

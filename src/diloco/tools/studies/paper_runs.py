@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
+from diloco.shard_divergence import run_split_divergence
 from diloco.tools.runs.atomic_files import atomic_write_text, write_json
 from diloco.tools.studies.ablations import fast_engine_available, trainer
 
@@ -157,7 +158,8 @@ def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on
     """Train ``arm`` with ``seed`` on ``dataset``; return ``outcome_of`` its history.
 
     With ``cache`` (a ``RunCache``), a run already in it is not trained again: its stored
-    outcome comes back relabelled, with ``"cached": True``.
+    outcome comes back relabelled, with ``"cached": True``. Either way the outcome holds
+    ``split_divergence``, the mean KL divergence of the run's shards (``diloco.shard_divergence``).
     """
     config = base.replace(**arm.changes, seed=int(seed))
     engine = arm_engine(config, arm.algo, encode)
@@ -167,16 +169,27 @@ def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on
         key = RunCache.key(arm.algo, config, seed, data_key)
         stored = cache.get(key)
         if stored is not None:
-            return {**stored, "arm": arm.label, "cached": True}
+            return {**_with_divergence(stored, config, dataset, encode), "arm": arm.label, "cached": True}
     train = trainer(arm.algo, engine)
     extra = {} if encode is None else {"encode": encode}
     start = time.perf_counter()
     result = train(dataset.x_train, dataset.y_train, config, x_eval=dataset.x_test, y_eval=dataset.y_test,
                    on_round=on_round, **extra)
     outcome = outcome_of(arm, seed, config, result.history, time.perf_counter() - start, engine)
+    outcome = _with_divergence(outcome, config, dataset, encode)
     if cache is not None:
         cache.put(key, outcome)
     return outcome
+
+
+def _with_divergence(outcome: dict, config: DiLoCoConfig, dataset, encode) -> dict:
+    """``outcome`` with ``split_divergence``: how non-IID the run's shards are
+    (``diloco.shard_divergence.run_split_divergence``; measured here for a cached run from
+    before it was recorded)."""
+    if outcome.get("split_divergence") is not None:
+        return outcome
+    divergence = run_split_divergence(dataset.x_train, dataset.y_train, config, text=encode is not None)
+    return {**outcome, "split_divergence": divergence}
 
 
 def next_on_ladder(value: float, *, up: bool) -> float:

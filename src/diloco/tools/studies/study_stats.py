@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 __all__ = ["t_quantile_975", "mean_interval", "clip_interval", "format_interval", "summarise", "mean_curves",
-           "markdown_table", "format_bytes", "RANGES", "CLIPPED_MARK", "CLIPPED_NOTE"]
+           "markdown_table", "mean_or_none", "format_bytes", "RANGES", "CLIPPED_MARK", "CLIPPED_NOTE"]
 
 # The possible range (low, high) of each per-seed metric; None = unbounded on that side.
 RANGES = {
@@ -110,8 +110,14 @@ def summarise(results: list[dict]) -> list[dict]:
             "per_seed_accuracy": [r["eval_accuracy"] for r in runs],
             "all_reduces": runs[0]["all_reduces"], "bytes_sent": runs[0]["bytes_sent"],
             "seconds": float(np.mean([r["seconds"] for r in runs])),
+            "split_divergence": mean_or_none([r.get("split_divergence") for r in runs]),
         })
     return rows
+
+
+def mean_or_none(values: list) -> float | None:
+    """The mean of ``values``, None if any is missing (a run that did not measure it)."""
+    return None if not values or any(v is None for v in values) else float(np.mean(values))
 
 
 def mean_curves(records: list[dict]) -> dict:
@@ -147,11 +153,13 @@ def format_bytes(value: float) -> str:
 def markdown_table(rows: list[dict], *, digits: int = 4) -> str:
     """A Markdown table: held-out accuracy and loss (mean [95% CI], clipped to their
     ranges and marked when clipped, ``CLIPPED_NOTE`` under the table), per-seed accuracy,
-    all-reduces and bytes per worker."""
+    all-reduces, bytes per worker and, where every row measured it, the shards' mean KL
+    divergence (``diloco.shard_divergence``, mean over seeds)."""
+    kl = bool(rows) and all(row.get("split_divergence") is not None for row in rows)
     lines = [
         "| variant | algorithm | held-out accuracy, mean [95% CI] | held-out loss, mean [95% CI] "
-        "| accuracy per seed | all-reduces | bytes/worker |",
-        "|---|---|---|---|---|---:|---:|",
+        "| accuracy per seed | all-reduces | bytes/worker |" + (" shard KL (nats) |" if kl else ""),
+        "|---|---|---|---|---|---:|---:|" + ("---:|" if kl else ""),
     ]
     clipped = False
     for row in rows:
@@ -162,6 +170,7 @@ def markdown_table(rows: list[dict], *, digits: int = 4) -> str:
         lines.append(
             f"| {row['variant']} | {row['algo']} | {format_interval(acc, digits)} | {format_interval(loss, digits)} "
             f"| {per_seed} | {row['all_reduces']} | {format_bytes(row['bytes_sent'])} |"
+            + (f" {row['split_divergence']:.4f} |" if kl else "")
         )
     if clipped:
         lines += ["", CLIPPED_NOTE]
