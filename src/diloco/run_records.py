@@ -90,8 +90,11 @@ class RoundRecord(_RoundRecordFields, total=False):
     allreduce_seconds : float
         MPI only: wall time this rank spent in the round's all-reduce.
     mpi_bytes_sent : int
-        ``DiLoCoConfig.family`` on MPI only: the bytes this rank handed MPI for other ranks in
-        the round (its share of the reduce-scatter and all-gather of payloads).
+        MPI only: every byte this rank handed MPI for other ranks in the round (every
+        collective's, their length words included).
+    mpi_allreduce_bytes : int
+        MPI only: the outer gradients' payload bytes among them, beside the modelled
+        ``bytes_sent`` (``docs/cli.md``, "Real processes", says where they differ).
     peak_sync_bytes, bytes_per_step : float
         ``DiLoCoConfig.family`` only: the largest single synchronisation of the round (one
         fragment's, with Streaming DiLoCo) and ``bytes_sent / inner_steps``.
@@ -117,6 +120,7 @@ class RoundRecord(_RoundRecordFields, total=False):
     sim_utilization: float
     sim_step_time: float
     mpi_bytes_sent: int
+    mpi_allreduce_bytes: int
 
 
 RoundCallback = Callable[[RoundRecord], None]

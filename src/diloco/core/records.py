@@ -9,7 +9,7 @@ in one small function each, in the order the history has always shown them:
   ``sim_utilization``);
 * asynchronous DiLoCo's arrivals (``arrivals``, ``max_staleness``);
 * dropped workers, the pseudo-gradients' similarity, and the executor's own measurements
-  (MPI: ``allreduce_seconds``, ``mpi_bytes_sent``).
+  (MPI: ``allreduce_seconds``, ``mpi_bytes_sent``, ``mpi_allreduce_bytes``).
 """
 
 from __future__ import annotations

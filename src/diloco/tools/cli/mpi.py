@@ -11,9 +11,10 @@ milestone functions; only the synchronisations cross process boundaries:
    ``train_diloco`` does, so nothing needs broadcasting) and keeps its own shard.
 2. Each round every rank draws ``rng.spawn(K)`` like ``run_diloco_round`` and keeps child
    ``k``, so worker k sees the same mini-batches as simulated worker k.
-3. At each sync the kept workers' parameters (or encoded outer gradients) are
-   all-gathered and combined in worker order on every rank, so the global parameters
-   stay equal everywhere and equal the single-process run's bit for bit: every flag of
+3. At each sync the kept workers' parameters are reduce-scattered and all-gathered as
+   flat buffers (encoded outer gradients are all-gathered as their payload bytes), and
+   every value is reduced in worker order, so the global parameters stay equal
+   everywhere and equal the single-process run's bit for bit: every flag of
    ``diloco train`` (the family's compression, fragments and eager updates, drops,
    outer Adam, the lr schedule, clipping, the character-level task) runs here too.
 
@@ -71,9 +72,9 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
     -------
     TrainResult(params, history)
         The same on every rank, bit-identical to the single-process run of the same config
-        (the collectives gather every worker's contribution and combine them in worker
-        order). DiLoCo's records also hold ``allreduce_seconds``, the wall time this rank
-        spent in the round's collectives, and ``mpi_bytes_sent``.
+        (every value is reduced in worker order). DiLoCo's records also hold
+        ``allreduce_seconds``, the wall time this rank spent in the round's collectives,
+        ``mpi_bytes_sent`` and ``mpi_allreduce_bytes``.
 
     Raises
     ------
