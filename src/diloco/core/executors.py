@@ -31,6 +31,7 @@ import numpy as np
 from diloco.core import progress
 from diloco.core.comm import reduce_in_order
 from diloco.core.flatbuf import chunk_bounds, flatten, pack, unflatten, unpack
+from diloco.core.membership import Membership
 from diloco.mechanisms import inner_step, train_worker, uses_plain_worker
 from diloco.model import cross_entropy_loss, model_backward, model_forward
 from diloco.params import average_params
@@ -140,14 +141,26 @@ class MPIExecutor(ReferenceExecutor):
 
     name = "mpi"
 
-    def __init__(self, shards, config, comm, encode=None, timeout: float | None = None) -> None:
+    def __init__(self, shards, config, comm, encode=None, timeout: float | None = None,
+                 fault_tolerant: bool = False) -> None:
         if comm.size != config.num_workers:
             raise ValueError(f"config.num_workers ({config.num_workers}) must equal the number of MPI processes "
                              f"({comm.size}); run with mpiexec -n {config.num_workers}")
         super().__init__(shards, config, encode, workers=(comm.rank,))
-        self.comm, self.timeout = comm, timeout
+        self.worker, self.timeout = comm.rank, timeout
+        self.group = Membership(comm, fault_tolerant)
         self.collective_seconds = 0.0
         self.sent_bytes = self.word_bytes = self.outer_bytes = 0
+
+    @property
+    def comm(self):
+        """The communicator of the workers alive (``MPI_COMM_WORLD`` until one dies: ``diloco.core.membership``)."""
+        return self.group.comm
+
+    @property
+    def lost(self) -> set:
+        """The workers whose process died (fault tolerance only), dropped from every sync since."""
+        return self.group.lost
 
     def load(self, worker_params: dict, worker_states: dict) -> None:
         """This rank's worker, or the baseline's one shared model (key 0, on every rank)."""
@@ -157,13 +170,14 @@ class MPIExecutor(ReferenceExecutor):
                      {k: v for k, v in worker_states.items() if k in keep})
 
     def _wait(self, requests) -> None:
-        from mpi4py import MPI
 
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         pause = 1e-5
-        while not MPI.Request.Testall(requests):  # each Test also drives MPI's progress
+        # each Test drives MPI's progress; one at a time, so a failure raises its own error class (ULFM's
+        # MPI_ERR_PROC_FAILED), not Testall's MPI_ERR_IN_STATUS
+        while not all(request.Test() for request in requests):
             if deadline is not None and time.monotonic() > deadline:
-                raise RoundTimeout(f"rank {self.comm.rank}: a collective of round {getattr(self, 'round_index', 0)} "
+                raise RoundTimeout(f"rank {self.worker}: a collective of round {getattr(self, 'round_index', 0)} "
                                    f"did not complete within {self.timeout:g} s (--round-timeout): another rank "
                                    f"stopped answering")
             time.sleep(pause)
@@ -189,33 +203,39 @@ class MPIExecutor(ReferenceExecutor):
 
     def _mine(self, messages: dict):
         """This rank's message, or None (a dropped worker, or one outside an asynchronous group)."""
-        if set(messages) - {self.comm.rank}:
-            raise ValueError(f"rank {self.comm.rank} holds worker {self.comm.rank} only, got {sorted(messages)}")
-        return messages.get(self.comm.rank)
+        if set(messages) - {self.worker}:
+            raise ValueError(f"rank {self.worker} holds worker {self.worker} only, got {sorted(messages)}")
+        return messages.get(self.worker)
 
     def gather(self, items: dict) -> dict:
         """All-gather ``items`` (worker -> array, or -> dict of arrays) as flat bytes; the union of every rank's."""
         start = time.perf_counter()
         head, data = pack(items)
         message = np.concatenate([np.frombuffer(head, dtype=np.uint8), data])
-        sizes = self._words(len(head), message.size)
+        merged = self.group.survive(lambda: self._gather_packed(message, len(head)))
+        self.collective_seconds += time.perf_counter() - start
+        return merged
+
+    def _gather_packed(self, message: np.ndarray, head_size: int) -> dict:
+        sizes = self._words(head_size, message.size)
         received = self._allgatherv(message, sizes[:, 1])
         merged, offset = {}, 0
-        for head_size, size in sizes:
+        for head_bytes, size in sizes:
             part = received[offset:offset + size]
-            merged.update(unpack(part[:head_size].tobytes(), part[head_size:]))
+            merged.update(unpack(part[:head_bytes].tobytes(), part[head_bytes:]))
             offset += size
-        self.collective_seconds += time.perf_counter() - start
         return merged
 
     def reduce_messages(self, messages: dict, codec, like: dict, weights: dict | None, base: dict | None
                         ) -> tuple[dict, float, int]:
         """``all_reduce``'s collective (``diloco.core.comm``): ``(delta, bytes_sent, payload_bytes)``."""
         start, sent, words = time.perf_counter(), self.sent_bytes, self.word_bytes
+        mine = self._mine(messages)
         if codec.summable:
-            out = self._reduce_scatter(self._mine(messages), codec, like, weights, base)
+            out = self.group.survive(lambda: self._reduce_scatter(mine, codec, like, weights, base))
         else:
-            out = reduce_in_order(self._gather_wire(self._mine(messages), codec, like), codec, like, weights, base)
+            everyone = self.group.survive(lambda: self._gather_wire(mine, codec, like))
+            out = reduce_in_order(everyone, codec, like, weights, base)
         self.outer_bytes += (self.sent_bytes - sent) - (self.word_bytes - words)
         self.collective_seconds += time.perf_counter() - start
         return out
@@ -226,7 +246,7 @@ class MPIExecutor(ReferenceExecutor):
         sizes = self._words(-1 if mine is None else wire.size)[:, 0]
         received = self._allgatherv(wire, np.maximum(sizes, 0))
         bounds = np.concatenate([[0], np.cumsum(np.maximum(sizes, 0))])
-        return {rank: codec.from_wire(received[bounds[rank]:bounds[rank + 1]].tobytes(), like)
+        return {self.group.members[rank]: codec.from_wire(received[bounds[rank]:bounds[rank + 1]].tobytes(), like)
                 for rank in np.flatnonzero(sizes >= 0).tolist()}
 
     def _reduce_scatter(self, mine, codec, like: dict, weights, base) -> tuple[dict, float, int]:
@@ -249,7 +269,7 @@ class MPIExecutor(ReferenceExecutor):
         self.sent_bytes += int(send_counts.sum() - send_counts[self.comm.rank]) * flat.itemsize  # none to itself
         chunk = np.empty(0, dtype=dtype)
         if own is not None:
-            w = None if weights is None else [weights[k] for k in senders]
+            w = None if weights is None else [weights[self.group.members[r]] for r in senders]
             piece_of_base = None if base is None else {"v": flatten(base, keys, bounds[own], bounds[own + 1])}
             chunk = np.ascontiguousarray(codec.reduce([{"v": row} for row in pieces], w, piece_of_base)[0]["v"],
                                          dtype=dtype)

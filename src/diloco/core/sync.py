@@ -58,6 +58,15 @@ def collective(executor) -> dict:
     return {"gather": executor.gather, "reduce": getattr(executor, "reduce_messages", None)}
 
 
+def _without_lost(executor, dropped: list, kept: list) -> tuple[list, list]:
+    """``dropped`` and ``kept`` with the workers whose process died (an MPI executor's ``lost``, which
+    left them out of the all-reduce) moved to ``dropped``."""
+    lost = set(getattr(executor, "lost", ())) & set(kept)
+    if not lost:
+        return dropped, kept
+    return sorted({*dropped, *lost}), [k for k in kept if k not in lost]
+
+
 def _kept_weights(weights, kept) -> dict | None:
     return None if weights is None else {k: weights[k] for k in kept}
 
@@ -117,6 +126,7 @@ def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, con
     items, base = _bases({k: v for k, v in local.items() if k in kept}, sub_global, keys, kept, starts)
     ex = all_reduce(items, config.family.comm, {k: residuals.get(k, {}) for k in local if k in kept},
                     _kept_weights(weights, kept), global_params=base, **collective(executor))
+    dropped, kept = _without_lost(executor, dropped, kept)
     if outer_update is None:
         received, new_outer = outer_optimizer(config).update(sub_global, ex.delta, outer_state, config)
     else:
