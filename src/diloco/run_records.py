@@ -83,7 +83,12 @@ class RoundRecord(_RoundRecordFields, total=False):
         ``exp(eval_loss)`` and ``eval_loss / ln 2``: perplexity and bits per prediction
         (per character for the character-level language model).
     dropped_workers : list of int
-        DiLoCo with ``drop_prob > 0`` only: the workers whose outer gradient was dropped.
+        DiLoCo with ``drop_prob > 0`` (or a lost worker) only: the workers whose outer
+        gradient was dropped.
+    lost_workers : list of int
+        MPI with ``--survive-failures`` only, once a rank has died: the workers whose process
+        is gone (``diloco.core.membership``); their ``worker_losses`` entries are None and
+        ``inner_loss`` is the mean over the others.
     pseudo_grad_cosine : float or None
         DiLoCo with ``record_similarity`` only: mean pairwise cosine similarity of the
         workers' own pseudo-gradients (None for one worker).
@@ -110,6 +115,7 @@ class RoundRecord(_RoundRecordFields, total=False):
 
     pseudo_grad_norm: float
     dropped_workers: list
+    lost_workers: list
     pseudo_grad_cosine: float | None
     allreduce_seconds: float
     peak_sync_bytes: float
