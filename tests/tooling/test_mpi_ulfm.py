@@ -7,8 +7,9 @@ diloco and mpi4py) on Open MPI's library (``MPI4PY_LIBMPI``), found in ``$DILOCO
 ``build/openmpi`` (``make openmpi`` makes it), and skips, saying so, without one.
 
 The expected result is computed in this process, independently of MPI: the same config
-on the reference executor, with worker 1's outer gradient dropped from round 3 on, as
-``--drop-prob`` drops one (``draw_dropped`` made to name worker 1 from the third sync).
+on the reference executor, with the dead worker's outer gradient dropped from round 3 on, as
+``--drop-prob`` drops one (``draw_dropped`` made to name it from the third sync). Worker 0's
+death also moves the printing and the files to rank 1, the first one alive.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from diloco.tools.cli.main import build_parser  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ("--rounds", "10", "-H", "3", "--hidden-sizes", "16", "--seed", "2", "--batch-size", "16")
-KILLED, ROUND = 1, 3
+ROUND = 3
 
 WRAPPER = '''
 import os, signal, sys
@@ -79,13 +80,13 @@ def run_job(prefix: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
-def dropped_from_round_3(monkeypatch):
-    """The single-process run: ``draw_dropped`` names worker 1 from the third sync (one a round) on."""
+def dropped_from_round_3(monkeypatch, killed: int):
+    """The single-process run: ``draw_dropped`` names worker ``killed`` from the third sync (one a round) on."""
     calls = []
 
     def draw(rng, config):
         calls.append(None)
-        return [KILLED] if len(calls) >= ROUND else []
+        return [killed] if len(calls) >= ROUND else []
 
     monkeypatch.setattr(sync, "draw_dropped", draw)
     data = load_digits_split(0)
@@ -93,24 +94,25 @@ def dropped_from_round_3(monkeypatch):
     return train("diloco", data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test)
 
 
-def test_a_rank_killed_in_round_3_is_a_dropped_worker_and_the_others_finish(tmp_path, monkeypatch):
+@pytest.mark.parametrize("killed", [1, 0], ids=["worker 1", "worker 0, whose rank writes the outputs"])
+def test_a_rank_killed_in_round_3_is_a_dropped_worker_and_the_others_finish(killed, tmp_path, monkeypatch):
     prefix = open_mpi()
     (tmp_path / "dies.py").write_text(WRAPPER)
-    done = run_job(prefix, tmp_path, sys.executable, "dies.py", str(KILLED), str(ROUND), *FLAGS,
+    done = run_job(prefix, tmp_path, sys.executable, "dies.py", str(killed), str(ROUND), *FLAGS,
                    "--survive-failures", "--json", "run.json", "--save-params", "params.npz")
     assert (tmp_path / "run.json").exists(), done.stdout + done.stderr
     history = json.loads((tmp_path / "run.json").read_text())["history"]
     assert [r["round"] for r in history] == list(range(1, 11))
     for record in history:
-        lost = [KILLED] if record["round"] >= ROUND else []
+        lost = [killed] if record["round"] >= ROUND else []
         assert record.get("lost_workers", []) == lost and record.get("dropped_workers", []) == lost, record
-        assert (record["worker_losses"][KILLED] is None) == bool(lost)
-    want = dropped_from_round_3(monkeypatch)
+        assert (record["worker_losses"][killed] is None) == bool(lost)
+    want = dropped_from_round_3(monkeypatch, killed)
     assert [r["eval_loss"] for r in history] == [r["eval_loss"] for r in want.history]
     with np.load(tmp_path / "params.npz") as got:
         assert all(got[k].tobytes() == v.tobytes() for k, v in want.params.items())
     # the inner loss of a round with a dead worker is the mean over the two that trained
-    survivors = [loss for k, loss in enumerate(want.history[-1]["worker_losses"]) if k != KILLED]
+    survivors = [loss for k, loss in enumerate(want.history[-1]["worker_losses"]) if k != killed]
     assert history[-1]["inner_loss"] == pytest.approx(np.mean(survivors), rel=1e-12)
 
 
