@@ -72,7 +72,7 @@ def run_job(prefix: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=150)  # about 5 s on an idle machine
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()

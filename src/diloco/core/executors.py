@@ -148,7 +148,7 @@ class MPIExecutor(ReferenceExecutor):
                              f"({comm.size}); run with mpiexec -n {config.num_workers}")
         super().__init__(shards, config, encode, workers=(comm.rank,))
         self.worker, self.timeout = comm.rank, timeout
-        self.group = Membership(comm, fault_tolerant)
+        self.group = Membership(comm, fault_tolerant, self._wait)
         self.collective_seconds = 0.0
         self.sent_bytes = self.word_bytes = self.outer_bytes = 0
 

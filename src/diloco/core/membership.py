@@ -9,7 +9,7 @@ instead of ending the job, and ``survive``:
 
 1. revokes the communicator (``MPIX_Comm_revoke``), so every rank leaves the collective;
 2. agrees with the survivors whether every one of them finished ``op``
-   (``MPIX_Comm_agree`` of a flag, after ``MPIX_Comm_ack_failed``; it is fault tolerant);
+   (``MPIX_Comm_iagree`` of a flag, after ``MPIX_Comm_ack_failed``; it is fault tolerant);
 3. if not, shrinks the communicator to the survivors (``MPIX_Comm_shrink``, which keeps
    their order), records the workers that are gone in ``lost``, and runs ``op`` again on
    the new communicator, where the lost workers contribute nothing: dropped workers.
@@ -23,6 +23,8 @@ calls but fails in ``MPI_Init`` when ``MPIR_CVAR_ENABLE_FT=1`` (docs/failure-and
 from __future__ import annotations
 
 import os
+
+import numpy as np
 
 __all__ = ["Membership", "ulfm_problem"]
 
@@ -44,8 +46,9 @@ def ulfm_problem() -> str | None:
 class Membership:
     """The executor's communicator and the workers it holds (module doc)."""
 
-    def __init__(self, comm, fault_tolerant: bool = False) -> None:
+    def __init__(self, comm, fault_tolerant: bool = False, wait=None) -> None:
         self.comm, self.fault_tolerant = comm, fault_tolerant
+        self.wait = wait if wait is not None else _wait_all  # the executor's: polls, with its time limit
         self.members = tuple(range(comm.size))
         self.lost: set = set()
 
@@ -68,7 +71,9 @@ class Membership:
     def _agree(self, finished: bool) -> bool:
         try:
             self.comm.Ack_failed()
-            return bool(self.comm.Agree(int(finished)))
+            flag = np.array([int(finished)], dtype=np.intc)
+            self.wait([self.comm.Iagree(flag)])  # non-blocking: a blocking agreement spins on a busy machine
+            return bool(flag[0])
         except Exception as error:  # noqa: BLE001 - a failure during the agreement: shrink and run again
             if not _is_failure(error):
                 raise
@@ -82,6 +87,12 @@ class Membership:
         members = tuple(self.members[r] for r in ranks)
         self.lost |= set(self.members) - set(members)
         self.comm, self.members = survivors, members
+
+
+def _wait_all(requests) -> None:
+    from mpi4py import MPI
+
+    MPI.Request.Waitall(requests)
 
 
 def _is_failure(error) -> bool:
