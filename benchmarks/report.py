@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import charlm
+import mpi_step
 import numpy as np
 from workloads import MODELS, flops_per_worker_step
 
@@ -197,6 +198,7 @@ def targets_section(rates, training, peaks, compare, memory, impls) -> tuple[lis
 # target rows are (target, measured, verdict) tuples appended to the targets table.
 EXTRA_SECTIONS: dict = {
     "charlm": lambda result: charlm.section(result, _median, loads, IDLE_LOAD),
+    "mpi": lambda result: mpi_step.section(result, IDLE_LOAD),
 }
 
 

@@ -84,15 +84,23 @@ class RoundRecord(_RoundRecordFields, total=False):
         ``exp(eval_loss)`` and ``eval_loss / ln 2``: perplexity and bits per prediction
         (per character for the character-level language model).
     dropped_workers : list of int
-        DiLoCo with ``drop_prob > 0`` only: the workers whose outer gradient was dropped.
+        DiLoCo with ``drop_prob > 0`` (or a lost worker) only: the workers whose outer
+        gradient was dropped.
+    lost_workers : list of int
+        MPI with ``--survive-failures`` only, once a rank has died: the workers whose process
+        is gone (``diloco.core.membership``); their ``worker_losses`` entries are None and
+        ``inner_loss`` is the mean over the others.
     pseudo_grad_cosine : float or None
         DiLoCo with ``record_similarity`` only: mean pairwise cosine similarity of the
         workers' own pseudo-gradients (None for one worker).
     allreduce_seconds : float
         MPI only: wall time this rank spent in the round's all-reduce.
     mpi_bytes_sent : int
-        ``DiLoCoConfig.family`` on MPI only: the bytes this rank handed MPI for other ranks in
-        the round (its share of the reduce-scatter and all-gather of payloads).
+        MPI only: every byte this rank handed MPI for other ranks in the round (every
+        collective's, their length words included).
+    mpi_allreduce_bytes : int
+        MPI only: the outer gradients' payload bytes among them, beside the modelled
+        ``bytes_sent`` (``docs/cli.md``, "Real processes", says where they differ).
     peak_sync_bytes, bytes_per_step : float
         ``DiLoCoConfig.family`` only: the largest single synchronisation of the round (one
         fragment's, with Streaming DiLoCo) and ``bytes_sent / inner_steps``.
@@ -108,6 +116,7 @@ class RoundRecord(_RoundRecordFields, total=False):
 
     pseudo_grad_norm: float
     dropped_workers: list
+    lost_workers: list
     pseudo_grad_cosine: float | None
     allreduce_seconds: float
     peak_sync_bytes: float
@@ -118,6 +127,7 @@ class RoundRecord(_RoundRecordFields, total=False):
     sim_utilization: float
     sim_step_time: float
     mpi_bytes_sent: int
+    mpi_allreduce_bytes: int
 
 
 RoundCallback = Callable[[RoundRecord], None]

@@ -41,16 +41,16 @@ def test_mpi_processes_match_the_simulation(processes, tmp_path):
     with np.load(tmp_path / "params.npz") as saved:
         assert list(saved.keys()) == list(expected.params)
         for key, value in expected.params.items():
-            # The all-reduce may sum the K models in another order than average_params does.
-            np.testing.assert_allclose(saved[key], value, rtol=1e-12, atol=1e-13, err_msg=key)
+            # The reduce-scatter sums each chunk of the K models in worker order, as average_params does.
+            assert saved[key].tobytes() == value.tobytes(), key
     history = json.loads((tmp_path / "run.json").read_text())["history"]
     assert [r["round"] for r in history] == [1, 2, 3]
     for got, want in zip(history, expected.history, strict=True):
         assert got["all_reduces"] == want["all_reduces"] == 1
         assert got["bytes_sent"] == want["bytes_sent"]
-        np.testing.assert_allclose(got["worker_losses"], want["worker_losses"], rtol=1e-12)
-        np.testing.assert_allclose(got["eval_loss"], want["eval_loss"], rtol=1e-10)
-        assert got["eval_accuracy"] == pytest.approx(want["eval_accuracy"], abs=1e-12)
+        assert got["worker_losses"] == want["worker_losses"]
+        assert got["eval_loss"] == want["eval_loss"] and got["eval_accuracy"] == want["eval_accuracy"]
+        assert got["mpi_allreduce_bytes"] > 0
 
 
 def test_mpi_rejects_a_worker_count_that_does_not_match_the_processes(tmp_path):

@@ -96,7 +96,7 @@ def test_a_stopped_rank_ends_the_job_after_the_round_timeout(family, tmp_path):
     assert status != 0
     # the second inner phase: round 2 of DiLoCo, the second fragment's segment of round 1 with P = 2
     where = "round 1" if family else "round 2"
-    assert f"rank 0: the all-gather of {where} did not complete within 2 s (--round-timeout)" in err
+    assert f"rank 0: a collective of {where} did not complete within 2 s (--round-timeout)" in err
     assert "aborting the job" in err
     assert seconds < 60
 

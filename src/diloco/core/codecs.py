@@ -23,6 +23,11 @@ is there for stochastic codecs; the three below are deterministic and never draw
   (``diloco.methods.sparse``), all-gathered as bytes and averaged on receipt:
   ``(K-1) |message|`` bytes.
 
+``bytes_sent`` models these collectives. Under MPI (``MPIExecutor.reduce_messages``) the
+native codec (``summable``: its reduce works value by value) is reduce-scattered and
+all-gathered as modelled; the others travel as ``to_wire``'s payload bytes, all-gathered,
+and are decoded (``from_wire``) and reduced on every rank (``docs/cli.md`` gives the bytes).
+
 The wire format's fields are ``diloco.config_sections.CommSpec``'s, declared once.
 """
 
@@ -34,7 +39,8 @@ import numpy as np
 
 from diloco._validation import api_checks
 from diloco.config_sections import CommSpec
-from diloco.core.quantize import FORMATS, decode, encode, sign_prune_mask
+from diloco.core.flatbuf import unflatten
+from diloco.core.quantize import FORMATS, decode, encode, from_bytes, sign_prune_mask, to_bytes, wire_unit
 from diloco.methods.sparse import (
     ErrorFeedbackState,
     SparseConfig,
@@ -62,6 +68,10 @@ class Codec(Protocol):
 
     def bytes_sent(self, messages: list, reduced_bytes: int) -> tuple[float, int]: ...
 
+    def to_wire(self, message) -> bytes: ...
+
+    def from_wire(self, buffer: bytes, like: Params) -> object: ...
+
 
 def is_native(spec: CommSpec, dtype) -> bool:
     """True when nothing is encoded: the plain milestone path applies."""
@@ -80,7 +90,13 @@ def _outer_gradient(item: Params, base: Params | None) -> Params:
 
 
 class NativeCodec:
-    """Nothing encoded: the workers' items travel as they are (module doc)."""
+    """Nothing encoded: the workers' items travel as they are (module doc).
+
+    ``summable``: ``reduce`` works value by value, so a collective may apply it to chunks
+    of the flattened items (a reduce-scatter) and get the same bits as on whole arrays.
+    """
+
+    summable = True
 
     def __init__(self, dtype) -> None:
         self.dtype = np.dtype(dtype)
@@ -98,6 +114,12 @@ class NativeCodec:
     def bytes_sent(self, messages: list, reduced_bytes: int) -> tuple[float, int]:
         size = sum(value.size for value in messages[0].values())
         return native_bytes(size, len(messages), self.dtype.itemsize), size * self.dtype.itemsize
+
+    def to_wire(self, message: Params) -> bytes:
+        return b"".join(np.ascontiguousarray(value, dtype=self.dtype).tobytes() for value in message.values())
+
+    def from_wire(self, buffer: bytes, like: Params) -> Params:
+        return unflatten(np.frombuffer(buffer, dtype=self.dtype), like)
 
 
 def encode_delta(delta: np.ndarray, spec: CommSpec):
@@ -129,7 +151,12 @@ class DenseCodec:
     Error feedback (Seide et al., 2014; Karimireddy et al., 2019): each worker keeps what its
     encoding lost, ``e_k <- (Delta_k + e_k) - D(E(Delta_k + e_k))``, and adds it to its next
     outer gradient.
+
+    Not ``summable``: the reduce encodes each tensor's mean again with its scale blocks, so
+    it is applied to whole tensors; a message travels as ``to_wire``'s bytes.
     """
+
+    summable = False
 
     def __init__(self, spec: CommSpec, dtype) -> None:
         self.spec, self.dtype = spec, np.dtype(dtype)
@@ -164,6 +191,19 @@ class DenseCodec:
         mean_payload = sum(payload.nbytes for message in messages for payload in message.values()) / num_workers
         return (num_workers - 1) / num_workers * (mean_payload + reduced_bytes), int(round(mean_payload))
 
+    def to_wire(self, message: dict) -> bytes:
+        """``quantize.to_bytes`` of every tensor's payload, in key order (``nbytes`` each, no framing)."""
+        return b"".join(to_bytes(payload) for payload in message.values())
+
+    def from_wire(self, buffer: bytes, like: Params) -> dict:
+        fmt, message, offset = self.spec.comm_dtype or self.dtype.name, {}, 0
+        for key, value in like.items():
+            message[key], offset = from_bytes(buffer, fmt, value.shape, wire_unit(value.size, self.spec.comm_block),
+                                              sparse=self.spec.sign_prune > 0, offset=offset)
+        if offset != len(buffer):
+            raise ValueError(f"a dense message for these tensors is {offset} bytes, got {len(buffer)}")
+        return message
+
 
 def sparse_config(spec: CommSpec) -> SparseConfig | None:
     """The ``SparseConfig`` of a spec's ``topk`` fields; None when outer gradients are dense."""
@@ -179,6 +219,8 @@ class SparseCodec:
     message, ``params_to_bytes`` of its payloads (after ``compress_with_feedback``, the one
     top-k + error-feedback transform), is decoded on receipt and the K are averaged.
     """
+
+    summable = False
 
     def __init__(self, spec: CommSpec) -> None:
         self.spec, self.config = spec, sparse_config(spec)
@@ -199,6 +241,12 @@ class SparseCodec:
     def bytes_sent(self, messages: list, reduced_bytes: int) -> tuple[float, int]:
         mean_message = sum(len(message) for message in messages) / len(messages)
         return float((len(messages) - 1) * mean_message), int(round(mean_message))
+
+    def to_wire(self, message: bytes) -> bytes:
+        return message
+
+    def from_wire(self, buffer: bytes, like: Params) -> bytes:
+        return bytes(buffer)
 
 
 def codec_for(spec: CommSpec, dtype) -> Codec:

@@ -2,11 +2,14 @@
 
 Every synchronisation of every executor averages its outer gradients here, once: each
 local worker's item is encoded (``diloco.core.codecs``: native, dense low-precision with
-sign pruning and error feedback, or sparse top-k / DCT with error feedback), the executor's
-``gather`` collects the messages (an identity in one process, an all-gather under MPI),
-and every process decodes and reduces them in ascending worker order, so every executor
-computes the same sum, bit for bit. ``bytes_sent`` is the codec's model of what a ring
-collective moves.
+sign pruning and error feedback, or sparse top-k / DCT with error feedback), then the
+executor's reduction combines the messages: ``reduce_in_order`` where one process holds
+every worker (the executor's ``gather`` collects them, an identity; they are decoded and
+reduced in ascending worker order), or the executor's own collective
+(``MPIExecutor.reduce_messages``: a reduce-scatter and all-gather of flat buffers for a
+summable codec, an all-gather of payload bytes otherwise) that applies the same codec
+``reduce`` in the same worker order, so every executor computes the same sum, bit for
+bit. ``bytes_sent`` is the codec's model of what a ring collective moves.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from diloco.config_sections import CommSpec
 from diloco.core.codecs import codec_for, is_native, native_bytes
 from diloco.model import Params
 
-__all__ = ["CommSpec", "Exchange", "all_reduce", "exchange", "exchange_deltas", "native_bytes"]
+__all__ = ["CommSpec", "Exchange", "all_reduce", "reduce_in_order", "exchange", "exchange_deltas", "native_bytes"]
 
 
 class Exchange(NamedTuple):
@@ -47,8 +50,22 @@ def _local(items: dict) -> dict:
     return items
 
 
+def reduce_in_order(messages: dict, codec, like: Params, weights: dict | None, base: Params | None,
+                    gather=_local) -> tuple[Params, float, int]:
+    """Every worker's message (``gather``), decoded and reduced in ascending worker order.
+
+    Returns ``(delta, bytes_sent, payload_bytes)``: the codec's reduce and its byte model.
+    """
+    everyone = gather(messages)
+    order = sorted(everyone)
+    w = None if weights is None else [weights[k] for k in order]
+    delta, reduced_bytes = codec.reduce([codec.decode(everyone[k], like) for k in order], w, base)
+    bytes_sent, payload_bytes = codec.bytes_sent([everyone[k] for k in order], reduced_bytes)
+    return delta, float(bytes_sent), payload_bytes
+
+
 def all_reduce(local: dict, spec: CommSpec, residuals: dict | None = None, weights: dict | None = None, *,
-               global_params: Params | None = None, gather=_local) -> Exchange:
+               global_params: Params | None = None, gather=_local, reduce=None) -> Exchange:
     """The one aggregation of outer gradients, on every executor, through ``spec``'s codec.
 
     Parameters
@@ -64,8 +81,11 @@ def all_reduce(local: dict, spec: CommSpec, residuals: dict | None = None, weigh
         Each kept worker's weight (milestone 15's normalisation); None: uniform.
     gather : callable(dict) -> dict, keyword-only
         The collective: merges the per-process dicts of every process, keyed by worker
-        (``_local`` in one process; an all-gather under MPI). Workers are combined in
-        ascending index order, so every executor computes the same sum.
+        (``_local`` in one process). Workers are combined in ascending index order, so
+        every executor computes the same sum.
+    reduce : callable(messages, codec, like, weights, base) -> (delta, bytes_sent, payload_bytes), keyword-only
+        The executor's own collective (``MPIExecutor.reduce_messages``), given this
+        process's encoded messages; None: ``reduce_in_order`` through ``gather``.
 
     Returns
     -------
@@ -78,12 +98,11 @@ def all_reduce(local: dict, spec: CommSpec, residuals: dict | None = None, weigh
     messages, new_residuals = {}, {}
     for k, item in local.items():
         messages[k], new_residuals[k] = codec.encode(item, global_params, residuals.get(k, {}))
-    everyone = gather(messages)
-    order = sorted(everyone)
-    w = None if weights is None else [weights[k] for k in order]
-    delta, reduced_bytes = codec.reduce([codec.decode(everyone[k], like) for k in order], w, global_params)
-    bytes_sent, payload_bytes = codec.bytes_sent([everyone[k] for k in order], reduced_bytes)
-    return Exchange(delta, float(bytes_sent), payload_bytes, new_residuals)
+    if reduce is None:
+        delta, bytes_sent, payload_bytes = reduce_in_order(messages, codec, like, weights, global_params, gather)
+    else:
+        delta, bytes_sent, payload_bytes = reduce(messages, codec, like, weights, global_params)
+    return Exchange(delta, bytes_sent, payload_bytes, new_residuals)
 
 
 def exchange_deltas(deltas: list, spec: CommSpec, residuals: list | None = None, weights=None) -> Exchange:

@@ -84,6 +84,8 @@ def check_record(record: dict, algo: str, max_loss: float | None = None, *, cont
 def _check_record(record: dict, algo: str, max_loss: float | None) -> None:
     round_index = record.get("round")
     for worker, loss in enumerate(record.get("worker_losses") or []):
+        if worker in record.get("lost_workers", ()):  # its process died (MPI, ULFM): no loss to check
+            continue
         _check_loss(algo, round_index, worker, float(loss if loss is not None else math.nan), max_loss)
     norm = record.get("pseudo_grad_norm")
     if algo == "diloco" and (norm is None or not math.isfinite(norm)):
@@ -126,7 +128,7 @@ class Guard:
             step, worker = min(bad)
             raise Diverged(self.algo, round_index, worker, f"training loss is {losses[worker][step]}", step + 1)
         for worker, loss in enumerate(record["worker_losses"]):
-            if self.max_loss is not None and loss > self.max_loss:
+            if self.max_loss is not None and loss is not None and loss > self.max_loss:  # None: a lost worker
                 raise Diverged(self.algo, round_index, worker,
                                f"mean training loss {loss:.6g} exceeds max_loss {self.max_loss:g}")
         norm = record.get("pseudo_grad_norm")

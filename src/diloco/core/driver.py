@@ -109,14 +109,15 @@ def initial_state(algo: str, params: Params, config, rng) -> RunState:
     return RunState(0, params, init_outer_optimizer(params), None, states, rng, [], initial_extra(params, config))
 
 
-def make_executor(name: str, shards, config, encode=None, comm=None, timeout=None, layout: str = "auto"):
+def make_executor(name: str, shards, config, encode=None, comm=None, timeout=None, layout: str = "auto",
+                  survive_failures: bool = False):
     """The executor ``name`` ("reference", "fast" or "mpi") over ``shards``."""
     if name == "reference":
         return ReferenceExecutor(shards, config, encode)
     if name == "mpi":
         if comm is None:
             raise ValueError("executor 'mpi' needs comm= (an mpi4py communicator)")
-        return MPIExecutor(shards, config, comm, encode, timeout)
+        return MPIExecutor(shards, config, comm, encode, timeout, survive_failures)
     if name == "fast":
         try:
             from diloco.engine.fast import FastExecutor  # absent from learner workspaces
@@ -137,7 +138,7 @@ def _call(hooks, phase: str, record, get_state) -> None:
 @milestone  # a trainer's depth: the milestones it calls skip their checks, as inside train_diloco
 def train(algo: str, x, y, config, *, x_eval=None, y_eval=None, rng=None, encode=None, executor: str = "reference",
           hooks=(), start: RunState | None = None, comm=None, timeout: float | None = None,
-          sync_fields: bool | None = None, layout: str = "auto") -> TrainResult:
+          sync_fields: bool | None = None, layout: str = "auto", survive_failures: bool = False) -> TrainResult:
     """Train ``algo`` ("diloco", with ``config.family``'s mechanisms, or "sync") on ``executor``.
 
     Parameters
@@ -152,6 +153,9 @@ def train(algo: str, x, y, config, *, x_eval=None, y_eval=None, rng=None, encode
         Continue after ``start.round`` (a checkpoint's state) instead of from round 0.
     comm, timeout : keyword-only
         The MPI communicator and the collectives' time limit (executor "mpi").
+    survive_failures : bool, keyword-only
+        Executor "mpi" under an MPI with ULFM: a rank that dies becomes a dropped worker
+        (``diloco.core.membership``) instead of ending the job.
     layout : "auto", "stacked" or "per-worker", keyword-only
         The fast executor's layout (``diloco.engine.layout.choose_layout``).
     sync_fields : bool, keyword-only, optional
@@ -166,7 +170,7 @@ def train(algo: str, x, y, config, *, x_eval=None, y_eval=None, rng=None, encode
     if isinstance(config, DiLoCoConfig):  # refused before any work (else prepare_training names the type)
         check_algorithm(algo, config)
     config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng, encode=encode)
-    exe = make_executor(executor, shards, config, encode, comm, timeout, layout)
+    exe = make_executor(executor, shards, config, encode, comm, timeout, layout, survive_failures)
     state = initial_state(algo, params, config, rng) if start is None else start
     fields = algo == "diloco" and (not config.family.algorithm_is_diloco() if sync_fields is None else sync_fields)
     weights = pseudo_grad_weights(shards, config)  # None (uniform), or shard sizes

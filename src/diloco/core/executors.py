@@ -25,12 +25,14 @@ mpi4py collectives. The fast executor (flat buffers, batched matmul) is
 
 from __future__ import annotations
 
-import pickle
 import time
 
 import numpy as np
 
 from diloco.core import progress
+from diloco.core.comm import reduce_in_order
+from diloco.core.flatbuf import chunk_bounds, flatten, pack, unflatten, unpack
+from diloco.core.membership import Membership
 from diloco.core.model_seam import model_of
 from diloco.mechanisms import inner_step, loss_and_grads, train_worker, uses_plain_worker
 from diloco.params import average_params
@@ -120,24 +122,45 @@ class ReferenceExecutor:
 
 
 class MPIExecutor(ReferenceExecutor):
-    """One worker per MPI rank (worker ``comm.rank``); the collectives are all-gathers in worker order.
+    """One worker per MPI rank (worker ``comm.rank``); flat-buffer collectives, reduced in worker order.
 
-    Every rank gathers the kept workers' parameters (or encoded payloads) and combines
-    them in worker order, exactly as one process does, so an MPI run is bit-identical
-    to the single-process run of the same config. A collective waits at most
-    ``timeout`` seconds (``RoundTimeout``), so a rank that stops never hangs the others.
+    * ``reduce_messages`` (the outer gradients' all-reduce): a summable codec's messages
+      (native) are flattened into one buffer in the fixed key order, then reduce-scattered
+      (``Ialltoallv``: contributing rank i owns chunk i and receives that chunk of every
+      contribution), the owner applies the codec's ``reduce`` to its chunk of the K in
+      ascending worker order, and the reduced chunks are all-gathered (``Iallgatherv``).
+      Any other codec's messages travel as their payload bytes (``codec.to_wire``,
+      ``Iallgatherv``) and every rank decodes and reduces them in worker order.
+    * ``gather`` (step losses, the cosine's parameters, the baseline's gradients): the
+      arrays as one byte buffer with a JSON head (``diloco.core.flatbuf.pack``), all-gathered.
+
+    The reduce works value by value in the same worker order as one process, so an MPI
+    run is bit-identical to the single-process run of the same config. A collective waits
+    at most ``timeout`` seconds (``RoundTimeout``), so a rank that stops never hangs the others.
     """
 
     name = "mpi"
 
-    def __init__(self, shards, config, comm, encode=None, timeout: float | None = None) -> None:
+    def __init__(self, shards, config, comm, encode=None, timeout: float | None = None,
+                 fault_tolerant: bool = False) -> None:
         if comm.size != config.num_workers:
             raise ValueError(f"config.num_workers ({config.num_workers}) must equal the number of MPI processes "
                              f"({comm.size}); run with mpiexec -n {config.num_workers}")
         super().__init__(shards, config, encode, workers=(comm.rank,))
-        self.comm, self.timeout = comm, timeout
+        self.worker, self.timeout = comm.rank, timeout
+        self.group = Membership(comm, fault_tolerant, self._wait)
         self.collective_seconds = 0.0
-        self.sent_bytes = 0
+        self.sent_bytes = self.word_bytes = self.outer_bytes = 0
+
+    @property
+    def comm(self):
+        """The communicator of the workers alive (``MPI_COMM_WORLD`` until one dies: ``diloco.core.membership``)."""
+        return self.group.comm
+
+    @property
+    def lost(self) -> set:
+        """The workers whose process died (fault tolerance only), dropped from every sync since."""
+        return self.group.lost
 
     def load(self, worker_params: dict, worker_states: dict) -> None:
         """This rank's worker, or the baseline's one shared model (key 0, on every rank)."""
@@ -147,54 +170,134 @@ class MPIExecutor(ReferenceExecutor):
                      {k: v for k, v in worker_states.items() if k in keep})
 
     def _wait(self, requests) -> None:
-        from mpi4py import MPI
 
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         pause = 1e-5
-        while not MPI.Request.Testall(requests):  # each Test also drives MPI's progress
+        # each Test drives MPI's progress; one at a time, so a failure raises its own error class (ULFM's
+        # MPI_ERR_PROC_FAILED), not Testall's MPI_ERR_IN_STATUS
+        while not all(request.Test() for request in requests):
             if deadline is not None and time.monotonic() > deadline:
-                raise RoundTimeout(f"rank {self.comm.rank}: the all-gather of round {getattr(self, 'round_index', 0)} "
+                raise RoundTimeout(f"rank {self.worker}: a collective of round {getattr(self, 'round_index', 0)} "
                                    f"did not complete within {self.timeout:g} s (--round-timeout): another rank "
                                    f"stopped answering")
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
 
-    def gather(self, items: dict) -> dict:
-        """All-gather ``items`` (pickled), or ``{rank: bytes}`` as exactly those bytes (a sparse message).
+    def _words(self, *words: int) -> np.ndarray:
+        """Every rank's ``words`` (int64), one row per rank."""
+        mine = np.array(words, dtype=np.int64)
+        table = np.empty((self.comm.size, mine.size), dtype=np.int64)
+        self._wait([self.comm.Iallgather(mine, table)])
+        self.sent_bytes += mine.nbytes * (self.comm.size - 1)
+        self.word_bytes += mine.nbytes * (self.comm.size - 1)
+        return table
 
-        A length word (one int64 per rank, negative ``-(n + 1)`` for raw bytes) goes first;
-        ``sent_bytes`` counts the messages only, ``(size - 1)`` times each.
-        """
+    def _allgatherv(self, buffer: np.ndarray, counts) -> np.ndarray:
+        """Every rank's ``buffer`` (``counts[r]`` values from rank r), end to end in rank order."""
+        counts = np.asarray(counts, dtype=np.int64)
+        received = np.empty(int(counts.sum()), dtype=buffer.dtype)
+        displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        self._wait([self.comm.Iallgatherv(buffer, [received, counts, displacements, _mpi_type(buffer.dtype)])])
+        self.sent_bytes += buffer.nbytes * (self.comm.size - 1)
+        return received
+
+    def _mine(self, messages: dict):
+        """This rank's message, or None (a dropped worker, or one outside an asynchronous group)."""
+        if set(messages) - {self.worker}:
+            raise ValueError(f"rank {self.worker} holds worker {self.worker} only, got {sorted(messages)}")
+        return messages.get(self.worker)
+
+    def gather(self, items: dict) -> dict:
+        """All-gather ``items`` (worker -> array, or -> dict of arrays) as flat bytes; the union of every rank's."""
         start = time.perf_counter()
-        raw = list(items) == [self.comm.rank] and isinstance(items[self.comm.rank], bytes)
-        payload = items[self.comm.rank] if raw else pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
-        blob = np.frombuffer(payload, dtype=np.uint8)
-        words = np.zeros(self.comm.size, dtype=np.int64)
-        self._wait([self.comm.Iallgather(np.array([-blob.size - 1 if raw else blob.size], dtype=np.int64), words)])
-        sizes = np.where(words < 0, -words - 1, words)
-        received = np.empty(int(sizes.sum()), dtype=np.uint8)
-        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        self._wait([self.comm.Iallgatherv(blob, [received, sizes, offsets, _byte_type()])])
-        self.sent_bytes += int(blob.size) * (self.comm.size - 1)
-        merged: dict = {}
-        for rank, (start_at, size) in enumerate(zip(offsets, sizes, strict=True)):
-            part = received[start_at:start_at + size].tobytes()
-            merged.update({rank: part} if words[rank] < 0 else pickle.loads(part))
+        head, data = pack(items)
+        message = np.concatenate([np.frombuffer(head, dtype=np.uint8), data])
+        merged = self.group.survive(lambda: self._gather_packed(message, len(head)))
         self.collective_seconds += time.perf_counter() - start
         return merged
 
-    def round_fields(self) -> dict:
-        """The round's seconds in collectives and bytes this rank sent, then zero for the next round."""
-        fields = {"allreduce_seconds": self.collective_seconds, "mpi_bytes_sent": int(self.sent_bytes)}
-        self.collective_seconds, self.sent_bytes = 0.0, 0
-        return fields
+    def _gather_packed(self, message: np.ndarray, head_size: int) -> dict:
+        sizes = self._words(head_size, message.size)
+        received = self._allgatherv(message, sizes[:, 1])
+        merged, offset = {}, 0
+        for head_bytes, size in sizes:
+            part = received[offset:offset + size]
+            merged.update(unpack(part[:head_bytes].tobytes(), part[head_bytes:]))
+            offset += size
+        return merged
 
+    def reduce_messages(self, messages: dict, codec, like: dict, weights: dict | None, base: dict | None
+                        ) -> tuple[dict, float, int]:
+        """``all_reduce``'s collective (``diloco.core.comm``): ``(delta, bytes_sent, payload_bytes)``."""
+        start, sent, words = time.perf_counter(), self.sent_bytes, self.word_bytes
+        mine = self._mine(messages)
+        if codec.summable:
+            out = self.group.survive(lambda: self._reduce_scatter(mine, codec, like, weights, base))
+        else:
+            everyone = self.group.survive(lambda: self._gather_wire(mine, codec, like))
+            out = reduce_in_order(everyone, codec, like, weights, base)
+        self.outer_bytes += (self.sent_bytes - sent) - (self.word_bytes - words)
+        self.collective_seconds += time.perf_counter() - start
+        return out
+
+    def _gather_wire(self, mine, codec, like: dict) -> dict:
+        """Every contributing rank's message, all-gathered as its payload bytes; keyed by worker."""
+        wire = np.frombuffer(codec.to_wire(mine), dtype=np.uint8) if mine is not None else np.empty(0, np.uint8)
+        sizes = self._words(-1 if mine is None else wire.size)[:, 0]
+        received = self._allgatherv(wire, np.maximum(sizes, 0))
+        bounds = np.concatenate([[0], np.cumsum(np.maximum(sizes, 0))])
+        return {self.group.members[rank]: codec.from_wire(received[bounds[rank]:bounds[rank + 1]].tobytes(), like)
+                for rank in np.flatnonzero(sizes >= 0).tolist()}
+
+    def _reduce_scatter(self, mine, codec, like: dict, weights, base) -> tuple[dict, float, int]:
+        """Reduce-scatter then all-gather of the flattened messages; the codec's reduce on each chunk."""
+        keys, dtype = tuple(like), next(iter(like.values())).dtype
+        flat = flatten(mine, keys) if mine is not None else np.empty(0, dtype=dtype)
+        senders = np.flatnonzero(self._words(flat.size)[:, 0]).tolist()  # ascending: the worker order
+        bounds = chunk_bounds(sum(value.size for value in like.values()), len(senders))
+        lengths, size = np.diff(bounds), self.comm.size
+        send_counts, send_at, receive_counts = (np.zeros(size, dtype=np.int64) for _ in range(3))
+        own = senders.index(self.comm.rank) if mine is not None else None
+        if own is not None:
+            send_counts[senders], send_at[senders] = lengths, bounds[:-1]
+            receive_counts[senders] = lengths[own]
+        pieces = np.empty((len(senders) if own is not None else 0, lengths[own] if own is not None else 0), dtype)
+        receive_at = np.concatenate([[0], np.cumsum(receive_counts)[:-1]])
+        kind = _mpi_type(dtype)
+        self._wait([self.comm.Ialltoallv([flat, send_counts, send_at, kind],
+                                         [pieces, receive_counts, receive_at, kind])])
+        self.sent_bytes += int(send_counts.sum() - send_counts[self.comm.rank]) * flat.itemsize  # none to itself
+        chunk = np.empty(0, dtype=dtype)
+        if own is not None:
+            w = None if weights is None else [weights[self.group.members[r]] for r in senders]
+            piece_of_base = None if base is None else {"v": flatten(base, keys, bounds[own], bounds[own + 1])}
+            chunk = np.ascontiguousarray(codec.reduce([{"v": row} for row in pieces], w, piece_of_base)[0]["v"],
+                                         dtype=dtype)
+        counts = np.zeros(size, dtype=np.int64)
+        counts[senders] = lengths
+        delta = unflatten(self._allgatherv(chunk, counts), like)
+        bytes_sent, payload_bytes = codec.bytes_sent([like] * len(senders), 0)
+        return delta, float(bytes_sent), payload_bytes
+
+    def round_fields(self) -> dict:
+        """The round's seconds in collectives and bytes this rank sent, then zero for the next round.
+
+        ``mpi_bytes_sent``: every byte this rank handed MPI for the other ranks (each
+        all-gather's length words included); ``mpi_allreduce_bytes``: the outer gradients'
+        payload among them, what the codec's ``bytes_sent`` models.
+        """
+        fields = {"allreduce_seconds": self.collective_seconds, "mpi_bytes_sent": int(self.sent_bytes),
+                  "mpi_allreduce_bytes": int(self.outer_bytes)}
+        self.collective_seconds = 0.0
+        self.sent_bytes = self.word_bytes = self.outer_bytes = 0
+        return fields
 
     def snapshot(self) -> tuple[dict, dict]:
         raise ValueError("the MPI executor writes no checkpoints (run without --checkpoint-every / --resume)")
 
 
-def _byte_type():
-    from mpi4py import MPI
+def _mpi_type(dtype):
+    """The MPI datatype of a NumPy dtype (mpi4py's own table)."""
+    from mpi4py.util.dtlib import from_numpy_dtype
 
-    return MPI.BYTE
+    return from_numpy_dtype(dtype)

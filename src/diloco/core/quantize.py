@@ -38,7 +38,8 @@ from diloco._validation import NonFiniteError, api_checks, shown
 from diloco.config_sections import FORMATS
 
 __all__ = ["FORMATS", "BITS", "E2M1_GRID", "Encoded", "encode", "decode", "quantize", "to_bytes", "from_bytes",
-           "bfloat16_bits", "bfloat16_values", "sign_prune_mask", "unit_bounds", "scale_exponents", "fp4_codes"]
+           "bfloat16_bits", "bfloat16_values", "sign_prune_mask", "unit_bounds", "wire_unit", "scale_exponents",
+           "fp4_codes"]
 
 BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16, "int8": 8, "fp4": 4}
 SCALED = ("int8", "fp4")
@@ -231,12 +232,17 @@ def encode(x: np.ndarray, fmt: str, *, block_size: int = 0, keep: np.ndarray | N
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 0:
         raise ValueError(f"block_size must be a non-negative int, got {block_size!r}")
     flat = x.ravel()
-    unit = int(block_size) if block_size else max(flat.size, 1)
+    unit = wire_unit(flat.size, block_size)
     keep = _kept(keep, x.shape)
     values = flat if keep is None else flat[keep]
     unit_ids = (np.arange(flat.size) if keep is None else np.flatnonzero(keep)) // unit
     codes, exponents = _codes(values, fmt, unit_ids, unit_bounds(flat.size, unit).size - 1)
     return Encoded(fmt, tuple(x.shape), unit, codes, exponents, keep)
+
+
+def wire_unit(size: int, block_size: int) -> int:
+    """Values per unit of a tensor of ``size`` values: ``block_size``, or the whole tensor when 0."""
+    return int(block_size) if block_size else max(int(size), 1)
 
 
 def _kept(keep, shape) -> np.ndarray | None:

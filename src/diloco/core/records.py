@@ -9,7 +9,7 @@ in one small function each, in the order the history has always shown them:
   ``sim_utilization``);
 * asynchronous DiLoCo's arrivals (``arrivals``, ``max_staleness``);
 * dropped workers, the pseudo-gradients' similarity, and the executor's own measurements
-  (MPI: ``allreduce_seconds``, ``mpi_bytes_sent``).
+  (MPI: ``allreduce_seconds``, ``mpi_bytes_sent``, ``mpi_allreduce_bytes``).
 """
 
 from __future__ import annotations
@@ -56,14 +56,19 @@ def round_fields(outcome: RoundOutcome, params, step_losses: dict, config, *, sy
                  clock: SimulatedClock | None, history: list, executor) -> dict:
     """The training fields of a round's record (before the held-out evaluation)."""
     mean_losses = {k: float(v.mean()) for k, v in step_losses.items()}
-    record = round_record([mean_losses[k] for k in sorted(mean_losses)], params, config, pseudo_grad=outcome.delta)
+    lost = sorted(set(getattr(executor, "lost", ())) - set(mean_losses))  # processes that died (MPI, ULFM)
+    filled = {**mean_losses, **dict.fromkeys(lost, 0.0)}
+    record = round_record([filled[k] for k in sorted(filled)], params, config, pseudo_grad=outcome.delta)
+    if lost:  # their losses are unknown: null, and the inner loss is the mean of the workers that trained
+        record.update(lost_workers=lost, inner_loss=float(np.mean(list(mean_losses.values()))),
+                      worker_losses=[mean_losses.get(k) for k in sorted(filled)])
     if sync_fields:
         record.update(_sync_fields(outcome.syncs, config.inner_steps))
     if clock is not None:
         record.update(clock.fields(outcome, history))
     if outcome.staleness is not None:  # one outer step per group of arrivals
         record.update(all_reduces=len(outcome.syncs), arrivals=list(outcome.arrived), max_staleness=outcome.staleness)
-    if config.drop_prob > 0:
+    if config.drop_prob > 0 or lost:
         record["dropped_workers"] = outcome.dropped
     if config.record_similarity:
         record["pseudo_grad_cosine"] = _mean_cosine(outcome.cosines)

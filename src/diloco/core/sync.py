@@ -10,7 +10,8 @@ baseline (which averages gradients inside ``Executor.run_sync``):
    (``"restart"``: it is merged like the kept workers, so its round's work is lost);
 2. **weights**: ``pseudo_grad_weights`` (uniform, or shard sizes), over the kept workers;
 3. **compress and aggregate**: ``diloco.core.comm.all_reduce`` through the executor's
-   collective (``gather``), with error feedback;
+   collective (``collective``: its ``reduce_messages`` under MPI, else its ``gather``), with error
+   feedback;
 4. **outer step**: ``diloco.core.outer`` (one state per fragment);
 5. **merge**: the received fragment replaces (``mix = 1``) or mixes into the kept
    workers' copies, ``tau`` steps later (``diloco.core.schedule.merge_step``).
@@ -49,6 +50,21 @@ class SyncResult(NamedTuple):
     dropped: list
     cosine: float | None
     residuals: dict
+
+
+def collective(executor) -> dict:
+    """``all_reduce``'s collective of ``executor``: its ``reduce_messages`` where it has one
+    (MPI), else its ``gather`` followed by the one-process reduction."""
+    return {"gather": executor.gather, "reduce": getattr(executor, "reduce_messages", None)}
+
+
+def _without_lost(executor, dropped: list, kept: list) -> tuple[list, list]:
+    """``dropped`` and ``kept`` with the workers whose process died (an MPI executor's ``lost``, which
+    left them out of the all-reduce) moved to ``dropped``."""
+    lost = set(getattr(executor, "lost", ())) & set(kept)
+    if not lost:
+        return dropped, kept
+    return sorted({*dropped, *lost}), [k for k in kept if k not in lost]
 
 
 def _kept_weights(weights, kept) -> dict | None:
@@ -109,7 +125,8 @@ def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, con
                           merge_targets(kept, arriving, config.drop_rule), 0.0, dropped, cosine, residuals)
     items, base = _bases({k: v for k, v in local.items() if k in kept}, sub_global, keys, kept, starts)
     ex = all_reduce(items, config.family.comm, {k: residuals.get(k, {}) for k in local if k in kept},
-                    _kept_weights(weights, kept), global_params=base, gather=executor.gather)
+                    _kept_weights(weights, kept), global_params=base, **collective(executor))
+    dropped, kept = _without_lost(executor, dropped, kept)
     if outer_update is None:
         received, new_outer = outer_optimizer(config).update(sub_global, ex.delta, outer_state, config)
     else:
@@ -158,7 +175,7 @@ def eager_sync(eager: dict, executor, config, weights, shares, residuals: dict) 
     local = executor.read(keys)
     deltas = {k: subtract_params(eager["thetas"][k], local[k]) for k in local}
     ex = all_reduce(deltas, config.family.comm, {k: residuals.get(k, {}) for k in local},
-                    None if weights is None else dict(enumerate(weights)), gather=executor.gather)
+                    None if weights is None else dict(enumerate(weights)), **collective(executor))
     update = outer_optimizer(config).update
     thetas, outer, previous = {}, {}, {}
     for k in local:

@@ -122,7 +122,8 @@ def train_family_mpi(x, y, config: DiLoCoConfig, comm, family: FamilyConfig, *, 
 
     Returns the same ``TrainResult`` on every rank, bit-identical to the single-process
     run; each record also holds ``allreduce_seconds`` (wall time in this rank's
-    collectives) and ``mpi_bytes_sent`` (bytes this rank handed MPI for the other ranks).
+    collectives), ``mpi_bytes_sent`` (bytes this rank handed MPI for the other ranks) and
+    ``mpi_allreduce_bytes`` (the outer gradients' payload among them).
     """
     guard = Guard("diloco", max_loss)
     with guard.watch():

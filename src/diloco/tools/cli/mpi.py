@@ -11,9 +11,10 @@ milestone functions; only the synchronisations cross process boundaries:
    ``train_diloco`` does, so nothing needs broadcasting) and keeps its own shard.
 2. Each round every rank draws ``rng.spawn(K)`` like ``run_diloco_round`` and keeps child
    ``k``, so worker k sees the same mini-batches as simulated worker k.
-3. At each sync the kept workers' parameters (or encoded outer gradients) are
-   all-gathered and combined in worker order on every rank, so the global parameters
-   stay equal everywhere and equal the single-process run's bit for bit: every flag of
+3. At each sync the kept workers' parameters are reduce-scattered and all-gathered as
+   flat buffers (encoded outer gradients are all-gathered as their payload bytes), and
+   every value is reduced in worker order, so the global parameters stay equal
+   everywhere and equal the single-process run's bit for bit: every flag of
    ``diloco train`` (the family's compression, fragments and eager updates, drops,
    outer Adam, the lr schedule, clipping, the character-level task) runs here too.
 
@@ -49,7 +50,8 @@ __all__ = ["RoundTimeout", "train_diloco_mpi", "main"]
 @milestone  # a trainer's depth, as train_diloco: checked once by prepare_training, then the guard watches
 def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *, x_eval=None, y_eval=None,
                      on_round=None, round_timeout: float | None = None, max_loss: float | None = None,
-                     algo: str = "diloco", encode=None, sync_fields: bool | None = None) -> TrainResult:
+                     algo: str = "diloco", encode=None, sync_fields: bool | None = None,
+                     survive_failures: bool = False) -> TrainResult:
     """Train with DiLoCo (every mechanism of ``config``, its family included), this process being
     worker ``comm.rank`` of ``comm.size``: the one driver on the MPI executor.
 
@@ -66,14 +68,19 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
         The divergence guard's loss threshold (``diloco.core.hooks.Guard``).
     algo : "diloco" or "sync", keyword-only
         The synchronous baseline all-gathers the gradients every step.
+    survive_failures : bool, keyword-only
+        Under an MPI with ULFM (Open MPI 5, ``mpiexec --with-ft ulfm``): a rank that dies
+        becomes a dropped worker from the sync where it is missed on (its records name it
+        in ``lost_workers`` and ``dropped_workers``) and the others go on
+        (``diloco.core.membership``).
 
     Returns
     -------
     TrainResult(params, history)
         The same on every rank, bit-identical to the single-process run of the same config
-        (the collectives gather every worker's contribution and combine them in worker
-        order). DiLoCo's records also hold ``allreduce_seconds``, the wall time this rank
-        spent in the round's collectives, and ``mpi_bytes_sent``.
+        (every value is reduced in worker order). DiLoCo's records also hold
+        ``allreduce_seconds``, the wall time this rank spent in the round's collectives,
+        ``mpi_bytes_sent`` and ``mpi_allreduce_bytes``.
 
     Raises
     ------
@@ -94,7 +101,7 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
     hooks += [guard, *callbacks(on_round)]
     with guard.watch():
         return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor="mpi", hooks=hooks,
-                     comm=comm, timeout=round_timeout, sync_fields=sync_fields)
+                     comm=comm, timeout=round_timeout, sync_fields=sync_fields, survive_failures=survive_failures)
 
 
 def _positive(text: str) -> float:
@@ -102,6 +109,11 @@ def _positive(text: str) -> float:
     if not np.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
+
+
+def _first_alive(record: dict, size: int) -> int:
+    """The lowest rank whose worker is not lost (rank 0 unless it died): it prints and writes."""
+    return min(set(range(size)) - set(record.get("lost_workers", ())))
 
 
 def _fail(comm, rank: int, message: str, code: int) -> int:
@@ -122,6 +134,7 @@ def main(argv=None) -> int:
     import warnings
 
     from diloco.core.driver import check_algorithm
+    from diloco.core.membership import ulfm_problem
     from diloco.tools.cli.errors import CliError, Parser
     from diloco.tools.cli.flags import (
         DEFAULT_MAX_LOSS,
@@ -143,6 +156,9 @@ def main(argv=None) -> int:
     parser.add_argument("--save-params", metavar="FILE.npz", help="rank 0 saves the final global params here")
     parser.add_argument("--round-timeout", type=_positive, default=600.0, metavar="SECONDS",
                         help="a rank waiting longer than this in a round's all-reduce aborts the job (600)")
+    parser.add_argument("--survive-failures", action="store_true",
+                        help="a rank that dies becomes a dropped worker and the others go on (needs an MPI with ULFM: "
+                             "Open MPI 5 started with `mpiexec --with-ft ulfm`)")
     add_recovery_flags(parser, resume=False)  # --max-loss
     args = parser.parse_args(argv)
     max_loss = DEFAULT_MAX_LOSS if args.max_loss is None else args.max_loss
@@ -154,13 +170,15 @@ def main(argv=None) -> int:
         data, _ = load_dataset(args, config.dtype)
         if config.num_workers != comm.size:
             raise CliError(f"-K {config.num_workers} does not match the {comm.size} MPI processes")
+        if args.survive_failures and ulfm_problem():
+            raise CliError(ulfm_problem())
     except (CliError, ValueError) as exc:
         if comm.rank == 0:
             print(f"diloco.tools.cli.mpi: error: {exc}", file=sys.stderr)
         return 2
 
     def report(record):
-        if comm.rank == 0:
+        if comm.rank == _first_alive(record, comm.size):
             print(f"round {record['round']:3d}  inner loss {record['inner_loss']:.4f}  "
                   f"held-out loss {record['eval_loss']:.4f}  accuracy {record['eval_accuracy']:.4f}  "
                   f"all-reduce {record.get('allreduce_seconds', 0.0) * 1e3:.1f} ms", flush=True)
@@ -171,7 +189,8 @@ def main(argv=None) -> int:
             warnings.simplefilter("ignore", RuntimeWarning)
             result = train_diloco_mpi(data.x_train, data.y_train, config, comm, x_eval=data.x_test,
                                       y_eval=data.y_test, on_round=report, round_timeout=args.round_timeout,
-                                      max_loss=max_loss, algo=args.algo, encode=data.encode)
+                                      max_loss=max_loss, algo=args.algo, encode=data.encode,
+                                      survive_failures=args.survive_failures)
     except Diverged as exc:  # every rank sees the same record: all stop here, no abort needed
         if comm.rank == 0:
             print(f"diloco.tools.cli.mpi: error: {exc}", file=sys.stderr)
@@ -181,7 +200,7 @@ def main(argv=None) -> int:
     except BaseException as exc:  # noqa: BLE001 - any fault on one rank must end every rank, never hang them
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return _fail(comm, comm.rank, f"rank {comm.rank} failed: {reason}; aborting the job", 1)
-    if comm.rank == 0:
+    if comm.rank == _first_alive(result.history[-1], comm.size):  # rank 0, or the first one alive
         seconds = time.perf_counter() - start
         last = result.history[-1]
         name = "DiLoCo" if args.algo == "diloco" else "the synchronous baseline"

