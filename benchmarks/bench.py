@@ -287,6 +287,15 @@ EXTRA_WORKLOADS: dict = {
 }
 
 
+def fixed_cost_only(args, log) -> None:
+    """``--only fixed-cost``: measure that section (``charlm.measure_fixed_cost``) and rewrite it in ``--out``."""
+    started, load_before = time.time(), os.getloadavg()
+    result = charlm.measure_fixed_cost(args.repeats, log, run_case, timed_command, sys.executable)
+    write_fixed_cost(Path(args.out), result, repeats=args.repeats, seconds=time.time() - started,
+                     load=(load_before, os.getloadavg()), main_commit=MAIN_COMMIT)
+    log(f"rewrote the fixed-cost section of {args.out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats of every case (5)")
@@ -303,11 +312,7 @@ def main() -> None:
     args = parser.parse_args()
     log = lambda text: print(text, flush=True)  # noqa: E731
     if args.only == "fixed-cost":
-        started, load_before = time.time(), os.getloadavg()
-        result = charlm.measure_fixed_cost(args.repeats, log, run_case, timed_command, sys.executable)
-        write_fixed_cost(Path(args.out), result, repeats=args.repeats, seconds=time.time() - started,
-                         load=(load_before, os.getloadavg()), main_commit=MAIN_COMMIT)
-        log(f"rewrote the fixed-cost section of {args.out}")
+        fixed_cost_only(args, log)
         return
     raw = Path(args.out).with_suffix(".raw.pickle")  # every measurement, so the report can be redrawn
     if args.from_raw:
