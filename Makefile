@@ -91,7 +91,9 @@ lint: $(VENV)/.installed-dev
 
 # Speed, measured side by side in one run: the reference path (now and at e7f3c6c), the fast
 # engine, PyTorch when importable (never installed by this project) and the matmul peak. Writes
-# benchmarks/results.md; 20-30 minutes on two idle cores.
+# benchmarks/results.md; 20-30 minutes on two idle cores. `.venv/bin/python benchmarks/bench.py --only fixed-cost`
+# measures only the fast engine's fixed cost beside its steady state (and the 10-round char-LM compare on each
+# engine) and rewrites that section of benchmarks/results.md in place: a few minutes.
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench.py
 

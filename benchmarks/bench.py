@@ -1,6 +1,7 @@
 """``make bench``: the speed of the reference path, the fast engine and PyTorch, side by side.
 
     .venv/bin/python benchmarks/bench.py [--repeats 5] [--out benchmarks/results.md]
+    .venv/bin/python benchmarks/bench.py --only fixed-cost   # one section, rewritten in place (minutes)
 
 Every measurement runs in a fresh process (``_case.py``), so its peak memory is its own;
 the repeats are interleaved (repeat 1 of every case, then repeat 2, ...) so a burst of
@@ -25,6 +26,11 @@ here, never asserted in tests.
 
 The char-LM workload and one whole study: ``charlm.py``; CPU per worker-step on K = 4 MPI
 processes against both engines: ``mpi_step.py`` (``EXTRA_WORKLOADS`` below).
+
+``--only fixed-cost`` measures only the fast engine's fixed cost beside its steady state (the
+char-LM training cases) and the 10-round char-LM ``compare`` on each engine
+(``charlm.measure_fixed_cost``), and rewrites that section of ``--out`` in place, the rest
+of the report as it was: a few minutes instead of the full run's 20-30.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ sys.path.insert(0, str(HERE))
 import charlm  # noqa: E402
 import layout_grid  # noqa: E402
 import mpi_step  # noqa: E402
-from report import write_report  # noqa: E402
+from report import write_fixed_cost, write_report  # noqa: E402
 from workloads import MODELS  # noqa: E402
 
 MAIN_COMMIT = "e7f3c6c"
@@ -285,6 +291,15 @@ if mpi_step.available():  # the mpi extra: K = 4 real processes against the engi
     EXTRA_WORKLOADS["mpi"] = lambda repeats, log: mpi_step.measure(max(1, min(3, repeats)), log)
 
 
+def fixed_cost_only(args, log) -> None:
+    """``--only fixed-cost``: measure that section (``charlm.measure_fixed_cost``) and rewrite it in ``--out``."""
+    started, load_before = time.time(), os.getloadavg()
+    result = charlm.measure_fixed_cost(args.repeats, log, run_case, timed_command, sys.executable)
+    write_fixed_cost(Path(args.out), result, repeats=args.repeats, seconds=time.time() - started,
+                     load=(load_before, os.getloadavg()), main_commit=MAIN_COMMIT)
+    log(f"rewrote the fixed-cost section of {args.out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats of every case (5)")
@@ -294,8 +309,15 @@ def main() -> None:
                         help="the Markdown report; when it is benchmarks/results.md, README.md's table is refreshed")
     parser.add_argument("--from-raw", metavar="PICKLE",
                         help="rewrite the report from the measurements a previous run saved beside --out")
+    parser.add_argument("--only", choices=("fixed-cost",),
+                        help="measure only this section and rewrite it in place in --out, the rest as it was "
+                             "(fixed-cost: the fast engine's fixed cost beside its steady state, and the 10-round "
+                             "char-LM compare on each engine; a few minutes)")
     args = parser.parse_args()
     log = lambda text: print(text, flush=True)  # noqa: E731
+    if args.only == "fixed-cost":
+        fixed_cost_only(args, log)
+        return
     raw = Path(args.out).with_suffix(".raw.pickle")  # every measurement, so the report can be redrawn
     if args.from_raw:
         with open(args.from_raw, "rb") as handle:

@@ -202,6 +202,27 @@ EXTRA_SECTIONS: dict = {
 }
 
 
+def write_fixed_cost(path: Path, result: dict, *, repeats: int, seconds: float, load, main_commit: str) -> None:
+    """Rewrite only the fixed-cost section of the report at ``path`` (``bench.py --only fixed-cost``): between
+    its markers, or, in a report written before it had one, after the char-LM section (else at the end)."""
+    rows = dict(machine_rows(load, main_commit))
+    heading = (f"Measured by `benchmarks/bench.py --only fixed-cost` on "
+               f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, in {seconds:.0f} s, {repeats} interleaved "
+               f"repeats (the rest of this report is from the full run above); code {rows['code measured']}; "
+               f"load average (1 min) before / after {rows['load average (1 min) before / after']}.")
+    lines, _ = charlm.fixed_cost_section(result, _median, loads, IDLE_LOAD, heading)
+    text = path.read_text(encoding="utf-8")
+    start, end = text.find(charlm.FIXED_START), text.find(charlm.FIXED_END)
+    if start >= 0 and end > start:
+        text = text[:start] + "\n".join(lines) + text[end + len(charlm.FIXED_END):]
+    else:
+        charlm_at = text.find("## The char-LM")
+        after = -1 if charlm_at < 0 else text.find("\n## ", charlm_at)
+        at = len(text) if after < 0 else after + 1
+        text = text[:at].rstrip("\n") + "\n\n" + "\n".join(lines) + "\n" + ("\n" + text[at:] if after >= 0 else "")
+    path.write_text(text, encoding="utf-8")
+
+
 def write_report(path: Path, *, training, gaps, peaks, threads, memory, adamw, compare, layouts, grid, impls,
                  repeats, seconds, load, main_commit, extra=None) -> list:
     """Write the report; return the summary block for the README (targets and notes)."""

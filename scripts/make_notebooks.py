@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/make_notebooks.py            # write the notebooks, no outputs
     .venv/bin/python scripts/make_notebooks.py --execute  # write them with their outputs (notebooks extra)
+    .venv/bin/python scripts/make_notebooks.py --execute 03_noniid.ipynb  # only the ones named
 
 The notebooks use only the library's public API (``diloco``, ``diloco.data``,
 ``diloco.tools.studies.ablations``, ``diloco.tools.studies.plots``); nothing here copies library code. The test
@@ -240,6 +241,10 @@ for ax, (title, shards) in zip(axes, splits):
     ax.set_title(title)
     ax.set_xlabel("worker")
 axes[0].set_ylabel("examples (colour = class)")
+fig.suptitle(f"Training examples of each class on each of {num_workers} workers: IID and Dirichlet(alpha) splits")
+fig.legend([plt.Rectangle((0, 0), 1, 1, color=plt.cm.tab10(label)) for label in range(10)],
+           [str(label) for label in range(10)], title="class", loc="center right", fontsize=8)
+plt.tight_layout(rect=(0, 0, 0.95, 1))
 plt.show()"""),
     ("md", """## Why skew hurts local training
 
@@ -294,6 +299,8 @@ for ax in axes:
     ax.set_xlabel("round")
     ax.grid(alpha=0.3)
 axes[0].legend(fontsize=8)
+fig.suptitle(f"DiLoCo with outer Nesterov or FedAvg against the synchronous baseline, on IID and skewed "
+             f"(alpha=0.1) shards (digits, K={num_workers}, H={base.inner_steps})")
 plt.tight_layout()
 plt.show()"""),
     ("md", """## The spread between workers
@@ -492,6 +499,8 @@ from diloco.config import MuonConfig
 from diloco.config_sections import AsyncConfig, FamilyConfig
 from diloco.data import load_digits_split
 from diloco.tools.studies.ablations import default_engine, trainer
+from diloco.tools.studies.plots import log_where_decades
+from diloco.tools.studies.study_stats import format_bytes  # the CLI's byte format
 
 data = load_digits_split(seed=0)
 config = DiLoCoConfig(num_workers=4, inner_steps=20, rounds=8, hidden_sizes=(32, 32), engine=default_engine())
@@ -504,7 +513,12 @@ def run(cfg, algo="diloco"):
 
 
 def losses(result):
-    return [r["eval_loss"] for r in result.history]"""),
+    return [r["eval_loss"] for r in result.history]
+
+
+def log_loss_axis(ax):
+    \"\"\"A log loss axis when the drawn losses span half a decade, labelled 0.5, 1, 2 (plain numbers).\"\"\"
+    log_where_decades(ax, "y", [y for line in ax.get_lines() for y in line.get_ydata()], at_least=0.5)"""),
     ("md", """## 1. Asynchronous DiLoCo with a straggler
 
 Worker 3 is four times slower. Synchronous DiLoCo waits for it every round; asynchronous
@@ -531,8 +545,8 @@ for name, spec in arms.items():
     history = run(config.replace(asynchrony=spec, rounds=rounds)).history
     points = [(r["sim_cumulative_seconds"], r["eval_loss"]) for r in history if r["sim_cumulative_seconds"] <= horizon]
     ax.plot(*zip(*points), "o-", markersize=3, label=name)
-ax.set(xlabel="simulated seconds", ylabel="held-out loss", yscale="log",
-       title="one worker 4x slower: loss against simulated time")
+ax.set(xlabel="simulated seconds", ylabel="held-out loss", title="one worker 4x slower: loss against simulated time")
+log_loss_axis(ax)
 ax.legend(fontsize=8)
 plt.show()"""),
     ("md", """## 2. Sparse outer gradients
@@ -555,7 +569,8 @@ for name, cfg in sparse.items():
     history = run(cfg).history
     ax.plot([r["cumulative_bytes"] for r in history], [r["eval_loss"] for r in history], "o-", markersize=3,
             label=name)
-ax.set(xscale="log", xlabel="bytes sent per worker", ylabel="held-out loss", title="loss against bytes sent")
+ax.set(xlabel="bytes sent per worker", ylabel="held-out loss", title="loss against bytes sent")
+log_where_decades(ax, "x", [x for line in ax.get_lines() for x in line.get_xdata()], formatter=format_bytes)
 ax.legend(fontsize=8)
 plt.show()"""),
     ("md", """## 3. Muon as the inner optimizer
@@ -571,7 +586,8 @@ for workers in (1, 4):
         history = run(cfg.replace(num_workers=workers)).history
         ax.plot([r["round"] for r in history], [r["eval_loss"] for r in history], "o-" if workers == 4 else "s--",
                 markersize=3, label=f"{name}, K={workers}")
-ax.set(xlabel="outer round", ylabel="held-out loss", yscale="log", title="inner AdamW against inner Muon")
+ax.set(xlabel="outer round", ylabel="held-out loss", title="inner AdamW against inner Muon")
+log_loss_axis(ax)
 ax.legend(fontsize=8)
 plt.show()"""),
 ]
@@ -605,12 +621,17 @@ def execute(notebook: nbformat.NotebookNode, cwd: Path, timeout: int = 300) -> n
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"only these notebooks (default: all of "
+                        f"{', '.join(NOTEBOOKS)})")
     parser.add_argument("--execute", action="store_true", help="run the notebooks and keep their outputs")
     parser.add_argument("--out", type=Path, default=NOTEBOOK_DIR, help="output folder (notebooks/)")
     args = parser.parse_args(argv)
+    unknown = [name for name in args.names if name not in NOTEBOOKS]
+    if unknown:
+        parser.error(f"no notebook {unknown[0]!r}; the notebooks are {', '.join(NOTEBOOKS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, cells in NOTEBOOKS.items():
-        notebook = build(cells)
+    for name in args.names or NOTEBOOKS:
+        notebook = build(NOTEBOOKS[name])
         if args.execute:
             execute(notebook, args.out)
         nbformat.write(notebook, args.out / name)

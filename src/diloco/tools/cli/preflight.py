@@ -25,6 +25,7 @@ from diloco.core.schedule import check_speeds
 from diloco.data import Dataset
 from diloco.loop import prepare_training
 from diloco.tools.cli.errors import CliError
+from diloco.tools.runs.training import keeps_worker_starts
 from diloco.tools.studies.ablations import format_bytes
 
 __all__ = ["estimate_memory", "available_memory", "check_run", "check_run_count", "RECORD_BYTES"]
@@ -47,25 +48,64 @@ def _num_params(layer_sizes) -> int:
     return sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(layer_sizes[:-1], layer_sizes[1:], strict=True))
 
 
+# Parameter-sized arrays a run holds besides the workers' own (``_copies``): the global params, the
+# outer momentum and the last round's pseudo-gradient (3), round 0's params and outer momentum,
+# which the driver keeps referenced for the whole run (2), and one reference AdamW step's new
+# arrays (gradient, m, v, m-hat, v-hat, decayed and new params: 7) with up to three of one key's
+# intermediates (lr m-hat, sqrt v-hat + eps, their quotient). Checked against tracemalloc peaks in
+# tests/tooling/test_memory_estimate.py.
+SHARED_COPIES = 3 + 2 + 7 + 3
+
+
+def _stacked(config, params: int) -> bool:
+    """Whether the fast engine steps the K workers stacked (``diloco.engine.layout.choose_layout``)."""
+    from diloco.engine.layout import choose_layout  # only asked for --engine fast, which needs the engine
+
+    return choose_layout(config.num_workers, params, itemsize=np.dtype(config.dtype).itemsize) == "stacked"
+
+
+def _copies(config, params: int, checkpointing: bool) -> int:
+    """Parameter-sized arrays at the run's peak (``estimate_memory``'s docstring derives each term)."""
+    workers = config.num_workers
+    copies = 3 * workers + 2 * workers + SHARED_COPIES  # live workers, and round 0's moments kept by the driver
+    if config.engine == "fast" and _stacked(config, params):
+        copies += 2 * (workers - 1)  # the stack's params and gradients: K rows, not one
+    if checkpointing:
+        kept = (3 if keeps_worker_starts("diloco", config) else 2) * workers  # KeepLastRound: moments (+ starts)
+        written = kept + 2  # its serialised copy: those, the global params and the outer momentum
+        snapshot = 3 * workers if config.engine == "fast" else 0  # the fast engine's new copy beside the old
+        copies += kept + max(written, snapshot)
+    return copies
+
+
 def estimate_memory(config: DiLoCoConfig, num_features: int, num_classes: int, num_eval: int,
                     *, checkpointing: bool = True) -> tuple[int, str]:
     """Peak bytes a run needs beyond its data, roughly, and how the figure is made.
 
-    With ``P`` parameters of ``b`` bytes and ``K`` workers, the reference path holds about
-    ``3K + 8`` parameter-sized arrays at once: K workers' AdamW moments (2K) and models (K),
-    the global model, the outer momentum, the pseudo-gradient and AdamW's temporaries. A
-    checkpoint adds its serialised copy (``2K + 2``). Activations: a batch through the widest
-    layers (4 arrays of ``batch * sum(widths)``; K batches at once on the fast engine, which
-    steps the workers stacked) and the held-out set through the model at once (3 arrays of
-    ``n_eval * max(width)``). A round keeps every worker's per-step loss (``K H`` float64s), and
-    the history a record per round (with one loss per worker). Python ints, so absurd sizes
-    do not overflow.
+    With ``P`` parameters of ``b`` bytes and ``K`` workers, a run holds ``5K + 15``
+    parameter-sized arrays at its peak: the K workers' params and AdamW moments (3K), round
+    0's moments, params and outer momentum, which the driver keeps for the whole run
+    (2K + 2), the global params, the outer momentum and the last pseudo-gradient (3), and
+    one AdamW step's new arrays and intermediates (10, ``SHARED_COPIES``). The fast engine's
+    stacked layout (small models only) steps K models' params and gradients at once
+    (2K - 2 more). A run that checkpoints (every CLI run: the last round, and an
+    interrupt's save) also keeps the last finished round (``KeepLastRound``: the K workers'
+    moments, 2K, and their own params, K more, when a checkpoint needs them,
+    ``keeps_worker_starts``) and, while it writes it, the serialised copy (the kept arrays
+    and 2); on the fast engine the kept round is a copy made beside the one it replaces
+    (3K). Activations: a batch through the widest layers (4 arrays of
+    ``batch * sum(widths)``; K batches on the fast engine) and the held-out set through the
+    model at once (3 arrays of ``n_eval * max(width)``). A round keeps every worker's
+    per-step loss (``K H`` float64s), and the history a record per round (with one loss per
+    worker). Not counted: the state a family mechanism adds (error-feedback residuals,
+    eager updates' copies, asynchronous starts). Python ints, so absurd sizes do not
+    overflow. It is 1.0-1.3x the peaks tracemalloc measures (tests/tooling/test_memory_estimate.py).
     """
     widths = (num_features, *config.hidden_sizes, num_classes)
     itemsize = np.dtype(config.dtype).itemsize
     params = _num_params(widths)
     workers = config.num_workers
-    copies = 3 * workers + 8 + (2 * workers + 2 if checkpointing else 0)
+    copies = _copies(config, params, checkpointing)
     batches = workers if config.engine == "fast" else 1
     activations = 4 * batches * config.batch_size * sum(widths) + 3 * num_eval * max(widths)
     step_losses = 8 * workers * config.inner_steps

@@ -35,7 +35,8 @@ from diloco.core.hooks import Callback, Guard, NetworkTimer
 from diloco.tools.runs.checkpoint import Checkpoint, data_fingerprint, load_checkpoint, save_checkpoint
 from diloco.tools.runs.checkpoint_records import generator_state, restore_generator
 
-__all__ = ["Diverged", "train_resumable", "check_record", "executor_of", "state_of_checkpoint", "KeepLastRound"]
+__all__ = ["Diverged", "train_resumable", "check_record", "executor_of", "state_of_checkpoint", "KeepLastRound",
+           "keeps_worker_starts"]
 
 
 def frozen(state: RunState) -> RunState:
@@ -82,11 +83,14 @@ def executor_of(config) -> str:
     return config.engine
 
 
-def _plain_starts(config) -> bool:
-    """Whether every worker starts each round from the global params (no need to save theirs)."""
+def keeps_worker_starts(algo: str, config) -> bool:
+    """Whether a checkpoint of ``algo`` (and the round ``KeepLastRound`` keeps) holds the workers' own
+    params: not when every worker starts each round from the global params (the baseline, and
+    DiLoCo without drops, fragments, eager updates or asynchrony)."""
     family = config.family
-    return (config.drop_prob == 0 and family.fragments == 1 and family.mix == 1.0 and not family.eager
-            and family.tau(config.inner_steps) == 0 and not config.asynchrony.asynchronous)
+    plain = (config.drop_prob == 0 and family.fragments == 1 and family.mix == 1.0 and not family.eager
+             and family.tau(config.inner_steps) == 0 and not config.asynchrony.asynchronous)
+    return algo == "diloco" and not plain
 
 
 def state_of_checkpoint(checkpoint: Checkpoint) -> RunState:
@@ -178,8 +182,8 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
     hooks.append(guard)
     if on_round is not None:
         hooks.append(Callback(on_round))
-    keep_starts = algo == "diloco" and not _plain_starts(config)  # what save() writes
-    checkpoints = KeepLastRound(due, save, keep_starts=keep_starts) if checkpoint_dir is not None else None
+    checkpoints = None if checkpoint_dir is None else KeepLastRound(due, save,
+                                                                   keep_starts=keeps_worker_starts(algo, config))
     try:
         with guard.watch():  # a non-finite pseudo-gradient mid-round is divergence too
             return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode,

@@ -1,0 +1,82 @@
+"""``benchmarks/bench.py --only fixed-cost`` rewrites its one section of the report and nothing else.
+
+The measurements here are made up (no timing: speed is reported by ``make bench``, never
+asserted in tests); what is checked is where the section goes and the arithmetic of its
+"rounds to catch up" column.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def bench_modules(monkeypatch):
+    pytest.importorskip("threadpoolctl")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("charlm", "report", "workloads"):
+        sys.modules.pop(name, None)
+    import charlm
+    import report
+
+    return charlm, report
+
+
+def fake_result(charlm, fast_fixed: float) -> dict:
+    """Reference: 0.5 s fixed, 2 s a round (4 rounds timed); fast: ``fast_fixed`` s, 0.5 s a round."""
+    training = {}
+    for dtype, impl in charlm.TRAINING_CASES:
+        fixed, per_round = (0.5, 2.0) if impl == "charlm-reference" else (fast_fixed, 0.5)
+        training[(dtype, impl)] = [{"fixed_cpu": fixed, "cpu": per_round * charlm.CHARLM["rounds"], "load": [0.5, 0.6]}]
+    short = {"fast": [{"cpu": 6.0, "wall": 6.5, "load": [0.5, 0.6]}],
+             "reference": [{"cpu": 9.0, "wall": 9.5, "load": [0.5, 0.6]}]}
+    return {"training": training, "short": short}
+
+
+REPORT = """# Benchmarks
+
+## The char-LM, one BLAS thread
+
+the char-LM table
+
+## The fast engine's layouts
+
+the layouts
+"""
+
+
+def write(report, path, result):
+    report.write_fixed_cost(path, result, repeats=1, seconds=1.0, load=((0.5, 0, 0), (0.6, 0, 0)),
+                            main_commit="e7f3c6c")
+    return path.read_text(encoding="utf-8")
+
+
+def test_the_section_goes_after_the_char_lm_section_then_is_replaced_in_place(bench_modules, tmp_path):
+    charlm, report = bench_modules
+    path = tmp_path / "results.md"
+    path.write_text(REPORT, encoding="utf-8")
+    first = write(report, path, fake_result(charlm, fast_fixed=2.0))
+    assert first.count(charlm.FIXED_START) == 1 and first.count(charlm.FIXED_END) == 1
+    layouts = first.index("## The fast engine's layouts")
+    assert first.index("the char-LM table") < first.index(charlm.FIXED_START) < layouts
+    assert "| float64 | fast | 2.00 (2.00-2.00) | 0.50 (0.50-0.50) | 1.0 |" in first  # (2 - 0.5) / (2 - 0.5)
+    assert "6.0 s against 9.0 s (1.50x), met." in first
+    second = write(report, path, fake_result(charlm, fast_fixed=3.5))
+    assert second.count(charlm.FIXED_START) == 1
+    assert "| float64 | fast | 3.50 (3.50-3.50) | 0.50 (0.50-0.50) | 2.0 |" in second
+    assert second.replace("3.50 (3.50-3.50)", "2.00 (2.00-2.00)").replace("| 2.0 |", "| 1.0 |") == first
+    assert second.startswith("# Benchmarks\n\n## The char-LM") and second.endswith("the layouts\n")
+
+
+def test_a_report_without_a_char_lm_section_gets_it_at_the_end(bench_modules, tmp_path):
+    charlm, report = bench_modules
+    path = tmp_path / "results.md"
+    path.write_text("# Benchmarks\n\nnothing yet\n\n## Machine\n\nan AMD EPYC\n", encoding="utf-8")
+    text = write(report, path, fake_result(charlm, fast_fixed=2.0))
+    assert text.startswith("# Benchmarks\n\nnothing yet\n\n## Machine\n\nan AMD EPYC\n\n" + charlm.FIXED_START)
+    assert text.endswith(charlm.FIXED_END + "\n")

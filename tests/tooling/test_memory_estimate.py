@@ -1,0 +1,69 @@
+"""The pre-flight memory estimate against the peak a run really reaches.
+
+``diloco.tools.cli.preflight.estimate_memory`` is the figure a run is refused by; here it
+is compared with the peak that ``tracemalloc`` (which sees NumPy's buffers) measures over a
+real ``train_resumable`` run, on both engines: without checkpoints, with a checkpoint every
+round, and interrupted mid-run (the kept round written beside the live one), with and
+without the workers' own params in the kept round. The models are wide enough that
+parameter-sized arrays dominate, so a missing term (the kept round, round 0's state, a
+checkpoint's serialised copy) shows as a peak above the estimate.
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import pytest
+
+from diloco.config import DiLoCoConfig
+from diloco.data import load_digits_split
+from diloco.tools.cli.preflight import estimate_memory
+from diloco.tools.runs.training import train_resumable
+
+# The estimate must not fall below the measured peak (a run it admits could still run out of memory)
+# by more than rounding, nor exceed it by more than half (a run that fits refused).
+LOWEST, HIGHEST = 0.97, 1.5
+
+
+def measured_peak(config, data, tmp_path, checkpoints: str) -> int:
+    """Peak bytes (tracemalloc) of a ``train_resumable`` run beyond what was allocated before it."""
+    def interrupt(record):  # a signal after round 2's training: the kept round 1 is written beside it
+        if checkpoints == "interrupt" and record["round"] == 2:
+            raise KeyboardInterrupt
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        try:
+            train_resumable("diloco", data.x_train, data.y_train, config, x_eval=data.x_test, y_eval=data.y_test,
+                            checkpoint_dir=None if checkpoints == "none" else tmp_path,
+                            checkpoint_every=1 if checkpoints == "every" else None, on_round=interrupt)
+        except KeyboardInterrupt:
+            assert checkpoints == "interrupt"
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+@pytest.mark.parametrize("checkpoints, drop_prob", [("none", 0.0), ("every", 0.0), ("interrupt", 0.0),
+                                                    ("interrupt", 0.5)])
+def test_the_estimate_is_at_or_just_above_the_measured_peak(engine, checkpoints, drop_prob, tmp_path):
+    data = load_digits_split(0)
+    config = DiLoCoConfig(num_workers=3, inner_steps=2, rounds=3, hidden_sizes=(700, 700), batch_size=16,
+                          engine=engine, drop_prob=drop_prob)
+    peak = measured_peak(config, data, tmp_path, checkpoints)
+    estimate, _ = estimate_memory(config, data.x_train.shape[1], data.num_classes, len(data.y_test),
+                                  checkpointing=checkpoints != "none")
+    assert LOWEST * peak <= estimate <= HIGHEST * peak, f"estimate {estimate:,} bytes, measured peak {peak:,}"
+
+
+def test_the_fast_engines_stacked_layout_holds_k_models_at_once(tmp_path):
+    data = load_digits_split(0)  # 300-300: 0.9 MB a model, 7 MB for 8: stacked (diloco.engine.layout)
+    config = DiLoCoConfig(num_workers=8, inner_steps=2, rounds=3, hidden_sizes=(300, 300), batch_size=16,
+                          engine="fast")
+    peak = measured_peak(config, data, tmp_path, "none")
+    estimate, _ = estimate_memory(config, 64, 10, len(data.y_test), checkpointing=False)
+    assert LOWEST * peak <= estimate <= HIGHEST * peak, f"estimate {estimate:,} bytes, measured peak {peak:,}"
