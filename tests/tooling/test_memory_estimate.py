@@ -67,3 +67,26 @@ def test_the_fast_engines_stacked_layout_holds_k_models_at_once(tmp_path):
     peak = measured_peak(config, data, tmp_path, "none")
     estimate, _ = estimate_memory(config, 64, 10, len(data.y_test), checkpointing=False)
     assert LOWEST * peak <= estimate <= HIGHEST * peak, f"estimate {estimate:,} bytes, measured peak {peak:,}"
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_the_transformers_estimate_counts_its_parameters_and_activations(engine):
+    from diloco.core.driver import train
+    from diloco.core.model_seam import data_model
+    from diloco.text import load_shakespeare
+
+    text = load_shakespeare(64, eval_windows=256)
+    x, y = text.dataset.x_train[:4000].copy(), text.dataset.y_train[:4000].copy()  # the data: not the run's
+    config = DiLoCoConfig(num_workers=4, inner_steps=3, rounds=2, batch_size=16, model="transformer",
+                          dtype="float32", engine=engine)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        train("diloco", x, y, config, x_eval=text.dataset.x_test, y_eval=text.dataset.y_test, encode=text.encode,
+              executor=engine)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    estimate, _ = estimate_memory(config, 64, 65, 256, checkpointing=False, model=data_model(config, x, text.encode))
+    assert LOWEST * peak <= estimate <= HIGHEST * peak, f"estimate {estimate:,} bytes, measured peak {peak:,}"

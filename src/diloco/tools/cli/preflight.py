@@ -21,6 +21,7 @@ import numpy as np
 
 from diloco._validation import available_memory
 from diloco.config import DiLoCoConfig
+from diloco.core.model_seam import data_model, parameter_count
 from diloco.core.schedule import check_speeds
 from diloco.data import Dataset
 from diloco.loop import prepare_training
@@ -78,8 +79,16 @@ def _copies(config, params: int, checkpointing: bool) -> int:
     return copies
 
 
+def _transformer_activations(model, windows: int) -> int:
+    """Values ``windows`` windows of T tokens hold through the transformer at once: per token and
+    block its cache (about 16 d) and attention probabilities (2 h T), and the logits (3 V)."""
+    cfg = model.config
+    per_token = cfg.n_layers * (16 * cfg.d_model + 2 * cfg.n_heads * cfg.context) + 3 * cfg.vocab_size
+    return windows * cfg.context * per_token
+
+
 def estimate_memory(config: DiLoCoConfig, num_features: int, num_classes: int, num_eval: int,
-                    *, checkpointing: bool = True) -> tuple[int, str]:
+                    *, checkpointing: bool = True, model=None) -> tuple[int, str]:
     """Peak bytes a run needs beyond its data, roughly, and how the figure is made.
 
     With ``P`` parameters of ``b`` bytes and ``K`` workers, a run holds ``5K + 15``
@@ -100,14 +109,19 @@ def estimate_memory(config: DiLoCoConfig, num_features: int, num_classes: int, n
     worker). Not counted: the state a family mechanism adds (error-feedback residuals,
     eager updates' copies, asynchronous starts). Python ints, so absurd sizes do not
     overflow. It is 1.0-1.3x the peaks tracemalloc measures (tests/tooling/test_memory_estimate.py).
+    With a ``model`` (the transformer, ``diloco.core.model_seam``) the parameters are its own and
+    the activations those of one batch and one held-out chunk through it (``_transformer_activations``).
     """
     widths = (num_features, *config.hidden_sizes, num_classes)
     itemsize = np.dtype(config.dtype).itemsize
-    params = _num_params(widths)
+    params = _num_params(widths) if model is None else parameter_count(model)
     workers = config.num_workers
     copies = _copies(config, params, checkpointing)
     batches = workers if config.engine == "fast" else 1
-    activations = 4 * batches * config.batch_size * sum(widths) + 3 * num_eval * max(widths)
+    if model is None:
+        activations = 4 * batches * config.batch_size * sum(widths) + 3 * num_eval * max(widths)
+    else:
+        activations = _transformer_activations(model, config.batch_size + min(num_eval, model.eval_chunk))
     step_losses = 8 * workers * config.inner_steps
     history = config.rounds * (RECORD_BYTES + 32 * workers)
     total = itemsize * (copies * params + activations) + step_losses + history
@@ -134,12 +148,17 @@ def check_run(config: DiLoCoConfig, data: Dataset, *, checkpointing: bool = True
         check_speeds(config)  # bounded before any schedule is built
     except ValueError as exc:
         raise CliError(f"{prefix}workers' speeds (--step-times, --speed-spread, --straggler-factor): {exc}") from None
+    try:
+        model = data_model(config, data.x_train, data.encode)  # None: the MLP
+    except ValueError as exc:
+        raise CliError(f"{prefix}cannot train: {exc}") from None
     needed, how = estimate_memory(config, data.x_train.shape[1], data.num_classes, len(data.y_test),
-                                  checkpointing=checkpointing)
+                                  model=model, checkpointing=checkpointing)
     available = available_memory()
     if available is not None and needed > available:
         raise CliError(f"{prefix}this run needs about {format_bytes(needed)} of memory ({how}) but only "
-                       f"{format_bytes(available)} is available; use smaller --hidden-sizes, fewer workers, fewer "
+                       f"{format_bytes(available)} is available; use a smaller "
+                       f"{'--hidden-sizes' if model is None else '--d-model or --n-layers'}, fewer workers, fewer "
                        f"inner steps (-H) or a smaller --batch-size")
     try:
         prepare_training(data.x_train, data.y_train, config, data.x_test, data.y_test, encode=data.encode)
