@@ -101,6 +101,7 @@ def test_closest_flag(flag, known, expected):
     (1, 1, 1.0, "DiLoCo all-reduces as often as the synchronous baseline (H = 1): the same bytes per worker"),
     (10, 10, 8.0, "DiLoCo all-reduces as often as the synchronous baseline (H = 1): 8x fewer bytes per worker"),
     (30, 10, 7.73, "DiLoCo all-reduces 3x less often than the synchronous baseline: 7.7x fewer bytes per worker"),
+    (500, 40, 50.0, "DiLoCo all-reduces 12.5x less often than the synchronous baseline: 50x fewer bytes per worker"),
 ])
 def test_the_savings_sentence_never_says_one_times_less_often(sync, diloco, factor, expected):
     sentence = savings_sentence({"sync_all_reduces": sync, "diloco_all_reduces": diloco, "savings_factor": factor})
@@ -153,3 +154,23 @@ def test_a_config_file_mistake_names_the_file_and_its_key_with_a_suggestion(cont
     path.write_text(json.dumps(content))
     status, _, err = run_cli(["train", "--config", path, "--runs-dir", tmp_path], capsys)
     assert status == 2 and err.startswith(f"diloco train: error: --config {path}: {line}"), err
+
+
+def test_compare_states_the_all_reduces_its_runs_recorded(capsys, tmp_path):
+    """An asynchronous run's arrivals are not rounds: the sentence takes the table's counts (40 and 500 here)."""
+    import json
+
+    from cli_helpers import only_run_dir, run_cli
+
+    status, out, err = run_cli(["compare", "--async", "--straggler", "1", "-K", "2", "-H", "5", "--rounds", "4",
+                                "--hidden-sizes", "8", "-q", "--no-plots", "--runs-dir", tmp_path], capsys)
+    assert status == 0, err
+    algorithms = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())["algorithms"]
+    exact = algorithms["sync"]["all_reduces"] / algorithms["diloco"]["all_reduces"]
+    assert exact != config_ratio(), "no asynchronous arrivals to tell the counts apart"
+    shown = f"{exact:.0f}" if exact == round(exact) else f"{exact:.1f}"
+    assert f"DiLoCo all-reduces {shown}x less often" in out, out
+
+
+def config_ratio() -> int:
+    return 5  # H: what the plain model (one all-reduce per round) would say
