@@ -12,6 +12,7 @@ from pathlib import Path
 
 import charlm
 import numpy as np
+import transformer_step
 from workloads import MODELS, flops_per_worker_step
 
 TORCH_REFERENCE = "torch-fused"  # "PyTorch" in the targets: eager mode with fused AdamW
@@ -197,6 +198,7 @@ def targets_section(rates, training, peaks, compare, memory, impls) -> tuple[lis
 # target rows are (target, measured, verdict) tuples appended to the targets table.
 EXTRA_SECTIONS: dict = {
     "charlm": lambda result: charlm.section(result, _median, loads, IDLE_LOAD),
+    "transformer": transformer_step.section,
 }
 
 
