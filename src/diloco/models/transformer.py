@@ -73,6 +73,7 @@ from diloco.models.layers import (
     affine,
     attention_backward,
     causal_attention,
+    col_sum,
     cross_entropy,
     embedding_grad,
     gelu,
@@ -166,7 +167,7 @@ class LayerCache(NamedTuple):
     ln2: tuple  # (x_hat, inv_std) of LN_2
     mlp_in: np.ndarray  # LN_2(x), (N, d)
     fc_out: np.ndarray  # u = LN_2(x) W_fc + b_fc, (N, m)
-    gelu_tanh: np.ndarray  # t = tanh(c (u + a u^3)), (N, m)
+    gelu_sigmoid: np.ndarray  # s = (1 + tanh(c (u + a u^3))) / 2, (N, m)
     gelu_out: np.ndarray  # GELU(u), (N, m)
 
 
@@ -333,7 +334,7 @@ def transformer_backward(params: Params, cache: TransformerCache, targets: np.nd
     dx = dx.reshape(batch, length, cfg.d_model)
     grads["wte"] = embedding_grad(cache.tokens, dx, cfg.vocab_size)
     grads["wpe"] = np.zeros_like(params["wpe"])
-    grads["wpe"][:length] = dx.sum(axis=0)
+    grads["wpe"][:length] = col_sum(dx.reshape(batch, length * cfg.d_model)).reshape(length, cfg.d_model)
     if cfg.tied:
         grads["wte"] += head_grad.T
     else:
@@ -448,9 +449,9 @@ def _block_forward(params, p, x, batch, cfg):
     x = affine(attn_out, params[p + "attn.proj"], params[p + "attn.proj_bias"], residual=x)
     mlp_in, ln2 = layer_norm(x, params[p + "ln2.gain"], params[p + "ln2.bias"])
     fc_out = affine(mlp_in, params[p + "mlp.fc"], params[p + "mlp.fc_bias"])  # (N, m)
-    gelu_out, gelu_tanh = gelu(fc_out)
+    gelu_out, gelu_sigmoid = gelu(fc_out)
     x = affine(gelu_out, params[p + "mlp.proj"], params[p + "mlp.proj_bias"], residual=x)
-    return x, LayerCache(ln1, attn_in, qkv, probs, attn_out, ln2, mlp_in, fc_out, gelu_tanh, gelu_out)
+    return x, LayerCache(ln1, attn_in, qkv, probs, attn_out, ln2, mlp_in, fc_out, gelu_sigmoid, gelu_out)
 
 
 def _block_backward(params, p, dx, cache: LayerCache, grads, cfg):
@@ -459,19 +460,19 @@ def _block_backward(params, p, dx, cache: LayerCache, grads, cfg):
     Each residual branch ``x_out = x_in + f(x_in)`` gives ``dx_in = dx_out + J_f^T dx_out``.
     """
     grads[p + "mlp.proj"] = cache.gelu_out.T @ dx  # (m, d)
-    grads[p + "mlp.proj_bias"] = dx.sum(axis=0)
-    dfc = gelu_backward(dx @ params[p + "mlp.proj"].T, cache.fc_out, cache.gelu_tanh)  # (N, m)
+    grads[p + "mlp.proj_bias"] = col_sum(dx)
+    dfc = gelu_backward(dx @ params[p + "mlp.proj"].T, cache.fc_out, cache.gelu_sigmoid)  # (N, m)
     grads[p + "mlp.fc"] = cache.mlp_in.T @ dfc
-    grads[p + "mlp.fc_bias"] = dfc.sum(axis=0)
+    grads[p + "mlp.fc_bias"] = col_sum(dfc)
     dln2, grads[p + "ln2.gain"], grads[p + "ln2.bias"] = layer_norm_backward(
         dfc @ params[p + "mlp.fc"].T, params[p + "ln2.gain"], cache.ln2)
     dln2 += dx  # the residual branch: dx_mid = dx_out + d(MLP branch)
     dx = dln2
     grads[p + "attn.proj"] = cache.attn_out.T @ dx  # (d, d)
-    grads[p + "attn.proj_bias"] = dx.sum(axis=0)
+    grads[p + "attn.proj_bias"] = col_sum(dx)
     dqkv = attention_backward(dx @ params[p + "attn.proj"].T, cache.qkv, cache.probs)  # (N, 3d)
     grads[p + "attn.qkv"] = cache.attn_in.T @ dqkv
-    grads[p + "attn.qkv_bias"] = dqkv.sum(axis=0)
+    grads[p + "attn.qkv_bias"] = col_sum(dqkv)
     dln1, grads[p + "ln1.gain"], grads[p + "ln1.bias"] = layer_norm_backward(
         dqkv @ params[p + "attn.qkv"].T, params[p + "ln1.gain"], cache.ln1)
     dln1 += dx
