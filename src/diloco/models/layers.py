@@ -151,11 +151,17 @@ def affine(inputs, weight, bias, residual=None):
 
 
 def layer_norm(x, gain, bias):
-    """``y = g * x_hat + b``, ``x_hat = (x - mean) / sqrt(var + eps)`` over the last axis; returns y and its cache."""
-    centred = x - row_mean(x)
-    inv_std = 1.0 / np.sqrt(row_mean(centred * centred) + LN_EPS)  # (N, 1)
-    x_hat = centred * inv_std
-    return x_hat * gain + bias, (x_hat, inv_std)
+    """``y = g * x_hat + b``, ``x_hat = (x - mean) / sqrt(var + eps)`` over the last axis; returns y and its cache.
+
+    Two new (N, d) arrays besides y's: every temporary a step frees is memory glibc may hand back
+    to the kernel and fault in again on the next step (see ``benchmarks/transformer_step.py``).
+    """
+    x_hat = x - row_mean(x)
+    inv_std = 1.0 / np.sqrt(row_mean(x_hat * x_hat) + LN_EPS)  # (N, 1)
+    x_hat *= inv_std
+    out = x_hat * gain
+    out += bias
+    return out, (x_hat, inv_std)
 
 
 def layer_norm_backward(dy, gain, cache):
@@ -163,7 +169,10 @@ def layer_norm_backward(dy, gain, cache):
     ``dg = sum_i dy x_hat``, ``db = sum_i dy``."""
     x_hat, inv_std = cache
     dx_hat = dy * gain
-    dx = inv_std * (dx_hat - row_mean(dx_hat) - x_hat * row_mean(dx_hat * x_hat))
+    dx = x_hat * row_mean(dx_hat * x_hat)
+    np.subtract(dx_hat, dx, out=dx)
+    dx -= row_mean(dx_hat)
+    dx *= inv_std
     return dx, col_sum(dy * x_hat), col_sum(dy)
 
 
