@@ -12,14 +12,14 @@ import math
 
 import numpy as np
 
-__all__ = ["LN_EPS", "GELU_C", "GELU_A", "SAFE_ROW_SUM", "row_sum", "col_sum", "row_mean", "affine", "layer_norm",
-           "layer_norm_backward", "gelu", "gelu_backward", "softmax", "softmax_factors", "causal_mask",
+__all__ = ["LN_EPS", "GELU_C", "GELU_A", "SAFE_ROW_SUM", "row_sum", "row_dot", "col_sum", "row_mean", "affine",
+           "layer_norm", "layer_norm_backward", "gelu", "gelu_backward", "softmax", "causal_softmax", "causal_mask",
            "causal_attention", "attention_backward", "cross_entropy", "embedding_grad"]
 
 LN_EPS = 1e-5  # LayerNorm's epsilon, PyTorch's default
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715
-SAFE_ROW_SUM = 2.0**32  # softmax_factors' headroom below the dtype's largest number
+SAFE_ROW_SUM = 2.0**32  # causal_softmax's headroom below the dtype's largest number
 
 
 def row_sum(x):
@@ -41,6 +41,15 @@ def col_sum(x):
     return np.ones(x.shape[0], dtype=x.dtype) @ x
 
 
+def row_dot(a, b):
+    """``sum_j a[..., j] b[..., j]`` with a trailing axis of 1, by ``einsum``: no temporary the size of ``a``.
+
+    Faster than ``row_sum(a * b)`` too: 0.12 against 0.16 ms on (32, 4, 64, 64) float32, 0.03
+    against 0.05 ms on (2048, 64).
+    """
+    return np.einsum("...j,...j->...", a, b)[..., None]
+
+
 def row_mean(x):
     """``mean_j x[..., j]`` with a trailing axis of 1 (``row_sum`` divided by the width)."""
     return row_sum(x) * (1.0 / x.shape[-1])
@@ -50,9 +59,7 @@ def causal_attention(qkv_flat, batch, n_heads):
     """Causal multi-head attention: ``P v`` of every head, concatenated.
 
     ``S = q k^T / sqrt(d_h) + M`` per head, ``M_ts = -inf`` for ``s > t`` (else 0),
-    ``P = softmax(S)`` row by row, so ``P_ts = 0`` exactly for ``s > t``. P is kept as its two
-    factors ``P = E / r`` (``softmax_factors``), and the division is made on ``E v`` (B, h, T, d_h)
-    rather than on E (B, h, T, T): a quarter of the values at the default size.
+    ``P = softmax(S)`` row by row (``causal_softmax``), so ``P_ts = 0`` exactly for ``s > t``.
 
     Parameters
     ----------
@@ -70,20 +77,17 @@ def causal_attention(qkv_flat, batch, n_heads):
         ``P v``, head j in columns ``j d_h .. (j + 1) d_h - 1``.
     qkv : ndarray of shape (3, B, h, T, d_h)
         q, k, v split by head (views of ``qkv_flat``), for the backward.
-    probs : tuple (E, r)
-        ``E`` (B, h, T, T) and ``r`` (B, h, T, 1) with ``P = E / r``.
+    probs : ndarray of shape (B, h, T, T)
+        P.
     """
     length, d_model = qkv_flat.shape[0] // batch, qkv_flat.shape[1] // 3
     head_dim = d_model // n_heads
     qkv = qkv_flat.reshape(batch, length, 3, n_heads, head_dim).transpose(2, 0, 3, 1, 4)  # (3, B, h, T, d_h)
-    probs = softmax_factors(_masked_scores(qkv))
+    probs = causal_softmax(_masked_scores(qkv))
     if probs is None:  # a score far above its row's diagonal overflowed: the row-wise softmax instead
-        scores = _masked_scores(qkv)
-        probs = softmax(scores, in_place=True), np.ones(scores.shape[:-1] + (1,), dtype=scores.dtype)
+        probs = softmax(_masked_scores(qkv), in_place=True)
     out = np.empty((batch, length, n_heads, head_dim), dtype=qkv.dtype)
-    heads = out.transpose(0, 2, 1, 3)  # (B, h, T, d_h), written in the concatenated layout
-    np.matmul(probs[0], qkv[2], out=heads)
-    heads /= probs[1]
+    np.matmul(probs, qkv[2], out=out.transpose(0, 2, 1, 3))  # (B, h, T, d_h), written in the concatenated layout
     return out.reshape(batch * length, d_model), qkv, probs
 
 
@@ -96,17 +100,18 @@ def _masked_scores(qkv):
     return scores
 
 
-def softmax_factors(scores):
-    """``softmax(S) = E / r`` over the last axis of causal ``scores`` (B, h, T, T), as ``(E, r)``; E overwrites S.
+def causal_softmax(scores):
+    """``softmax`` over the last axis of causal ``scores`` (B, h, T, T), in place; None where it would overflow.
 
-    ``E_ts = exp(S_ts - S_tt)``, each row shifted by its own diagonal score rather than by its
-    maximum, and ``r = rowsum(E)`` (B, h, T, 1). The diagonal is visible to its row (causal
-    attention always sees itself) and needs no reduction: the row maxima are T T / 64 short
-    reductions, 0.45 ms of a 1.1 ms softmax at the default size. Every row holds
-    ``E_tt = exp(0) = 1``, so ``r >= 1`` and no row underflows; row t still depends on positions
-    ``<= t`` only, to the bit. Only a score far above its row's diagonal can overflow: where ``r``
-    exceeds the dtype's largest number over ``SAFE_ROW_SUM`` (a score about 66 nats above the
-    diagonal in float32, 687 in float64) it returns None, and the caller takes the row-wise softmax.
+    Each row is shifted by its own diagonal score ``S_tt`` rather than by its maximum:
+    ``P_ts = exp(S_ts - S_tt) / sum_s exp(S_ts - S_tt)``. The diagonal is visible to its row
+    (causal attention always sees itself) and needs no reduction, where the row maxima are
+    T T / 64 short reductions: 0.45 ms of a 1.7 ms softmax at the default size. Every row
+    holds ``exp(0) = 1``, so no row's sum underflows, and row t still depends on positions
+    ``<= t`` only, to the bit. Only a score far above its row's diagonal can overflow: where a
+    row's sum exceeds the dtype's largest number over ``SAFE_ROW_SUM`` (a score about 66 nats
+    above the diagonal in float32, 687 in float64) it returns None, and the caller takes the
+    row-wise softmax.
     """
     diagonal = np.diagonal(scores, axis1=-2, axis2=-1)[..., None].copy()  # S_tt, (B, h, T, 1)
     scores -= diagonal
@@ -115,29 +120,28 @@ def softmax_factors(scores):
     totals = row_sum(exp)
     if not totals.max() <= np.finfo(exp.dtype).max / SAFE_ROW_SUM:  # inf and NaN fail too
         return None
-    return exp, totals
+    exp /= totals
+    return exp
 
 
 def attention_backward(dout, qkv, probs):
-    """``d[q k v]`` (N, 3d) from ``d(P v)`` (N, d), with ``P = E / r`` as ``causal_attention`` keeps it.
+    """``d[q k v]`` (N, 3d) from ``d(P v)`` (N, d).
 
     ``dP = dO v^T``, ``dv = P^T dO``, ``dS = P * (dP - rowsum(dP * P))``,
     ``dq = dS k / sqrt(d_h)``, ``dk = dS^T q / sqrt(d_h)`` (masked entries have P = 0, so dS = 0).
-    Computed with ``G = dO / r`` (B, h, T, d_h), a quarter of P's size: ``dP / r = G v^T``,
-    ``dv = E^T G`` and ``dS = E * (G v^T - rowsum(G v^T * E) / r)``.
     """
     q, k, v = qkv
-    exp, totals = probs
     batch, n_heads, length, head_dim = q.shape
-    grad = dout.reshape(batch, length, n_heads, head_dim).transpose(0, 2, 1, 3) / totals  # G = dO / r
-    dscores = grad @ v.transpose(0, 1, 3, 2)  # dP / r, (B, h, T, T); made into dS in place
-    dscores -= row_sum(dscores * exp) / totals
-    dscores *= exp
+    dout = dout.reshape(batch, length, n_heads, head_dim).transpose(0, 2, 1, 3)  # (B, h, T, d_h)
+    dprobs = dout @ v.transpose(0, 1, 3, 2)  # (B, h, T, T)
+    dscores = dprobs  # reused in place: dS = P * (dP - rowsum(dP * P)) / sqrt(d_h)
+    dscores -= row_dot(dprobs, probs)
+    dscores *= probs
     dscores *= 1.0 / math.sqrt(head_dim)
     dqkv = np.empty((batch, length, 3, n_heads, head_dim), dtype=q.dtype)  # the forward's qkv layout
     np.matmul(dscores, k, out=dqkv[:, :, 0].transpose(0, 2, 1, 3))  # dq
     np.matmul(dscores.transpose(0, 1, 3, 2), q, out=dqkv[:, :, 1].transpose(0, 2, 1, 3))  # dk
-    np.matmul(exp.transpose(0, 1, 3, 2), grad, out=dqkv[:, :, 2].transpose(0, 2, 1, 3))  # dv
+    np.matmul(probs.transpose(0, 1, 3, 2), dout, out=dqkv[:, :, 2].transpose(0, 2, 1, 3))  # dv
     return dqkv.reshape(batch * length, 3 * n_heads * head_dim)
 
 
@@ -157,7 +161,7 @@ def layer_norm(x, gain, bias):
     to the kernel and fault in again on the next step (see ``benchmarks/transformer_step.py``).
     """
     x_hat = x - row_mean(x)
-    inv_std = 1.0 / np.sqrt(row_mean(x_hat * x_hat) + LN_EPS)  # (N, 1)
+    inv_std = 1.0 / np.sqrt(row_dot(x_hat, x_hat) * (1.0 / x.shape[-1]) + LN_EPS)  # (N, 1)
     x_hat *= inv_std
     out = x_hat * gain
     out += bias
@@ -169,7 +173,7 @@ def layer_norm_backward(dy, gain, cache):
     ``dg = sum_i dy x_hat``, ``db = sum_i dy``."""
     x_hat, inv_std = cache
     dx_hat = dy * gain
-    dx = x_hat * row_mean(dx_hat * x_hat)
+    dx = x_hat * (row_dot(dx_hat, x_hat) * (1.0 / x_hat.shape[-1]))
     np.subtract(dx_hat, dx, out=dx)
     dx -= row_mean(dx_hat)
     dx *= inv_std
