@@ -11,7 +11,12 @@ machine's load hits each alike), each repeat ``--steps`` steps after one warm-up
 seconds (``time.process_time``):
 
 * ``numpy fwd+bwd``: ``transformer_loss_and_grads``;
-* ``numpy step``: that plus ``diloco.adamw.adamw_step`` (the milestones' AdamW): one worker-step;
+* ``numpy step``: that plus one AdamW update as the fast engine makes it: the parameters are
+  views of one flat buffer, the gradients are copied into another, and
+  ``diloco.engine.optim.adamw_update_numpy`` (NumPy passes, not the ``fast`` extra's numba
+  loop) updates them all in place: one worker-step;
+* ``numpy step, milestone AdamW``: the same with ``diloco.adamw.adamw_step`` (the milestones'
+  AdamW, which returns new arrays: the reference executor's step);
 * ``numpy matmul floor``: only the step's matrix products (the same shapes and count,
   forward and backward), into preallocated outputs: what no NumPy rewrite of the
   element-wise work can go below;
@@ -55,6 +60,7 @@ import numpy as np
 
 from diloco.adamw import adamw_step, init_adamw_state
 from diloco.config import AdamWConfig
+from diloco.engine.optim import adamw_scratch, adamw_update_numpy
 from diloco.models.transformer import (
     TransformerConfig,
     init_transformer_params,
@@ -86,11 +92,34 @@ def numpy_cases(cfg: TransformerConfig, tokens, targets) -> dict:
     def fwd_bwd():
         transformer_loss_and_grads(state["params"], tokens, targets, cfg)
 
-    def step():
+    def milestone_step():
         _, grads = transformer_loss_and_grads(state["params"], tokens, targets, cfg)
         state["params"], state["opt"] = adamw_step(state["params"], state["opt"], grads, adam)
 
-    return {"numpy fwd+bwd": fwd_bwd, "numpy step": step, "numpy matmul floor": matmul_floor(cfg, *tokens.shape)}
+    return {"numpy fwd+bwd": fwd_bwd, "numpy step": flat_adamw_step(cfg, tokens, targets, adam),
+            "numpy step, milestone AdamW": milestone_step, "numpy matmul floor": matmul_floor(cfg, *tokens.shape)}
+
+
+def flat_adamw_step(cfg: TransformerConfig, tokens, targets, adam: AdamWConfig):
+    """A worker-step as the fast engine takes it: the params are views of one flat buffer, the gradients are
+    copied into another, and ``diloco.engine.optim.adamw_update_numpy`` updates all of them at once in place."""
+    start = init_transformer_params(np.random.default_rng(0), cfg)
+    flat = np.concatenate([value.reshape(-1) for value in start.values()])
+    params, offset = {}, 0
+    for key, value in start.items():
+        params[key] = flat[offset:offset + value.size].reshape(value.shape)
+        offset += value.size
+    m, v, grads_flat = np.zeros_like(flat), np.zeros_like(flat), np.empty_like(flat)
+    scratch = adamw_scratch(flat.size, flat.dtype)
+    steps = [0]
+
+    def step():
+        _, grads = transformer_loss_and_grads(params, tokens, targets, cfg)
+        np.concatenate([g.reshape(-1) for g in grads.values()], out=grads_flat)
+        steps[0] += 1
+        adamw_update_numpy(flat, m, v, grads_flat, steps[0], adam, scratch)
+
+    return step
 
 
 def matmul_floor(cfg: TransformerConfig, batch: int, length: int):
@@ -218,8 +247,9 @@ def section(result: dict) -> tuple[list, list]:
              f"and OPENBLAS_L2_SIZE unset, glibc M_TOP_PAD {result['top_pad_mb']} MiB; load average "
              f"{machine['load'][0]:.2f} before, {machine['load'][1]:.2f} after. CPU milliseconds per step, median "
              f"(min-max) of {result['repeats']} interleaved repeats of {result['steps']} steps. A worker-step is "
-             "forward, backward and one AdamW update (NumPy: `diloco.adamw.adamw_step`; PyTorch: "
-             "`torch.optim.AdamW(foreach=True)`). The matmul floor is the step's matrix products alone.", "",
+             "forward, backward and one AdamW update (NumPy: the fast engine's `adamw_update_numpy` on one flat "
+             "buffer, and the milestones' `adamw_step`; PyTorch: `torch.optim.AdamW(foreach=True)`). The matmul "
+             "floor is the step's matrix products alone.", "",
              "| case | ms per step |", "|---|---|"]
     for name, r in result["results"].items():
         lines.append(f"| {name} | {r['median_ms']:.2f} ({r['min_ms']:.2f}-{r['max_ms']:.2f}) |")
@@ -279,7 +309,7 @@ def main(argv=None) -> dict:
           f"malloc top pad {f'{args.top_pad} MiB' if padded else 'glibc default'}, {machine['blas']}, "
           f"OPENBLAS_CORETYPE {machine['coretype']}")
     for name, r in results.items():
-        print(f"  {name:20s} {r['median_ms']:8.2f} ms/step  (min {r['min_ms']:.2f}, max {r['max_ms']:.2f}, "
+        print(f"  {name:28s} {r["median_ms"]:8.2f} ms/step  (min {r['min_ms']:.2f}, max {r['max_ms']:.2f}, "
               f"{args.repeats} repeats of {args.steps})")
     ratio = step_ratio(results)
     if ratio is None:
