@@ -309,7 +309,7 @@ def main(argv=None) -> dict:
           f"malloc top pad {f'{args.top_pad} MiB' if padded else 'glibc default'}, {machine['blas']}, "
           f"OPENBLAS_CORETYPE {machine['coretype']}")
     for name, r in results.items():
-        print(f"  {name:28s} {r["median_ms"]:8.2f} ms/step  (min {r['min_ms']:.2f}, max {r['max_ms']:.2f}, "
+        print(f"  {name:28s} {r['median_ms']:8.2f} ms/step  (min {r['min_ms']:.2f}, max {r['max_ms']:.2f}, "
               f"{args.repeats} repeats of {args.steps})")
     ratio = step_ratio(results)
     if ratio is None:
