@@ -71,6 +71,7 @@ from diloco.config import _dtype_name, _field_error
 from diloco.model import Params
 from diloco.models.layers import (
     affine,
+    affine_backward,
     attention_backward,
     causal_attention,
     col_sum,
@@ -459,22 +460,21 @@ def _block_backward(params, p, dx, cache: LayerCache, grads, cfg):
 
     Each residual branch ``x_out = x_in + f(x_in)`` gives ``dx_in = dx_out + J_f^T dx_out``.
     """
-    grads[p + "mlp.proj"] = cache.gelu_out.T @ dx  # (m, d)
-    grads[p + "mlp.proj_bias"] = col_sum(dx)
-    dfc = gelu_backward(dx @ params[p + "mlp.proj"].T, cache.fc_out, cache.gelu_sigmoid)  # (N, m)
-    grads[p + "mlp.fc"] = cache.mlp_in.T @ dfc
-    grads[p + "mlp.fc_bias"] = col_sum(dfc)
-    dln2, grads[p + "ln2.gain"], grads[p + "ln2.bias"] = layer_norm_backward(
-        dfc @ params[p + "mlp.fc"].T, params[p + "ln2.gain"], cache.ln2)
+    dgelu, grads[p + "mlp.proj"], grads[p + "mlp.proj_bias"] = affine_backward(dx, cache.gelu_out,
+                                                                               params[p + "mlp.proj"])
+    dfc = gelu_backward(dgelu, cache.fc_out, cache.gelu_sigmoid)  # (N, m)
+    dmlp_in, grads[p + "mlp.fc"], grads[p + "mlp.fc_bias"] = affine_backward(dfc, cache.mlp_in, params[p + "mlp.fc"])
+    dln2, grads[p + "ln2.gain"], grads[p + "ln2.bias"] = layer_norm_backward(dmlp_in, params[p + "ln2.gain"],
+                                                                             cache.ln2)
     dln2 += dx  # the residual branch: dx_mid = dx_out + d(MLP branch)
     dx = dln2
-    grads[p + "attn.proj"] = cache.attn_out.T @ dx  # (d, d)
-    grads[p + "attn.proj_bias"] = col_sum(dx)
-    dqkv = attention_backward(dx @ params[p + "attn.proj"].T, cache.qkv, cache.probs)  # (N, 3d)
-    grads[p + "attn.qkv"] = cache.attn_in.T @ dqkv
-    grads[p + "attn.qkv_bias"] = col_sum(dqkv)
-    dln1, grads[p + "ln1.gain"], grads[p + "ln1.bias"] = layer_norm_backward(
-        dqkv @ params[p + "attn.qkv"].T, params[p + "ln1.gain"], cache.ln1)
+    dattn, grads[p + "attn.proj"], grads[p + "attn.proj_bias"] = affine_backward(dx, cache.attn_out,
+                                                                                 params[p + "attn.proj"])
+    dqkv = attention_backward(dattn, cache.qkv, cache.probs)  # (N, 3d)
+    dattn_in, grads[p + "attn.qkv"], grads[p + "attn.qkv_bias"] = affine_backward(dqkv, cache.attn_in,
+                                                                                  params[p + "attn.qkv"])
+    dln1, grads[p + "ln1.gain"], grads[p + "ln1.bias"] = layer_norm_backward(dattn_in, params[p + "ln1.gain"],
+                                                                             cache.ln1)
     dln1 += dx
     return dln1
 
