@@ -37,25 +37,23 @@ over the 65 Tiny Shakespeare characters: 108,352 parameters (embeddings 8,256, e
 papers' models have and the char-LM MLP lacks -- more than one head, more than one block
 (Streaming DiLoCo has blocks to stagger, attention composes across layers), hidden
 matrices of ``64 x 64`` and up for Muon, and a context of 64 characters (about ten words:
-enough for a speaker's line to carry a "topic"; the MLP sees 6). Going smaller saves
-little, because at this size the element-wise passes and NumPy's per-call overhead weigh
-as much as the products. CPU milliseconds per forward+backward of 2,048 tokens (median of
-5, one thread, float32, 2 shared and loaded cores, glibc's ``M_TOP_PAD`` at 64 MiB, see
-below)::
+enough for a speaker's line to carry a "topic"; the MLP sees 6). A smaller model is
+cheaper but gives one of those up. CPU milliseconds per forward+backward of 2,048 tokens
+(median of 5, one thread, float32, 2 shared cores at a load average of about 11, glibc's
+``M_TOP_PAD`` at 64 MiB, see ``benchmarks/transformer_step.py``)::
 
-    1 layer,  d = 32,  2 heads, context 32      15,872 params    27.7 ms
-    2 layers, d = 64,  4 heads, context 64     108,352 params    49.4 ms   <- default
-    2 layers, d = 64,  4 heads, context 128    112,448 params    61.3 ms
-    2 layers, d = 128, 4 heads, context 64     413,312 params   122.2 ms
-    4 layers, d = 128, 4 heads, context 128    818,048 params   359.2 ms
+    1 layer,  d = 32,  2 heads, context 32      15,872 params     8.5 ms
+    2 layers, d = 64,  4 heads, context 64     108,352 params    38.9 ms   <- default
+    2 layers, d = 64,  4 heads, context 128    112,448 params    46.4 ms
+    2 layers, d = 128, 4 heads, context 64     413,312 params   116.4 ms
+    4 layers, d = 128, 4 heads, context 128    818,048 params   271.7 ms
 
-``benchmarks/transformer_step.py`` times the default on 32 sequences of 64: 48.6 ms
-(min 47.9, max 49.8) for forward+backward, 51.1 ms with the milestones' AdamW step,
-against 23.3 ms for its matrix products alone (the floor no rewrite of the element-wise
-work goes below). Where the rest goes: the GELU's tanh and the attention's softmax over
-``(B, h, T, T)``, the LayerNorms, and -- unless the process keeps freed memory (glibc's
-``mallopt(M_TOP_PAD)``) -- page faults on every new temporary: 69.6 ms per forward+backward
-with glibc's default.
+At the default size on 32 sequences of 64, a forward+backward takes about 40 ms, of which
+22 are its matrix products, and a worker-step with AdamW is at parity with PyTorch eager on
+the same model, one thread, float32 (``make bench-transformer``). Where the rest goes and
+what made it faster (GELU through ``exp``, the softmax shifted by each row's diagonal, the
+causal mask written rather than added, column sums as products): docs/transformer.md,
+"Where the time goes", and ``benchmarks/transformer_profile.py``.
 """
 
 from __future__ import annotations
