@@ -215,7 +215,7 @@ def step_ratio(results: dict) -> dict | None:
 
 def bench_env() -> dict:
     """The environment of the measuring process: one thread for every BLAS and OpenMP pool, and OpenBLAS left
-    to pick its own kernel (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as /work machines may set them for
+    to pick its own kernel (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset: some machines set them for
     older OpenBLAS builds; the kernel it then runs is read back by threadpoolctl and reported)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     return {**env, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
