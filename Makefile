@@ -80,7 +80,7 @@ lint: $(VENV)/.installed-dev
 # Speed, measured side by side in one run: the reference path (now and at e7f3c6c), the fast
 # engine, PyTorch (the bench extra) and the matmul peak. Writes benchmarks/results.md; 20-30
 # minutes on two idle cores. `make bench-transformer` remeasures only the transformer's section
-# (NumPy against PyTorch, about 2 minutes) and puts it into benchmarks/results.md in place.
+# (NumPy against PyTorch, 9 repeats, about 2 minutes) and puts it into benchmarks/results.md in place.
 $(VENV)/.installed-bench: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	$(PIP_INSTALL) -e '.[dev,bench]'
 	touch $@
@@ -89,7 +89,7 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/bench.py
 
 bench-transformer: $(VENV)/.installed-bench
-	$(BIN)/python benchmarks/bench.py --only transformer
+	$(BIN)/python benchmarks/bench.py --only transformer --repeats 9
 
 # Every study of docs/results.md and docs/results-family.md at its documented size, two commands
 # at a time, then both pages rendered from docs/assets/results/ and the time taken reported
