@@ -28,12 +28,13 @@ sys.path.insert(0, str(BENCHMARKS))
 from torch_transformer import torch_loss_and_grads  # noqa: E402
 
 # (config fields, batch, length): odd head counts and head widths, one head, T = 1 and T = context,
-# tied and untied, one to three layers.
+# tied and untied, one to three layers; T = 17 and 64 make attention's rows in two blocks (layers.row_blocks).
 CASES = [
     (dict(vocab_size=7, context=5, d_model=9, n_heads=3, n_layers=1, mlp_ratio=2, tied=False), 3, 5),
     (dict(vocab_size=11, context=4, d_model=10, n_heads=5, n_layers=2, mlp_ratio=3, tied=True), 2, 1),
     (dict(vocab_size=5, context=9, d_model=7, n_heads=1, n_layers=3, mlp_ratio=1, tied=True), 2, 9),
     (dict(vocab_size=13, context=8, d_model=15, n_heads=3, n_layers=2, mlp_ratio=4, tied=False), 1, 6),
+    (dict(vocab_size=9, context=17, d_model=6, n_heads=2, n_layers=2, mlp_ratio=2, tied=False), 2, 17),
     (dict(vocab_size=65, context=64, d_model=64, n_heads=4, n_layers=2, mlp_ratio=4, tied=True), 2, 64),
 ]
 

@@ -161,7 +161,7 @@ class LayerCache(NamedTuple):
     ln1: tuple  # (x_hat (N, d), inv_std (N, 1)) of LN_1
     attn_in: np.ndarray  # a = LN_1(x), (N, d)
     qkv: np.ndarray  # q, k, v stacked, (3, B, h, T, d_h)
-    probs: np.ndarray  # P, (B, h, T, T)
+    probs: tuple  # P in row blocks, each (B, h, stop - start, stop) (layers.row_blocks)
     attn_out: np.ndarray  # P v with the heads concatenated, (N, d)
     ln2: tuple  # (x_hat, inv_std) of LN_2
     mlp_in: np.ndarray  # LN_2(x), (N, d)
