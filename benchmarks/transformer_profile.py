@@ -118,10 +118,14 @@ def main(argv=None) -> None:
         floor_ms = 1000 * (time.thread_time() - start) / args.steps
     print(f"forward+backward, batch {args.batch} x 64, {args.dtype}, one thread: {total:.2f} ms per step "
           f"(mean of {args.steps}); its matrix products alone: {floor_ms:.2f} ms")
-    for label, ms in sorted(pieces.items(), key=lambda item: -item[1]):
-        print(f"  {'  of which ' if label in NESTED else ''}{label:55s} {ms:6.2f}")
+    for label in dict.fromkeys(label for _, _, label in PIECES):  # PIECES' order, attention's parts after it
+        if label == "attention forward, whole" or label not in NESTED:
+            print(f"  {label:65s} {pieces.get(label, 0.0):6.2f}")
+        if label == "attention forward, whole":
+            for part in sorted(NESTED):
+                print(f"    of which {part:56s} {pieces.get(part, 0.0):6.2f}")
     outside = total - sum(ms for label, ms in pieces.items() if label not in NESTED)
-    print(f"  {'outside the pieces (head products, gather, residual adds, Python)':55s} {outside:6.2f}")
+    print(f"  {'outside the pieces (head products, gather, residual adds, Python)':65s} {outside:6.2f}")
     print(f"  array dtypes in the cache and the gradients: {sorted(seen)}")
 
 

@@ -64,6 +64,7 @@ import numpy as np
 from diloco.adamw import adamw_step, init_adamw_state
 from diloco.config import AdamWConfig
 from diloco.engine.optim import adamw_scratch, adamw_update_numpy
+from diloco.models.layers import row_blocks
 from diloco.models.transformer import (
     TransformerConfig,
     init_transformer_params,
@@ -126,8 +127,8 @@ def flat_adamw_step(cfg: TransformerConfig, tokens, targets, adam: AdamWConfig):
 
 
 def matmul_floor(cfg: TransformerConfig, batch: int, length: int):
-    """The step's matrix products alone: per layer 4 dense ones and 2 batched attention ones forward, twice
-    that backward (dA = dY W^T and dW = A^T dY), and the head's three."""
+    """The step's matrix products alone: per layer 4 dense ones and 2 batched attention ones (per row block of
+    ``layers.row_blocks``) forward, twice that backward (dA = dY W^T and dW = A^T dY), and the head's three."""
     rng = np.random.default_rng(0)
     n, d, m, v = batch * length, cfg.d_model, cfg.mlp_ratio * cfg.d_model, cfg.vocab_size
     heads, width = cfg.n_heads, cfg.head_dim
@@ -137,8 +138,10 @@ def matmul_floor(cfg: TransformerConfig, batch: int, length: int):
         x, w, y = (rng.standard_normal(s).astype(cfg.dtype) for s in ((n, fan_in), (fan_in, fan_out), (n, fan_out)))
         buffers.append((x, w, y, np.empty_like(y), np.empty_like(x), np.empty_like(w)))
     q, k = (rng.standard_normal((batch, heads, length, width)).astype(cfg.dtype) for _ in range(2))
-    scores = np.empty((batch, heads, length, length), dtype=cfg.dtype)
-    out = np.empty_like(q)
+    blocks = [(q[:, :, start:stop], k[:, :, :stop], *(np.empty((batch, heads, rows, cols), dtype=cfg.dtype)
+                                                     for rows, cols in ((stop - start, stop), (stop - start, width),
+                                                                        (stop, width))))
+              for start, stop in row_blocks(length)]
     final, head, logits = (rng.standard_normal(s).astype(cfg.dtype) for s in ((n, d), (d, v), (n, v)))
     head_out = (np.empty_like(logits), np.empty_like(final), np.empty_like(head))
 
@@ -148,10 +151,13 @@ def matmul_floor(cfg: TransformerConfig, batch: int, length: int):
                 np.matmul(x, w, out=fwd)
                 np.matmul(y, w.T, out=dx)
                 np.matmul(x.T, y, out=dw)
-            for _ in range(2):  # S = q k^T forward, dP = dO v^T backward
-                np.matmul(q, k.transpose(0, 1, 3, 2), out=scores)
-            for _ in range(4):  # P v forward; dq = dS k, dk = dS^T q, dv = P^T dO backward
-                np.matmul(scores, k, out=out)
+            for rows, keys, scores, out, key_out in blocks:  # attention's row blocks (layers.row_blocks)
+                for _ in range(2):  # S = q k^T forward, dP = dO v^T backward
+                    np.matmul(rows, keys.transpose(0, 1, 3, 2), out=scores)
+                for _ in range(2):  # P v forward; dq = dS k backward
+                    np.matmul(scores, keys, out=out)
+                for _ in range(2):  # dk = dS^T q, dv = P^T dO backward
+                    np.matmul(scores.transpose(0, 1, 3, 2), out, out=key_out)
         np.matmul(final, head, out=head_out[0])
         np.matmul(logits, head.T, out=head_out[1])
         np.matmul(final.T, logits, out=head_out[2])
