@@ -92,8 +92,7 @@ def causal_attention(qkv_flat, batch, n_heads):
     heads = out.transpose(0, 2, 1, 3)  # (B, h, T, d_h), written in the concatenated layout
     probs = []
     for start, stop in row_blocks(length):
-        scores = _masked_scores(qkv, start, stop)
-        block = causal_softmax(scores)
+        block = causal_softmax(_masked_scores(qkv, start, stop))
         if block is None:  # a score far above its row's diagonal overflowed: the row-wise softmax instead
             block = softmax(_masked_scores(qkv, start, stop), in_place=True)
         np.matmul(block, qkv[2][:, :, :stop], out=heads[:, :, start:stop])
@@ -193,8 +192,9 @@ def affine_backward(dout, inputs, weight):
 def layer_norm(x, gain, bias):
     """``y = g * x_hat + b``, ``x_hat = (x - mean) / sqrt(var + eps)`` over the last axis; returns y and its cache.
 
-    Two new (N, d) arrays besides y's: every temporary a step frees is memory glibc may hand back
-    to the kernel and fault in again on the next step (see ``benchmarks/transformer_step.py``).
+    No (N, d) temporary besides ``x_hat`` (cached) and y: every temporary a step frees is memory
+    glibc may hand back to the kernel and fault in again on the next step (see
+    ``benchmarks/transformer_step.py``).
     """
     x_hat = x - row_mean(x)
     inv_std = 1.0 / np.sqrt(row_dot(x_hat, x_hat) * (1.0 / x.shape[-1]) + LN_EPS)  # (N, 1)
