@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade bench lock notebooks autograder results openmpi
+.PHONY: test demo install clean docs docs-serve docs-offline lint workspace grade bench bench-transformer lock notebooks autograder results openmpi
 
 # Every install is pinned by constraints.txt (`pip install -c`): the versions of a fresh dev
 # environment (docs included), so CI and a newcomer's `make test` resolve the same packages on
@@ -90,12 +90,20 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 
 # Speed, measured side by side in one run: the reference path (now and at e7f3c6c), the fast
-# engine, PyTorch when importable (never installed by this project) and the matmul peak. Writes
-# benchmarks/results.md; 20-30 minutes on two idle cores. `.venv/bin/python benchmarks/bench.py --only fixed-cost`
-# measures only the fast engine's fixed cost beside its steady state (and the 10-round char-LM compare on each
-# engine) and rewrites that section of benchmarks/results.md in place: a few minutes.
-bench: $(VENV)/.installed-dev
+# engine, PyTorch (the bench extra) and the matmul peak. Writes benchmarks/results.md; 20-30
+# minutes on two idle cores. `make bench-transformer` remeasures only the transformer's section
+# (NumPy against PyTorch, 9 repeats, about 2 minutes) and puts it into benchmarks/results.md in place;
+# `.venv/bin/python benchmarks/bench.py --only fixed-cost` likewise the fast engine's fixed cost beside its
+# steady state (and the 10-round char-LM compare on each engine): a few minutes.
+$(VENV)/.installed-bench: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(PIP_INSTALL) -e '.[dev,bench]'
+	touch $@
+
+bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/bench.py
+
+bench-transformer: $(VENV)/.installed-bench
+	$(BIN)/python benchmarks/bench.py --only transformer --repeats 9
 
 # Every study of docs/results.md and docs/results-family.md at its documented size, two commands
 # at a time, then both pages rendered from docs/assets/results/ and the time taken reported

@@ -15,7 +15,7 @@ load from elsewhere hits all cases alike, and the tables give medians. Compared:
 * ``fast-numpy``: the same with AdamW as NumPy passes (``DILOCO_ADAMW_KERNEL=numpy``: the
   kernel without the extra, and of a process's first 2**28 values);
 * ``torch-foreach`` / ``torch-fused``: PyTorch eager with AdamW(foreach / fused), when
-  ``torch`` is importable (never a dependency of the project);
+  ``torch`` is importable (the ``bench`` extra, which ``make bench`` installs; never needed by the core);
 * the single-thread matmul peak of the same NumPy.
 
 One BLAS thread everywhere unless a table says otherwise (the thread policy is measured
@@ -25,7 +25,9 @@ taken under load is marked as such, never passed off as an idle one. Speed is re
 here, never asserted in tests.
 
 The char-LM workload and one whole study: ``charlm.py``; CPU per worker-step on K = 4 MPI
-processes against both engines: ``mpi_step.py`` (``EXTRA_WORKLOADS`` below).
+processes against both engines: ``mpi_step.py``; the transformer's worker-step against PyTorch:
+``transformer_step.py`` (``EXTRA_WORKLOADS`` below). ``--only NAME`` (``make bench-transformer``)
+remeasures one of them alone and puts its section and target row into the existing report in place.
 
 ``--only fixed-cost`` measures only the fast engine's fixed cost beside its steady state (the
 char-LM training cases) and the 10-round char-LM ``compare`` on each engine
@@ -54,7 +56,8 @@ sys.path.insert(0, str(HERE))
 import charlm  # noqa: E402
 import layout_grid  # noqa: E402
 import mpi_step  # noqa: E402
-from report import write_fixed_cost, write_report  # noqa: E402
+import transformer_step  # noqa: E402
+from report import EXTRA_SECTIONS, write_fixed_cost, write_report  # noqa: E402
 from workloads import MODELS  # noqa: E402
 
 MAIN_COMMIT = "e7f3c6c"
@@ -283,9 +286,11 @@ def measure_compare(repeats: int, log) -> dict:
 
 
 # EXTRA_WORKLOADS: name -> function (repeats, log) -> result, handed to report.EXTRA_SECTIONS[name]
-# (a function result -> (lines, target rows)). The char-LM and the whole study: benchmarks/charlm.py.
+# (a function result -> (lines, target rows)). The char-LM and the whole study: benchmarks/charlm.py; the
+# transformer's worker-step against PyTorch: benchmarks/transformer_step.py. `--only NAME` remeasures one alone.
 EXTRA_WORKLOADS: dict = {
     "charlm": lambda repeats, log: charlm.measure(repeats, log, run_case, timed_command, sys.executable),
+    "transformer": lambda repeats, log: transformer_step.measure(repeats, log, sys.executable),
 }
 if mpi_step.available():  # the mpi extra: K = 4 real processes against the engines in one process
     EXTRA_WORKLOADS["mpi"] = lambda repeats, log: mpi_step.measure(max(1, min(3, repeats)), log)
@@ -300,6 +305,62 @@ def fixed_cost_only(args, log) -> None:
     log(f"rewrote the fixed-cost section of {args.out}")
 
 
+# The report's section that comes after the extra workloads' (report.write_report's order).
+AFTER_EXTRA = "## The fast engine's layouts"
+
+
+def replace_section(lines: list, section: list) -> list:
+    """``lines`` with the section whose heading is ``section``'s first heading replaced by ``section``
+    (up to the next ``## `` heading), or inserted before ``AFTER_EXTRA`` when it has none yet."""
+    body = section[next(i for i, line in enumerate(section) if line.startswith("## ")):]
+    if body[0] in lines:
+        start = lines.index(body[0])
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    else:
+        start = end = lines.index(AFTER_EXTRA) if AFTER_EXTRA in lines else len(lines)
+    return lines[:start] + body + ([""] if end < len(lines) else []) + lines[end:]
+
+
+def replace_rows(lines: list, rows: list) -> list:
+    """``lines`` with each target row ``(target, measured, verdict)`` put in place of the row of the same
+    target, or appended to the targets table."""
+    lines = list(lines)
+    for row in rows:
+        text = f"| {' | '.join(map(str, row))} |"
+        old = [i for i, line in enumerate(lines) if line.startswith(f"| {row[0]} |")]
+        if old:
+            lines[old[0]] = text
+            continue
+        end = next(i for i, line in enumerate(lines) if line.startswith("| target (ratios"))
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        lines.insert(end, text)
+    return lines
+
+
+def write_atomically(path: Path, lines: list) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def measure_only(names: list, repeats: int, out: Path, log) -> None:
+    """``--only``: remeasure these extra workloads and put their sections and target rows into the existing
+    report ``out`` (and, for benchmarks/results.md, the README's summary); every other figure is left as it was."""
+    lines = out.read_text(encoding="utf-8").splitlines()
+    readme = ROOT / "README.md"
+    summary = readme.read_text(encoding="utf-8").splitlines() if out.resolve() == (HERE / "results.md") else None
+    for name in names:
+        section, rows = EXTRA_SECTIONS[name](EXTRA_WORKLOADS[name](repeats, log))
+        lines = replace_rows(replace_section(lines, section), rows)
+        summary = replace_rows(summary, rows) if summary is not None else None
+    write_atomically(out, lines)
+    log(f"wrote the {', '.join(names)} section(s) into {out}")
+    if summary is not None:
+        write_atomically(readme, summary)
+        log("refreshed their target rows in the Benchmarks table of README.md")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats of every case (5)")
@@ -309,14 +370,25 @@ def main() -> None:
                         help="the Markdown report; when it is benchmarks/results.md, README.md's table is refreshed")
     parser.add_argument("--from-raw", metavar="PICKLE",
                         help="rewrite the report from the measurements a previous run saved beside --out")
-    parser.add_argument("--only", choices=("fixed-cost",),
-                        help="measure only this section and rewrite it in place in --out, the rest as it was "
-                             "(fixed-cost: the fast engine's fixed cost beside its steady state, and the 10-round "
-                             "char-LM compare on each engine; a few minutes)")
+    parser.add_argument("--only", metavar="NAME[,NAME]",
+                        help=f"remeasure only these sections and put them into the existing --out report in place: "
+                             f"fixed-cost (the fast engine's fixed cost beside its steady state, and the 10-round "
+                             f"char-LM compare on each engine; a few minutes) or {', '.join(EXTRA_WORKLOADS)}")
     args = parser.parse_args()
     log = lambda text: print(text, flush=True)  # noqa: E731
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.only == "fixed-cost":
         fixed_cost_only(args, log)
+        return
+    if args.only is not None:
+        names = [name.strip() for name in args.only.split(",")]
+        unknown = [name for name in names if name not in EXTRA_WORKLOADS]
+        if unknown or not names:
+            parser.error(f"--only takes fixed-cost or names among {', '.join(EXTRA_WORKLOADS)}, got {args.only!r}")
+        if not Path(args.out).exists():
+            parser.error(f"--only puts sections into an existing report, and --out {args.out} does not exist")
+        measure_only(names, args.repeats, Path(args.out), log)
         return
     raw = Path(args.out).with_suffix(".raw.pickle")  # every measurement, so the report can be redrawn
     if args.from_raw:

@@ -13,6 +13,7 @@ from pathlib import Path
 import charlm
 import mpi_step
 import numpy as np
+import transformer_step
 from workloads import MODELS, flops_per_worker_step
 
 TORCH_REFERENCE = "torch-fused"  # "PyTorch" in the targets: eager mode with fused AdamW
@@ -199,6 +200,7 @@ def targets_section(rates, training, peaks, compare, memory, impls) -> tuple[lis
 EXTRA_SECTIONS: dict = {
     "charlm": lambda result: charlm.section(result, _median, loads, IDLE_LOAD),
     "mpi": lambda result: mpi_step.section(result, IDLE_LOAD),
+    "transformer": transformer_step.section,
 }
 
 

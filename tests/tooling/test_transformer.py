@@ -16,7 +16,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from diloco.models.layers import causal_attention
+from diloco.models.layers import BLOCK_ROWS, causal_attention, row_blocks
 from diloco.models.seam import TransformerModel
 from diloco.models.transformer import (
     TransformerConfig,
@@ -131,6 +131,19 @@ def test_forward_matches_a_plain_loop_implementation(model):
                  what="logits (mine vs loop)")
 
 
+def test_forward_in_two_row_blocks_matches_a_plain_loop_implementation():
+    """From T = BLOCK_ROWS on, attention makes P in two row blocks (layers.row_blocks); odd T too."""
+    cfg = TransformerConfig(vocab_size=7, context=BLOCK_ROWS + 3, d_model=6, n_heads=2, n_layers=2, dtype="float64")
+    assert len(row_blocks(cfg.context)) == 2
+    rng = np.random.default_rng(5)
+    params = {key: rng.normal(1.0 if key.endswith("gain") else 0.0, 0.7, shape)
+              for key, shape in transformer_param_shapes(cfg).items()}
+    tokens = rng.integers(0, cfg.vocab_size, (2, cfg.context))
+    logits, _ = transformer_forward(params, tokens, cfg)
+    assert_close(logits, loop_logits(params, tokens, cfg.n_heads, cfg.tied), rtol=1e-10, atol=1e-12,
+                 what="logits (mine vs loop)")
+
+
 def test_attention_worked_by_hand():
     # One sequence of T = 2, d = 4, two heads of width 2 (scale 1/sqrt 2). Columns: [q | k | v],
     # head 0 in the first two of each, head 1 in the last two.
@@ -142,11 +155,26 @@ def test_attention_worked_by_hand():
         [3.0, 1.0, 0.0, 0.0, 0.0, 5.0, 0.0, 0.0, 4.0, 8.0, 2.0, -2.0],
         [math.sqrt(2.0), 0.0, 0.0, 1.0, math.log(3.0), 7.0, 0.0, 0.0, 8.0, 0.0, 6.0, 2.0],
     ])
-    out, _, probs = causal_attention(qkv, 1, 2)
+    out, _, (probs,) = causal_attention(qkv, 1, 2)  # T = 2: one row block
     assert_close(out, np.array([[4.0, 8.0, 2.0, -2.0], [7.0, 2.0, 4.0, 0.0]]), rtol=1e-14, atol=1e-14,
                  what="attention output")
     assert_close(probs[0, 0], np.array([[1.0, 0.0], [0.25, 0.75]]), rtol=1e-14, atol=0.0, what="head 0 P")
     assert_close(probs[0, 1], np.array([[1.0, 0.0], [0.5, 0.5]]), rtol=1e-14, atol=0.0, what="head 1 P")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_attention_scores_far_above_their_rows_diagonal_fall_back_to_the_row_wise_softmax(dtype):
+    # One head of width 1, T = 3. Row 2's scores are q_2 k_s = 1000 k_s: 1000 and 2000 beside its
+    # diagonal 0, so exp(S - S_tt) overflows in either dtype; the output must still be each row's
+    # softmax of its visible scores times v.
+    q, k, v = np.array([-3.0, 0.0, 1000.0]), np.array([1.0, 2.0, 0.0]), np.array([5.0, -3.0, 7.0])
+    qkv = np.stack([q, k, v], axis=1).astype(dtype)
+    out, _, (probs,) = causal_attention(qkv, 1, 1)
+    expected_p = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [math.exp(-1000.0), 1.0, math.exp(-2000.0)]])
+    assert np.isfinite(out).all()
+    assert_close(probs, expected_p[None, None], rtol=1e-6, atol=1e-30, what="P")
+    assert_close(out[:, 0], expected_p @ v, rtol=1e-6 if dtype == "float32" else 1e-14, atol=0.0,
+                 what="attention output")
 
 
 @given(small_models())
@@ -189,13 +217,15 @@ def test_gradients_match_central_finite_differences(model):
         assert_close(grads[key], expected[key], rtol=1e-5, atol=1e-7, what=f"d loss / d {key} (mine vs FD)")
 
 
-def test_gradients_match_finite_differences_on_the_default_shapes_in_float64():
+@pytest.mark.parametrize("context", [8, 2 * BLOCK_ROWS + 1])  # one row block; two (attention's rows in halves)
+def test_gradients_match_finite_differences_on_the_default_shapes_in_float64(context):
     # Every key of a 2-layer, 4-head model at a few entries each (the full check runs on small models above).
-    cfg = TransformerConfig(vocab_size=11, context=8, d_model=16, n_heads=4, n_layers=2, tied=False, dtype="float64")
+    cfg = TransformerConfig(vocab_size=11, context=context, d_model=16, n_heads=4, n_layers=2, tied=False,
+                            dtype="float64")
     rng = np.random.default_rng(3)
     params = {key: rng.normal(1.0 if key.endswith("gain") else 0.0, 0.5, shape)
               for key, shape in transformer_param_shapes(cfg).items()}
-    tokens, targets = rng.integers(0, 11, (3, 8)), rng.integers(0, 11, (3, 8))
+    tokens, targets = rng.integers(0, 11, (3, context)), rng.integers(0, 11, (3, context))
     _, grads = transformer_loss_and_grads(params, tokens, targets, cfg)
     for key, value in params.items():
         for flat in rng.choice(value.size, size=min(4, value.size), replace=False):

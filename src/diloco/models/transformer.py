@@ -37,25 +37,23 @@ over the 65 Tiny Shakespeare characters: 108,352 parameters (embeddings 8,256, e
 papers' models have and the char-LM MLP lacks -- more than one head, more than one block
 (Streaming DiLoCo has blocks to stagger, attention composes across layers), hidden
 matrices of ``64 x 64`` and up for Muon, and a context of 64 characters (about ten words:
-enough for a speaker's line to carry a "topic"; the MLP sees 6). Going smaller saves
-little, because at this size the element-wise passes and NumPy's per-call overhead weigh
-as much as the products. CPU milliseconds per forward+backward of 2,048 tokens (median of
-5, one thread, float32, 2 shared and loaded cores, glibc's ``M_TOP_PAD`` at 64 MiB, see
-below)::
+enough for a speaker's line to carry a "topic"; the MLP sees 6). A smaller model is
+cheaper but gives one of those up. CPU milliseconds per forward+backward of 2,048 tokens
+(median of 5, one thread, float32, 2 shared cores at a load average of about 11, glibc's
+``M_TOP_PAD`` at 64 MiB, see ``benchmarks/transformer_step.py``)::
 
-    1 layer,  d = 32,  2 heads, context 32      15,872 params    27.7 ms
-    2 layers, d = 64,  4 heads, context 64     108,352 params    49.4 ms   <- default
-    2 layers, d = 64,  4 heads, context 128    112,448 params    61.3 ms
-    2 layers, d = 128, 4 heads, context 64     413,312 params   122.2 ms
-    4 layers, d = 128, 4 heads, context 128    818,048 params   359.2 ms
+    1 layer,  d = 32,  2 heads, context 32      15,872 params     8.5 ms
+    2 layers, d = 64,  4 heads, context 64     108,352 params    38.9 ms   <- default
+    2 layers, d = 64,  4 heads, context 128    112,448 params    46.4 ms
+    2 layers, d = 128, 4 heads, context 64     413,312 params   116.4 ms
+    4 layers, d = 128, 4 heads, context 128    818,048 params   271.7 ms
 
-``benchmarks/transformer_step.py`` times the default on 32 sequences of 64: 48.6 ms
-(min 47.9, max 49.8) for forward+backward, 51.1 ms with the milestones' AdamW step,
-against 23.3 ms for its matrix products alone (the floor no rewrite of the element-wise
-work goes below). Where the rest goes: the GELU's tanh and the attention's softmax over
-``(B, h, T, T)``, the LayerNorms, and -- unless the process keeps freed memory (glibc's
-``mallopt(M_TOP_PAD)``) -- page faults on every new temporary: 69.6 ms per forward+backward
-with glibc's default.
+At the default size on 32 sequences of 64, a forward+backward takes about 40 ms, of which
+22 are its matrix products, and a worker-step with AdamW is at parity with PyTorch eager on
+the same model, one thread, float32 (``make bench-transformer``). Where the rest goes and
+what made it faster (GELU through ``exp``, the softmax shifted by each row's diagonal, the
+causal mask written rather than added, column sums as products): docs/transformer.md,
+"Where the time goes", and ``benchmarks/transformer_profile.py``.
 """
 
 from __future__ import annotations
@@ -71,8 +69,10 @@ from diloco.config import _dtype_name, _field_error
 from diloco.model import Params
 from diloco.models.layers import (
     affine,
+    affine_backward,
     attention_backward,
     causal_attention,
+    col_sum,
     cross_entropy,
     embedding_grad,
     gelu,
@@ -161,12 +161,12 @@ class LayerCache(NamedTuple):
     ln1: tuple  # (x_hat (N, d), inv_std (N, 1)) of LN_1
     attn_in: np.ndarray  # a = LN_1(x), (N, d)
     qkv: np.ndarray  # q, k, v stacked, (3, B, h, T, d_h)
-    probs: np.ndarray  # P, (B, h, T, T)
+    probs: tuple  # P in row blocks, each (B, h, stop - start, stop) (layers.row_blocks)
     attn_out: np.ndarray  # P v with the heads concatenated, (N, d)
     ln2: tuple  # (x_hat, inv_std) of LN_2
     mlp_in: np.ndarray  # LN_2(x), (N, d)
     fc_out: np.ndarray  # u = LN_2(x) W_fc + b_fc, (N, m)
-    gelu_tanh: np.ndarray  # t = tanh(c (u + a u^3)), (N, m)
+    gelu_sigmoid: np.ndarray  # s = (1 + tanh(c (u + a u^3))) / 2, (N, m)
     gelu_out: np.ndarray  # GELU(u), (N, m)
 
 
@@ -333,7 +333,7 @@ def transformer_backward(params: Params, cache: TransformerCache, targets: np.nd
     dx = dx.reshape(batch, length, cfg.d_model)
     grads["wte"] = embedding_grad(cache.tokens, dx, cfg.vocab_size)
     grads["wpe"] = np.zeros_like(params["wpe"])
-    grads["wpe"][:length] = dx.sum(axis=0)
+    grads["wpe"][:length] = col_sum(dx.reshape(batch, length * cfg.d_model)).reshape(length, cfg.d_model)
     if cfg.tied:
         grads["wte"] += head_grad.T
     else:
@@ -448,9 +448,9 @@ def _block_forward(params, p, x, batch, cfg):
     x = affine(attn_out, params[p + "attn.proj"], params[p + "attn.proj_bias"], residual=x)
     mlp_in, ln2 = layer_norm(x, params[p + "ln2.gain"], params[p + "ln2.bias"])
     fc_out = affine(mlp_in, params[p + "mlp.fc"], params[p + "mlp.fc_bias"])  # (N, m)
-    gelu_out, gelu_tanh = gelu(fc_out)
+    gelu_out, gelu_sigmoid = gelu(fc_out)
     x = affine(gelu_out, params[p + "mlp.proj"], params[p + "mlp.proj_bias"], residual=x)
-    return x, LayerCache(ln1, attn_in, qkv, probs, attn_out, ln2, mlp_in, fc_out, gelu_tanh, gelu_out)
+    return x, LayerCache(ln1, attn_in, qkv, probs, attn_out, ln2, mlp_in, fc_out, gelu_sigmoid, gelu_out)
 
 
 def _block_backward(params, p, dx, cache: LayerCache, grads, cfg):
@@ -458,22 +458,21 @@ def _block_backward(params, p, dx, cache: LayerCache, grads, cfg):
 
     Each residual branch ``x_out = x_in + f(x_in)`` gives ``dx_in = dx_out + J_f^T dx_out``.
     """
-    grads[p + "mlp.proj"] = cache.gelu_out.T @ dx  # (m, d)
-    grads[p + "mlp.proj_bias"] = dx.sum(axis=0)
-    dfc = gelu_backward(dx @ params[p + "mlp.proj"].T, cache.fc_out, cache.gelu_tanh)  # (N, m)
-    grads[p + "mlp.fc"] = cache.mlp_in.T @ dfc
-    grads[p + "mlp.fc_bias"] = dfc.sum(axis=0)
-    dln2, grads[p + "ln2.gain"], grads[p + "ln2.bias"] = layer_norm_backward(
-        dfc @ params[p + "mlp.fc"].T, params[p + "ln2.gain"], cache.ln2)
+    dgelu, grads[p + "mlp.proj"], grads[p + "mlp.proj_bias"] = affine_backward(dx, cache.gelu_out,
+                                                                               params[p + "mlp.proj"])
+    dfc = gelu_backward(dgelu, cache.fc_out, cache.gelu_sigmoid)  # (N, m)
+    dmlp_in, grads[p + "mlp.fc"], grads[p + "mlp.fc_bias"] = affine_backward(dfc, cache.mlp_in, params[p + "mlp.fc"])
+    dln2, grads[p + "ln2.gain"], grads[p + "ln2.bias"] = layer_norm_backward(dmlp_in, params[p + "ln2.gain"],
+                                                                             cache.ln2)
     dln2 += dx  # the residual branch: dx_mid = dx_out + d(MLP branch)
     dx = dln2
-    grads[p + "attn.proj"] = cache.attn_out.T @ dx  # (d, d)
-    grads[p + "attn.proj_bias"] = dx.sum(axis=0)
-    dqkv = attention_backward(dx @ params[p + "attn.proj"].T, cache.qkv, cache.probs)  # (N, 3d)
-    grads[p + "attn.qkv"] = cache.attn_in.T @ dqkv
-    grads[p + "attn.qkv_bias"] = dqkv.sum(axis=0)
-    dln1, grads[p + "ln1.gain"], grads[p + "ln1.bias"] = layer_norm_backward(
-        dqkv @ params[p + "attn.qkv"].T, params[p + "ln1.gain"], cache.ln1)
+    dattn, grads[p + "attn.proj"], grads[p + "attn.proj_bias"] = affine_backward(dx, cache.attn_out,
+                                                                                 params[p + "attn.proj"])
+    dqkv = attention_backward(dattn, cache.qkv, cache.probs)  # (N, 3d)
+    dattn_in, grads[p + "attn.qkv"], grads[p + "attn.qkv_bias"] = affine_backward(dqkv, cache.attn_in,
+                                                                                  params[p + "attn.qkv"])
+    dln1, grads[p + "ln1.gain"], grads[p + "ln1.bias"] = layer_norm_backward(dattn_in, params[p + "ln1.gain"],
+                                                                             cache.ln1)
     dln1 += dx
     return dln1
 
