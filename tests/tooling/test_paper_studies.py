@@ -153,10 +153,13 @@ def test_a_tiny_study_writes_its_tables_summary_and_export(tmp_path, capsys):
     lines = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     phases = [line["phase"] for line in lines]
     # 2 arms x 2 seeds, after 2 arms x 3 inner lr values (or more, where a best value at the
-    # grid's end extends it) on tuning seed 1000
-    assert phases.count("eval") == 4 and phases.count("tune") == len(summary["tuning"]) >= 6
-    for arm in ("baseline (1 worker)", "DiLoCo (1 worker, H=2)"):
-        assert sum(t["chosen"] for t in summary["tuning"] if t["arm"] == arm) == 1
+    # grid's end extends it), DiLoCo's 12 outer lr x momentum pairs and its 3 inner lr values
+    # again, on tuning seed 1000
+    assert phases.count("eval") == 4 and phases.count("tune") == len(summary["tuning"]) >= 6 + 12 + 3
+    steps = {"baseline (1 worker)": [0], "DiLoCo (1 worker, H=2)": [0, 1, 2]}
+    for arm, arm_steps in steps.items():
+        for step in arm_steps:
+            assert sum(t["chosen"] for t in summary["tuning"] if t["arm"] == arm and t["step"] == step) == 1
     assert (run_dir / "study.md").exists()
     assert {line["seed"] for line in lines if line["phase"] == "tune"} == {1000}
 
