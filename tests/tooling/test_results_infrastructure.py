@@ -376,6 +376,7 @@ def test_the_tuning_printout_names_the_grid_and_bolds_the_choice():
     text = render_tuning({"tune_seeds": [1000], "tuning": inner[:2] + outer + inner[2:]})
     lines = [line for line in text.splitlines() if line.startswith("- ")]
     assert lines == ["- inner lr of D: 0.01: 2.990, **0.03: 2.970**",
-                     "- outer lr x outer momentum (lr/mu) of D: 0.3/0: 2.500, 0.7/0.9: 2.000, **1/0.5: 1.250**",
+                     "- outer lr x outer momentum (lr/mu) of D: 0.3/0: 2.500, 0.7/0.9: 2.000, **1/0.5: 1.250** "
+                     "(chosen at the grid's edge: lr 1 is its largest)",
                      "- inner lr of D, again at the chosen outer step: 0.01: 2.990, **0.03: 2.970**"]
     assert "[1000], which are not reported seeds" in text

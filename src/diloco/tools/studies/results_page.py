@@ -190,8 +190,23 @@ def render_tuning(summary: dict) -> str:
         used = "" if targets == [probe] else f" (used by {', '.join(targets)})"
         inner_passes[(field, probe)] = inner_passes.get((field, probe), 0) + 1
         again = ", again at the chosen outer step" if inner_passes[(field, probe)] > 1 else ""
-        lines.append(f"- {_field_text(field)} of {probe}{used}{again}: {cells}")
+        lines.append(f"- {_field_text(field)} of {probe}{used}{again}: {cells}{_edge_note(field, entries)}")
     return "\n".join(lines) + "\n"
+
+
+def _edge_note(field, entries: list) -> str:
+    """For a joint grid (never extended): which of the chosen pair's values is the grid's
+    largest or smallest, since a value past it was not tried."""
+    chosen = [e["value"] for e in entries if e.get("chosen")]
+    if not isinstance(field, tuple) or not chosen:
+        return ""
+    edges = []
+    for i, name in enumerate(field):
+        values = sorted({e["value"][i] for e in entries})
+        short = {"outer_lr": "lr", "outer_momentum": "mu"}.get(name, name)
+        if len(values) > 1 and chosen[0][i] in (values[0], values[-1]):
+            edges.append(f"{short} {chosen[0][i]:g} is its {'largest' if chosen[0][i] == values[-1] else 'smallest'}")
+    return f" (chosen at the grid's edge: {', '.join(edges)})" if edges else ""
 
 
 def _field_text(field) -> str:
