@@ -25,11 +25,12 @@ from diloco.config import DiLoCoConfig
 from diloco.tools.runs.atomic_files import atomic_write_text, write_json
 from diloco.tools.studies.ablations import fast_engine_available, trainer
 
-__all__ = ["Arm", "TuneStep", "INNER_LR", "OUTER_STEP", "OUTER_LR_GRID", "OUTER_MOMENTUM_GRID", "RunCache",
+__all__ = ["Arm", "TuneStep", "INNER_LR", "OUTER_STEP", "OUTER_LR_GRID", "OUTER_MOMENTUM_GRID", "RunCache", "MUON_LR",
            "arm_engine", "outcome_of", "run_arm", "tune_arms", "outer_step_grid", "check_tuning_seeds", "write_study",
            "apply_value", "next_on_ladder", "with_warmup", "WARMUP_FRACTION"]
 
 INNER_LR = "inner lr"  # the tuning field that sets ``inner.lr`` (every other field is a DiLoCoConfig field)
+MUON_LR = "muon lr"  # the tuning field that sets ``muon.lr`` (a Muon arm's matrices; its biases keep ``inner.lr``)
 # The outer step, tuned jointly: a field pair whose grid values are (outer lr, outer momentum) pairs.
 OUTER_STEP = ("outer_lr", "outer_momentum")
 OUTER_LR_GRID = (0.3, 0.5, 0.7, 1.0)
@@ -92,6 +93,8 @@ def apply_value(changes: dict, field: str, value) -> dict:
         return changes
     if field == INNER_LR:
         return {**changes, "inner": {**changes.get("inner", {}), "lr": value}}
+    if field == MUON_LR:
+        return {**changes, "muon": {**changes.get("muon", {}), "lr": value}}
     return {**changes, field: value}
 
 
