@@ -222,7 +222,7 @@ def next_on_ladder(value: float, *, up: bool) -> float:
 
 
 def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=None, on_run=None, cache=None,
-              data_key=None, extend: int = 2) -> tuple[list, list]:
+              data_key=None, extend: int = 2, run=None) -> tuple[list, list]:
     """Run the tuning ``steps`` (``TuneStep``) in order, each on the arms as the previous left them.
 
     For each group, the probe arm runs every grid value on ``seeds``; the value with the
@@ -230,7 +230,10 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
     to the smaller value). When that value is at an end of a one-field grid, the grid is
     extended past it on the 1-3-10 ladder (up to ``extend`` values on each side), so a
     chosen value is never the last one tried unless the limit is hit; a joint grid
-    (``outer_step_grid``) is tried as it is.
+    (``outer_step_grid``) is tried as it is. ``run`` trains one candidate (``run_arm``'s
+    signature; ``run_arm`` by default): a study with its own runner (the family studies)
+    tunes through this same loop; an arm is any ``NamedTuple`` with ``label``, ``algo`` and
+    ``changes``.
 
     Returns
     -------
@@ -250,11 +253,11 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
             added = {"up": 0, "down": 0} if isinstance(step.field, str) else {"up": extend, "down": extend}
             while True:
                 for value in [v for v in grid if v not in scores]:
-                    candidate = Arm(arm.label, arm.algo, apply_value(arm.changes, step.field, value))
+                    candidate = arm._replace(changes=apply_value(arm.changes, step.field, value))
                     losses = []
                     for seed in seeds:
-                        outcome = run_arm(candidate, base, seed, dataset, encode=encode, cache=cache,
-                                          data_key=data_key)
+                        outcome = (run or run_arm)(candidate, base, seed, dataset, encode=encode, cache=cache,
+                                                   data_key=data_key)
                         losses.append(outcome["eval_loss"])
                         if on_run is not None:
                             on_run(outcome)
