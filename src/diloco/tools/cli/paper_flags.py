@@ -92,8 +92,8 @@ def add_paper_study_flags(study_parser) -> None:
                        help="also write the summary and plot as DIR/<study>-<data>.json and .png "
                             "(docs/assets/results for the results page)")
     group.add_argument("--tune-seeds", type=int, default=1, metavar="N",
-                       help="seeds on which each arm's inner lr (and fig6's outer lr; fig9's and scaling's outer lr "
-                            "x momentum) is tuned, from 1000 on, never a reported seed (1)")
+                       help="seeds on which each arm's inner lr (and fig6's outer lr; table2's, fig9's and "
+                            "scaling's outer lr x momentum) is tuned, from 1000 on, never a reported seed (1)")
     from diloco.tools.studies.paper_studies import TASKS
 
     grids = ", ".join(f"{task} {','.join(f'{lr:g}' for lr in spec['inner_grid'])}" for task, spec in TASKS.items())

@@ -8,7 +8,7 @@ run folder: ``config.json``, ``results.jsonl`` (one line per finished run), ``su
 ``study.md`` (the two tables) and ``study.png`` (mean curves, final values). Before the
 evaluation seeds, each arm's inner lr is tuned over ``--inner-grid`` (the task's grid by
 default; ``off`` keeps ``--lr``) on ``--tune-seeds`` seeds from 1000 on, and fig6's outer
-lr after it; in fig9 and scaling each DiLoCo arm's outer lr x outer momentum grid
+lr after it; in table2, fig9 and scaling each DiLoCo arm's outer lr x outer momentum grid
 (``paper_runs.outer_step_grid``), then its inner lr again at the chosen pair
 (``diloco.tools.studies.paper_runs.tune_arms``). A tuning seed that is also a reported
 seed (``--seed`` near 1000) is refused. With ``--run-cache DIR`` a run

@@ -28,7 +28,7 @@ Budget: ``steps`` per worker (``--total-steps``, or ``--rounds`` x ``--inner-ste
 per-data defaults in ``TASKS`` (5,000: 100 outer steps at H = 50). The inner schedule is
 the paper's (linear warmup over 2% of an arm's steps, then cosine decay). Each study's
 ``tune`` says which inner lr (and, for fig6, which outer lr) each arm is tuned on, over
-the task's grid on tuning seeds that are not the evaluation seeds; in fig9 and scaling
+the task's grid on tuning seeds that are not the evaluation seeds; in table2, fig9 and scaling
 (``outer_groups``) each DiLoCo arm's outer lr x momentum is tuned too, and its inner lr
 again after it, and scaling tunes every arm's inner lr on itself (DiLoCo apart from data
 parallelism). Running an arm,
@@ -407,7 +407,7 @@ def _scaling_claims(arms) -> list:
 
 PAPER_STUDIES = {
     "table2": PaperStudy("table2", "Baselines against DiLoCo at equal steps per worker", "Table 2",
-                         _table2_arms, _table2_claims),
+                         _table2_arms, _table2_claims, outer_groups=diloco_arms),
     "fig4": PaperStudy("fig4", "Inner steps H at a fixed total of steps per worker", "Fig. 4", _fig4_arms,
                        _fig4_claims, shared(_fig4_probe)),
     "fig6": PaperStudy("fig6", "Outer optimizers, each with its lr tuned", "Fig. 6", _fig6_arms, _fig6_claims,
