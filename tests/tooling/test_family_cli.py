@@ -81,3 +81,33 @@ def test_family_studies_run_and_write_their_tables(name, values, tmp_path, capsy
     if name == "bandwidth":
         cells = summary["bandwidth"][0]["cells"]
         assert [c["bandwidth"] for c in cells] == ["1Mbit", "1Gbit"]
+
+
+def test_streaming_tunes_each_diloco_arm_through_the_paper_studies_loop(monkeypatch):
+    """The streaming study tunes inner lr, outer lr x momentum, inner lr again (``tune_arms``);
+    a diverged candidate scores inf and is never chosen; the arm keeps its family changes."""
+    import math
+
+    from diloco.core.divergence import Diverged
+    from diloco.tools.studies import family_study
+    from diloco.tools.studies.family_study import FamilyVariant, tune_outer_step
+
+    def fake(variants, config, family, dataset, seeds, **_):
+        (v,) = variants
+        c = v.changes
+        lr, mu = c.get("outer_lr", 0.7), c.get("outer_momentum", 0.9)
+        if (lr, mu) == (1.0, 0.9):
+            raise Diverged("diloco", 1, None, "training loss nan")
+        inner = c.get("inner", {}).get("lr", 1e-3)
+        loss = (lr - 0.7) ** 2 + (mu - 0.5) ** 2 + (math.log10(inner) + 3) ** 2 / 10
+        return [{"eval_loss": loss, "seed": seeds[0]}]
+
+    monkeypatch.setattr(family_study, "run_family_study", fake)
+    arms = [FamilyVariant("P=2", "diloco", {}, {"fragments": 2}), FamilyVariant("sync", "sync", {}, {})]
+    tuned, records = tune_outer_step(arms, DiLoCoConfig(), FamilyConfig(), None, [1000])
+    assert {r["arm"] for r in records} == {"P=2"} and {r["step"] for r in records} == {0, 1, 2}
+    outer = [r for r in records if r["step"] == 1]
+    assert len(outer) == 12 and [r["value"] for r in outer if r["chosen"]] == [(0.7, 0.5)]
+    assert [r["eval_loss"] for r in outer if r["value"] == (1.0, 0.9)] == [math.inf]
+    assert tuned[0].changes == {"inner": {"lr": 1e-3}, "outer_lr": 0.7, "outer_momentum": 0.5}
+    assert tuned[0].family == {"fragments": 2} and tuned[1] == arms[1]

@@ -331,5 +331,20 @@ def test_a_tiny_muon_study_tunes_runs_judges_and_exports(tmp_path, capsys):
     assert muon_arm["changes"]["muon"]["momentum"] == 0.9  # --muon-* reach the Muon arms
     assert [c["verdict"] for c in summary["claims"] + summary["gaps"]]
     assert "MuLoCo beats DiLoCo at K=4" in out
+    # each DiLoCo arm's outer lr x momentum: the 12 pairs on itself, the grid's argmin taken, and
+    # the fp4 arm given its uncompressed arm's pair
+    outer = [r for r in summary["outer_tuning"] if r["step"] == 0]
+    probes = {r["arm"] for r in outer}
+    assert probes == {"DiLoCo (AdamW) K=1", "MuLoCo (Muon) K=1", "DiLoCo (AdamW) K=4", "MuLoCo (Muon) K=4"}
+    for probe in probes:
+        mine = [r for r in outer if r["arm"] == probe]
+        best = min(mine, key=lambda r: (r["eval_loss"], r["value"]))
+        assert len(mine) == 12 and [r["value"] for r in mine if r["chosen"]] == [best["value"]]
+        chosen = dict(zip(("outer_lr", "outer_momentum"), best["value"], strict=True))
+        targets = [probe] + ([f"{probe}, fp4 + error feedback"] if "K=4" in probe else [])
+        assert mine[0]["targets"] == targets
+        for label in targets:
+            assert {f: rows[label]["changes"][f] for f in chosen} == chosen, label
+    assert "outer_lr" not in rows["data-parallel Muon (sync, K=4)"]["changes"]
     status, _, err = run_cli(["study", "muon", "--data", "digits", "--runs-dir", tmp_path, "-q"], capsys)
     assert status == 2 and "--data shakespeare or --data mnist1d" in err

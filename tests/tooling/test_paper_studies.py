@@ -153,10 +153,13 @@ def test_a_tiny_study_writes_its_tables_summary_and_export(tmp_path, capsys):
     lines = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     phases = [line["phase"] for line in lines]
     # 2 arms x 2 seeds, after 2 arms x 3 inner lr values (or more, where a best value at the
-    # grid's end extends it) on tuning seed 1000
-    assert phases.count("eval") == 4 and phases.count("tune") == len(summary["tuning"]) >= 6
-    for arm in ("baseline (1 worker)", "DiLoCo (1 worker, H=2)"):
-        assert sum(t["chosen"] for t in summary["tuning"] if t["arm"] == arm) == 1
+    # grid's end extends it), DiLoCo's 12 outer lr x momentum pairs and its 3 inner lr values
+    # again, on tuning seed 1000
+    assert phases.count("eval") == 4 and phases.count("tune") == len(summary["tuning"]) >= 6 + 12 + 3
+    steps = {"baseline (1 worker)": [0], "DiLoCo (1 worker, H=2)": [0, 1, 2]}
+    for arm, arm_steps in steps.items():
+        for step in arm_steps:
+            assert sum(t["chosen"] for t in summary["tuning"] if t["arm"] == arm and t["step"] == step) == 1
     assert (run_dir / "study.md").exists()
     assert {line["seed"] for line in lines if line["phase"] == "tune"} == {1000}
 
@@ -164,3 +167,21 @@ def test_a_tiny_study_writes_its_tables_summary_and_export(tmp_path, capsys):
 def test_the_paper_studies_need_a_task_they_are_defined_for(tmp_path, capsys):
     assert main(["study", "table2", "--data", "digits", "--runs-dir", str(tmp_path), "-q", "--no-plots"]) == 2
     assert "--data shakespeare or --data mnist1d" in capsys.readouterr().err
+
+
+def test_the_budget_and_grid_help_strings_are_read_from_the_defaults(monkeypatch, capsys):
+    """``--total-steps`` and ``--inner-grid`` print the defaults the studies use, so a changed
+    default changes the help (they once showed 1000 / 2000 steps after the budget moved)."""
+    import argparse
+
+    from diloco.tools.cli.commands import total_steps_help
+    from diloco.tools.cli.paper_flags import add_paper_study_flags
+    from diloco.tools.studies import paper_studies
+
+    assert "shakespeare 5000, mnist1d 2500" in total_steps_help()
+    monkeypatch.setitem(paper_studies.TASKS, "mnist1d", {**paper_studies.TASKS["mnist1d"], "steps": 1234,
+                                                         "inner_grid": (0.5, 0.25)})
+    assert "mnist1d 1234" in total_steps_help()
+    parser = argparse.ArgumentParser()
+    add_paper_study_flags(parser)
+    assert "mnist1d 0.5,0.25" in " ".join(parser.format_help().split())

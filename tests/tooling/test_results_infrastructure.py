@@ -293,3 +293,90 @@ def test_a_non_iid_claim_is_one_row_across_the_two_splits():
 
     assert claim_setting("non-IID topic a=0.5") == claim_setting("non-IID label skew a=0.5") == "non-IID a=0.5"
     assert claim_setting("IID") == "IID"
+
+
+# --- the outer step: lr x momentum, then the inner lr again -----------------------------------
+
+def _bowl(arm, base, seed, dataset, **_):
+    """A fake run: loss (lr - 0.5)^2 + (mu - 0.5)^2 + (log10 inner lr + 2)^2 / 10, plus a
+    seed-dependent offset, so the argmin is known by hand: lr 0.5, mu 0.5, inner lr 0.01."""
+    c = arm.changes
+    inner = c.get("inner", {}).get("lr", 1e-3)
+    return {"eval_loss": (c.get("outer_lr", 0.7) - 0.5) ** 2 + (c.get("outer_momentum", 0.9) - 0.5) ** 2
+            + (np.log10(inner) + 2) ** 2 / 10 + 0.001 * seed}
+
+
+def test_the_outer_step_is_the_grids_argmin_and_the_inner_lr_is_tuned_again_after_it(monkeypatch):
+    import diloco.tools.studies.paper_runs as runs
+    from diloco.tools.studies.paper_studies import PAPER_STUDIES, tuning_steps
+
+    monkeypatch.setattr(runs, "run_arm", _bowl)
+    arms = PAPER_STUDIES["fig9"].arms(BASE.replace(num_workers=1), 9)
+    steps = tuning_steps(PAPER_STUDIES["fig9"], arms, (3e-3, 1e-2, 3e-2))
+    assert [s.field for s in steps] == [INNER_LR, runs.OUTER_STEP, INNER_LR]
+    assert len(steps[1].grid) == 12 and (1.0, 0.9) in steps[1].grid and (0.3, 0.0) in steps[1].grid
+    diloco = arms[1].label
+    assert steps[1].groups == ((diloco, (diloco,)),) == steps[2].groups, "the baseline has no outer step"
+    tuned, records = runs.tune_arms(steps, arms, BASE, None, [1000])
+    outer = [r for r in records if r["step"] == 1]
+    assert len(outer) == 12, "a joint grid is tried as it is, never extended"
+    assert [r["value"] for r in outer if r["chosen"]] == [(0.5, 0.5)]
+    by_value = {r["value"]: r["eval_loss"] for r in outer}
+    assert min(by_value, key=by_value.get) == (0.5, 0.5)
+    assert tuned[1].changes["outer_lr"] == 0.5 and tuned[1].changes["outer_momentum"] == 0.5
+    assert tuned[1].changes["inner"]["lr"] == 1e-2 and "outer_lr" not in tuned[0].changes
+    again = [r for r in records if r["step"] == 2]
+    assert again and all(r["arm"] == diloco for r in again)
+
+
+def test_scaling_tunes_dilocos_inner_lr_apart_from_data_parallelisms():
+    from diloco.tools.studies.paper_studies import PAPER_STUDIES, tuning_steps
+
+    study = PAPER_STUDIES["scaling"]
+    arms = study.arms(BASE.replace(inner_steps=50), 2000)
+    inner, outer, again = tuning_steps(study, arms, (1e-2, 3e-2))
+    assert inner.groups == tuple((a.label, (a.label,)) for a in arms), "each arm on itself"
+    assert {probe for probe, _ in outer.groups} == {a.label for a in arms if a.algo == "diloco"} == {
+        probe for probe, _ in again.groups}
+    assert len(outer.groups) == 12  # K = 1, 2, 4, 8 at widths 32, 64, 128
+
+
+def test_a_tuning_seed_is_never_a_reported_seed(tmp_path, capsys):
+    from diloco.tools.studies.paper_runs import check_tuning_seeds
+
+    check_tuning_seeds([1000], [0, 1, 2])
+    with pytest.raises(ValueError, match=r"\[1000\]"):
+        check_tuning_seeds([1000, 1001], [998, 999, 1000])
+    code = main(["study", "fig9", "--data", "mnist1d", "--seed", "999", "--seeds", "3", "--runs-dir", str(tmp_path),
+                 "-q", "--no-plots"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "--seed" in err and "1000" in err
+    assert not any(tmp_path.iterdir()), "refused before any work"
+
+
+def test_every_exported_paper_study_was_tuned_on_seeds_it_does_not_report():
+    from pathlib import Path
+
+    from diloco.tools.studies.results_page import load_summaries
+
+    summaries = load_summaries(Path(__file__).resolve().parents[2] / "docs" / "assets" / "results")
+    for key, summary in summaries.items():
+        if isinstance(key, tuple) and key[0] != "family":
+            assert not set(summary["tune_seeds"]) & set(summary["seeds"]), key
+
+
+def test_the_tuning_printout_names_the_grid_and_bolds_the_choice():
+    from diloco.tools.studies.results_page import render_tuning
+
+    outer = [{"arm": "D", "field": ["outer_lr", "outer_momentum"], "value": [lr, mu], "eval_loss": loss,
+              "targets": ["D"], "chosen": (lr, mu) == (1.0, 0.5), "step": 1}
+             for (lr, mu), loss in (((0.3, 0.0), 2.5), ((1.0, 0.5), 1.25), ((0.7, 0.9), 2.0))]
+    inner = [{"arm": "D", "field": INNER_LR, "value": v, "eval_loss": 3 - v, "targets": ["D"], "chosen": v == 0.03,
+              "step": step} for step in (0, 2) for v in (0.01, 0.03)]
+    text = render_tuning({"tune_seeds": [1000], "tuning": inner[:2] + outer + inner[2:]})
+    lines = [line for line in text.splitlines() if line.startswith("- ")]
+    assert lines == ["- inner lr of D: 0.01: 2.990, **0.03: 2.970**",
+                     "- outer lr x outer momentum (lr/mu) of D: 0.3/0: 2.500, 0.7/0.9: 2.000, **1/0.5: 1.250** "
+                     "(chosen at the grid's edge: lr 1 is its largest)",
+                     "- inner lr of D, again at the chosen outer step: 0.01: 2.990, **0.03: 2.970**"]
+    assert "[1000], which are not reported seeds" in text

@@ -134,3 +134,40 @@ def test_every_number_in_the_prose_is_one_the_tables_show(which, page, family_pa
     shown = set(NUMBER.findall(generated))
     loose = sorted(set(NUMBER.findall(_prose(text))) - shown)
     assert not loose, f"numbers in the prose that no generated table on the page shows: {loose}"
+
+
+BEYOND_PAGE = ROOT / "docs" / "results-beyond.md"
+# The beyond page's block names may hold a dot (beyond-async-shakespeare-spread0.5).
+BEYOND_BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
+
+
+def _beyond_rebuilt(text: str) -> str:
+    """The beyond page with every block of its three studies rendered again from the files."""
+    from diloco.tools.studies import beyond_async, beyond_muon, beyond_sparse
+
+    text = beyond_async.BLOCK.sub(lambda m: f"<!-- generated: {m['name']} -->\n"
+                                            f"{beyond_async.render_named(m['name'], RESULTS)}<!-- end: {m['name']} -->",
+                                  text)
+    text = beyond_sparse.rebuild(text, beyond_sparse.load_summaries(RESULTS))
+    return beyond_muon.rebuild_page(text, RESULTS)
+
+
+def test_the_beyond_page_holds_exactly_the_renderings_of_its_files_and_their_commands():
+    text = BEYOND_PAGE.read_text(encoding="utf-8")
+    names = [match.group("name") for match in BEYOND_BLOCK.finditer(text)]
+    unknown = [n for n in names if not n.startswith(("beyond-async", "beyond-sparse-", "beyond-muon-"))]
+    assert not unknown, f"generated blocks no renderer owns: {unknown}"
+    assert {"beyond-async", "beyond-sparse-shakespeare", "beyond-muon-claims"} <= set(names)
+    assert _beyond_rebuilt(text) == text, "a block differs from the files: rebuild docs/results-beyond.md"
+    for path in sorted(RESULTS.glob("beyond-*.json")):
+        command = __import__("json").loads(path.read_text(encoding="utf-8"))["command"]
+        shown = command if command.startswith(".venv/bin/") else f".venv/bin/{command}"
+        assert shown in text, f"{path.name}: the command that wrote it, {shown!r}, is not on the page"
+
+
+def test_every_number_in_the_beyond_prose_is_one_its_tables_show():
+    text = BEYOND_PAGE.read_text(encoding="utf-8")
+    generated = "".join(match.group("body") for match in BEYOND_BLOCK.finditer(text))
+    prose = _prose(BEYOND_BLOCK.sub("", text))
+    loose = sorted(set(NUMBER.findall(prose)) - set(NUMBER.findall(generated)))
+    assert not loose, f"numbers in the beyond page's prose that no generated table on it shows: {loose}"

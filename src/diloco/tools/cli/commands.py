@@ -103,9 +103,7 @@ def add_parsers(subparsers) -> None:
     study.add_argument("--values", metavar="V1,V2,...",
                        help="values to sweep: H for inner-steps, K for workers, alphas for noniid, "
                             "optimizers (nesterov,fedavg,momentum) for outer-optimizer")
-    study.add_argument("--total-steps", type=int,
-                       help="inner-steps study: steps per worker, a multiple of every H (400); paper studies: "
-                            "the budget, steps per worker (shakespeare 1000, mnist1d 2000)")
+    study.add_argument("--total-steps", type=int, help=total_steps_help())
     add_paper_study_flags(study)
     study.add_argument("--target-loss", type=float, metavar="LOSS",
                        help="bandwidth study: the held-out loss whose simulated time is compared (0.5)")
@@ -113,6 +111,22 @@ def add_parsers(subparsers) -> None:
         add(study)
     add_recovery_flags(study, resume=False)
     study.set_defaults(func=run_study_command)
+
+
+def total_steps_help() -> str:
+    """``--total-steps``' help, its defaults read from the studies that own them (never retyped)."""
+    from diloco.tools.studies.beyond_muon import TASKS as MUON_TASKS
+    from diloco.tools.studies.beyond_sparse import TASKS as SPARSE_TASKS
+    from diloco.tools.studies.paper_studies import TASKS as PAPER_TASKS
+
+    inner = STUDIES["inner-steps"].base
+
+    def per_task(tasks: dict) -> str:
+        return ", ".join(f"{task} {spec['steps']}" for task, spec in tasks.items())
+
+    return (f"inner-steps study: steps per worker, a multiple of every H ({inner['rounds'] * inner['inner_steps']}); "
+            f"paper studies: the budget, steps per worker ({per_task(PAPER_TASKS)}); muon ({per_task(MUON_TASKS)}); "
+            f"sparse ({per_task(SPARSE_TASKS)})")
 
 
 # --- one run ----------------------------------------------------------------------------------

@@ -97,10 +97,14 @@ def add_paper_study_flags(study_parser) -> None:
                        help="also write the summary and plot as DIR/<study>-<data>.json and .png "
                             "(docs/assets/results for the results page)")
     group.add_argument("--tune-seeds", type=int, default=1, metavar="N",
-                       help="seeds on which each arm's inner lr (and fig6's outer lr) is tuned, from 1000 on (1)")
+                       help="seeds on which each arm's inner lr (and fig6's outer lr; table2's, fig9's and "
+                            "scaling's outer lr x momentum) is tuned, from 1000 on, never a reported seed (1)")
+    from diloco.tools.studies.paper_studies import TASKS
+
+    grids = ", ".join(f"{task} {','.join(f'{lr:g}' for lr in spec['inner_grid'])}" for task, spec in TASKS.items())
     group.add_argument("--inner-grid", metavar="LR1,LR2,...",
-                       help="inner lr values each arm is tuned over (the task's grid: shakespeare 1e-3,3e-3,1e-2, "
-                            "mnist1d 3e-4,1e-3,3e-3); off: no tuning, --lr for every arm")
+                       help=f"inner lr values each arm is tuned over (the task's grid: {grids}); "
+                            "off: no tuning, --lr for every arm")
     group.add_argument("--run-cache", metavar="DIR",
                        help="read a run already trained (same config, seed and data) from DIR instead of training "
                             "it again; write new runs there (make results uses build/results-cache)")

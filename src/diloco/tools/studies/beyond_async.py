@@ -45,7 +45,16 @@ from diloco.tools.studies.paper_report import (
     summarise_arms,
     verdict,
 )
-from diloco.tools.studies.paper_runs import Arm, outcome_of, write_study
+from diloco.tools.studies.paper_runs import (
+    INNER_LR,
+    Arm,
+    TuneStep,
+    next_on_ladder,
+    outcome_of,
+    outer_step_grid,
+    tune_arms,
+    write_study,
+)
 from diloco.tools.studies.paper_studies import Claim
 from diloco.tools.studies.study_stats import mean_interval
 
@@ -72,6 +81,18 @@ def arms(config) -> list:
             Arm(DN, "diloco", {"asynchrony": {**speeds, "asynchronous": True, "delayed_nesterov": period}}),
             Arm(DYLU, "diloco", {"asynchrony": {**speeds, "asynchronous": True, "delayed_nesterov": period,
                                                 "dynamic_local_steps": True}})]
+
+
+TUNE_SEED = 1000  # each arm's lrs are tuned on this seed (its own speeds and T), never a reported seed
+
+
+def tuning_steps(study_arms: list, inner_lr: float) -> list:
+    """Each arm on itself, as the paper studies tune (``paper_runs.tune_arms``): its inner lr over
+    the task's and its two neighbours on the 1-3-10 ladder (``next_on_ladder``), its
+    outer lr x momentum (``outer_step_grid``), its inner lr again."""
+    groups = tuple((a.label, (a.label,)) for a in study_arms)
+    grid = (next_on_ladder(inner_lr, up=False), inner_lr, next_on_ladder(inner_lr, up=True))
+    return [TuneStep(INNER_LR, grid, groups), outer_step_grid(groups), TuneStep(INNER_LR, grid, groups)]
 
 
 def claims(_arms=None) -> list:
@@ -210,6 +231,9 @@ def run_async_study(args) -> int:
     outcomes, started = [], time.perf_counter()
     try:
         with limit:
+            study_arms, tuning = tune_arms(tuning_steps(study_arms, config.inner.lr), study_arms, config, data,
+                                           [TUNE_SEED], run=lambda arm, base, seed, dataset, **_:
+                                           run_arm(arm, base, seed, dataset))
             for arm in study_arms:
                 for seed in seeds:
                     outcome = run_arm(arm, config, seed, data)
@@ -231,6 +255,7 @@ def run_async_study(args) -> int:
     summary = {"study": NAME, "title": "asynchronous DiLoCo against synchronous DiLoCo at equal simulated time",
                "reference": "Liu et al. 2024, arXiv 2401.09135", "task": task, "data": data_info,
                "config": config.to_dict(), "horizon_seconds": horizon, "seeds": seeds, "rows": rows,
+               "tune_seeds": [TUNE_SEED], "tuning": tuning,
                "claims": judge_claims(claims(), rows, task), "time_to_target": _time_to_target(outcomes, rows),
                "seconds": time.perf_counter() - started, "command": " ".join(command)}
     export = getattr(args, "export", None)
@@ -287,7 +312,17 @@ def render_block(summary: dict, export="docs/assets/results") -> str:
             f"{_speeds(speeds, config['num_workers'])}; every arm is compared at T = {horizon}, "
             f"{config['rounds']} synchronous rounds; seeds {summary['seeds']}. Steps/worker: the fastest worker's "
             f"steps by T, and all-reduces: outer steps (groups of arrivals), both of seed {summary['seeds'][0]}.\n\n"
-            + render_arms_table(summary) + "\n" + render_claims_table(summary) + "\n" + _time_table(summary))
+            + render_arms_table(summary) + "\n" + render_claims_table(summary) + "\n" + _time_table(summary)
+            + _tuning_text(summary))
+
+
+def _tuning_text(summary: dict) -> str:
+    """The grids and choices (``results_page.render_tuning``), or that nothing was tuned."""
+    if not summary.get("tuning"):
+        return "\nNot tuned: every arm at the study's inner lr and the outer lr and momentum of the config.\n"
+    from diloco.tools.studies.results_page import render_tuning
+
+    return render_tuning(summary)
 
 
 def _speeds(section: dict, num_workers: int) -> str:

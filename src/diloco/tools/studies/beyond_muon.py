@@ -46,7 +46,7 @@ from diloco.tools.studies.paper_report import (
     summarise_arms,
     verdict,
 )
-from diloco.tools.studies.paper_runs import write_study
+from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, outer_step_grid, tune_arms, write_study
 from diloco.tools.studies.paper_studies import Arm, Claim, run_arm
 from diloco.tools.studies.study_stats import mean_interval
 
@@ -214,6 +214,20 @@ def _tune(optimizer, grid, algo, k, base, h, steps, data, seeds, lrs, muon, on_r
     return min(finite, key=lambda r: r["eval_loss"])["lr"], records
 
 
+def outer_tuning_steps(arms: list, grids: dict) -> list:
+    """Each DiLoCo arm's outer lr x momentum (``paper_runs.outer_step_grid``) on itself, then
+    its inner lr again at the chosen pair (AdamW arms: ``inner.lr`` over ``grids["adamw"]``;
+    Muon arms: ``muon.lr`` over ``grids["muon"]``); an fp4 arm takes the choices of its
+    uncompressed arm at the same K. The synchronous arms have no outer step."""
+    fp4 = ", fp4 + error feedback"
+    diloco = [a.label for a in arms if a.algo == "diloco" and not a.label.endswith(fp4)]
+    groups = {label: (label, *([label + fp4] if label + fp4 in {a.label for a in arms} else [])) for label in diloco}
+    muon = {a.label for a in arms if a.changes.get("inner_optimizer") == "muon"}
+    return [outer_step_grid(tuple(groups.items())),
+            TuneStep(INNER_LR, tuple(grids["adamw"]), tuple((p, t) for p, t in groups.items() if p not in muon)),
+            TuneStep(MUON_LR, tuple(grids["muon"]), tuple((p, t) for p, t in groups.items() if p in muon))]
+
+
 def _ks(values) -> tuple:
     if not values:
         return KS
@@ -285,6 +299,10 @@ def run_muon_study(args) -> int:
                     tuning += records
                 lrs[setting(algo, k)] = chosen
             arms = muon_arms(h, steps, ks, lrs, muon)
+            outer_tuning = []
+            if getattr(args, "outer_lr", None) is None and getattr(args, "outer_momentum", None) is None:
+                arms, outer_tuning = tune_arms(outer_tuning_steps(arms, grids), arms, base, data, tuning_seeds,
+                                               encode=data.encode, on_run=lambda o: finished(o, "tune"))
             outcomes = []
             for arm in arms:
                 for seed in seeds:
@@ -296,12 +314,13 @@ def run_muon_study(args) -> int:
     rows = summarise_arms(outcomes, arms)
     command = " ".join(["diloco study muon", "--data", task, "--seeds", str(args.seeds)]
                        + (["--total-steps", str(steps)] if steps != spec["steps"] else [])
-                       + (["--values", ",".join(str(k) for k in ks)] if ks != KS else []))
+                       + (["--values", ",".join(str(k) for k in ks)] if ks != KS else [])
+                       + (["--num-samples", str(args.num_samples)] if getattr(args, "num_samples", None) else []))
     summary = {
         "study": "muon", "title": "MuLoCo: Muon as DiLoCo's inner optimizer", "reference": "MuLoCo, arXiv 2505.23725",
         "task": task, "data": data_info, "config": base.to_dict(), "muon": muon.to_dict(), "steps_per_worker": steps,
         "ks": list(ks), "seeds": seeds, "tune_seeds": tuning_seeds, "tuned_lr": lrs,
-        "tuning": tuning, "rows": rows,
+        "tuning": tuning, "outer_tuning": outer_tuning, "rows": rows,
         "claims": judge_claims(muon_claims(ks), rows, task),
         "gaps": judge_interactions(interaction_specs(ks), rows, task),
         "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
@@ -349,6 +368,15 @@ def render_section(summary: dict, export="docs/assets/results") -> str:
                      f"{'**' if r['lr'] == chosen[optimizer] else ''}"
                      for r in summary["tuning"] if r["setting"] == key and r["optimizer"] == optimizer]
             lines.append(f"| {key} | {optimizer} | {', '.join(cells)} |")
+    if summary.get("outer_tuning"):
+        from diloco.tools.studies.results_page import render_tuning
+
+        grid = render_tuning({"tune_seeds": summary["tune_seeds"], "tuning": summary["outer_tuning"]})
+        lines += ["", "Then each DiLoCo arm's outer step, and its inner lr again at the chosen outer step "
+                      "(the fp4 arms take their uncompressed arm's choices):", *grid.splitlines()[1:]]
+    else:
+        lines += ["", f"Outer step not tuned: outer lr {summary['config']['outer_lr']:g}, momentum "
+                      f"{summary['config']['outer_momentum']:g} for every DiLoCo arm."]
     lines += ["", f"| arm | bytes sent per worker | {name}, mean [95% CI] | accuracy, mean [95% CI] "
                   "| workers' pseudo-gradient cosine |", "|---|---:|---|---|---|"]
     for row in summary["rows"]:

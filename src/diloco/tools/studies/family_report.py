@@ -137,8 +137,14 @@ def render_family_claims(claims: list) -> str:
 
 
 def render_momentum_tuning(summary: dict) -> str:
+    """The tuning grid under a family study's tables: the outer momentum ladder, or (a study of
+    ``family_study.OUTER_STEP_STUDIES``) the paper studies' printout (``results_page.render_tuning``)."""
     if not summary.get("tuning"):
         return ""
+    if "field" in summary["tuning"][0]:
+        from diloco.tools.studies.results_page import render_tuning
+
+        return render_tuning(summary)
     groups: dict = {}
     for entry in summary["tuning"]:
         groups.setdefault(entry["variant"], []).append(entry)

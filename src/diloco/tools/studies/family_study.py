@@ -136,6 +136,10 @@ def _bandwidth_variants(config, values) -> list:
 _BASE = {"rounds": 24, "inner_steps": 25, "hidden_sizes": (64, 64, 64), "engine": default_engine()}
 TUNE_SEED = 1000  # the outer momentum of each DiLoCo arm is tuned on this seed, never an evaluation seed
 MOMENTUM_EXTENSIONS = {"down": (0.3, 0.0), "up": (0.95,)}  # tried when the best is at the grid's end
+# Studies tuned as the paper studies are (paper_runs.tune_arms): each DiLoCo arm's inner lr over
+# INNER_GRID, its outer lr x momentum (outer_step_grid), its inner lr again; the others tune momentum.
+OUTER_STEP_STUDIES = ("streaming",)
+INNER_GRID = (3e-4, 1e-3, 3e-3)  # around AdamWConfig's default lr, 1e-3
 
 FAMILY_STUDIES = {
     "compression": Study(
@@ -234,6 +238,28 @@ def tune_momentum(variants, config, family, dataset, seeds, grid, max_loss=None,
     return tuned, records
 
 
+def family_runner(config, family, max_loss=None):
+    """``paper_runs.run_arm``'s signature over ``run_family_study``: one variant, one seed;
+    a diverged run scores an infinite loss."""
+    def run(variant, base, seed, dataset, **_):
+        try:
+            (outcome,) = run_family_study([variant], config, family, dataset, [seed], max_loss=max_loss)
+        except Diverged:
+            return {"eval_loss": math.inf, "seed": int(seed)}
+        return outcome if math.isfinite(outcome["eval_loss"]) else {**outcome, "eval_loss": math.inf}
+    return run
+
+
+def tune_outer_step(variants, config, family, dataset, seeds, max_loss=None) -> tuple:
+    """Each DiLoCo arm on itself: inner lr, outer lr x momentum, inner lr again
+    (``paper_runs.tune_arms``, the paper studies' tuning); the synchronous arms are left as they are."""
+    from diloco.tools.studies.paper_runs import INNER_LR, TuneStep, outer_step_grid, tune_arms
+
+    groups = tuple((v.label, (v.label,)) for v in variants if v.algo == "diloco")
+    steps = [TuneStep(INNER_LR, INNER_GRID, groups), outer_step_grid(groups), TuneStep(INNER_LR, INNER_GRID, groups)]
+    return tune_arms(steps, variants, config, dataset, seeds, run=family_runner(config, family, max_loss))
+
+
 def _seconds_to_target(outcomes, values, latency, step_time, target) -> dict:
     """``{(arm, bandwidth): {seed: simulated seconds to target, or None}}``."""
     out: dict = {}
@@ -292,11 +318,15 @@ def run_family_study_command(args) -> int:
         write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": status,
                                               "reason": reason, **extra})
 
-    tune = getattr(args, "outer_momentum", None) is None
+    tune = getattr(args, "outer_momentum", None) is None and (
+        study.name not in OUTER_STEP_STUDIES or getattr(args, "outer_lr", None) is None)
     tuning, started = [], time.perf_counter()
     try:
         with run_outcome(stopped), quiet_numpy(), limit:
-            if tune:
+            if tune and study.name in OUTER_STEP_STUDIES:
+                variants, tuning = tune_outer_step(variants, config, family, data, [TUNE_SEED],
+                                                   max_loss=max_loss_flag(args))
+            elif tune:
                 variants, tuning = tune_momentum(variants, config, family, data, [TUNE_SEED], MOMENTUM_GRID,
                                                  max_loss=max_loss_flag(args))
             outcomes = run_family_study(variants, config, family, data, seeds, history=history,

@@ -8,7 +8,10 @@ run folder: ``config.json``, ``results.jsonl`` (one line per finished run), ``su
 ``study.md`` (the two tables) and ``study.png`` (mean curves, final values). Before the
 evaluation seeds, each arm's inner lr is tuned over ``--inner-grid`` (the task's grid by
 default; ``off`` keeps ``--lr``) on ``--tune-seeds`` seeds from 1000 on, and fig6's outer
-lr after it (``diloco.tools.studies.paper_runs.tune_arms``). With ``--run-cache DIR`` a run
+lr after it; in table2, fig9 and scaling each DiLoCo arm's outer lr x outer momentum grid
+(``paper_runs.outer_step_grid``), then its inner lr again at the chosen pair
+(``diloco.tools.studies.paper_runs.tune_arms``). A tuning seed that is also a reported
+seed (``--seed`` near 1000) is refused. With ``--run-cache DIR`` a run
 already trained (same config, seed and data) is read back instead of trained again. With
 ``--export DIR`` the summary and the plot are also written as ``DIR/<study>-<task>.json``
 and ``.png``: the files ``docs/results.md`` quotes.
@@ -34,7 +37,7 @@ from diloco.tools.studies.paper_report import (
     render_claims_table,
     summarise_arms,
 )
-from diloco.tools.studies.paper_runs import RunCache, parse_numbers
+from diloco.tools.studies.paper_runs import RunCache, check_tuning_seeds, parse_numbers
 from diloco.tools.studies.paper_studies import PAPER_STUDIES, TASKS, H, K, run_arm, tune_arms, tuning_steps, with_warmup
 
 __all__ = ["run_paper_study", "plot_paper_study", "plot_scaling_gap", "TUNE_SEED_BASE"]
@@ -91,14 +94,17 @@ def run_paper_study(args) -> int:
         outer_values = parse_numbers(values, float, "outer lr") if study.values_tune else None
     except ValueError as exc:
         raise CliError(f"study {study.name}: {exc}") from None
-    steps_to_tune = tuning_steps(study, arms, inner_grid, outer_values) if inner_grid else (
-        tuning_steps(study, arms, (), outer_values)[1:])
+    steps_to_tune = tuning_steps(study, arms, inner_grid, outer_values)
+    seeds = list(range(config.seed, config.seed + args.seeds))
+    tuning_seeds = [TUNE_SEED_BASE + i for i in range(tune_seeds)] if steps_to_tune else []
+    try:
+        check_tuning_seeds(tuning_seeds, seeds)
+    except ValueError as exc:
+        raise CliError(f"--seed: {exc}") from None
     check_plotting(args)
     data, data_info = load_dataset(args, config.dtype)
     threads, limit = thread_limit(args, config, data)
     cache = RunCache(args.run_cache) if getattr(args, "run_cache", None) else None
-    seeds = list(range(config.seed, config.seed + args.seeds))
-    tuning_seeds = [TUNE_SEED_BASE + i for i in range(tune_seeds)] if steps_to_tune else []
     run_dir = create_run_dir(args.runs_dir, args.name or f"study-{study.name}-{task}")
     write_json(run_dir / "config.json", {"command": "study", "study": study.name, "task": task, "config":
                                          config.to_dict(), "steps_per_worker": steps, "seeds": seeds,

@@ -26,11 +26,16 @@ from diloco.shard_divergence import run_split_divergence
 from diloco.tools.runs.atomic_files import atomic_write_text, write_json
 from diloco.tools.studies.ablations import fast_engine_available, trainer
 
-__all__ = ["Arm", "TuneStep", "INNER_LR", "RunCache", "arm_engine", "outcome_of", "run_arm", "tune_arms",
-           "write_study",
+__all__ = ["Arm", "TuneStep", "INNER_LR", "OUTER_STEP", "OUTER_LR_GRID", "OUTER_MOMENTUM_GRID", "RunCache", "MUON_LR",
+           "arm_engine", "outcome_of", "run_arm", "tune_arms", "outer_step_grid", "check_tuning_seeds", "write_study",
            "apply_value", "next_on_ladder", "with_warmup", "WARMUP_FRACTION"]
 
 INNER_LR = "inner lr"  # the tuning field that sets ``inner.lr`` (every other field is a DiLoCoConfig field)
+MUON_LR = "muon lr"  # the tuning field that sets ``muon.lr`` (a Muon arm's matrices; its biases keep ``inner.lr``)
+# The outer step, tuned jointly: a field pair whose grid values are (outer lr, outer momentum) pairs.
+OUTER_STEP = ("outer_lr", "outer_momentum")
+OUTER_LR_GRID = (0.3, 0.5, 0.7, 1.0)
+OUTER_MOMENTUM_GRID = (0.0, 0.5, 0.9)
 # Warmup of the cosine schedule, a fraction of each arm's steps (the paper: 1,000 of 88,000, about 1%).
 WARMUP_FRACTION = 0.02
 
@@ -45,12 +50,27 @@ class Arm(NamedTuple):
 
 class TuneStep(NamedTuple):
     """Tune ``field`` over ``grid``: for each ``(probe, targets)`` of ``groups``, the value
-    at which arm ``probe`` does best on the tuning seeds is given to every arm of ``targets``."""
+    at which arm ``probe`` does best on the tuning seeds is given to every arm of ``targets``.
 
-    field: str
+    ``field`` may be a tuple of fields (``OUTER_STEP``), tuned jointly: each grid value is
+    then a tuple of values, one per field, and the grid is never extended past its ends."""
+
+    field: str | tuple
     grid: tuple
     groups: tuple
 
+
+def outer_step_grid(groups: tuple, lrs: tuple = OUTER_LR_GRID, momenta: tuple = OUTER_MOMENTUM_GRID) -> TuneStep:
+    """The outer lr x outer momentum grid (every pair) as one ``TuneStep`` over ``groups``."""
+    return TuneStep(OUTER_STEP, tuple((lr, mu) for lr in lrs for mu in momenta), groups)
+
+
+def check_tuning_seeds(tuning_seeds, seeds) -> None:
+    """A tuning seed is never a reported seed: the value chosen on it is judged on other runs."""
+    shared = sorted(set(tuning_seeds) & set(seeds))
+    if shared:
+        raise ValueError(f"tuning seed(s) {shared} are also reported seeds; choose --seed so that the reported "
+                         f"seeds stay below {min(tuning_seeds)}")
 
 def parse_numbers(values, kind, name: str) -> tuple:
     """``--values`` as numbers (H, K, p or outer lr); ``()`` when not given."""
@@ -66,9 +86,16 @@ def parse_numbers(values, kind, name: str) -> tuple:
 
 
 def apply_value(changes: dict, field: str, value) -> dict:
-    """``changes`` with ``field`` set to ``value`` (``INNER_LR`` sets ``inner.lr``)."""
+    """``changes`` with ``field`` set to ``value`` (``INNER_LR`` sets ``inner.lr``; a tuple of
+    fields sets each to its value of the tuple ``value``)."""
+    if isinstance(field, tuple):
+        for one, v in zip(field, value, strict=True):
+            changes = apply_value(changes, one, v)
+        return changes
     if field == INNER_LR:
         return {**changes, "inner": {**changes.get("inner", {}), "lr": value}}
+    if field == MUON_LR:
+        return {**changes, "muon": {**changes.get("muon", {}), "lr": value}}
     return {**changes, field: value}
 
 
@@ -208,36 +235,42 @@ def next_on_ladder(value: float, *, up: bool) -> float:
 
 
 def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=None, on_run=None, cache=None,
-              data_key=None, extend: int = 2) -> tuple[list, list]:
+              data_key=None, extend: int = 2, run=None) -> tuple[list, list]:
     """Run the tuning ``steps`` (``TuneStep``) in order, each on the arms as the previous left them.
 
     For each group, the probe arm runs every grid value on ``seeds``; the value with the
-    lowest mean final held-out loss goes to the group's targets. When that value is at an
-    end of the grid, the grid is extended past it by its own ratio (up to ``extend`` values
-    on each side), so a chosen value is never the last one tried unless the limit is hit.
+    lowest mean final held-out loss goes to the group's targets (the grid's argmin; ties go
+    to the smaller value). When that value is at an end of a one-field grid, the grid is
+    extended past it on the 1-3-10 ladder (up to ``extend`` values on each side), so a
+    chosen value is never the last one tried unless the limit is hit; a joint grid
+    (``outer_step_grid``) is tried as it is. ``run`` trains one candidate (``run_arm``'s
+    signature; ``run_arm`` by default): a study with its own runner (the family studies)
+    tunes through this same loop; an arm is any ``NamedTuple`` with ``label``, ``algo`` and
+    ``changes``.
 
     Returns
     -------
     (tuned_arms, tuning)
         The arms with their tuned values in ``changes`` (labels unchanged), and one
         record per (probe, value): ``arm``, ``field``, ``value``, ``eval_loss`` (mean over
-        seeds), ``targets`` and ``chosen``, in the order the values were tried.
+        seeds), ``targets``, ``chosen`` and ``step`` (the index of its ``TuneStep``: the inner
+        lr may be tuned twice, before and after the outer step), in the order tried.
     """
     by_label = {arm.label: arm for arm in arms}
     tuning = []
-    for step in steps:
+    for index, step in enumerate(steps):
         for probe, targets in step.groups:
             arm = by_label[probe]
             scores: dict = {}
             grid = list(step.grid)
-            added = {"up": 0, "down": 0}
+            added = {"up": 0, "down": 0} if isinstance(step.field, str) else {"up": extend, "down": extend}
             while True:
                 for value in [v for v in grid if v not in scores]:
-                    candidate = Arm(arm.label, arm.algo, apply_value(arm.changes, step.field, value))
+                    candidate = arm._replace(changes=apply_value(arm.changes, step.field, value))
                     losses = []
                     for seed in seeds:
-                        outcome = run_arm(candidate, base, seed, dataset, encode=encode, cache=cache,
-                                          data_key=data_key)
+                        outcome = (run or run_arm)(candidate, base, seed, dataset, encode=encode, cache=cache,
+                                                   data_key=data_key)
                         losses.append(outcome["eval_loss"])
                         if on_run is not None:
                             on_run(outcome)
@@ -254,7 +287,7 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
                     break
             for value in grid:
                 tuning.append({"arm": probe, "field": step.field, "value": value, "eval_loss": scores[value],
-                               "targets": list(targets), "chosen": value == best})
+                               "targets": list(targets), "chosen": value == best, "step": index})
             for label in targets:
                 target = by_label[label]
                 by_label[label] = target._replace(changes=apply_value(target.changes, step.field, best))

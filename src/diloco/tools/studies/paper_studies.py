@@ -28,7 +28,10 @@ Budget: ``steps`` per worker (``--total-steps``, or ``--rounds`` x ``--inner-ste
 per-data defaults in ``TASKS`` (5,000: 100 outer steps at H = 50). The inner schedule is
 the paper's (linear warmup over 2% of an arm's steps, then cosine decay). Each study's
 ``tune`` says which inner lr (and, for fig6, which outer lr) each arm is tuned on, over
-the task's grid on tuning seeds that are not the evaluation seeds. Running an arm,
+the task's grid on tuning seeds that are not the evaluation seeds; in table2, fig9 and scaling
+(``outer_groups``) each DiLoCo arm's outer lr x momentum is tuned too, and its inner lr
+again after it, and scaling tunes every arm's inner lr on itself (DiLoCo apart from data
+parallelism). Running an arm,
 tuning and the run cache are in ``diloco.tools.studies.paper_runs`` (re-exported here). NumPy only; the command is
 ``diloco.tools.studies.paper_command``.
 """
@@ -46,6 +49,7 @@ from diloco.tools.studies.paper_runs import (
     TuneStep,
     arm_engine,
     outcome_of,
+    outer_step_grid,
     parse_numbers,
     run_arm,
     tune_arms,
@@ -83,6 +87,7 @@ class PaperStudy(NamedTuple):
     inner_groups: Callable[[list], tuple] | None = None  # (arms) -> ((probe, targets), ...); None: per arm
     outer_tune: dict | None = None  # fig6: {arm label: outer lr grid}
     values_tune: bool = False  # --values replaces the outer lr grid (fig6) rather than choosing arms
+    outer_groups: Callable[[list], tuple] | None = None  # (arms) -> groups whose outer lr x momentum is tuned
 
 
 # Per task: the model, the inner lr before tuning, the grid it is tuned over, the non-IID split
@@ -113,6 +118,11 @@ def per_arm(arms) -> tuple:
     return tuple((a.label, (a.label,)) for a in arms)
 
 
+def diloco_arms(arms) -> tuple:
+    """Every DiLoCo arm tuned on itself (the synchronous arms have no outer step)."""
+    return per_arm([a for a in arms if a.algo == "diloco"])
+
+
 def shared(probe_of: Callable[[Arm], str]) -> Callable[[list], tuple]:
     """Arms grouped by ``probe_of(arm)`` (a label): each group takes its probe's tuned value."""
     def groups(arms) -> tuple:
@@ -124,13 +134,19 @@ def shared(probe_of: Callable[[Arm], str]) -> Callable[[list], tuple]:
 
 
 def tuning_steps(study: PaperStudy, arms: list, inner_grid: tuple, outer_values=None) -> list:
-    """The study's ``TuneStep`` list: the inner lr first, then (fig6) each arm's outer lr."""
+    """The study's ``TuneStep`` list: the inner lr first; then (fig6) each arm's outer lr; then
+    (``outer_groups``) the outer lr x momentum grid (``outer_step_grid``) of each group's
+    probe, at its tuned inner lr, and the inner lr again at the chosen outer step. An empty
+    ``inner_grid`` (``--inner-grid off``) leaves the inner lr out."""
     steps = [TuneStep(INNER_LR, tuple(inner_grid), (study.inner_groups or per_arm)(arms))]
     if study.outer_tune:
         labels = [a.label for a in arms]
         steps += [TuneStep("outer_lr", tuple(outer_values) if outer_values else grid, ((label, (label,)),))
                   for label, grid in study.outer_tune.items() if label in labels]
-    return steps
+    if study.outer_groups:
+        groups = study.outer_groups(arms)
+        steps += [outer_step_grid(groups), TuneStep(INNER_LR, tuple(inner_grid), groups)]
+    return [step for step in steps if step.grid]
 
 
 def _no_values(study: str, values) -> None:
@@ -391,7 +407,7 @@ def _scaling_claims(arms) -> list:
 
 PAPER_STUDIES = {
     "table2": PaperStudy("table2", "Baselines against DiLoCo at equal steps per worker", "Table 2",
-                         _table2_arms, _table2_claims),
+                         _table2_arms, _table2_claims, outer_groups=diloco_arms),
     "fig4": PaperStudy("fig4", "Inner steps H at a fixed total of steps per worker", "Fig. 4", _fig4_arms,
                        _fig4_claims, shared(_fig4_probe)),
     "fig6": PaperStudy("fig6", "Outer optimizers, each with its lr tuned", "Fig. 6", _fig6_arms, _fig6_claims,
@@ -400,9 +416,10 @@ PAPER_STUDIES = {
                          _table3_arms, _table3_claims, shared(_table3_probe)),
     "fig8": PaperStudy("fig8", "Dropped outer gradients, both drop rules", "Fig. 8", _fig8_arms, _fig8_claims,
                        shared(_fig8_probe)),
-    "fig9": PaperStudy("fig9", "One worker: DiLoCo against the plain baseline", "Fig. 9", _fig9_arms, _fig9_claims),
+    "fig9": PaperStudy("fig9", "One worker: DiLoCo against the plain baseline", "Fig. 9", _fig9_arms, _fig9_claims,
+                       outer_groups=diloco_arms),
     "splits": PaperStudy("splits", "Non-IID splits: label skew and topic segments, alpha swept",
                          "the abstract's robustness claim", _noniid_arms, _noniid_claims, shared(lambda arm: "IID")),
     "scaling": PaperStudy("scaling", "Model width at a fixed token budget: DiLoCo against data parallelism",
-                          "Charles et al. 2025", _scaling_arms, _scaling_claims, shared(_scaling_probe)),
+                          "Charles et al. 2025", _scaling_arms, _scaling_claims, outer_groups=diloco_arms),
 }
