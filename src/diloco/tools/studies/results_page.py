@@ -20,6 +20,7 @@ to hold exactly that, so no number on the page can drift from the files.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -231,9 +232,14 @@ def rebuild(page: str, summaries: dict) -> str:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    page_path = Path(argv[0] if argv else "docs/results.md")
-    results = Path(argv[1] if len(argv) > 1 else page_path.parent / "assets" / "results")
+    parser = argparse.ArgumentParser(prog="python -m diloco.tools.studies.results_page",
+                                     description="Render every generated block of a results page from the "
+                                                 "studies' exported summaries.")
+    parser.add_argument("page", nargs="?", default="docs/results.md", help="the page (docs/results.md)")
+    parser.add_argument("results", nargs="?", help="the summaries' folder (the page's assets/results)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    page_path = Path(args.page)
+    results = Path(args.results) if args.results else page_path.parent / "assets" / "results"
     page = page_path.read_text(encoding="utf-8")
     atomic_write_text(page_path, rebuild(page, load_summaries(results)))
     print(f"{page_path}: {len(block_names(page))} blocks rendered from {results}")
