@@ -97,10 +97,11 @@ def loss_and_grads(params: dict, x_b, y_b, config) -> tuple[float, dict]:
     return cross_entropy_loss(logits, y_b), model_backward(params, cache, y_b)
 
 
-def held_out_loss(params: dict, x_eval, y_eval, config) -> float | None:
+def held_out_loss(params: dict, x_eval, y_eval, config=None) -> float | None:
+    """The held-out loss of ``params`` (None without held-out data); ``config`` None is the MLP."""
     if x_eval is None:
         return None
-    model = model_of(config, params)
+    model = None if config is None else model_of(config, params)
     return evaluate_loss(params, x_eval, y_eval) if model is None else model.metrics(params, x_eval, y_eval)[0]
 
 
@@ -171,9 +172,7 @@ def round_entry(losses: dict, theta: dict, delta: dict, x_eval, y_eval, config=N
     """One round: each worker's mean loss, the outer gradient's norm, the held-out loss, extra fields.
 
     ``config`` names the model (the MLP when None)."""
-    held_out = None if x_eval is None else (evaluate_loss(theta, x_eval, y_eval) if config is None
-                                            else held_out_loss(theta, x_eval, y_eval, config))
     entry = {"worker_losses": [float(np.mean(losses[k])) for k in sorted(losses)], "pseudo_grad_norm": norm(delta),
-             "eval_loss": held_out}
+             "eval_loss": held_out_loss(theta, x_eval, y_eval, config)}
     entry.update(fields)
     return entry
