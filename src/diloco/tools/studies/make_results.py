@@ -11,7 +11,13 @@ Afterwards both pages are rendered again from ``docs/assets/results/``
 whole run is written to ``docs/assets/results/make-results.json``, which the pages' compute
 tables quote.
 
-``python -m diloco.tools.studies.make_results [--jobs N] [--only NAME,...] [--dry-run]``.
+``--tier transformer`` (``make results-transformer``) runs ``TRANSFORMER_JOBS`` instead: the
+same paper studies on the transformer language model (``TRANSFORMER``: its scale, chosen so
+the tier finishes within two hours on two cores from an empty cache), exported to
+``docs/assets/results/transformer/`` with its own ``make-results.json``, for
+``docs/results-transformer.md``.
+
+``python -m diloco.tools.studies.make_results [--tier mlp|transformer] [--jobs N] [--only NAME,...] [--dry-run]``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["Job", "JOBS", "command_of", "main"]
+__all__ = ["Job", "JOBS", "TRANSFORMER_JOBS", "TIERS", "command_of", "main"]
 
 EXPORT = "docs/assets/results"
 CACHE = "build/results-cache"
@@ -75,6 +81,36 @@ JOBS = (
 )
 
 
+# The transformer tier's scale: the default model (2 blocks, d = 64, 4 heads, context 64,
+# 0.11M parameters), K = 4 workers, H = 10, 100 outer steps, batch 8 windows (512 tokens a
+# worker-step): a DiLoCo run is 4,000 worker-steps, 2.0M tokens (two passes over the 1.0M
+# training characters). The inner lr grid is the transformer's (AdamW at 3e-3 typical), the
+# outer lr x momentum grid the MLP tier's.
+TRANSFORMER_EXPORT = f"{EXPORT}/transformer"
+TRANSFORMER = (f"--data shakespeare --model transformer -K 4 -H 10 --total-steps 1000 --batch-size 8 "
+               f"--lr 3e-3 --inner-grid 1e-3,3e-3,1e-2 --eval-windows 256 --run-cache {CACHE} "
+               f"--export {TRANSFORMER_EXPORT}")
+TRANSFORMER_PAGE = "docs/results-transformer.md"
+
+
+def _transformer(study: str, extra: str = "") -> Job:
+    return Job(f"{study}-transformer", f"{study} --seeds 5{' ' + extra if extra else ''} {TRANSFORMER}",
+               TRANSFORMER_PAGE)
+
+
+# Two at a time: Table 2 first (it tunes DiLoCo at K = 4, which the later studies read from
+# the run cache), fig9 beside it (one worker, its own tuning), then the Muon and Streaming
+# arms' own tuning, the splits last (their IID arm is Table 2's DiLoCo arm).
+TRANSFORMER_JOBS = (
+    _transformer("table2"),
+    _transformer("fig9"),
+    _transformer("inner-muon"),
+    _transformer("fragments", "--values 2"),
+    _transformer("splits", "--values 0.1"),
+)
+TIERS = {"mlp": (JOBS, EXPORT), "transformer": (TRANSFORMER_JOBS, TRANSFORMER_EXPORT)}
+
+
 def command_of(job: Job) -> str:
     """The command line the pages show: ``.venv/bin/diloco study ...``."""
     return f".venv/bin/diloco study {job.args}"
@@ -114,6 +150,9 @@ def _loop(pending: list, running: dict, parallel: int, logs: Path, env: dict, re
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diloco.tools.studies.make_results",
                                      description="run every study of docs/results*.md, then render the pages")
+    parser.add_argument("--tier", choices=sorted(TIERS), default="mlp",
+                        help="mlp: docs/results.md and results-family.md (default); transformer: "
+                             "docs/results-transformer.md")
     parser.add_argument("--jobs", type=int, default=2, help="commands run at once (2)")
     parser.add_argument("--only", help="comma-separated job names (default: all)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and stop")
@@ -121,14 +160,15 @@ def main(argv=None) -> int:
     if args.jobs < 1:
         print("make_results: --jobs must be at least 1", file=sys.stderr)
         return 2
-    jobs = list(JOBS)
+    tier, export = TIERS[args.tier]
+    jobs = list(tier)
     if args.only:
         names = args.only.split(",")
-        unknown = sorted(set(names) - {j.name for j in JOBS})
+        unknown = sorted(set(names) - {j.name for j in tier})
         if unknown:
-            print(f"make_results: unknown job(s) {unknown}; known: {[j.name for j in JOBS]}", file=sys.stderr)
+            print(f"make_results: unknown job(s) {unknown}; known: {[j.name for j in tier]}", file=sys.stderr)
             return 2
-        jobs = [j for j in JOBS if j.name in names]
+        jobs = [j for j in tier if j.name in names]
     if args.dry_run:
         for job in jobs:
             print(command_of(job))
@@ -136,7 +176,7 @@ def main(argv=None) -> int:
     logs = Path(LOGS)
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    record_path = Path(EXPORT) / "make-results.json"
+    record_path = Path(export) / "make-results.json"
     record = json.loads(record_path.read_text(encoding="utf-8")) if record_path.is_file() else {"jobs": {}}
     started, pending, running = time.time(), list(jobs), {}
     signal.signal(signal.SIGTERM, _stop)
@@ -155,8 +195,8 @@ def main(argv=None) -> int:
     from diloco.tools.studies import results_page
 
     write_json(record_path, record)
-    for page in sorted({j.page for j in JOBS}):
-        results_page.main([page, EXPORT])
+    for page in sorted({j.page for j in tier}):
+        results_page.main([page, export])
     failed = [n for n, r in record["jobs"].items() if n in {j.name for j in jobs} and r["status"] != "ok"]
     print(f"make results: {len(jobs)} commands in {total / 60:.1f} min"
           + (f"; failed: {failed} (see {LOGS}/)" if failed else ""))

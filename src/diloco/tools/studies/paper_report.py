@@ -110,6 +110,7 @@ def summarise_arms(outcomes: list, arms: list) -> list:
         row["pseudo_grad_cosine"] = mean_interval(cosines, bounds=RANGES["pseudo_grad_cosine"]) if cosines else None
         steps = [point[0] for point in runs[0]["curve"]]
         row["curve"] = [[step, float(np.mean([r["curve"][i][1] for r in runs]))] for i, step in enumerate(steps)]
+        row["per_seed_curve"] = [[point[1] for point in r["curve"]] for r in runs]  # seed bands of the plots
         rows.append(row)
     return rows
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -274,7 +275,8 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
                         losses.append(outcome["eval_loss"])
                         if on_run is not None:
                             on_run(outcome)
-                    scores[value] = sum(losses) / len(losses)
+                    mean = sum(losses) / len(losses)
+                    scores[value] = mean if math.isfinite(mean) else math.inf  # a diverged run loses, never ties
                 best = min(scores, key=lambda v: (scores[v], v))
                 ordered = sorted(grid)
                 if len(ordered) >= 2 and best == ordered[-1] and added["up"] < extend:

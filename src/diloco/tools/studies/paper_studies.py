@@ -44,6 +44,7 @@ from typing import NamedTuple
 from diloco.config import DiLoCoConfig
 from diloco.tools.studies.paper_runs import (
     INNER_LR,
+    MUON_LR,
     Arm,
     RunCache,
     TuneStep,
@@ -133,20 +134,37 @@ def shared(probe_of: Callable[[Arm], str]) -> Callable[[list], tuple]:
     return groups
 
 
+# Muon's lr (its matrices; ``diloco study muon`` tunes over a wider grid at smaller budgets):
+# Muon's default 0.02 sits inside it, and the grid is extended past an end that is chosen.
+MUON_GRID = (3e-3, 1e-2, 3e-2)
+
+
+def lr_field(arm: Arm) -> str:
+    """The lr that an arm's own lr tuning sets: Muon's (its matrices) for a Muon arm, the
+    inner AdamW's otherwise."""
+    return MUON_LR if arm.changes.get("inner_optimizer") == "muon" else INNER_LR
+
+
 def tuning_steps(study: PaperStudy, arms: list, inner_grid: tuple, outer_values=None) -> list:
-    """The study's ``TuneStep`` list: the inner lr first; then (fig6) each arm's outer lr; then
-    (``outer_groups``) the outer lr x momentum grid (``outer_step_grid``) of each group's
-    probe, at its tuned inner lr, and the inner lr again at the chosen outer step. An empty
-    ``inner_grid`` (``--inner-grid off``) leaves the inner lr out."""
+    """The study's ``TuneStep`` list: the inner lr first, then each Muon arm's Muon lr
+    (``MUON_GRID``); then (fig6) each arm's outer lr; then (``outer_groups``) the outer lr x
+    momentum grid (``outer_step_grid``) of each group's probe, at its tuned lrs, and the
+    probe's own lr (``lr_field``) again at the chosen pair. An empty ``inner_grid``
+    (``--inner-grid off``) leaves the inner lr out."""
     steps = [TuneStep(INNER_LR, tuple(inner_grid), (study.inner_groups or per_arm)(arms))]
+    by_label = {arm.label: arm for arm in arms}
+    muon = tuple((a.label, (a.label,)) for a in arms if lr_field(a) == MUON_LR)
+    steps.append(TuneStep(MUON_LR, MUON_GRID, muon))
     if study.outer_tune:
         labels = [a.label for a in arms]
         steps += [TuneStep("outer_lr", tuple(outer_values) if outer_values else grid, ((label, (label,)),))
                   for label, grid in study.outer_tune.items() if label in labels]
     if study.outer_groups:
         groups = study.outer_groups(arms)
-        steps += [outer_step_grid(groups), TuneStep(INNER_LR, tuple(inner_grid), groups)]
-    return [step for step in steps if step.grid]
+        steps.append(outer_step_grid(groups))
+        steps += [TuneStep(field, tuple(grid), tuple(g for g in groups if lr_field(by_label[g[0]]) == field))
+                  for field, grid in ((INNER_LR, inner_grid), (MUON_LR, MUON_GRID))]
+    return [step for step in steps if step.grid and step.groups]
 
 
 def _no_values(study: str, values) -> None:
@@ -174,12 +192,13 @@ def _table2_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "labe
 
 def _table2_claims(arms) -> list:
     base, batch, updates, diloco = (a.label for a in arms)
+    k = arms[1].changes["num_workers"]  # the paper's 8; the transformer tier runs 4
     return [
-        Claim("DiLoCo beats the 8x-batch synchronous baseline", diloco, batch,
+        Claim(f"DiLoCo beats the {k}x-batch synchronous baseline", diloco, batch,
               "15.02 vs 15.30 perplexity (Table 2)"),
         Claim("DiLoCo beats the 1-worker baseline", diloco, base, "15.02 vs 16.23 (Table 2)"),
-        Claim("8x updates on one worker beat DiLoCo", updates, diloco, "14.72 vs 15.02 (Table 2)"),
-        Claim("8x batch beats the 1-worker baseline", batch, base, "15.30 vs 16.23 (Table 2)"),
+        Claim(f"{k}x updates on one worker beat DiLoCo", updates, diloco, "14.72 vs 15.02 (Table 2)"),
+        Claim(f"{k}x batch beats the 1-worker baseline", batch, base, "15.30 vs 16.23 (Table 2)"),
     ]
 
 
@@ -340,7 +359,7 @@ def _fig9_claims(arms) -> list:
 
 
 NONIID_ALPHAS = (0.1, 0.5, 1.0, 10.0)
-NONIID_SPLITS = (("label", "label skew"), ("topic", "topic"))
+NONIID_SPLITS = (("label", "label skew"), ("topic", "topic"))  # swept over alpha; text adds speaker shards
 
 
 def _noniid_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
@@ -353,6 +372,8 @@ def _noniid_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "labe
     for kind, name in NONIID_SPLITS if split == "topic" else NONIID_SPLITS[:1]:
         arms += [Arm(f"{name} a={a:g}", "diloco", {**shared_fields, "iid": False, "alpha": a, "noniid_split": kind})
                  for a in alphas]
+    if split == "topic":  # text: whole speeches per worker (diloco.speakers), no alpha
+        arms.append(Arm("speaker", "diloco", {**shared_fields, "iid": False, "noniid_split": "speaker"}))
     return arms
 
 
@@ -363,6 +384,9 @@ def _noniid_claims(arms) -> list:
                             "\"great robustness to the data distribution of each worker\" (abstract)",
                             margin=DROP_MARGIN))
     labels = {a.label for a in arms}
+    if {"speaker", "topic a=0.1"} <= labels:
+        claims.append(Claim("speaker shards cost more than topic shards at a=0.1", "topic a=0.1", "speaker",
+                            "not in the paper: whether the split that is most non-IID for text costs more"))
     for alpha in ("0.1", "0.5"):
         if {f"topic a={alpha}", f"label skew a={alpha}"} <= labels:
             claims.append(Claim(f"at a={alpha}, topic shards cost less than label-skewed ones", f"topic a={alpha}",
@@ -405,6 +429,54 @@ def _scaling_claims(arms) -> list:
             for k in SCALING_K]
 
 
+def _setting(base: DiLoCoConfig, steps: int) -> dict:
+    h = base.inner_steps
+    return {"num_workers": base.num_workers, "inner_steps": h, "rounds": _rounds(steps, h)}
+
+
+def _inner_muon_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
+    _no_values("inner-muon", values)
+    k = base.num_workers
+    return [Arm(f"DiLoCo, Muon inside (K={k})", "diloco", {**_setting(base, steps), "inner_optimizer": "muon"}),
+            Arm(f"DiLoCo, AdamW inside (K={k})", "diloco", _setting(base, steps))]
+
+
+def _inner_muon_claims(arms) -> list:
+    return [Claim("Muon as the inner optimizer beats AdamW (each tuned)", arms[0].label, arms[1].label,
+                  "\"MuLoCo (Muon inner optimizer DiLoCo) achieves superior performance to DiLoCo in absolute "
+                  "terms\" (Therien et al. 2025, abstract v2)")]
+
+
+FRAGMENTS_P = (2,)
+
+
+def _fragments_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
+    fragments = parse_numbers(values, int, "P") or FRAGMENTS_P
+    arms = [Arm(f"Streaming P={p}", "diloco", {**_setting(base, steps), "family": {"fragments": p}})
+            for p in fragments if p > 1]
+    if not arms:
+        raise ValueError(f"--values: P must be 2 or more fragments, got {list(fragments)}")
+    return arms + [Arm(f"DiLoCo (K={base.num_workers}, H={base.inner_steps})", "diloco", _setting(base, steps))]
+
+
+def _fragments_claims(arms) -> list:
+    return [Claim(f"{arm.label} (1/{arm.changes['family']['fragments']} of the peak bandwidth) costs under "
+                  f"{DROP_MARGIN:.0%} against DiLoCo", arms[-1].label, arm.label,
+                  "\"similar performance\" with P fragments synchronised in turn (Douillard et al. 2025)",
+                  margin=DROP_MARGIN) for arm in arms[:-1]]
+
+
+def _adamw_probe(arm: Arm) -> str:
+    """The inner-muon study's inner (AdamW) lr is tuned on the AdamW arm: a Muon arm's
+    non-matrix arrays take AdamW at that lr, as in ``diloco study muon``."""
+    return arm.label.replace("Muon inside", "AdamW inside")
+
+
+def _diloco_probe(arm: Arm) -> str:
+    return arm.label if not arm.label.startswith("Streaming") else f"DiLoCo (K={arm.changes['num_workers']}, " \
+        f"H={arm.changes['inner_steps']})"
+
+
 PAPER_STUDIES = {
     "table2": PaperStudy("table2", "Baselines against DiLoCo at equal steps per worker", "Table 2",
                          _table2_arms, _table2_claims, outer_groups=diloco_arms),
@@ -418,8 +490,15 @@ PAPER_STUDIES = {
                        shared(_fig8_probe)),
     "fig9": PaperStudy("fig9", "One worker: DiLoCo against the plain baseline", "Fig. 9", _fig9_arms, _fig9_claims,
                        outer_groups=diloco_arms),
-    "splits": PaperStudy("splits", "Non-IID splits: label skew and topic segments, alpha swept",
-                         "the abstract's robustness claim", _noniid_arms, _noniid_claims, shared(lambda arm: "IID")),
+    "splits": PaperStudy("splits", "Non-IID splits: label skew and topic segments, alpha swept; speakers (text)",
+                         "the abstract's robustness claim", _noniid_arms, _noniid_claims, shared(lambda arm: "IID"),
+                         outer_groups=shared(lambda arm: "IID")),
     "scaling": PaperStudy("scaling", "Model width at a fixed token budget: DiLoCo against data parallelism",
                           "Charles et al. 2025", _scaling_arms, _scaling_claims, outer_groups=diloco_arms),
+    "inner-muon": PaperStudy("inner-muon", "Muon against AdamW as DiLoCo's inner optimizer, each tuned",
+                             "MuLoCo (Therien et al. 2025)", _inner_muon_arms, _inner_muon_claims,
+                             shared(_adamw_probe), outer_groups=diloco_arms),
+    "fragments": PaperStudy("fragments", "Streaming DiLoCo's P fragments against DiLoCo, each tuned",
+                            "Streaming DiLoCo (Douillard et al. 2025)", _fragments_arms, _fragments_claims,
+                            shared(_diloco_probe), outer_groups=diloco_arms),
 }

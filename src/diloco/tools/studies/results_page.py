@@ -40,6 +40,8 @@ __all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "BLOCK",
            "load_summaries", "render_block", "block_names", "rebuild", "main"]
 
 ORDER = ["table2", "fig4", "fig6", "table3", "fig8", "fig9", "splits", "scaling"]
+# docs/results-transformer.md: the same summaries' names in their own folder (assets/results/transformer)
+TRANSFORMER_ORDER = ["table2", "fig9", "splits", "inner-muon", "fragments"]
 TASKS = ["shakespeare", "mnist1d"]
 STUDY_TASKS = {study: TASKS for study in ORDER} | {"scaling": ["shakespeare"]}  # what make results runs
 FAMILY_ORDER = ["compression", "streaming", "bandwidth"]  # docs/results-family.md: family-<study>.json
@@ -58,11 +60,11 @@ def load_summaries(directory) -> dict:
     if record.is_file():
         summaries["make-results"] = json.loads(record.read_text(encoding="utf-8"))
     for path in sorted(Path(directory).glob("*.json")):
-        study, _, task = path.stem.partition("-")
+        study, _, task = path.stem.rpartition("-")
         if study == "family" and task in FAMILY_ORDER:
             summaries[("family", task)] = json.loads(path.read_text(encoding="utf-8"))
             continue
-        if study in ORDER and task in TASKS:
+        if (study in ORDER or study in TRANSFORMER_ORDER) and task in TASKS:
             summary = json.loads(path.read_text(encoding="utf-8"))
             for claim in summary.get("claims", []):
                 claim["verdict"] = verdict(claim["metric_difference"], claim.get("margin"))
@@ -87,13 +89,13 @@ def _similarity(summaries: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _compute(summaries: dict, record: dict | None = None) -> str:
+def _compute(summaries: dict, record: dict | None = None, order: list = ORDER, target: str = "make results") -> str:
     """Per study: budget, seeds, runs (of which read from the run cache) and wall time; then
     the whole ``make results`` run's wall time from ``make-results.json`` when it exists."""
     lines = ["| study | task | steps per worker | seeds | runs (from the cache) | wall time |",
              "|---|---|---:|---:|---:|---:|"]
     total = 0.0
-    for study in ORDER:
+    for study in order:
         for task in TASKS:
             summary = summaries.get((study, task))
             if summary is None:
@@ -106,7 +108,7 @@ def _compute(summaries: dict, record: dict | None = None) -> str:
     lines.append(f"| all, one after another | | | | | {total / 60:.1f} min |")
     last = (record or {}).get("last_run")
     if last:
-        lines.append(f"| `make results` ({len(last['jobs'])} commands, {last['parallel']} at a time, "
+        lines.append(f"| `{target}` ({len(last['jobs'])} commands, {last['parallel']} at a time, "
                      f"finished {last['finished']}) | | | | | {last['seconds'] / 60:.1f} min |")
     return "\n".join(lines) + "\n"
 
@@ -152,6 +154,10 @@ def render_block(name: str, summaries: dict) -> str:
         return _similarity(summaries)
     if name == "compute":
         return _compute(summaries, summaries.get("make-results"))
+    if name == "compute-transformer":
+        return _compute(summaries, summaries.get("make-results"), TRANSFORMER_ORDER, "make results-transformer")
+    if name == "paper-transformer":
+        return render_paper_table({k: v for k, v in summaries.items() if isinstance(k, tuple)}, TRANSFORMER_ORDER)
     if name == "convergence":
         return _convergence(summaries)
     if name == "family-compute":
@@ -163,7 +169,7 @@ def render_block(name: str, summaries: dict) -> str:
         from diloco.tools.studies.family_report import render_family_block
 
         return render_family_block(summary)
-    study, _, task = name.partition("-")
+    study, _, task = name.rpartition("-")
     summary = summaries.get((study, task))
     if summary is None:
         return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"
