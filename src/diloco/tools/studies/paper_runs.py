@@ -29,7 +29,7 @@ from diloco.tools.studies.ablations import fast_engine_available, trainer
 
 __all__ = ["Arm", "TuneStep", "INNER_LR", "OUTER_STEP", "OUTER_LR_GRID", "OUTER_MOMENTUM_GRID", "RunCache", "MUON_LR",
            "arm_engine", "outcome_of", "run_arm", "tune_arms", "outer_step_grid", "check_tuning_seeds", "write_study",
-           "apply_value", "next_on_ladder", "with_warmup", "WARMUP_FRACTION"]
+           "apply_value", "next_on_ladder", "past_the_edge", "JOINT_LADDERS", "with_warmup", "WARMUP_FRACTION"]
 
 INNER_LR = "inner lr"  # the tuning field that sets ``inner.lr`` (every other field is a DiLoCoConfig field)
 MUON_LR = "muon lr"  # the tuning field that sets ``muon.lr`` (a Muon arm's matrices; its biases keep ``inner.lr``)
@@ -54,7 +54,7 @@ class TuneStep(NamedTuple):
     at which arm ``probe`` does best on the tuning seeds is given to every arm of ``targets``.
 
     ``field`` may be a tuple of fields (``OUTER_STEP``), tuned jointly: each grid value is
-    then a tuple of values, one per field, and the grid is never extended past its ends."""
+    then a tuple of values, one per field."""
 
     field: str | tuple
     grid: tuple
@@ -62,7 +62,8 @@ class TuneStep(NamedTuple):
 
 
 def outer_step_grid(groups: tuple, lrs: tuple = OUTER_LR_GRID, momenta: tuple = OUTER_MOMENTUM_GRID) -> TuneStep:
-    """The outer lr x outer momentum grid (every pair) as one ``TuneStep`` over ``groups``."""
+    """The outer lr x outer momentum grid (every pair) as one ``TuneStep`` over ``groups``;
+    ``tune_arms`` extends it past an edge that is chosen (``past_the_edge``)."""
     return TuneStep(OUTER_STEP, tuple((lr, mu) for lr in lrs for mu in momenta), groups)
 
 
@@ -235,16 +236,63 @@ def next_on_ladder(value: float, *, up: bool) -> float:
     return float(f"{mantissa * 10.0 ** exponent:.1g}")
 
 
+# The outer step's ladders past the joint grid's ends: outer lr in finer steps than 1-3-10
+# (a 3x jump from 1.0 overshoots), momentum halving its distance to 1. Momentum 0 is the
+# lowest there is.
+JOINT_LADDERS = {"outer_lr": (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8),
+                 "outer_momentum": (0.0, 0.5, 0.9, 0.95, 0.975)}
+
+
+def _on_joint_ladder(field: str, value: float, up: bool) -> float | None:
+    ladder = JOINT_LADDERS[field]
+    beyond = [v for v in ladder if (v > value + 1e-12 if up else v < value - 1e-12)]
+    return (beyond[0] if up else beyond[-1]) if beyond else None
+
+
+def past_the_edge(field, grid: list, best, added: dict, extend: int) -> list:
+    """The values to try next because ``best`` sits at an end of ``grid`` (``[]``: none).
+
+    A one-field grid steps past its end on the 1-3-10 ladder (``next_on_ladder``). A joint
+    grid (``OUTER_STEP``) steps one coordinate at a time, the others held at ``best``: for
+    each field whose best value is its largest (smallest) in the grid, the next value on
+    ``JOINT_LADDERS``. Each field and direction is extended at most ``extend`` times
+    (``added`` counts them)."""
+    if isinstance(field, str):
+        fields, values, points = (field,), sorted(grid), [(v,) for v in grid]
+        best_point = (best,)
+    else:
+        fields, points, best_point = tuple(field), [tuple(v) for v in grid], tuple(best)
+    more = []
+    for i, name in enumerate(fields):
+        values = sorted({point[i] for point in points})
+        if len(values) < 2:
+            continue
+        for up, edge in ((True, values[-1]), (False, values[0])):
+            if best_point[i] != edge or added.get((name, up), 0) >= extend:
+                continue
+            if isinstance(field, str):
+                nxt = next_on_ladder(edge, up=up)
+            else:
+                nxt = _on_joint_ladder(name, edge, up)
+            if nxt is None:
+                continue
+            added[(name, up)] = added.get((name, up), 0) + 1
+            point = best_point[:i] + (nxt,) + best_point[i + 1:]
+            more.append(point[0] if isinstance(field, str) else point)
+    return more
+
+
 def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=None, on_run=None, cache=None,
               data_key=None, extend: int = 2, run=None) -> tuple[list, list]:
     """Run the tuning ``steps`` (``TuneStep``) in order, each on the arms as the previous left them.
 
     For each group, the probe arm runs every grid value on ``seeds``; the value with the
     lowest mean final held-out loss goes to the group's targets (the grid's argmin; ties go
-    to the smaller value). When that value is at an end of a one-field grid, the grid is
-    extended past it on the 1-3-10 ladder (up to ``extend`` values on each side), so a
-    chosen value is never the last one tried unless the limit is hit; a joint grid
-    (``outer_step_grid``) is tried as it is. ``run`` trains one candidate (``run_arm``'s
+    to the smaller value; a diverged candidate scores infinity). When that value is at an
+    end of the grid, the grid is extended past it (``past_the_edge``: the 1-3-10 ladder, or
+    for the outer lr x momentum grid one coordinate at a time on ``JOINT_LADDERS``; up to
+    ``extend`` values on each side), so a chosen value is never the last one tried unless
+    the limit is hit or the ladder ends (momentum 0). ``run`` trains one candidate (``run_arm``'s
     signature; ``run_arm`` by default): a study with its own runner (the family studies)
     tunes through this same loop; an arm is any ``NamedTuple`` with ``label``, ``algo`` and
     ``changes``.
@@ -264,7 +312,7 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
             arm = by_label[probe]
             scores: dict = {}
             grid = list(step.grid)
-            added = {"up": 0, "down": 0} if isinstance(step.field, str) else {"up": extend, "down": extend}
+            added: dict = {}
             while True:
                 for value in [v for v in grid if v not in scores]:
                     candidate = arm._replace(changes=apply_value(arm.changes, step.field, value))
@@ -278,15 +326,10 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
                     mean = sum(losses) / len(losses)
                     scores[value] = mean if math.isfinite(mean) else math.inf  # a diverged run loses, never ties
                 best = min(scores, key=lambda v: (scores[v], v))
-                ordered = sorted(grid)
-                if len(ordered) >= 2 and best == ordered[-1] and added["up"] < extend:
-                    grid.append(next_on_ladder(ordered[-1], up=True))
-                    added["up"] += 1
-                elif len(ordered) >= 2 and best == ordered[0] and added["down"] < extend:
-                    grid.append(next_on_ladder(ordered[0], up=False))
-                    added["down"] += 1
-                else:
+                more = past_the_edge(step.field, grid, best, added, extend)
+                if not more:
                     break
+                grid += [v for v in more if v not in grid]
             for value in grid:
                 tuning.append({"arm": probe, "field": step.field, "value": value, "eval_loss": scores[value],
                                "targets": list(targets), "chosen": value == best, "step": index})
