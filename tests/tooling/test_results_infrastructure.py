@@ -319,7 +319,7 @@ def test_the_outer_step_is_the_grids_argmin_and_the_inner_lr_is_tuned_again_afte
     assert steps[1].groups == ((diloco, (diloco,)),) == steps[2].groups, "the baseline has no outer step"
     tuned, records = runs.tune_arms(steps, arms, BASE, None, [1000])
     outer = [r for r in records if r["step"] == 1]
-    assert len(outer) == 12, "a joint grid is tried as it is, never extended"
+    assert len(outer) == 12, "the best pair (0.5, 0.5) is inside the grid: nothing past it is tried"
     assert [r["value"] for r in outer if r["chosen"]] == [(0.5, 0.5)]
     by_value = {r["value"]: r["eval_loss"] for r in outer}
     assert min(by_value, key=by_value.get) == (0.5, 0.5)
@@ -380,3 +380,40 @@ def test_the_tuning_printout_names_the_grid_and_bolds_the_choice():
                      "(chosen at the grid's edge: lr 1 is its largest)",
                      "- inner lr of D, again at the chosen outer step: 0.01: 2.990, **0.03: 2.970**"]
     assert "[1000], which are not reported seeds" in text
+
+
+def _tilted_bowl(centre):
+    def run(arm, base, seed, dataset, **_):
+        c = arm.changes
+        lr, mu = c.get("outer_lr", 0.7), c.get("outer_momentum", 0.9)
+        return {"eval_loss": (lr - centre[0]) ** 2 + (mu - centre[1]) ** 2}
+    return run
+
+
+def _outer_records(centre, **kwargs):
+    import diloco.tools.studies.paper_runs as runs
+
+    arm = runs.Arm("DiLoCo", "diloco", {})
+    step = runs.outer_step_grid((("DiLoCo", ("DiLoCo",)),))
+    tuned, records = runs.tune_arms([step], [arm], BASE, None, [1000], run=_tilted_bowl(centre), **kwargs)
+    return tuned[0].changes, records
+
+
+def test_a_chosen_outer_step_at_the_grids_edge_is_tried_past_it_one_coordinate_at_a_time():
+    # by hand: (1.0, 0.9) wins the 12 pairs; past it (1.4, 0.9) and (1.0, 0.95); (1.4, 0.9) wins
+    # and is the largest lr, so (2.0, 0.9) is tried; it loses, and 1.4 is no longer an edge
+    changes, records = _outer_records((1.4, 0.95))
+    tried = [tuple(r["value"]) for r in records]
+    assert len(tried) == 15 and tried[12:] == [(1.4, 0.9), (1.0, 0.95), (2.0, 0.9)]
+    assert [tuple(r["value"]) for r in records if r["chosen"]] == [(1.4, 0.9)]
+    assert (changes["outer_lr"], changes["outer_momentum"]) == (1.4, 0.9)
+
+
+def test_momentum_zero_is_not_extended_and_each_direction_stops_at_its_limit():
+    # the bowl's centre lies below every ladder: lr goes down twice (0.2, then 0.1) and stops;
+    # momentum 0 is the lowest there is
+    changes, records = _outer_records((0.0, -1.0))
+    assert [tuple(r["value"]) for r in records][12:] == [(0.2, 0.0), (0.1, 0.0)]
+    assert (changes["outer_lr"], changes["outer_momentum"]) == (0.1, 0.0)
+    _, as_it_is = _outer_records((0.0, -1.0), joint_extend=0)
+    assert len(as_it_is) == 12
