@@ -195,6 +195,10 @@ def main(argv=None) -> int:
     from diloco.tools.studies import results_page
 
     write_json(record_path, record)
+    if args.tier == "transformer":  # one plot per headline claim, against tokens, with seed bands
+        from diloco.tools.studies import claim_curves
+
+        claim_curves.main([export])
     for page in sorted({j.page for j in tier}):
         results_page.main([page, export])
     failed = [n for n, r in record["jobs"].items() if n in {j.name for j in jobs} and r["status"] != "ok"]

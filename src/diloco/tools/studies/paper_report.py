@@ -222,28 +222,31 @@ def render_claims_table(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_paper_table(summaries: dict, order: list) -> str:
-    """The "paper against ours" table: one row per claim, both tasks side by side.
+PAPER_COLUMNS = (("shakespeare", "char-LM: perplexity"), ("mnist1d", "MNIST-1D: held-out loss"))
+
+
+def render_paper_table(summaries: dict, order: list, columns: tuple = PAPER_COLUMNS) -> str:
+    """The "paper against ours" table: one row per claim, one column per task.
 
     ``summaries`` maps ``(study, task)`` to an exported summary; ``order`` lists the
-    studies in page order. A claim's cell for a task shows the two arms' metric means,
-    the paired difference and that task's verdict; the last column combines them.
+    studies in page order; ``columns`` the tasks and their headings (both tasks by
+    default; the transformer page has one). A claim's cell for a task shows the two arms'
+    metric means, the paired difference and that task's verdict; the last column combines
+    them.
     """
-    lines = ["| claim (paper) | the paper | char-LM: perplexity, the paper's better arm vs its worse arm "
-             "| MNIST-1D: held-out loss, the paper's better arm vs its worse arm | verdict |",
-             "|---|---|---|---|---|"]
+    heads = " | ".join(f"{heading}, the paper's better arm vs its worse arm" for _, heading in columns)
+    lines = [f"| claim (paper) | the paper | {heads} | verdict |", "|---|---|" + "---|" * len(columns) + "---|"]
     for study in order:
-        text = summaries.get((study, "shakespeare"))
-        mnist = summaries.get((study, "mnist1d"))
+        tasks = [summaries.get((study, task)) for task, _ in columns]
         claims, seen = [], set()
-        for summary in (text, mnist):  # every claim either task judged, in first-seen order
+        for summary in tasks:  # every claim either task judged, in first-seen order
             for claim in [] if summary is None else summary["claims"]:
                 if claim["text"] not in seen:
                     seen.add(claim["text"])
                     claims.append((claim, summary["reference"]))
         for claim, reference in claims:
             cells, verdicts = [], []
-            for summary in (text, mnist):
+            for summary in tasks:
                 judged = None if summary is None else next(
                     (c for c in summary["claims"] if c["text"] == claim["text"]), None)
                 if judged is None:
@@ -252,6 +255,6 @@ def render_paper_table(summaries: dict, order: list) -> str:
                 cells.append(f"{arm_value(judged, 'better_metric')} vs {arm_value(judged, 'worse_metric')}; "
                              f"diff {_difference(judged)}: {judged['verdict']}")
                 verdicts.append(judged["verdict"])
-            lines.append(f"| {claim['text']} ({reference}) | {claim['paper']} | {cells[0]} | {cells[1]} "
+            lines.append(f"| {claim['text']} ({reference}) | {claim['paper']} | {' | '.join(cells)} "
                          f"| **{combine_verdicts(verdicts)}** |")
     return "\n".join(lines) + "\n"

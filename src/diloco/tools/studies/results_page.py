@@ -14,6 +14,10 @@ and each ``NAME`` is rendered here from ``docs/assets/results/<study>-<task>.jso
 * ``similarity``: the workers' pseudo-gradient cosine similarity (Figs. 10-11), from ``fig8``;
 * ``compute``: what each study cost.
 
+``docs/results-transformer.md`` has ``paper-transformer``, ``compute-transformer`` and
+``costs-transformer`` (per claim, each arm's tokens and bytes: ``claim_curves``), rendered
+from ``docs/assets/results/transformer/`` (``TRANSFORMER_ORDER``).
+
 ``tests/tooling/test_results_page.py`` renders every block again and requires the page
 to hold exactly that, so no number on the page can drift from the files.
 """
@@ -156,8 +160,13 @@ def render_block(name: str, summaries: dict) -> str:
         return _compute(summaries, summaries.get("make-results"))
     if name == "compute-transformer":
         return _compute(summaries, summaries.get("make-results"), TRANSFORMER_ORDER, "make results-transformer")
+    if name == "costs-transformer":
+        from diloco.tools.studies.claim_curves import render_claim_costs
+
+        return render_claim_costs(summaries, TRANSFORMER_ORDER)
     if name == "paper-transformer":
-        return render_paper_table({k: v for k, v in summaries.items() if isinstance(k, tuple)}, TRANSFORMER_ORDER)
+        return render_paper_table({k: v for k, v in summaries.items() if isinstance(k, tuple)}, TRANSFORMER_ORDER,
+                                  (("shakespeare", "transformer char-LM: perplexity"),))
     if name == "convergence":
         return _convergence(summaries)
     if name == "family-compute":
