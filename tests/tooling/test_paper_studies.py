@@ -185,3 +185,67 @@ def test_the_budget_and_grid_help_strings_are_read_from_the_defaults(monkeypatch
     parser = argparse.ArgumentParser()
     add_paper_study_flags(parser)
     assert "mnist1d 0.5,0.25" in " ".join(parser.format_help().split())
+
+
+# --- the transformer tier's studies ------------------------------------------------------------
+
+def test_inner_muon_tunes_adamw_on_the_adamw_arm_then_muons_lr_then_each_outer_step_then_each_own_lr():
+    from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, OUTER_STEP
+    from diloco.tools.studies.paper_studies import tuning_steps
+
+    study = PAPER_STUDIES["inner-muon"]
+    base = DiLoCoConfig(num_workers=4, inner_steps=10)
+    muon, adamw = study.arms(base, 100)
+    assert muon.changes["inner_optimizer"] == "muon" and "inner_optimizer" not in adamw.changes
+    assert base.replace(**muon.changes).rounds == 10 == base.replace(**adamw.changes).rounds
+    steps = tuning_steps(study, [muon, adamw], (1e-3, 3e-3))
+    assert [s.field for s in steps] == [INNER_LR, MUON_LR, OUTER_STEP, INNER_LR, MUON_LR]
+    assert steps[0].groups == ((adamw.label, (muon.label, adamw.label)),), "Muon's biases take AdamW's lr"
+    assert steps[1].groups == ((muon.label, (muon.label,)),) == steps[4].groups
+    assert steps[3].groups == ((adamw.label, (adamw.label,)),)
+    claim, = study.claims([muon, adamw])
+    assert (claim.better, claim.worse) == (muon.label, adamw.label)
+
+
+def test_fragments_compares_each_p_with_diloco_and_shares_dilocos_inner_lr():
+    from diloco.tools.studies.paper_studies import tuning_steps
+
+    study = PAPER_STUDIES["fragments"]
+    base = DiLoCoConfig(num_workers=4, inner_steps=10)
+    arms = study.arms(base, 100, ["2", "5"])
+    assert [base.replace(**a.changes).family.fragments for a in arms] == [2, 5, 1]
+    steps = tuning_steps(study, arms, (1e-3,))
+    assert steps[0].groups == ((arms[-1].label, tuple(a.label for a in arms)),)
+    assert [c.margin for c in study.claims(arms)] == [0.05, 0.05]
+    assert all(c.better == arms[-1].label for c in study.claims(arms))
+    with pytest.raises(ValueError, match="P must be 2 or more"):
+        study.arms(base, 100, ["1"])
+
+
+def test_text_splits_add_a_speaker_arm_and_tune_every_arm_on_the_iid_probe():
+    from diloco.tools.studies.paper_studies import tuning_steps
+
+    study = PAPER_STUDIES["splits"]
+    base = DiLoCoConfig(num_workers=4, inner_steps=10)
+    text = study.arms(base, 100, ["0.1"], "topic")
+    assert [a.label for a in text] == ["IID", "label skew a=0.1", "topic a=0.1", "speaker"]
+    assert base.replace(**text[-1].changes).noniid_split == "speaker"
+    assert [a.label for a in study.arms(base, 100, ["0.1"], "label")] == ["IID", "label skew a=0.1"]
+    steps = tuning_steps(study, text, (1e-3,))
+    assert all(group[0] == "IID" for step in steps for group in step.groups)
+    assert any("speaker" in c.text and c.worse == "speaker" for c in study.claims(text))
+
+
+def test_the_scaling_study_sweeps_the_transformers_width_on_the_transformer():
+    base = DiLoCoConfig(model="transformer", num_workers=4, inner_steps=10)
+    arms = PAPER_STUDIES["scaling"].arms(base, 100, ["32", "64"])
+    widths = {a.label: base.replace(**a.changes).transformer.d_model for a in arms}
+    assert widths["DP w=32"] == 32 and widths["K=8 w=64"] == 64
+    mlp = PAPER_STUDIES["scaling"].arms(DiLoCoConfig(), 100, ["32"])
+    assert DiLoCoConfig().replace(**mlp[0].changes).hidden_sizes == (32,)
+
+
+def test_table2s_claims_name_the_studys_k():
+    arms = PAPER_STUDIES["table2"].arms(DiLoCoConfig(num_workers=4, inner_steps=10), 100)
+    texts = [c.text for c in PAPER_STUDIES["table2"].claims(arms)]
+    assert texts[0] == "DiLoCo beats the 4x-batch synchronous baseline" and texts[2].startswith("4x updates")

@@ -72,6 +72,23 @@ def _inner_grid(args, task: str) -> tuple:
         raise CliError(f"--inner-grid: {exc}".replace("--values: ", "").replace("--values ", "")) from None
 
 
+def _outer_grid(args) -> tuple:
+    """``--outer-grid LRS:MUS``: ``(lrs, momenta)``, ``()`` when not given (the default grid)."""
+    text = getattr(args, "outer_grid", None)
+    if text is None:
+        return ()
+    lrs, colon, momenta = text.partition(":")
+    try:
+        if not colon:
+            raise ValueError
+        pair = tuple(float(v) for v in split_values(lrs)), tuple(float(v) for v in split_values(momenta))
+    except ValueError:
+        raise CliError(f"--outer-grid must be LR1,LR2,...:MU1,MU2,..., got {text!r}") from None
+    if not all(pair) or any(v <= 0 for v in pair[0]) or any(not 0 <= v < 1 for v in pair[1]):
+        raise CliError(f"--outer-grid: outer lrs must be > 0 and momenta in [0, 1), got {text!r}")
+    return pair
+
+
 def run_paper_study(args) -> int:
     study = PAPER_STUDIES[args.study]
     task = getattr(args, "data", None) or "digits"
@@ -88,13 +105,14 @@ def run_paper_study(args) -> int:
         raise CliError(f"--tune-seeds must be a positive int, got {tune_seeds!r}")
     values = split_values(args.values) if getattr(args, "values", None) else None
     inner_grid = _inner_grid(args, task)
+    outer_grid = _outer_grid(args)
     try:
         chosen = None if study.values_tune else values
         arms = with_warmup(study.arms(config, steps, chosen, TASKS[task]["noniid_split"]), config)
         outer_values = parse_numbers(values, float, "outer lr") if study.values_tune else None
     except ValueError as exc:
         raise CliError(f"study {study.name}: {exc}") from None
-    steps_to_tune = tuning_steps(study, arms, inner_grid, outer_values)
+    steps_to_tune = tuning_steps(study, arms, inner_grid, outer_values, outer_grid)
     seeds = list(range(config.seed, config.seed + args.seeds))
     tuning_seeds = [TUNE_SEED_BASE + i for i in range(tune_seeds)] if steps_to_tune else []
     try:

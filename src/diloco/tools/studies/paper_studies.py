@@ -145,11 +145,12 @@ def lr_field(arm: Arm) -> str:
     return MUON_LR if arm.changes.get("inner_optimizer") == "muon" else INNER_LR
 
 
-def tuning_steps(study: PaperStudy, arms: list, inner_grid: tuple, outer_values=None) -> list:
+def tuning_steps(study: PaperStudy, arms: list, inner_grid: tuple, outer_values=None, outer_grid: tuple = ()) -> list:
     """The study's ``TuneStep`` list: the inner lr first, then each Muon arm's Muon lr
     (``MUON_GRID``); then (fig6) each arm's outer lr; then (``outer_groups``) the outer lr x
     momentum grid (``outer_step_grid``) of each group's probe, at its tuned lrs, and the
-    probe's own lr (``lr_field``) again at the chosen pair. An empty ``inner_grid``
+    probe's own lr (``lr_field``) again at the chosen pair. ``outer_grid`` (``(lrs, momenta)``,
+    ``--outer-grid``) replaces the default outer grid. An empty ``inner_grid``
     (``--inner-grid off``) leaves the inner lr out."""
     steps = [TuneStep(INNER_LR, tuple(inner_grid), (study.inner_groups or per_arm)(arms))]
     by_label = {arm.label: arm for arm in arms}
@@ -161,7 +162,7 @@ def tuning_steps(study: PaperStudy, arms: list, inner_grid: tuple, outer_values=
                   for label, grid in study.outer_tune.items() if label in labels]
     if study.outer_groups:
         groups = study.outer_groups(arms)
-        steps.append(outer_step_grid(groups))
+        steps.append(outer_step_grid(groups, *outer_grid))
         steps += [TuneStep(field, tuple(grid), tuple(g for g in groups if lr_field(by_label[g[0]]) == field))
                   for field, grid in ((INNER_LR, inner_grid), (MUON_LR, MUON_GRID))]
     return [step for step in steps if step.grid and step.groups]
@@ -399,15 +400,22 @@ SCALING_K = (1, 2, 4, 8)
 GLOBAL_BATCH = 256  # data parallelism: 8 workers x 32; DiLoCo with K workers: 256 / K each
 
 
+def _width(base: DiLoCoConfig, width: int) -> dict:
+    """The model at ``width``: the MLP's hidden width, or the transformer's d_model (its heads kept)."""
+    if base.model == "transformer":
+        return {"transformer": {"d_model": width}}
+    return {"hidden_sizes": (width,)}
+
+
 def _scaling_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     widths = parse_numbers(values, int, "width") or SCALING_WIDTHS
     h, rounds = base.inner_steps, _rounds(steps, base.inner_steps)
     arms = []
     for width in widths:
         arms.append(Arm(f"DP w={width}", "sync", {"num_workers": 8, "batch_size": GLOBAL_BATCH // 8,
-                                                  "hidden_sizes": (width,), "inner_steps": h, "rounds": rounds}))
+                                                  **_width(base, width), "inner_steps": h, "rounds": rounds}))
         arms += [Arm(f"K={k} w={width}", "diloco", {"num_workers": k, "batch_size": GLOBAL_BATCH // k,
-                                                    "hidden_sizes": (width,), "inner_steps": h, "rounds": rounds})
+                                                    **_width(base, width), "inner_steps": h, "rounds": rounds})
                  for k in SCALING_K]
     return arms
 
