@@ -249,3 +249,17 @@ def test_table2s_claims_name_the_studys_k():
     arms = PAPER_STUDIES["table2"].arms(DiLoCoConfig(num_workers=4, inner_steps=10), 100)
     texts = [c.text for c in PAPER_STUDIES["table2"].claims(arms)]
     assert texts[0] == "DiLoCo beats the 4x-batch synchronous baseline" and texts[2].startswith("4x updates")
+
+
+def test_outer_grid_replaces_the_outer_step_grid_and_bad_ones_are_refused(capsys):
+    from diloco.tools.studies.paper_runs import OUTER_STEP
+    from diloco.tools.studies.paper_studies import tuning_steps
+
+    study = PAPER_STUDIES["fig9"]
+    arms = study.arms(DiLoCoConfig(num_workers=1, inner_steps=10), 100)
+    outer, = [s for s in tuning_steps(study, arms, (1e-3,), None, ((0.5, 1.0), (0.9,))) if s.field == OUTER_STEP]
+    assert outer.grid == ((0.5, 0.9), (1.0, 0.9))
+    for bad, words in (("1,2", "LR1,LR2"), ("1:1.5", "momenta in [0, 1)"), ("0:0.5", "lrs must be > 0"),
+                       ("a:0.5", "LR1,LR2")):
+        assert main(["study", "fig9", "--data", "shakespeare", "--outer-grid", bad, "-q"]) == 2
+        assert words in capsys.readouterr().err
