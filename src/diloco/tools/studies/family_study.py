@@ -138,7 +138,7 @@ TUNE_SEED = 1000  # the outer momentum of each DiLoCo arm is tuned on this seed,
 MOMENTUM_EXTENSIONS = {"down": (0.3, 0.0), "up": (0.95,)}  # tried when the best is at the grid's end
 # Studies tuned as the paper studies are (paper_runs.tune_arms): each DiLoCo arm's inner lr over
 # INNER_GRID, its outer lr x momentum (outer_step_grid), its inner lr again; the others tune momentum.
-OUTER_STEP_STUDIES = ("compression", "streaming", "bandwidth")
+OUTER_STEP_STUDIES = ("streaming",)
 INNER_GRID = (3e-4, 1e-3, 3e-3)  # around AdamWConfig's default lr, 1e-3
 
 FAMILY_STUDIES = {
