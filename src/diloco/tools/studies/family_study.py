@@ -257,7 +257,10 @@ def tune_outer_step(variants, config, family, dataset, seeds, max_loss=None) -> 
 
     groups = tuple((v.label, (v.label,)) for v in variants if v.algo == "diloco")
     steps = [TuneStep(INNER_LR, INNER_GRID, groups), outer_step_grid(groups), TuneStep(INNER_LR, INNER_GRID, groups)]
-    return tune_arms(steps, variants, config, dataset, seeds, run=family_runner(config, family, max_loss))
+    # joint_extend=0: the stored Streaming results predate the outer grid's extension past its
+    # edges; the page flags each edge choice until the study is rerun
+    return tune_arms(steps, variants, config, dataset, seeds, run=family_runner(config, family, max_loss),
+                     joint_extend=0)
 
 
 def _seconds_to_target(outcomes, values, latency, step_time, target) -> dict:

@@ -211,8 +211,9 @@ def render_tuning(summary: dict) -> str:
 
 
 def _edge_note(field, entries: list) -> str:
-    """For a joint grid (never extended): which of the chosen pair's values is the grid's
-    largest or smallest, since a value past it was not tried."""
+    """For a joint grid: which of the chosen pair's values is the largest or smallest tried,
+    since a value past it was not (a study that tries its grid as it is, or whose extension
+    reached its limit or the end of its ladder)."""
     chosen = [e["value"] for e in entries if e.get("chosen")]
     if not isinstance(field, tuple) or not chosen:
         return ""
