@@ -184,6 +184,17 @@ def test_a_replacement_joins_at_the_round_boundary_from_the_global_state(killed,
     assert history[-1]["eval_loss"] != kept.history[-1]["eval_loss"]
 
 
+def test_a_worker_lost_in_the_last_round_is_not_replaced(tmp_path):
+    prefix = open_mpi()
+    (tmp_path / "dies.py").write_text(WRAPPER)
+    flags = ["--rounds", "4", *FLAGS[2:]]
+    done = run_job(prefix, tmp_path, sys.executable, "dies.py", "1", "4", *flags, "--survive-failures",
+                   "--replace-failed", "--json", "run.json")
+    assert (tmp_path / "run.json").exists(), done.stdout + done.stderr
+    last = json.loads((tmp_path / "run.json").read_text())["history"][-1]
+    assert last["round"] == 4 and last["lost_workers"] == [1] and "replaced_workers" not in last, last
+
+
 def test_without_ulfm_the_flag_is_refused_before_any_work(tmp_path):
     from cli_helpers import mpiexec
 

@@ -309,8 +309,9 @@ class MPIExecutor(ReferenceExecutor):
     def round_ended(self, record: dict, get_state) -> None:
         """With ``replace``: start a process for each worker lost in this round (``Membership.admit``),
         sent ``shared_state``, and note it in ``record``: ``replaced_workers``,
-        ``replace_seconds`` (this rank's wall time) and ``replace_bytes`` (the state it sent)."""
-        if not (self.replace and self.lost):
+        ``replace_seconds`` (this rank's wall time) and ``replace_bytes`` (the state it sent). After
+        the last round there is nothing left to replace a worker for."""
+        if not (self.replace and self.lost) or record["round"] == self.config.rounds:
             return
         start, workers = time.perf_counter(), sorted(self.lost)
         record.update(replaced_workers=workers)  # before the state is taken: the history sent holds it

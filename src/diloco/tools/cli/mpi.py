@@ -26,6 +26,10 @@ process. An exception on any rank is printed as one line naming the rank, then
 every rank at once, since they hold the same global model and losses, so they all stop
 with the same message and exit status 3, without an abort. The MPI executor writes no
 checkpoints: ``--checkpoint-every`` and ``--resume`` belong to ``diloco train``.
+
+Under an MPI with ULFM (Open MPI 5, ``mpiexec --with-ft ulfm``), ``--survive-failures`` makes a
+rank that dies a dropped worker, and ``--replace-failed`` starts a process in its place at the
+end of that round (``diloco.core.membership``; docs/failure-and-recovery.md).
 """
 
 from __future__ import annotations
