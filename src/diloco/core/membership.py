@@ -25,7 +25,9 @@ merge the intercommunicator with them (``MPI_Intercomm_merge``), rank 0 sends ea
 worker index and the run's state (``MPI_Send`` of the pickled ``RunState``), and every rank
 splits the merged communicator with its worker index as the key (``MPI_Comm_split``), so that
 rank order is worker order again, as the reduce in worker order needs. The replacement's side
-is ``join``.
+is ``join``. Communicators left behind (the admission's, and those a shrink replaces) are freed:
+Open MPI's ``MPI_Finalize`` waits forever on a communicator joining two jobs that holds a dead
+process.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class Membership:
         ranks = MPI.Group.Translate_ranks(survivors.Get_group(), list(range(survivors.size)), self.comm.Get_group())
         members = tuple(self.members[r] for r in ranks)
         self.lost |= set(self.members) - set(members)
+        _release(self.comm, MPI)
         self.comm, self.members = survivors, members
 
 
@@ -107,15 +110,17 @@ class Membership:
         from mpi4py import MPI
 
         workers = sorted(self.lost)
-        merged = self.comm.Spawn(command[0], list(command[1:]), maxprocs=len(workers), root=0).Merge(high=False)
+        spawned = self.comm.Spawn(command[0], list(command[1:]), maxprocs=len(workers), root=0)
+        merged = spawned.Merge(high=False)
         sent = 0
         if merged.rank == 0:  # the new processes hold ranks comm.size.. of ``merged``, in spawn order
             message = pickle.dumps((workers, start), protocol=pickle.HIGHEST_PROTOCOL)
             for rank in range(self.comm.size, merged.size):
                 merged.send(message, dest=rank)
             sent = len(message) * len(workers)
-        self.comm = _ordered(merged, self.members[self.comm.rank], MPI)
-        self.members, self.lost = tuple(sorted((*self.members, *workers))), set()
+        comm = _ordered(merged, self.members[self.comm.rank], MPI, spawned)
+        _release(self.comm, MPI)
+        self.comm, self.members, self.lost = comm, tuple(sorted((*self.members, *workers))), set()
         return sent
 
 
@@ -131,17 +136,32 @@ def join() -> tuple:
     of every worker (rank = worker index), the worker it replaces and the state it starts from."""
     from mpi4py import MPI
 
-    merged = MPI.Comm.Get_parent().Merge(high=True)
+    parent = MPI.Comm.Get_parent()
+    merged = parent.Merge(high=True)
     workers, start = pickle.loads(merged.recv(source=0))  # from a survivor of the same job
     worker = workers[merged.rank - (merged.size - len(workers))]
-    return _ordered(merged, worker, MPI), worker, start
+    return _ordered(merged, worker, MPI, parent), worker, start
 
 
-def _ordered(merged, worker: int, MPI):
-    """``merged`` split with the worker index as key (rank order = worker order), errors returned."""
+def _ordered(merged, worker: int, MPI, spawned):
+    """``merged`` split with the worker index as key (rank order = worker order), errors returned.
+
+    The spawn's intercommunicator and ``merged`` are freed: Open MPI's ``MPI_Finalize``
+    disconnects every communicator still joining two jobs, and waits forever on one that holds
+    a process dead since (``MPI_Comm_disconnect`` would too: its fence takes in the dead).
+    """
     comm = merged.Split(0, worker)
     comm.Set_errhandler(MPI.ERRORS_RETURN)
+    merged.Free()
+    spawned.Free()
     return comm
+
+
+def _release(comm, MPI) -> None:
+    """Free a communicator left behind (shrunk or replaced), so that ``MPI_Finalize`` skips it;
+    never ``MPI_COMM_WORLD``."""
+    if comm != MPI.COMM_WORLD:
+        comm.Free()
 
 
 def _wait_all(requests) -> None:
