@@ -137,12 +137,12 @@ class AtRound:
             self.state = copy.deepcopy(get_state())
 
 
-def replaced_run(monkeypatch, deaths: dict, fresh_moments: bool = True):
+def replaced_run(monkeypatch, deaths: dict, fresh_moments: bool = True, flags=()):
     """The single-process run of ``deaths`` ({round: worker}): each worker dropped at its round's sync
     only, under the drop rule "restart", and the run continued from that round's state with the
-    worker's inner state fresh (or kept)."""
+    worker's inner state fresh (or kept) and its error-feedback residual gone."""
     data = load_digits_split(0)
-    argv = ["train", "-K", "3", *FLAGS, "--drop-prob", "0.5", "--drop-rule", "restart"]  # the draw is draw()
+    argv = ["train", "-K", "3", *FLAGS, *flags, "--drop-prob", "0.5", "--drop-rule", "restart"]  # draw() draws
     config = build_config(build_parser().parse_args(argv))
     held_out = {"x_eval": data.x_test, "y_eval": data.y_test}
     state = None
@@ -160,6 +160,8 @@ def replaced_run(monkeypatch, deaths: dict, fresh_moments: bool = True):
             return result
         state, killed = at_round.state, deaths[until]
         assert all(state.worker_params[killed][k].tobytes() == v.tobytes() for k, v in state.global_params.items())
+        residuals = {k: r for k, r in state.extra.get("residuals", {}).items() if k != killed}
+        state = state._replace(extra={**state.extra, "residuals": residuals})
         if fresh_moments:
             state = state._replace(worker_states={**state.worker_states,
                                                   killed: init_inner_state(state.global_params, config)})
@@ -177,11 +179,12 @@ def same_run(tmp_path, want, deaths: dict) -> None:
         assert all(got[k].tobytes() == v.tobytes() for k, v in want.params.items())
 
 
-@pytest.mark.parametrize("killed", [1, 0], ids=["worker 1", "worker 0, whose rank writes the outputs"])
-def test_a_replacement_joins_at_the_round_boundary_from_the_global_state(killed, tmp_path, monkeypatch):
+@pytest.mark.parametrize("killed, flags", [(1, ()), (0, ()), (1, ("--comm-dtype", "fp4", "--error-feedback"))],
+                         ids=["worker 1", "worker 0, whose rank writes the outputs", "fp4 with error feedback"])
+def test_a_replacement_joins_at_the_round_boundary_from_the_global_state(killed, flags, tmp_path, monkeypatch):
     prefix = open_mpi()
     (tmp_path / "dies.py").write_text(WRAPPER)
-    done = run_job(prefix, tmp_path, sys.executable, "dies.py", f"{killed}:{ROUND}", *FLAGS,
+    done = run_job(prefix, tmp_path, sys.executable, "dies.py", f"{killed}:{ROUND}", *FLAGS, *flags,
                    "--survive-failures", "--replace-failed", "--json", "run.json", "--save-params", "params.npz")
     assert (tmp_path / "run.json").exists(), done.stdout + done.stderr
     history = json.loads((tmp_path / "run.json").read_text())["history"]
@@ -191,9 +194,9 @@ def test_a_replacement_joins_at_the_round_boundary_from_the_global_state(killed,
         assert record.get("lost_workers", []) == lost and record.get("dropped_workers", []) == lost, record
         assert record.get("replaced_workers", []) == lost, record
         assert (record["worker_losses"][killed] is None) == bool(lost)
-    same_run(tmp_path, replaced_run(monkeypatch, {ROUND: killed}), {ROUND: killed})
+    same_run(tmp_path, replaced_run(monkeypatch, {ROUND: killed}, flags=flags), {ROUND: killed})
     # the dead worker's AdamW moments are not carried over: the restart rule alone (moments kept) differs
-    kept = replaced_run(monkeypatch, {ROUND: killed}, fresh_moments=False)
+    kept = replaced_run(monkeypatch, {ROUND: killed}, fresh_moments=False, flags=flags)
     assert history[-1]["eval_loss"] != kept.history[-1]["eval_loss"]
 
 
