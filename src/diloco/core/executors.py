@@ -235,19 +235,37 @@ class MPIExecutor(ReferenceExecutor):
             offset += size
         return merged
 
-    def reduce_messages(self, messages: dict, codec, like: dict, weights: dict | None, base: dict | None
-                        ) -> tuple[dict, float, int]:
-        """``all_reduce``'s collective (``diloco.core.comm``): ``(delta, bytes_sent, payload_bytes)``."""
-        start, sent, words = time.perf_counter(), self.sent_bytes, self.word_bytes
+    def reduce_messages(self, messages: dict, codec, like: dict, weights: dict | None, base: dict | None,
+                        overlap: bool = False) -> tuple:
+        """``all_reduce``'s collective (``diloco.core.comm``): ``(delta, bytes_sent, payload_bytes)``.
+
+        With ``overlap`` (a summable codec, without fault tolerance) the reduce-scatter is only
+        posted: ``delta`` is then a function that waits for it, reduces this rank's chunk and
+        all-gathers the chunks (Streaming DiLoCo calls it at the merge, ``tau`` steps later).
+        """
         mine = self._mine(messages)
+        if codec.summable and overlap and not self.group.fault_tolerant:
+            request, finish, bytes_sent, payload_bytes = self._measured(
+                lambda: self._post_reduce_scatter(mine, codec, like, weights, base))
+            return lambda: self._measured(lambda: self._finish(request, finish)), bytes_sent, payload_bytes
         if codec.summable:
-            out = self.group.survive(lambda: self._reduce_scatter(mine, codec, like, weights, base))
-        else:
-            everyone = self.group.survive(lambda: self._gather_wire(mine, codec, like))
-            out = reduce_in_order(everyone, codec, like, weights, base)
+            return self._measured(lambda: self.group.survive(
+                lambda: self._reduce_scatter(mine, codec, like, weights, base)))
+        everyone = self._measured(lambda: self.group.survive(lambda: self._gather_wire(mine, codec, like)))
+        return reduce_in_order(everyone, codec, like, weights, base)
+
+    def _measured(self, op):
+        """``op()``, with its seconds and the outer-gradient bytes it sent counted in the round's fields."""
+        start, sent, words = time.perf_counter(), self.sent_bytes, self.word_bytes
+        out = op()
         self.outer_bytes += (self.sent_bytes - sent) - (self.word_bytes - words)
         self.collective_seconds += time.perf_counter() - start
         return out
+
+    def _finish(self, request, finish):
+        """Wait for a posted reduce-scatter, then ``finish()`` it."""
+        self._wait([request])
+        return finish()
 
     def _gather_wire(self, mine, codec, like: dict) -> dict:
         """Every contributing rank's message, all-gathered as its payload bytes; keyed by worker."""
@@ -260,6 +278,13 @@ class MPIExecutor(ReferenceExecutor):
 
     def _reduce_scatter(self, mine, codec, like: dict, weights, base) -> tuple[dict, float, int]:
         """Reduce-scatter then all-gather of the flattened messages; the codec's reduce on each chunk."""
+        request, finish, bytes_sent, payload_bytes = self._post_reduce_scatter(mine, codec, like, weights, base)
+        return self._finish(request, finish), bytes_sent, payload_bytes
+
+    def _post_reduce_scatter(self, mine, codec, like: dict, weights, base) -> tuple:
+        """Post the reduce-scatter (``Ialltoallv``: contributing rank i receives chunk i of every
+        contribution): ``(request, finish, bytes_sent, payload_bytes)``, where ``finish()``, once
+        the request is complete, reduces this rank's chunk and all-gathers the chunks: the delta."""
         keys, dtype = tuple(like), next(iter(like.values())).dtype
         flat = flatten(mine, keys) if mine is not None else np.empty(0, dtype=dtype)
         senders = np.flatnonzero(self._words(flat.size)[:, 0]).tolist()  # ascending: the worker order
@@ -273,20 +298,22 @@ class MPIExecutor(ReferenceExecutor):
         pieces = np.empty((len(senders) if own is not None else 0, lengths[own] if own is not None else 0), dtype)
         receive_at = np.concatenate([[0], np.cumsum(receive_counts)[:-1]])
         kind = _mpi_type(dtype)
-        self._wait([self.comm.Ialltoallv([flat, send_counts, send_at, kind],
-                                         [pieces, receive_counts, receive_at, kind])])
+        request = self.comm.Ialltoallv([flat, send_counts, send_at, kind], [pieces, receive_counts, receive_at, kind])
         self.sent_bytes += int(send_counts.sum() - send_counts[self.comm.rank]) * flat.itemsize  # none to itself
-        chunk = np.empty(0, dtype=dtype)
-        if own is not None:
-            w = None if weights is None else [weights[self.group.members[r]] for r in senders]
-            piece_of_base = None if base is None else {"v": flatten(base, keys, bounds[own], bounds[own + 1])}
-            chunk = np.ascontiguousarray(codec.reduce([{"v": row} for row in pieces], w, piece_of_base)[0]["v"],
-                                         dtype=dtype)
-        counts = np.zeros(size, dtype=np.int64)
-        counts[senders] = lengths
-        delta = unflatten(self._allgatherv(chunk, counts), like)
+
+        def finish() -> dict:
+            chunk = np.empty(0, dtype=dtype)
+            if own is not None:
+                w = None if weights is None else [weights[self.group.members[r]] for r in senders]
+                piece_of_base = None if base is None else {"v": flatten(base, keys, bounds[own], bounds[own + 1])}
+                chunk = np.ascontiguousarray(codec.reduce([{"v": row} for row in pieces], w, piece_of_base)[0]["v"],
+                                             dtype=dtype)
+            counts = np.zeros(size, dtype=np.int64)
+            counts[senders] = lengths
+            return unflatten(self._allgatherv(chunk, counts), like)
+
         bytes_sent, payload_bytes = codec.bytes_sent([like] * len(senders), 0)
-        return delta, float(bytes_sent), payload_bytes
+        return request, finish, float(bytes_sent), payload_bytes
 
     def round_fields(self) -> dict:
         """The round's seconds in collectives and bytes this rank sent, then zero for the next round.
