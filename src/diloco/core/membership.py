@@ -100,7 +100,6 @@ class Membership:
         _release(self.comm, MPI)
         self.comm, self.members = survivors, members
 
-
     def admit(self, command, start) -> int:
         """Replace every lost worker by a new process running ``command`` (argv, the program first),
         sent ``start`` (see ``join``); afterwards no worker is lost. Returns the bytes this rank sent.
