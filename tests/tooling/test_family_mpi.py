@@ -53,6 +53,7 @@ CASES = {
     "int8 per tensor, pruned, error feedback": FamilyConfig(comm_dtype="int8", comm_block=0, sign_prune=0.5,
                                                             error_feedback=True),
     "raw float64, 2 fragments": FamilyConfig(fragments=2),
+    "raw float64, 2 fragments, overlap 2 (in flight)": FamilyConfig(fragments=2, overlap=2),
     "eager, bfloat16": FamilyConfig(eager=True, comm_dtype="bfloat16"),
 }
 
@@ -98,6 +99,43 @@ def test_the_mpi_command_takes_the_family_flags(tmp_path):
     simulated = train_family(data.x_train, data.y_train, config, family)
     with np.load(tmp_path / "params.npz") as params:
         assert all(params[k].tobytes() == v.tobytes() for k, v in simulated.params.items())
+
+
+# Rank 0 logs, in order, each reduce-scatter posted, each batch of inner steps run and each wait.
+ORDER = """
+import json, sys
+from mpi4py import MPI
+import diloco.core.executors as executors
+import diloco.tools.cli.mpi as backend
+
+events, cls = [], executors.MPIExecutor
+post, run, finish = cls._post_reduce_scatter, cls.run, cls._finish
+cls._post_reduce_scatter = lambda self, *a: (events.append("post"), post(self, *a))[1]
+cls.run = lambda self, rngs, steps, workers=None: (events.append(steps), run(self, rngs, steps, workers))[1]
+cls._finish = lambda self, *a: (events.append("wait"), finish(self, *a))[1]
+status = backend.main(sys.argv[1:])
+if MPI.COMM_WORLD.rank == 0:
+    json.dump(events, open("events.json", "w"))
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("tau", [2, 0])
+def test_with_overlap_the_all_reduce_is_waited_at_the_merge_tau_steps_after_it_started(tau, tmp_path):
+    """Streaming DiLoCo's all-reduce stays in flight while the workers take tau inner steps (the
+    reduce-scatter posted at the sync, waited at the merge), not waited at the sync."""
+    (tmp_path / "order.py").write_text(ORDER, encoding="utf-8")
+    flags = ("--rounds", "2", "-H", "4", "--hidden-sizes", "8,8", "--fragments", "2", "--overlap", str(tau))
+    done = run(2, "order.py", *flags, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    events = json.loads((tmp_path / "events.json").read_text())
+    steps_in_flight = []  # inner steps run between each post and its wait (the n-th wait is the n-th post's)
+    for n, i in enumerate(i for i, e in enumerate(events) if e == "post"):
+        until = [j for j, e in enumerate(events) if e == "wait"][n]
+        steps_in_flight.append(sum(e for e in events[i:until] if isinstance(e, int)))
+    # fragment 0 syncs after step 2 and is waited tau steps later; fragment 1 syncs at the round's end,
+    # where the record's held-out evaluation needs the global model: waited at once
+    assert steps_in_flight == [tau, 0, tau, 0], events
 
 
 def test_a_family_setting_that_does_not_fit_is_one_line_and_exit_2(tmp_path):

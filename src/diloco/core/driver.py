@@ -10,7 +10,8 @@ round:
    the round's plan (``diloco.core.schedule``), where fragments synchronise
    (``diloco.core.sync``) and received fragments are merged back; the synchronous
    baseline: ``Executor.run_sync`` (gradients averaged every step);
-3. the record (``diloco.loop.round_record`` and ``finish_record``), then the hooks.
+3. the record (``diloco.loop.round_record`` and ``finish_record``), the executor's
+   ``round_ended`` (MPI: replacements for dead workers join here), then the hooks.
 
 Hooks (``diloco.core.hooks``) are objects with optional ``trained(record, (params,
 losses))`` (before the held-out evaluation, with the new global params and each worker's
@@ -110,14 +111,14 @@ def initial_state(algo: str, params: Params, config, rng) -> RunState:
 
 
 def make_executor(name: str, shards, config, encode=None, comm=None, timeout=None, layout: str = "auto",
-                  survive_failures: bool = False):
+                  survive_failures: bool = False, replace=None):
     """The executor ``name`` ("reference", "fast" or "mpi") over ``shards``."""
     if name == "reference":
         return ReferenceExecutor(shards, config, encode)
     if name == "mpi":
         if comm is None:
             raise ValueError("executor 'mpi' needs comm= (an mpi4py communicator)")
-        return MPIExecutor(shards, config, comm, encode, timeout, survive_failures)
+        return MPIExecutor(shards, config, comm, encode, timeout, survive_failures, replace)
     if name == "fast":
         try:
             from diloco.engine.fast import FastExecutor  # absent from learner workspaces
@@ -138,7 +139,8 @@ def _call(hooks, phase: str, record, get_state) -> None:
 @milestone  # a trainer's depth: the milestones it calls skip their checks, as inside train_diloco
 def train(algo: str, x, y, config, *, x_eval=None, y_eval=None, rng=None, encode=None, executor: str = "reference",
           hooks=(), start: RunState | None = None, comm=None, timeout: float | None = None,
-          sync_fields: bool | None = None, layout: str = "auto", survive_failures: bool = False) -> TrainResult:
+          sync_fields: bool | None = None, layout: str = "auto", survive_failures: bool = False,
+          replace=None) -> TrainResult:
     """Train ``algo`` ("diloco", with ``config.family``'s mechanisms, or "sync") on ``executor``.
 
     Parameters
@@ -156,6 +158,10 @@ def train(algo: str, x, y, config, *, x_eval=None, y_eval=None, rng=None, encode
     survive_failures : bool, keyword-only
         Executor "mpi" under an MPI with ULFM: a rank that dies becomes a dropped worker
         (``diloco.core.membership``) instead of ending the job.
+    replace : sequence of str, keyword-only, optional
+        With ``survive_failures``: the argv of a replacement process (``python -m
+        diloco.tools.cli.mpi`` and the run's flags); the survivors start one for each worker
+        lost in a round, at that round's end (``MPIExecutor.round_ended``).
     layout : "auto", "stacked" or "per-worker", keyword-only
         The fast executor's layout (``diloco.engine.layout.choose_layout``).
     sync_fields : bool, keyword-only, optional
@@ -170,7 +176,7 @@ def train(algo: str, x, y, config, *, x_eval=None, y_eval=None, rng=None, encode
     if isinstance(config, DiLoCoConfig):  # refused before any work (else prepare_training names the type)
         check_algorithm(algo, config)
     config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng, encode=encode)
-    exe = make_executor(executor, shards, config, encode, comm, timeout, layout, survive_failures)
+    exe = make_executor(executor, shards, config, encode, comm, timeout, layout, survive_failures, replace)
     state = initial_state(algo, params, config, rng) if start is None else start
     fields = algo == "diloco" and (not config.family.algorithm_is_diloco() if sync_fields is None else sync_fields)
     weights = pseudo_grad_weights(shards, config)  # None (uniform), or shard sizes
@@ -193,5 +199,7 @@ def _rounds(plan, exe, state: RunState, config, held_out, encode, hooks, fields)
         record["round"] = round_index
         _call(hooks, "trained", record, (params, step_losses))
         finish_record(record, round_index, config, params, *held_out, history, encode=encode)
-        _call(hooks, "finished", record, functools.partial(plan.run_state, current, exe, round_index, rng, history))
+        get_state = functools.partial(plan.run_state, current, exe, round_index, rng, history)
+        exe.round_ended(record, get_state)
+        _call(hooks, "finished", record, get_state)
     return TrainResult(current.params, history)

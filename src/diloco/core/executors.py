@@ -13,7 +13,9 @@ Every executor offers the same few methods to ``diloco.core.driver``:
 * ``read(keys)`` / ``write(k, params)``: the local workers' parameters of a fragment;
 * ``gather(items)``: the collective, merging a dict keyed by worker index across
   processes (identity in one process);
-* ``snapshot()``: ``(worker_params, worker_states)`` for checkpoints.
+* ``snapshot()``: ``(worker_params, worker_states)`` for checkpoints;
+* ``round_ended(record, get_state)``: after a round's record (held-out evaluation included),
+  before the hooks: the MPI executor admits replacements for dead workers here.
 
 ``ReferenceExecutor`` runs the learner's milestone functions (20, or 16-19 with the
 paper's lr schedule, clipping and an input encoder), so the milestones gate what
@@ -34,11 +36,11 @@ from diloco.core.comm import reduce_in_order
 from diloco.core.flatbuf import chunk_bounds, flatten, pack, unflatten, unpack
 from diloco.core.membership import Membership
 from diloco.core.model_seam import model_of
-from diloco.mechanisms import inner_step, loss_and_grads, train_worker, uses_plain_worker
+from diloco.mechanisms import init_inner_state, inner_step, loss_and_grads, train_worker, uses_plain_worker
 from diloco.params import average_params
 from diloco.sharding import inner_train_worker, sample_worker_batch
 
-__all__ = ["ReferenceExecutor", "MPIExecutor", "RoundTimeout"]
+__all__ = ["ReferenceExecutor", "MPIExecutor", "RoundTimeout", "shared_state", "replacement_start"]
 
 
 class RoundTimeout(RuntimeError):
@@ -120,6 +122,9 @@ class ReferenceExecutor:
     def snapshot(self) -> tuple[dict, dict]:
         return dict(self.params), dict(self.states)
 
+    def round_ended(self, record: dict, get_state) -> None:
+        """Nothing to do between rounds in one process."""
+
 
 class MPIExecutor(ReferenceExecutor):
     """One worker per MPI rank (worker ``comm.rank``); flat-buffer collectives, reduced in worker order.
@@ -137,17 +142,21 @@ class MPIExecutor(ReferenceExecutor):
     The reduce works value by value in the same worker order as one process, so an MPI
     run is bit-identical to the single-process run of the same config. A collective waits
     at most ``timeout`` seconds (``RoundTimeout``), so a rank that stops never hangs the others.
+
+    With ``fault_tolerant`` a dead rank's worker becomes a dropped worker
+    (``diloco.core.membership``); with ``replace`` too (the argv that starts a replacement
+    process), the survivors replace it at the end of the round it died in (``round_ended``).
     """
 
     name = "mpi"
 
     def __init__(self, shards, config, comm, encode=None, timeout: float | None = None,
-                 fault_tolerant: bool = False) -> None:
+                 fault_tolerant: bool = False, replace=None) -> None:
         if comm.size != config.num_workers:
             raise ValueError(f"config.num_workers ({config.num_workers}) must equal the number of MPI processes "
                              f"({comm.size}); run with mpiexec -n {config.num_workers}")
         super().__init__(shards, config, encode, workers=(comm.rank,))
-        self.worker, self.timeout = comm.rank, timeout
+        self.worker, self.timeout, self.replace = comm.rank, timeout, replace
         self.group = Membership(comm, fault_tolerant, self._wait)
         self.collective_seconds = 0.0
         self.sent_bytes = self.word_bytes = self.outer_bytes = 0
@@ -226,19 +235,37 @@ class MPIExecutor(ReferenceExecutor):
             offset += size
         return merged
 
-    def reduce_messages(self, messages: dict, codec, like: dict, weights: dict | None, base: dict | None
-                        ) -> tuple[dict, float, int]:
-        """``all_reduce``'s collective (``diloco.core.comm``): ``(delta, bytes_sent, payload_bytes)``."""
-        start, sent, words = time.perf_counter(), self.sent_bytes, self.word_bytes
+    def reduce_messages(self, messages: dict, codec, like: dict, weights: dict | None, base: dict | None,
+                        overlap: bool = False) -> tuple:
+        """``all_reduce``'s collective (``diloco.core.comm``): ``(delta, bytes_sent, payload_bytes)``.
+
+        With ``overlap`` (a summable codec, without fault tolerance) the reduce-scatter is only
+        posted: ``delta`` is then a function that waits for it, reduces this rank's chunk and
+        all-gathers the chunks (Streaming DiLoCo calls it at the merge, ``tau`` steps later).
+        """
         mine = self._mine(messages)
+        if codec.summable and overlap and not self.group.fault_tolerant:
+            request, finish, bytes_sent, payload_bytes = self._measured(
+                lambda: self._post_reduce_scatter(mine, codec, like, weights, base))
+            return lambda: self._measured(lambda: self._finish(request, finish)), bytes_sent, payload_bytes
         if codec.summable:
-            out = self.group.survive(lambda: self._reduce_scatter(mine, codec, like, weights, base))
-        else:
-            everyone = self.group.survive(lambda: self._gather_wire(mine, codec, like))
-            out = reduce_in_order(everyone, codec, like, weights, base)
+            return self._measured(lambda: self.group.survive(
+                lambda: self._reduce_scatter(mine, codec, like, weights, base)))
+        everyone = self._measured(lambda: self.group.survive(lambda: self._gather_wire(mine, codec, like)))
+        return reduce_in_order(everyone, codec, like, weights, base)
+
+    def _measured(self, op):
+        """``op()``, with its seconds and the outer-gradient bytes it sent counted in the round's fields."""
+        start, sent, words = time.perf_counter(), self.sent_bytes, self.word_bytes
+        out = op()
         self.outer_bytes += (self.sent_bytes - sent) - (self.word_bytes - words)
         self.collective_seconds += time.perf_counter() - start
         return out
+
+    def _finish(self, request, finish):
+        """Wait for a posted reduce-scatter, then ``finish()`` it."""
+        self._wait([request])
+        return finish()
 
     def _gather_wire(self, mine, codec, like: dict) -> dict:
         """Every contributing rank's message, all-gathered as its payload bytes; keyed by worker."""
@@ -251,6 +278,13 @@ class MPIExecutor(ReferenceExecutor):
 
     def _reduce_scatter(self, mine, codec, like: dict, weights, base) -> tuple[dict, float, int]:
         """Reduce-scatter then all-gather of the flattened messages; the codec's reduce on each chunk."""
+        request, finish, bytes_sent, payload_bytes = self._post_reduce_scatter(mine, codec, like, weights, base)
+        return self._finish(request, finish), bytes_sent, payload_bytes
+
+    def _post_reduce_scatter(self, mine, codec, like: dict, weights, base) -> tuple:
+        """Post the reduce-scatter (``Ialltoallv``: contributing rank i receives chunk i of every
+        contribution): ``(request, finish, bytes_sent, payload_bytes)``, where ``finish()``, once
+        the request is complete, reduces this rank's chunk and all-gathers the chunks: the delta."""
         keys, dtype = tuple(like), next(iter(like.values())).dtype
         flat = flatten(mine, keys) if mine is not None else np.empty(0, dtype=dtype)
         senders = np.flatnonzero(self._words(flat.size)[:, 0]).tolist()  # ascending: the worker order
@@ -264,20 +298,22 @@ class MPIExecutor(ReferenceExecutor):
         pieces = np.empty((len(senders) if own is not None else 0, lengths[own] if own is not None else 0), dtype)
         receive_at = np.concatenate([[0], np.cumsum(receive_counts)[:-1]])
         kind = _mpi_type(dtype)
-        self._wait([self.comm.Ialltoallv([flat, send_counts, send_at, kind],
-                                         [pieces, receive_counts, receive_at, kind])])
+        request = self.comm.Ialltoallv([flat, send_counts, send_at, kind], [pieces, receive_counts, receive_at, kind])
         self.sent_bytes += int(send_counts.sum() - send_counts[self.comm.rank]) * flat.itemsize  # none to itself
-        chunk = np.empty(0, dtype=dtype)
-        if own is not None:
-            w = None if weights is None else [weights[self.group.members[r]] for r in senders]
-            piece_of_base = None if base is None else {"v": flatten(base, keys, bounds[own], bounds[own + 1])}
-            chunk = np.ascontiguousarray(codec.reduce([{"v": row} for row in pieces], w, piece_of_base)[0]["v"],
-                                         dtype=dtype)
-        counts = np.zeros(size, dtype=np.int64)
-        counts[senders] = lengths
-        delta = unflatten(self._allgatherv(chunk, counts), like)
+
+        def finish() -> dict:
+            chunk = np.empty(0, dtype=dtype)
+            if own is not None:
+                w = None if weights is None else [weights[self.group.members[r]] for r in senders]
+                piece_of_base = None if base is None else {"v": flatten(base, keys, bounds[own], bounds[own + 1])}
+                chunk = np.ascontiguousarray(codec.reduce([{"v": row} for row in pieces], w, piece_of_base)[0]["v"],
+                                             dtype=dtype)
+            counts = np.zeros(size, dtype=np.int64)
+            counts[senders] = lengths
+            return unflatten(self._allgatherv(chunk, counts), like)
+
         bytes_sent, payload_bytes = codec.bytes_sent([like] * len(senders), 0)
-        return delta, float(bytes_sent), payload_bytes
+        return request, finish, float(bytes_sent), payload_bytes
 
     def round_fields(self) -> dict:
         """The round's seconds in collectives and bytes this rank sent, then zero for the next round.
@@ -293,7 +329,35 @@ class MPIExecutor(ReferenceExecutor):
         return fields
 
     def snapshot(self) -> tuple[dict, dict]:
-        raise ValueError("the MPI executor writes no checkpoints (run without --checkpoint-every / --resume)")
+        """This rank's worker only (the others live in other processes): no checkpoint of the run
+        can be written from it, and the MPI executor offers none (``diloco.core.features``)."""
+        return super().snapshot()
+
+    def round_ended(self, record: dict, get_state) -> None:
+        """With ``replace``: start a process for each worker lost in this round (``Membership.admit``),
+        sent ``shared_state``, and note it in ``record``: ``replaced_workers``,
+        ``replace_seconds`` (this rank's wall time) and ``replace_bytes`` (the state it sent). After
+        the last round there is nothing left to replace a worker for."""
+        if not (self.replace and self.lost) or record["round"] == self.config.rounds:
+            return
+        start, workers = time.perf_counter(), sorted(self.lost)
+        record.update(replaced_workers=workers)  # before the state is taken: the history sent holds it
+        sent = self.group.admit(self.replace, shared_state(get_state()))
+        record.update(replace_seconds=time.perf_counter() - start, replace_bytes=sent)
+
+
+def shared_state(state):
+    """What a survivor sends a replacement (``MPIExecutor.round_ended``): the run's ``RunState``
+    without this rank's own worker (params, inner state, error-feedback residual): the global
+    parameters, outer state, generator, history and fragments still to merge."""
+    return state._replace(worker_params=None, worker_states={}, extra={**state.extra, "residuals": {}})
+
+
+def replacement_start(state, workers, config):
+    """The ``RunState`` a replacement of ``workers`` starts the next round from: ``shared_state``
+    with every worker at the global parameters (``worker_params`` None), fresh inner-optimizer
+    states (the dead workers' moments died with them) and no error-feedback residual."""
+    return state._replace(worker_states={k: init_inner_state(state.global_params, config) for k in workers})
 
 
 def _mpi_type(dtype):

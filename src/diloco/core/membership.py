@@ -18,15 +18,26 @@ A worker keeps its index (its rank in ``MPI_COMM_WORLD``) in the shrunk communic
 ``members[r]`` is the worker of rank ``r``. Of the MPIs this project ships or tests, only
 Open MPI 5 started with ``mpiexec --with-ft ulfm`` does this; MPICH 5.0.2's wheel has the
 calls but fails in ``MPI_Init`` when ``MPIR_CVAR_ENABLE_FT=1`` (docs/failure-and-recovery.md).
+
+Replacements (``--replace-failed``) join at a round boundary through MPI's dynamic
+processes: the survivors start one process per lost worker (``MPI_Comm_spawn``, ``admit``),
+merge the intercommunicator with them (``MPI_Intercomm_merge``), rank 0 sends each one its
+worker index and the run's state (``MPI_Send`` of the pickled ``RunState``), and every rank
+splits the merged communicator with its worker index as the key (``MPI_Comm_split``), so that
+rank order is worker order again, as the reduce in worker order needs. The replacement's side
+is ``join``. Communicators left behind (the admission's, and those a shrink replaces) are freed:
+Open MPI's ``MPI_Finalize`` waits forever on a communicator joining two jobs that holds a dead
+process.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 
-__all__ = ["Membership", "ulfm_problem"]
+__all__ = ["Membership", "ulfm_problem", "is_replacement", "join"]
 
 
 def ulfm_problem() -> str | None:
@@ -86,7 +97,70 @@ class Membership:
         ranks = MPI.Group.Translate_ranks(survivors.Get_group(), list(range(survivors.size)), self.comm.Get_group())
         members = tuple(self.members[r] for r in ranks)
         self.lost |= set(self.members) - set(members)
+        _release(self.comm, MPI)
         self.comm, self.members = survivors, members
+
+    def admit(self, command, start) -> int:
+        """Replace every lost worker by a new process running ``command`` (argv, the program first),
+        sent ``start`` (see ``join``); afterwards no worker is lost. Returns the bytes this rank sent.
+
+        Collective over the survivors, at a round boundary. A death during it is not survived.
+        """
+        from mpi4py import MPI
+
+        workers = sorted(self.lost)
+        spawned = self.comm.Spawn(command[0], list(command[1:]), maxprocs=len(workers), root=0)
+        merged = spawned.Merge(high=False)
+        sent = 0
+        if merged.rank == 0:  # the new processes hold ranks comm.size.. of ``merged``, in spawn order
+            message = pickle.dumps((workers, start), protocol=pickle.HIGHEST_PROTOCOL)
+            for rank in range(self.comm.size, merged.size):
+                merged.send(message, dest=rank)
+            sent = len(message) * len(workers)
+        comm = _ordered(merged, self.members[self.comm.rank], MPI, spawned)
+        _release(self.comm, MPI)
+        self.comm, self.members, self.lost = comm, tuple(sorted((*self.members, *workers))), set()
+        return sent
+
+
+def is_replacement() -> bool:
+    """Whether this process was started by ``Membership.admit`` (it has a parent job)."""
+    from mpi4py import MPI
+
+    return MPI.Comm.Get_parent() != MPI.COMM_NULL
+
+
+def join() -> tuple:
+    """A replacement's side of ``Membership.admit``: ``(comm, worker, start)``, the communicator
+    of every worker (rank = worker index), the worker it replaces and the state it starts from."""
+    from mpi4py import MPI
+
+    parent = MPI.Comm.Get_parent()
+    merged = parent.Merge(high=True)
+    workers, start = pickle.loads(merged.recv(source=0))  # from a survivor of the same job
+    worker = workers[merged.rank - (merged.size - len(workers))]
+    return _ordered(merged, worker, MPI, parent), worker, start
+
+
+def _ordered(merged, worker: int, MPI, spawned):
+    """``merged`` split with the worker index as key (rank order = worker order), errors returned.
+
+    The spawn's intercommunicator and ``merged`` are freed: Open MPI's ``MPI_Finalize``
+    disconnects every communicator still joining two jobs, and waits forever on one that holds
+    a process dead since (``MPI_Comm_disconnect`` would too: its fence takes in the dead).
+    """
+    comm = merged.Split(0, worker)
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    merged.Free()
+    spawned.Free()
+    return comm
+
+
+def _release(comm, MPI) -> None:
+    """Free a communicator left behind (shrunk or replaced), so that ``MPI_Finalize`` skips it;
+    never ``MPI_COMM_WORLD``."""
+    if comm != MPI.COMM_WORLD:
+        comm.Free()
 
 
 def _wait_all(requests) -> None:

@@ -19,10 +19,15 @@ baseline (which averages gradients inside ``Executor.run_sync``):
 Eager updates (tau > 0) replace steps 4-5 by the eager rule (``eager_sync``): each worker
 applies its own fresh outer gradient and the others' one round late, on its own outer
 copy.
+
+``sync_fragment`` is ``begin_sync`` (steps 1-3) then ``finish_sync`` (step 4). Streaming
+DiLoCo with tau > 0 calls them apart: under MPI the all-reduce begun at the sync stays in
+flight (a posted reduce-scatter) until ``finish_sync`` at the merge, tau inner steps later.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -35,7 +40,8 @@ from diloco.model import Params
 from diloco.outer import OuterState
 from diloco.params import average_params, scale_params, subtract_params
 
-__all__ = ["SyncResult", "sync_fragment", "merge_targets", "eager_outer_gradient", "eager_sync", "merge_fragment"]
+__all__ = ["SyncResult", "Started", "sync_fragment", "begin_sync", "finish_sync", "merge_targets",
+           "eager_outer_gradient", "eager_sync", "merge_fragment"]
 
 
 class SyncResult(NamedTuple):
@@ -52,10 +58,13 @@ class SyncResult(NamedTuple):
     residuals: dict
 
 
-def collective(executor) -> dict:
+def collective(executor, overlap: bool = False) -> dict:
     """``all_reduce``'s collective of ``executor``: its ``reduce_messages`` where it has one
-    (MPI), else its ``gather`` followed by the one-process reduction."""
-    return {"gather": executor.gather, "reduce": getattr(executor, "reduce_messages", None)}
+    (MPI; left in flight with ``overlap``), else its ``gather`` followed by the one-process reduction."""
+    reduce = getattr(executor, "reduce_messages", None)
+    if reduce is not None and overlap:
+        reduce = functools.partial(reduce, overlap=True)
+    return {"gather": executor.gather, "reduce": reduce}
 
 
 def _without_lost(executor, dropped: list, kept: list) -> tuple[list, list]:
@@ -106,8 +115,30 @@ def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, con
     current ``global_params`` by ``outer_update(params, delta, state, config, count=...)``
     (default: the config's outer optimizer), ``count`` the arrivals kept.
     """
-    num_workers = config.num_workers
-    arriving = range(num_workers) if workers is None else sorted(workers)
+    started = begin_sync(global_params, keys, executor, config, rng, weights, residuals, workers=workers,
+                         starts=starts)
+    return finish_sync(started, global_params, outer_state, executor, config, outer_update)
+
+
+class Started(NamedTuple):
+    """A fragment sync up to its all-reduce (``begin_sync``), which may still be in flight:
+    ``exchange.delta`` is then a function that waits for it. ``exchange`` is None when every
+    outer gradient was dropped; ``residuals`` are the new error-feedback memories."""
+
+    sub_global: Params
+    exchange: object
+    arriving: list
+    dropped: list
+    kept: list
+    cosine: float | None
+    residuals: dict
+
+
+def begin_sync(global_params: Params, keys: tuple, executor, config, rng, weights, residuals: dict, *,
+               workers=None, starts: dict | None = None, overlap: bool = False) -> Started:
+    """Steps 1-3 of the module doc: drop, weights, encode and all-reduce, left in flight with
+    ``overlap`` where the executor can (``MPIExecutor.reduce_messages``); ``finish_sync`` does the rest."""
+    arriving = range(config.num_workers) if workers is None else sorted(workers)
     dropped = [k for k in draw_dropped(rng, config) if k in arriving]  # [] unless drop_prob > 0; drawn for all K
     kept = [k for k in arriving if k not in dropped]
     local = {k: v for k, v in executor.read(keys).items() if k in arriving}
@@ -117,23 +148,35 @@ def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, con
         items, base = _bases(local, sub_global, keys, list(arriving), starts)
         everyone = executor.gather(items)
         cosine = mean_pairwise_cosine(base, [everyone[k] for k in sorted(everyone)])
-    if not kept:  # every outer gradient was dropped: nothing reached the server, no outer step
+    if not kept:  # every outer gradient was dropped: nothing reaches the server
+        return Started(sub_global, None, list(arriving), dropped, kept, cosine, residuals)
+    items, base = _bases({k: v for k, v in local.items() if k in kept}, sub_global, keys, kept, starts)
+    ex = all_reduce(items, config.family.comm, {k: residuals.get(k, {}) for k in local if k in kept},
+                    _kept_weights(weights, kept), global_params=base, **collective(executor, overlap))
+    return Started(sub_global, ex, list(arriving), dropped, kept, cosine, {**residuals, **ex.residuals})
+
+
+def finish_sync(started: Started, global_params: Params, outer_state, executor, config,
+                outer_update=None) -> SyncResult:
+    """Step 4 of the module doc: wait for ``started``'s all-reduce, then the outer step on its fragment of
+    ``global_params`` (the current model: other fragments may have synced meanwhile)."""
+    sub_global, ex, arriving = started.sub_global, started.exchange, started.arriving
+    if ex is None:  # every outer gradient was dropped: no outer step
         delta = {key: np.zeros_like(value) for key, value in sub_global.items()}
         received = {key: value.copy() for key, value in sub_global.items()}
         same = copy_outer_state(outer_state) if isinstance(outer_state, OuterState) else outer_state
         return SyncResult({**global_params, **received}, same, delta, received,
-                          merge_targets(kept, arriving, config.drop_rule), 0.0, dropped, cosine, residuals)
-    items, base = _bases({k: v for k, v in local.items() if k in kept}, sub_global, keys, kept, starts)
-    ex = all_reduce(items, config.family.comm, {k: residuals.get(k, {}) for k in local if k in kept},
-                    _kept_weights(weights, kept), global_params=base, **collective(executor))
-    dropped, kept = _without_lost(executor, dropped, kept)
+                          merge_targets(started.kept, arriving, config.drop_rule), 0.0, started.dropped,
+                          started.cosine, started.residuals)
+    delta = ex.delta() if callable(ex.delta) else ex.delta  # in flight until now (MPI, overlap)
+    dropped, kept = _without_lost(executor, started.dropped, started.kept)
     if outer_update is None:
-        received, new_outer = outer_optimizer(config).update(sub_global, ex.delta, outer_state, config)
+        received, new_outer = outer_optimizer(config).update(sub_global, delta, outer_state, config)
     else:
-        received, new_outer = outer_update(sub_global, ex.delta, outer_state, config, count=len(kept))
-    new_residuals = {**residuals, **ex.residuals}
-    return SyncResult({**global_params, **received}, new_outer, ex.delta, received,
-                      merge_targets(kept, arriving, config.drop_rule), ex.bytes_sent, dropped, cosine, new_residuals)
+        received, new_outer = outer_update(sub_global, delta, outer_state, config, count=len(kept))
+    return SyncResult({**global_params, **received}, new_outer, delta, received,
+                      merge_targets(kept, arriving, config.drop_rule), ex.bytes_sent, dropped, started.cosine,
+                      started.residuals)
 
 
 def merge_fragment(local: Params, received: Params, mix: float) -> Params:

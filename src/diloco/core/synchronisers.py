@@ -36,7 +36,7 @@ from diloco.core.netsim import all_reduce_seconds
 from diloco.core.outer import outer_optimizer
 from diloco.core.schedule import async_plan, block_fragment_keys, event_steps, fragment_keys, merge_step, round_plan
 from diloco.core.state import RunState
-from diloco.core.sync import eager_consensus, eager_sync, merge_fragment, sync_fragment
+from diloco.core.sync import begin_sync, eager_consensus, eager_sync, finish_sync, merge_fragment, sync_fragment
 from diloco.methods.asynchrony import AsyncOuterState, delayed_outer_update
 from diloco.model import Params
 from diloco.outer import OuterState, init_outer_optimizer
@@ -190,6 +190,11 @@ class FragmentSync:
     training, and ``tau`` steps later (in this round or the next) each merges the result:
     ``theta_{k,p} <- mix theta_p + (1 - mix) theta_{k,p}``. With P = 1, tau = 0 and
     mix = 1 this is DiLoCo, bit for bit.
+
+    With tau > 0 each sync is begun at its step (``begin_sync``) and finished at its merge
+    step, or at the round's end if that comes first (``finish_sync``: the outer step), in
+    the order they began; under MPI its all-reduce is in flight meanwhile. One process
+    computes the same values, only later.
     """
 
     def __init__(self, config, params: Params, weights) -> None:
@@ -208,27 +213,46 @@ class FragmentSync:
     def round(self, state: FragmentState, executor, round_index: int, rng) -> tuple[FragmentState, RoundOutcome]:
         inner_steps, log = self.config.inner_steps, _Log(executor.workers)
         rngs = rng.spawn(self.config.num_workers)
-        done = 0
+        done, flying = 0, ()
         while done < inner_steps:  # the next stop is taken after each one: a merge due in this round is a stop
-            stops = event_steps(self.plan, [item[0] for item in state.pending], round_index, inner_steps)
+            due = [item[0] for item in state.pending] + [item[0] for item in flying]
+            stops = event_steps(self.plan, due, round_index, inner_steps)
             h = min([s for s in stops if s > done] + [inner_steps])
             log.ran(executor.run(rngs, h - done))
             done = h
-            state = self._sync_events(state, h, executor, round_index, rng, log)
-            state = self._merge_due(state, (round_index - 1) * inner_steps + h, executor)
+            state, flying = self._sync_events(state, h, executor, round_index, rng, flying)
+            step = (round_index - 1) * inner_steps + h
+            state, flying = self._land(state, flying, step, executor, log)
+            state = self._merge_due(state, step, executor)
+        state, _ = self._land(state, flying, None, executor, log)  # the record needs every outer step
         dropped = sorted(set(log.dropped)) if len(self.plan) > 1 else log.dropped
         outcome = log.outcome(self.order, range(self.config.num_workers))
         return state, outcome._replace(dropped=dropped)
 
-    def _sync_events(self, state: FragmentState, h: int, executor, round_index: int, rng, log) -> FragmentState:
-        params, outer, residuals, pending = state.params, list(state.outer), state.residuals, state.pending
+    def _sync_events(self, state: FragmentState, h: int, executor, round_index: int, rng, flying: tuple
+                     ) -> tuple[FragmentState, tuple]:
+        """Begin the syncs due after step h (``begin_sync``); each all-reduce stays in flight, under MPI
+        with tau > 0, until ``_land`` finishes it at its merge step."""
+        residuals = state.residuals
         for event in (e for e in self.plan if e.h == h):
-            result = sync_fragment(params, event.keys, outer[event.fragment], executor, self.config, rng,
-                                   self.weights, residuals)
-            params, outer[event.fragment], residuals = result.global_params, result.outer_state, result.residuals
+            started = begin_sync(state.params, event.keys, executor, self.config, rng, self.weights, residuals,
+                                 overlap=self.tau > 0)
+            residuals = started.residuals
+            flying += ((merge_step(round_index, h, self.config), event.fragment, h, started),)
+        return state._replace(residuals=residuals), flying
+
+    def _land(self, state: FragmentState, flying: tuple, step: int | None, executor, log
+              ) -> tuple[FragmentState, tuple]:
+        """Finish the syncs in flight whose merge is due at ``step`` (all of them with None), in the
+        order they began: the outer step, the log, and the fragment pending for its merge."""
+        params, outer, pending = state.params, list(state.outer), state.pending
+        for merge_at, fragment, h, started in (item for item in flying if step is None or item[0] == step):
+            result = finish_sync(started, params, outer[fragment], executor, self.config)
+            params, outer[fragment] = result.global_params, result.outer_state
             log.synced(h, result, self.tau)
-            pending += ((merge_step(round_index, h, self.config), result.received, result.targets),)
-        return FragmentState(params, tuple(outer), residuals, pending)
+            pending += ((merge_at, result.received, result.targets),)
+        rest = () if step is None else tuple(item for item in flying if item[0] != step)
+        return state._replace(params=params, outer=tuple(outer), pending=pending), rest
 
     def _merge_due(self, state: FragmentState, step: int, executor) -> FragmentState:
         for _, received, targets in (item for item in state.pending if item[0] == step):

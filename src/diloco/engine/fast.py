@@ -193,6 +193,9 @@ class FastExecutor:
         """The executor's own measurements for a round's record (none in one process)."""
         return {}
 
+    def round_ended(self, record: dict, get_state) -> None:
+        """Nothing to do between rounds in one process."""
+
     def snapshot(self) -> tuple[dict, dict]:
         rows = range(self.params.shape[0])
         params = {k: unpack(self.params[k], self.flat) for k in rows}

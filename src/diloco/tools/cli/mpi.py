@@ -26,6 +26,10 @@ process. An exception on any rank is printed as one line naming the rank, then
 every rank at once, since they hold the same global model and losses, so they all stop
 with the same message and exit status 3, without an abort. The MPI executor writes no
 checkpoints: ``--checkpoint-every`` and ``--resume`` belong to ``diloco train``.
+
+Under an MPI with ULFM (Open MPI 5, ``mpiexec --with-ft ulfm``), ``--survive-failures`` makes a
+rank that dies a dropped worker, and ``--replace-failed`` starts a process in its place at the
+end of that round (``diloco.core.membership``; docs/failure-and-recovery.md).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import numpy as np
 from diloco._validation import milestone
 from diloco.config import DiLoCoConfig
 from diloco.core.driver import train
-from diloco.core.executors import RoundTimeout
+from diloco.core.executors import RoundTimeout, replacement_start
 from diloco.core.hooks import Guard, NetworkTimer, callbacks
 from diloco.loop import TrainResult
 
@@ -51,7 +55,7 @@ __all__ = ["RoundTimeout", "train_diloco_mpi", "main"]
 def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *, x_eval=None, y_eval=None,
                      on_round=None, round_timeout: float | None = None, max_loss: float | None = None,
                      algo: str = "diloco", encode=None, sync_fields: bool | None = None,
-                     survive_failures: bool = False) -> TrainResult:
+                     survive_failures: bool = False, replace=None, start=None) -> TrainResult:
     """Train with DiLoCo (every mechanism of ``config``, its family included), this process being
     worker ``comm.rank`` of ``comm.size``: the one driver on the MPI executor.
 
@@ -73,6 +77,12 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
         becomes a dropped worker from the sync where it is missed on (its records name it
         in ``lost_workers`` and ``dropped_workers``) and the others go on
         (``diloco.core.membership``).
+    replace : sequence of str, keyword-only, optional
+        With ``survive_failures``: the argv that starts a replacement process; the survivors
+        start one for each worker lost in a round, at that round's end, and it goes on as
+        that worker (``diloco.core.driver.train``).
+    start : RunState, keyword-only, optional
+        A replacement's start, from ``diloco.core.membership.join``.
 
     Returns
     -------
@@ -101,7 +111,8 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
     hooks += [guard, *callbacks(on_round)]
     with guard.watch():
         return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor="mpi", hooks=hooks,
-                     comm=comm, timeout=round_timeout, sync_fields=sync_fields, survive_failures=survive_failures)
+                     comm=comm, timeout=round_timeout, sync_fields=sync_fields, survive_failures=survive_failures,
+                     replace=replace, start=start)
 
 
 def _positive(text: str) -> float:
@@ -112,7 +123,7 @@ def _positive(text: str) -> float:
 
 
 def _first_alive(record: dict, size: int) -> int:
-    """The lowest rank whose worker is not lost (rank 0 unless it died): it prints and writes."""
+    """The lowest worker not lost (worker 0 unless it died and was not replaced): its process prints and writes."""
     return min(set(range(size)) - set(record.get("lost_workers", ())))
 
 
@@ -124,28 +135,9 @@ def _fail(comm, rank: int, message: str, code: int) -> int:
     return code  # not reached: Abort ends this process too
 
 
-def main(argv=None) -> int:
-    """``mpiexec -n K python -m diloco.tools.cli.mpi [train flags]``: K defaults to the number of ranks."""
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        print("diloco.tools.cli.mpi: error: mpi4py is not installed; pip install 'diloco[mpi]'", file=sys.stderr)
-        return 2
-    import warnings
-
-    from diloco.core.driver import check_algorithm
-    from diloco.core.membership import ulfm_problem
-    from diloco.tools.cli.errors import CliError, Parser
-    from diloco.tools.cli.flags import (
-        DEFAULT_MAX_LOSS,
-        add_config_flags,
-        add_data_flags,
-        add_recovery_flags,
-        build_config,
-        load_dataset,
-    )
-    from diloco.tools.runs.folders import atomic_write_bytes, write_json
-    from diloco.tools.runs.training import Diverged
+def _parser():
+    from diloco.tools.cli.errors import Parser
+    from diloco.tools.cli.flags import add_config_flags, add_data_flags, add_recovery_flags
 
     parser = Parser(prog="python -m diloco.tools.cli.mpi", description=__doc__.splitlines()[0])
     add_config_flags(parser)
@@ -159,65 +151,140 @@ def main(argv=None) -> int:
     parser.add_argument("--survive-failures", action="store_true",
                         help="a rank that dies becomes a dropped worker and the others go on (needs an MPI with ULFM: "
                              "Open MPI 5 started with `mpiexec --with-ft ulfm`)")
+    parser.add_argument("--replace-failed", action="store_true",
+                        help="with --survive-failures: a new process replaces a dead worker at the end of the round it "
+                             "died in, from the global parameters and outer state (MPI_Comm_spawn)")
     add_recovery_flags(parser, resume=False)  # --max-loss
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _fault_refusal(args, config) -> str | None:
+    """Why ``--survive-failures`` / ``--replace-failed`` cannot run here (None when they can)."""
+    from diloco.core.membership import ulfm_problem
+    from diloco.core.synchronisers import is_eager
+
+    if args.replace_failed and not args.survive_failures:
+        return "--replace-failed needs --survive-failures (a dead worker is first dropped, then replaced)"
+    if not args.survive_failures:
+        return None
+    if args.algo == "sync":
+        return ("--survive-failures does not run the synchronous baseline: it has no outer gradient to drop, so a "
+                "dead worker cannot become a dropped one (as --drop-prob is refused there)")
+    if is_eager(config):
+        return ("--survive-failures does not run eager updates: the eager rule needs every worker's fresh outer "
+                "gradient (as --drop-prob is refused there)")
+    if config.asynchrony.asynchronous:
+        return ("--survive-failures does not run asynchronous DiLoCo: its arrivals follow a simulated clock of all K "
+                "workers, which a real death does not stop")
+    return ulfm_problem()
+
+
+def _replacement_argv(argv: list, num_workers: int) -> list:
+    """The argv of a process that replaces a dead worker: this module with the run's flags, K made explicit."""
+    return [sys.executable, "-m", "diloco.tools.cli.mpi", *argv, "-K", str(num_workers)]
+
+
+def _setup(args, comm):
+    """``(config, data)`` of the run, or raise ``CliError`` / ``ValueError`` (one line, before any work)."""
+    from diloco.core.driver import check_algorithm
+    from diloco.tools.cli.errors import CliError
+    from diloco.tools.cli.flags import build_config, load_dataset
+
+    config = build_config(args, defaults={"num_workers": comm.size})
+    check_algorithm(args.algo, config)  # the family's flags live in config.family
+    problem = _fault_refusal(args, config)
+    if problem:
+        raise CliError(problem)
+    data, _ = load_dataset(args, config.dtype)
+    if config.num_workers != comm.size:
+        raise CliError(f"-K {config.num_workers} does not match the {comm.size} MPI processes")
+    return config, data
+
+
+def _write_outputs(args, config, result, seconds: float) -> int:
+    """Print the summary and write ``--json`` / ``--save-params``; 0, or 2 when a file cannot be written."""
+    from diloco.tools.runs.folders import atomic_write_bytes, write_json
+
+    last, size = result.history[-1], config.num_workers
+    name = "DiLoCo" if args.algo == "diloco" else "the synchronous baseline"
+    print(f"{name} on {size} MPI processes: held-out loss {last['eval_loss']:.4f}, "
+          f"accuracy {last['eval_accuracy']:.4f}, {len(result.history)} all-reduces, {seconds:.1f} s")
+    try:
+        if args.json:
+            write_json(args.json, {"config": config.to_dict(), "processes": size, "seconds": seconds,
+                                   "history": result.history})
+        if args.save_params:
+            buffer = io.BytesIO()
+            np.savez(buffer, **result.params)
+            atomic_write_bytes(args.save_params, buffer.getvalue())
+    except OSError as exc:
+        print(f"diloco.tools.cli.mpi: error: cannot write {exc.filename or 'output'}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv=None) -> int:
+    """``mpiexec -n K python -m diloco.tools.cli.mpi [train flags]``: K defaults to the number of ranks.
+
+    A process started by ``--replace-failed`` (it has a parent job) first joins the survivors
+    (``diloco.core.membership.join``) and goes on as the worker it replaces.
+    """
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        print("diloco.tools.cli.mpi: error: mpi4py is not installed; pip install 'diloco[mpi]'", file=sys.stderr)
+        return 2
+    import warnings
+
+    from diloco.core.membership import is_replacement, join
+    from diloco.tools.cli.errors import CliError
+    from diloco.tools.cli.flags import DEFAULT_MAX_LOSS
+    from diloco.tools.runs.training import Diverged
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser().parse_args(argv)
     max_loss = DEFAULT_MAX_LOSS if args.max_loss is None else args.max_loss
     max_loss = None if np.isinf(max_loss) else max_loss
-    comm = MPI.COMM_WORLD
+    comm, start = MPI.COMM_WORLD, None
+    if is_replacement():  # the survivors wait in the admission: join before anything can fail
+        comm, _, start = join()
+    worker = comm.rank  # a replacement's rank in the joined communicator is its worker index
     try:
-        config = build_config(args, defaults={"num_workers": comm.size})
-        check_algorithm(args.algo, config)  # the family's flags live in config.family
-        data, _ = load_dataset(args, config.dtype)
-        if config.num_workers != comm.size:
-            raise CliError(f"-K {config.num_workers} does not match the {comm.size} MPI processes")
-        if args.survive_failures and ulfm_problem():
-            raise CliError(ulfm_problem())
+        config, data = _setup(args, comm)
     except (CliError, ValueError) as exc:
-        if comm.rank == 0:
+        if worker == 0:
             print(f"diloco.tools.cli.mpi: error: {exc}", file=sys.stderr)
         return 2
+    if start is not None:  # fresh AdamW moments: the dead worker's died with it
+        start = replacement_start(start, [worker], config)
 
     def report(record):
-        if comm.rank == _first_alive(record, comm.size):
+        if worker == _first_alive(record, config.num_workers):
             print(f"round {record['round']:3d}  inner loss {record['inner_loss']:.4f}  "
                   f"held-out loss {record['eval_loss']:.4f}  accuracy {record['eval_accuracy']:.4f}  "
                   f"all-reduce {record.get('allreduce_seconds', 0.0) * 1e3:.1f} ms", flush=True)
 
-    start = time.perf_counter()
+    replace = _replacement_argv(argv, config.num_workers) if args.replace_failed else None
+    begun = time.perf_counter()
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):  # the guard's message replaces NumPy's
             warnings.simplefilter("ignore", RuntimeWarning)
             result = train_diloco_mpi(data.x_train, data.y_train, config, comm, x_eval=data.x_test,
                                       y_eval=data.y_test, on_round=report, round_timeout=args.round_timeout,
                                       max_loss=max_loss, algo=args.algo, encode=data.encode,
-                                      survive_failures=args.survive_failures)
+                                      survive_failures=args.survive_failures, replace=replace, start=start)
     except Diverged as exc:  # every rank sees the same record: all stop here, no abort needed
-        if comm.rank == 0:
+        if worker == 0:
             print(f"diloco.tools.cli.mpi: error: {exc}", file=sys.stderr)
         return 3
     except RoundTimeout as exc:
-        return _fail(comm, comm.rank, f"{exc}; aborting the job", 4)
+        return _fail(comm, worker, f"{exc}; aborting the job", 4)
     except BaseException as exc:  # noqa: BLE001 - any fault on one rank must end every rank, never hang them
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return _fail(comm, comm.rank, f"rank {comm.rank} failed: {reason}; aborting the job", 1)
-    if comm.rank == _first_alive(result.history[-1], comm.size):  # rank 0, or the first one alive
-        seconds = time.perf_counter() - start
-        last = result.history[-1]
-        name = "DiLoCo" if args.algo == "diloco" else "the synchronous baseline"
-        print(f"{name} on {comm.size} MPI processes: held-out loss {last['eval_loss']:.4f}, "
-              f"accuracy {last['eval_accuracy']:.4f}, {len(result.history)} all-reduces, {seconds:.1f} s")
-        try:
-            if args.json:
-                write_json(args.json, {"config": config.to_dict(), "processes": comm.size, "seconds": seconds,
-                                       "history": result.history})
-            if args.save_params:
-                buffer = io.BytesIO()
-                np.savez(buffer, **result.params)
-                atomic_write_bytes(args.save_params, buffer.getvalue())
-        except OSError as exc:
-            print(f"diloco.tools.cli.mpi: error: cannot write {exc.filename or 'output'}: {exc.strerror or exc}",
-                  file=sys.stderr)
-            return 2
+        return _fail(comm, worker, f"rank {worker} failed: {reason}; aborting the job", 1)
+    if worker == _first_alive(result.history[-1], config.num_workers):  # worker 0, or the first one alive
+        return _write_outputs(args, config, result, time.perf_counter() - begun)
     return 0
 
 
