@@ -28,11 +28,11 @@ Budget: ``steps`` per worker (``--total-steps``, or ``--rounds`` x ``--inner-ste
 per-data defaults in ``TASKS`` (5,000: 100 outer steps at H = 50). The inner schedule is
 the paper's (linear warmup over 2% of an arm's steps, then cosine decay). Each study's
 ``tune`` says which inner lr (and, for fig6, which outer lr) each arm is tuned on, over
-the task's grid on tuning seeds that are not the evaluation seeds; in table2, fig9, splits,
-scaling, inner-muon and fragments (``outer_groups``) each DiLoCo arm's (or its group's
-probe's) outer lr x momentum is tuned too, past the grid's edges where one is chosen, and
-its own lr again after it; scaling tunes every arm's inner lr on itself (DiLoCo apart from
-data parallelism). fig4, fig8 and table3 keep the paper's outer step (0.7, 0.9). Running an arm,
+the task's grid on tuning seeds that are not the evaluation seeds; in every study but fig6
+(``outer_groups``) each DiLoCo arm's (or its group's probe's) outer lr x momentum is tuned
+too, past the grid's edges where one is chosen (scaling: tried as it is), and its own lr
+again after it; scaling tunes every arm's inner lr on itself (DiLoCo apart from data
+parallelism). Running an arm,
 tuning and the run cache are in ``diloco.tools.studies.paper_runs`` (re-exported here). NumPy only; the command is
 ``diloco.tools.studies.paper_command``.
 """
@@ -493,13 +493,13 @@ PAPER_STUDIES = {
     "table2": PaperStudy("table2", "Baselines against DiLoCo at equal steps per worker", "Table 2",
                          _table2_arms, _table2_claims, outer_groups=diloco_arms),
     "fig4": PaperStudy("fig4", "Inner steps H at a fixed total of steps per worker", "Fig. 4", _fig4_arms,
-                       _fig4_claims, shared(_fig4_probe)),
+                       _fig4_claims, shared(_fig4_probe), outer_groups=diloco_arms),
     "fig6": PaperStudy("fig6", "Outer optimizers, each with its lr tuned", "Fig. 6", _fig6_arms, _fig6_claims,
                        shared(lambda arm: "Nesterov (mu 0.9)"), outer_tune=OUTER_GRIDS, values_tune=True),
     "table3": PaperStudy("table3", "Number of workers K at fixed steps per worker", "Table 3",
-                         _table3_arms, _table3_claims, shared(_table3_probe)),
+                         _table3_arms, _table3_claims, shared(_table3_probe), outer_groups=shared(_table3_probe)),
     "fig8": PaperStudy("fig8", "Dropped outer gradients, both drop rules", "Fig. 8", _fig8_arms, _fig8_claims,
-                       shared(_fig8_probe)),
+                       shared(_fig8_probe), outer_groups=shared(_fig8_probe)),
     "fig9": PaperStudy("fig9", "One worker: DiLoCo against the plain baseline", "Fig. 9", _fig9_arms, _fig9_claims,
                        outer_groups=diloco_arms),
     "splits": PaperStudy("splits", "Non-IID splits: label skew and topic segments, alpha swept; speakers (text)",
