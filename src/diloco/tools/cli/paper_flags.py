@@ -100,15 +100,19 @@ def add_paper_study_flags(study_parser) -> None:
     group.add_argument("--tune-seeds", type=int, default=1, metavar="N",
                        help="seeds on which each arm's inner lr (and fig6's outer lr; the other studies' outer "
                             "lr x momentum) is tuned, from 1000 on, never a reported seed (1)")
+    from diloco.tools.studies.paper_runs import OUTER_LR_GRID, OUTER_MOMENTUM_GRID
     from diloco.tools.studies.paper_studies import TASKS
 
-    grids = ", ".join(f"{task} {','.join(f'{lr:g}' for lr in spec['inner_grid'])}" for task, spec in TASKS.items())
+    def _numbers(values) -> str:
+        return ",".join(f"{v:g}" for v in values)
+
+    grids = ", ".join(f"{task} {_numbers(spec['inner_grid'])}" for task, spec in TASKS.items())
     group.add_argument("--inner-grid", metavar="LR1,LR2,...",
                        help=f"inner lr values each arm is tuned over (the task's grid: {grids}); "
                             "off: no tuning, --lr for every arm")
     group.add_argument("--outer-grid", metavar="LR1,LR2,...:MU1,MU2,...",
                        help="the outer lr values and outer momenta whose every pair a DiLoCo arm is tuned over "
-                            "(0.3,0.5,0.7,1:0,0.5,0.9), extended past a chosen edge")
+                            f"({_numbers(OUTER_LR_GRID)}:{_numbers(OUTER_MOMENTUM_GRID)}), extended past a chosen edge")
     group.add_argument("--run-cache", metavar="DIR",
                        help="read a run already trained (same config, seed and data) from DIR instead of training "
                             "it again; write new runs there (make results uses build/results-cache)")

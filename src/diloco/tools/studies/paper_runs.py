@@ -258,8 +258,7 @@ def past_the_edge(field, grid: list, best, added: dict, extend: int) -> list:
     ``JOINT_LADDERS``. Each field and direction is extended at most ``extend`` times
     (``added`` counts them)."""
     if isinstance(field, str):
-        fields, values, points = (field,), sorted(grid), [(v,) for v in grid]
-        best_point = (best,)
+        fields, points, best_point = (field,), [(v,) for v in grid], (best,)
     else:
         fields, points, best_point = tuple(field), [tuple(v) for v in grid], tuple(best)
     more = []

@@ -183,15 +183,25 @@ def _rounds(steps: int, h: int) -> int:
     return steps // h
 
 
+def _setting(base: DiLoCoConfig, steps: int) -> dict:
+    """The study's K and H, and the rounds that make ``steps`` per worker."""
+    h = base.inner_steps
+    return {"num_workers": base.num_workers, "inner_steps": h, "rounds": _rounds(steps, h)}
+
+
+def _diloco_label(k: int, h: int) -> str:
+    return f"DiLoCo (K={k}, H={h})"
+
+
 def _table2_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     _no_values("table2", values)
     k, h = base.num_workers, base.inner_steps
-    one = {"num_workers": 1, "inner_steps": h, "rounds": _rounds(steps, h)}
+    one = {**_setting(base, steps), "num_workers": 1}
     return [
         Arm("baseline (1 worker)", "sync", one),
-        Arm(f"{k}x batch (sync, K={k})", "sync", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)}),
+        Arm(f"{k}x batch (sync, K={k})", "sync", _setting(base, steps)),
         Arm(f"{k}x updates (1 worker, {k}x steps)", "sync", {**one, "inner_steps": k * h}),
-        Arm(f"DiLoCo (K={k}, H={h})", "diloco", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)}),
+        Arm(_diloco_label(k, h), "diloco", _setting(base, steps)),
     ]
 
 
@@ -245,9 +255,7 @@ OUTER_ARMS = {
 
 
 def _fig6_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
-    h = base.inner_steps
-    shared = {"num_workers": base.num_workers, "inner_steps": h, "rounds": _rounds(steps, h)}
-    return [Arm(label, "diloco", {**shared, **changes}) for label, changes in OUTER_ARMS.items()]
+    return [Arm(label, "diloco", {**_setting(base, steps), **changes}) for label, changes in OUTER_ARMS.items()]
 
 
 def _fig6_claims(arms) -> list:
@@ -318,8 +326,7 @@ DROP_RULES = ("carry", "restart")
 def _fig8_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     probabilities = parse_numbers(values, float, "p") or DROP_P
     arms = []
-    shared_fields = {"num_workers": base.num_workers, "inner_steps": base.inner_steps,
-                     "rounds": _rounds(steps, base.inner_steps)}
+    shared_fields = _setting(base, steps)
     for setting, shards in (("IID", {"iid": True}), _noniid_setting(base, split)):
         for p in probabilities:
             if p == 0:
@@ -369,8 +376,7 @@ NONIID_SPLITS = (("label", "label skew"), ("topic", "topic"))  # swept over alph
 
 def _noniid_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     alphas = parse_numbers(values, float, "alpha") or NONIID_ALPHAS
-    shared_fields = {"num_workers": base.num_workers, "inner_steps": base.inner_steps,
-                     "rounds": _rounds(steps, base.inner_steps)}
+    shared_fields = _setting(base, steps)
     arms = [Arm("IID", "diloco", {**shared_fields, "iid": True})]
     # the topic split needs rows in a meaningful order (the text's); a task whose rows have
     # none (MNIST-1D's are shuffled) runs the label skew only
@@ -441,16 +447,15 @@ def _scaling_claims(arms) -> list:
             for k in SCALING_K]
 
 
-def _setting(base: DiLoCoConfig, steps: int) -> dict:
-    h = base.inner_steps
-    return {"num_workers": base.num_workers, "inner_steps": h, "rounds": _rounds(steps, h)}
+def _inner_label(optimizer: str, k: int) -> str:
+    return f"DiLoCo, {optimizer} inside (K={k})"
 
 
 def _inner_muon_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     _no_values("inner-muon", values)
     k = base.num_workers
-    return [Arm(f"DiLoCo, Muon inside (K={k})", "diloco", {**_setting(base, steps), "inner_optimizer": "muon"}),
-            Arm(f"DiLoCo, AdamW inside (K={k})", "diloco", _setting(base, steps))]
+    return [Arm(_inner_label("Muon", k), "diloco", {**_setting(base, steps), "inner_optimizer": "muon"}),
+            Arm(_inner_label("AdamW", k), "diloco", _setting(base, steps))]
 
 
 def _inner_muon_claims(arms) -> list:
@@ -468,7 +473,7 @@ def _fragments_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "l
             for p in fragments if p > 1]
     if not arms:
         raise ValueError(f"--values: P must be 2 or more fragments, got {list(fragments)}")
-    return arms + [Arm(f"DiLoCo (K={base.num_workers}, H={base.inner_steps})", "diloco", _setting(base, steps))]
+    return arms + [Arm(_diloco_label(base.num_workers, base.inner_steps), "diloco", _setting(base, steps))]
 
 
 def _fragments_claims(arms) -> list:
@@ -481,12 +486,12 @@ def _fragments_claims(arms) -> list:
 def _adamw_probe(arm: Arm) -> str:
     """The inner-muon study's inner (AdamW) lr is tuned on the AdamW arm: a Muon arm's
     non-matrix arrays take AdamW at that lr, as in ``diloco study muon``."""
-    return arm.label.replace("Muon inside", "AdamW inside")
+    return _inner_label("AdamW", arm.changes["num_workers"])
 
 
 def _diloco_probe(arm: Arm) -> str:
-    return arm.label if not arm.label.startswith("Streaming") else f"DiLoCo (K={arm.changes['num_workers']}, " \
-        f"H={arm.changes['inner_steps']})"
+    """The fragments study's inner lr is tuned on its DiLoCo arm, for every arm."""
+    return _diloco_label(arm.changes["num_workers"], arm.changes["inner_steps"])
 
 
 PAPER_STUDIES = {
