@@ -415,5 +415,5 @@ def test_momentum_zero_is_not_extended_and_each_direction_stops_at_its_limit():
     changes, records = _outer_records((0.0, -1.0))
     assert [tuple(r["value"]) for r in records][12:] == [(0.2, 0.0), (0.1, 0.0)]
     assert (changes["outer_lr"], changes["outer_momentum"]) == (0.1, 0.0)
-    _, as_it_is = _outer_records((0.0, -1.0), joint_extend=0)
+    _, as_it_is = _outer_records((0.0, -1.0), extend=0)
     assert len(as_it_is) == 12

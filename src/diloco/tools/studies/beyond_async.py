@@ -231,11 +231,9 @@ def run_async_study(args) -> int:
     outcomes, started = [], time.perf_counter()
     try:
         with limit:
-            # joint_extend=0: the stored results predate the outer grid's extension past its edges;
-            # the page flags each edge choice until the study is rerun
             study_arms, tuning = tune_arms(tuning_steps(study_arms, config.inner.lr), study_arms, config, data,
                                            [TUNE_SEED], run=lambda arm, base, seed, dataset, **_:
-                                           run_arm(arm, base, seed, dataset), joint_extend=0)
+                                           run_arm(arm, base, seed, dataset))
             for arm in study_arms:
                 for seed in seeds:
                     outcome = run_arm(arm, config, seed, data)

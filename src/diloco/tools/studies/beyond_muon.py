@@ -301,11 +301,8 @@ def run_muon_study(args) -> int:
             arms = muon_arms(h, steps, ks, lrs, muon)
             outer_tuning = []
             if getattr(args, "outer_lr", None) is None and getattr(args, "outer_momentum", None) is None:
-                # joint_extend=0: the stored results (80 CPU min, no run cache) predate the outer-step
-                # grid's extension past its edges; the page flags each edge choice instead
                 arms, outer_tuning = tune_arms(outer_tuning_steps(arms, grids), arms, base, data, tuning_seeds,
-                                               encode=data.encode, on_run=lambda o: finished(o, "tune"),
-                                               joint_extend=0)
+                                               encode=data.encode, on_run=lambda o: finished(o, "tune"))
             outcomes = []
             for arm in arms:
                 for seed in seeds:

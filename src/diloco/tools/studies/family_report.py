@@ -23,13 +23,11 @@ import numpy as np
 from diloco.tools.studies.paper_report import NOT_RUN, interval_text, verdict
 from diloco.tools.studies.study_stats import mean_interval
 
-__all__ = ["FamilyClaim", "NO_LOSS_MARGIN", "MOMENTUM_GRID", "family_claims", "judge_family_claims",
-           "render_family_block", "render_family_claims", "render_momentum_tuning"]
+__all__ = ["FamilyClaim", "NO_LOSS_MARGIN", "family_claims", "judge_family_claims",
+           "render_family_block", "render_family_claims", "render_tuning_block"]
 
 # "Lossless", "keeps quality": the held-out loss may rise by less than this fraction.
 NO_LOSS_MARGIN = 0.02
-# Outer momentum values each DiLoCo arm is tuned over, on tuning seed 1000.
-MOMENTUM_GRID = (0.5, 0.7, 0.9)
 
 
 class FamilyClaim(NamedTuple):
@@ -136,26 +134,14 @@ def render_family_claims(claims: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_momentum_tuning(summary: dict) -> str:
-    """The tuning grid under a family study's tables: the outer momentum ladder, or (a study of
-    ``family_study.OUTER_STEP_STUDIES``) the paper studies' printout (``results_page.render_tuning``)."""
+def render_tuning_block(summary: dict) -> str:
+    """The tuning grid under a family study's tables: the paper studies' printout
+    (``results_page.render_tuning``); empty when nothing was tuned."""
     if not summary.get("tuning"):
         return ""
-    if "field" in summary["tuning"][0]:
-        from diloco.tools.studies.results_page import render_tuning
+    from diloco.tools.studies.results_page import render_tuning
 
-        return render_tuning(summary)
-    groups: dict = {}
-    for entry in summary["tuning"]:
-        groups.setdefault(entry["variant"], []).append(entry)
-    lines = ["", f"Outer momentum of each DiLoCo arm, tuned on seed(s) {summary['tune_seeds']} (final held-out loss; "
-                 "chosen in bold; inf: diverged; values past 0.5 or 0.9 are tried only when the best is there):", ""]
-    for variant, entries in groups.items():
-        entries = sorted(entries, key=lambda e: e["value"])
-        cells = ", ".join((f"**{e['value']:g}: {e['eval_loss']:.4f}**" if e["chosen"] else
-                           f"{e['value']:g}: {e['eval_loss']:.4f}") for e in entries)
-        lines.append(f"- {variant}: {cells}")
-    return "\n".join(lines) + "\n"
+    return render_tuning(summary)
 
 
 def render_family_block(summary: dict) -> str:
@@ -171,4 +157,4 @@ def render_family_block(summary: dict) -> str:
         table = (f"Target: held-out loss {summary['target_loss']:.4f}, the synchronous baseline's mean at round "
                  f"{summary['target_round']} of {summary['rounds']}.\n\n"
                  + bandwidth_table(summary["bandwidth"], summary["values"]))
-    return table + "\n" + render_family_claims(summary["claims"]) + render_momentum_tuning(summary)
+    return table + "\n" + render_family_claims(summary["claims"]) + render_tuning_block(summary)

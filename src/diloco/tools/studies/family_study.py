@@ -15,8 +15,10 @@
 
 Every arm runs on the fast (stacked) executor, 8 workers, 24 rounds of H = 25, hidden
 layers (64, 64, 64) (four layers, so P can be 4) unless the flags say otherwise. Before
-the evaluation seeds, each DiLoCo arm's outer momentum is tuned over
-``family_report.MOMENTUM_GRID`` on seed 1000 (``--outer-momentum`` given: no tuning). The
+the evaluation seeds, every arm's inner lr is tuned over ``INNER_GRID``, then each DiLoCo
+arm's outer lr x momentum (``paper_runs.outer_step_grid``, extended past a chosen edge),
+then its inner lr again, all on seed 1000 (``--outer-lr`` or ``--outer-momentum`` given: no
+tuning). The
 bandwidth study's target loss is, unless ``--target-loss`` is given, the synchronous
 baseline's mean held-out loss halfway through its run. With ``--export DIR`` the study's
 runs, rows, claims and verdicts (``diloco.tools.studies.family_report``) are written to
@@ -53,7 +55,7 @@ from diloco.tools.cli.run_setup import (
 from diloco.tools.runs.faults import quiet_numpy, run_outcome
 from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, write_json
 from diloco.tools.studies.ablations import Study, default_engine, mean_curves, summarise
-from diloco.tools.studies.family_report import MOMENTUM_GRID, family_claims, judge_family_claims, render_family_block
+from diloco.tools.studies.family_report import family_claims, judge_family_claims, render_family_block
 from diloco.tools.studies.family_tables import (
     bandwidth_rows,
     paired_difference,
@@ -134,11 +136,7 @@ def _bandwidth_variants(config, values) -> list:
 
 
 _BASE = {"rounds": 24, "inner_steps": 25, "hidden_sizes": (64, 64, 64), "engine": default_engine()}
-TUNE_SEED = 1000  # the outer momentum of each DiLoCo arm is tuned on this seed, never an evaluation seed
-MOMENTUM_EXTENSIONS = {"down": (0.3, 0.0), "up": (0.95,)}  # tried when the best is at the grid's end
-# Studies tuned as the paper studies are (paper_runs.tune_arms): each DiLoCo arm's inner lr over
-# INNER_GRID, its outer lr x momentum (outer_step_grid), its inner lr again; the others tune momentum.
-OUTER_STEP_STUDIES = ("streaming",)
+TUNE_SEED = 1000  # every arm is tuned on this seed, never an evaluation seed
 INNER_GRID = (3e-4, 1e-3, 3e-3)  # around AdamWConfig's default lr, 1e-3
 
 FAMILY_STUDIES = {
@@ -199,45 +197,6 @@ def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, 
     return results
 
 
-def tune_momentum(variants, config, family, dataset, seeds, grid, max_loss=None, on_run_end=None,
-                  extend=MOMENTUM_EXTENSIONS) -> tuple:
-    """Each DiLoCo arm's outer momentum: the value of ``grid`` with the lowest mean final
-    held-out loss on ``seeds`` (a diverged run counts as infinite). A best value at the
-    grid's low end is tried lower (``extend["down"]``, in order), one at its high end higher
-    (``extend["up"]``), until the best is inside or the extensions are used up. Returns
-    ``(variants with the chosen value in changes, one record per (arm, value) tried)``."""
-    from diloco.core.divergence import Diverged
-
-    def score(variant, mu) -> float:
-        candidate = variant._replace(changes={**variant.changes, "outer_momentum": mu})
-        try:
-            runs = run_family_study([candidate], config, family, dataset, seeds, max_loss=max_loss,
-                                    on_run_end=on_run_end)
-        except Diverged:
-            return math.inf
-        loss = sum(r["eval_loss"] for r in runs) / len(runs)
-        return loss if math.isfinite(loss) else math.inf
-
-    tuned, records = [], []
-    for variant in variants:
-        if variant.algo != "diloco":
-            tuned.append(variant)
-            continue
-        scores = {mu: score(variant, mu) for mu in grid}
-        more = {"down": list(extend["down"]), "up": list(extend["up"])}
-        while True:
-            best = min(scores, key=lambda mu: (scores[mu], mu))
-            side = "down" if best == min(scores) else "up" if best == max(scores) else None
-            if side is None or not more[side]:
-                break
-            mu = more[side].pop(0)
-            scores[mu] = score(variant, mu)
-        records += [{"variant": variant.label, "value": mu, "eval_loss": loss, "chosen": mu == best}
-                    for mu, loss in scores.items()]
-        tuned.append(variant._replace(changes={**variant.changes, "outer_momentum": best}))
-    return tuned, records
-
-
 def family_runner(config, family, max_loss=None):
     """``paper_runs.run_arm``'s signature over ``run_family_study``: one variant, one seed;
     a diverged run scores an infinite loss."""
@@ -251,16 +210,15 @@ def family_runner(config, family, max_loss=None):
 
 
 def tune_outer_step(variants, config, family, dataset, seeds, max_loss=None) -> tuple:
-    """Each DiLoCo arm on itself: inner lr, outer lr x momentum, inner lr again
-    (``paper_runs.tune_arms``, the paper studies' tuning); the synchronous arms are left as they are."""
+    """Every arm on itself: its inner lr; then each DiLoCo arm's outer lr x momentum and its
+    inner lr again (``paper_runs.tune_arms``, the paper studies' tuning, grids extended past a
+    chosen edge). The synchronous arms have no outer step."""
     from diloco.tools.studies.paper_runs import INNER_LR, TuneStep, outer_step_grid, tune_arms
 
-    groups = tuple((v.label, (v.label,)) for v in variants if v.algo == "diloco")
-    steps = [TuneStep(INNER_LR, INNER_GRID, groups), outer_step_grid(groups), TuneStep(INNER_LR, INNER_GRID, groups)]
-    # joint_extend=0: the stored Streaming results predate the outer grid's extension past its
-    # edges; the page flags each edge choice until the study is rerun
-    return tune_arms(steps, variants, config, dataset, seeds, run=family_runner(config, family, max_loss),
-                     joint_extend=0)
+    every = tuple((v.label, (v.label,)) for v in variants)
+    diloco = tuple((v.label, (v.label,)) for v in variants if v.algo == "diloco")
+    steps = [TuneStep(INNER_LR, INNER_GRID, every), outer_step_grid(diloco), TuneStep(INNER_LR, INNER_GRID, diloco)]
+    return tune_arms(steps, variants, config, dataset, seeds, run=family_runner(config, family, max_loss))
 
 
 def _seconds_to_target(outcomes, values, latency, step_time, target) -> dict:
@@ -321,17 +279,13 @@ def run_family_study_command(args) -> int:
         write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": status,
                                               "reason": reason, **extra})
 
-    tune = getattr(args, "outer_momentum", None) is None and (
-        study.name not in OUTER_STEP_STUDIES or getattr(args, "outer_lr", None) is None)
+    tune = getattr(args, "outer_momentum", None) is None and getattr(args, "outer_lr", None) is None
     tuning, started = [], time.perf_counter()
     try:
         with run_outcome(stopped), quiet_numpy(), limit:
-            if tune and study.name in OUTER_STEP_STUDIES:
+            if tune:
                 variants, tuning = tune_outer_step(variants, config, family, data, [TUNE_SEED],
                                                    max_loss=max_loss_flag(args))
-            elif tune:
-                variants, tuning = tune_momentum(variants, config, family, data, [TUNE_SEED], MOMENTUM_GRID,
-                                                 max_loss=max_loss_flag(args))
             outcomes = run_family_study(variants, config, family, data, seeds, history=history,
                                         on_run_end=on_run_end, max_loss=max_loss_flag(args))
     finally:

@@ -154,8 +154,7 @@ def run_paper_study(args) -> int:
         with limit:
             if steps_to_tune:
                 arms, tuning = tune_arms(steps_to_tune, arms, config, data, tuning_seeds, encode=encode,
-                                         on_run=lambda o: finished(o, "tune"), cache=cache, data_key=data_info,
-                                         joint_extend=None if study.extend_outer else 0)
+                                         on_run=lambda o: finished(o, "tune"), cache=cache, data_key=data_info)
             for arm in arms:
                 for seed in seeds:
                     outcome = run_arm(arm, config, seed, data, encode=encode, cache=cache, data_key=data_info)

@@ -282,7 +282,7 @@ def past_the_edge(field, grid: list, best, added: dict, extend: int) -> list:
 
 
 def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=None, on_run=None, cache=None,
-              data_key=None, extend: int = 2, run=None, joint_extend: int | None = None) -> tuple[list, list]:
+              data_key=None, extend: int = 2, run=None) -> tuple[list, list]:
     """Run the tuning ``steps`` (``TuneStep``) in order, each on the arms as the previous left them.
 
     For each group, the probe arm runs every grid value on ``seeds``; the value with the
@@ -291,8 +291,7 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
     end of the grid, the grid is extended past it (``past_the_edge``: the 1-3-10 ladder, or
     for the outer lr x momentum grid one coordinate at a time on ``JOINT_LADDERS``; up to
     ``extend`` values on each side), so a chosen value is never the last one tried unless
-    the limit is hit or the ladder ends (momentum 0); ``joint_extend`` sets the joint grid's
-    limit apart (0: tried as it is). ``run`` trains one candidate (``run_arm``'s
+    the limit is hit or the ladder ends (momentum 0; ``extend=0``: tried as it is). ``run`` trains one candidate (``run_arm``'s
     signature; ``run_arm`` by default): a study with its own runner (the family studies)
     tunes through this same loop; an arm is any ``NamedTuple`` with ``label``, ``algo`` and
     ``changes``.
@@ -326,8 +325,7 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
                     mean = sum(losses) / len(losses)
                     scores[value] = mean if math.isfinite(mean) else math.inf  # a diverged run loses, never ties
                 best = min(scores, key=lambda v: (scores[v], v))
-                limit = extend if isinstance(step.field, str) or joint_extend is None else joint_extend
-                more = past_the_edge(step.field, grid, best, added, limit)
+                more = past_the_edge(step.field, grid, best, added, extend)
                 if not more:
                     break
                 grid += [v for v in more if v not in grid]

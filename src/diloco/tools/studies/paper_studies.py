@@ -90,9 +90,6 @@ class PaperStudy(NamedTuple):
     outer_tune: dict | None = None  # fig6: {arm label: outer lr grid}
     values_tune: bool = False  # --values replaces the outer lr grid (fig6) rather than choosing arms
     outer_groups: Callable[[list], tuple] | None = None  # (arms) -> groups whose outer lr x momentum is tuned
-    # False: the outer grid is tried as it is, never past its edges (scaling: its stored results
-    # predate the extension, and its rerun, about 40 CPU minutes, waits for a later session)
-    extend_outer: bool = True
 
 
 # Per task: the model, the inner lr before tuning, the grid it is tuned over, the non-IID split
@@ -511,8 +508,7 @@ PAPER_STUDIES = {
                          "the abstract's robustness claim", _noniid_arms, _noniid_claims, shared(lambda arm: "IID"),
                          outer_groups=shared(lambda arm: "IID")),
     "scaling": PaperStudy("scaling", "Model width at a fixed token budget: DiLoCo against data parallelism",
-                          "Charles et al. 2025", _scaling_arms, _scaling_claims, outer_groups=diloco_arms,
-                          extend_outer=False),
+                          "Charles et al. 2025", _scaling_arms, _scaling_claims, outer_groups=diloco_arms),
     "inner-muon": PaperStudy("inner-muon", "Muon against AdamW as DiLoCo's inner optimizer, each tuned",
                              "MuLoCo (Therien et al. 2025)", _inner_muon_arms, _inner_muon_claims,
                              shared(_adamw_probe), outer_groups=diloco_arms),
