@@ -74,7 +74,7 @@ def test_the_arms_record_the_bytes_the_study_budgets():
 @pytest.mark.parametrize("argv, message", [
     (["--data", "mnist1d", "--seeds", "4"], "--seeds must be at least 5"),
     (["--data", "digits", "--seeds", "5"], "study sparse runs on --data shakespeare or --data mnist1d"),
-    (["--data", "mnist1d", "--seeds", "5", "--total-steps", "15"], "--total-steps must be a positive multiple"),
+    (["--data", "mnist1d", "--seeds", "5", "--total-steps", "12"], "--total-steps must be a positive multiple"),
 ])
 def test_the_command_refuses_in_one_line(argv, message, tmp_path, capsys):
     from cli_helpers import run_cli
@@ -102,3 +102,39 @@ def test_the_results_page_section_is_exactly_the_rendering_of_the_files():
         steps = re.search(r"--total-steps (\d+)", command)
         assert (int(steps.group(1)) if steps else TASKS[task]["steps"]) == summaries[task]["steps_per_worker"]
     assert rebuild(page, summaries) == page
+
+
+def test_every_arm_is_tuned_and_sparseloco_tunes_its_feedback_decay_in_place_of_momentum():
+    from diloco.tools.studies.beyond_sparse import DECAYS, OUTER_LRS, OUTER_MOMENTA, sparse_tuning_steps
+    from diloco.tools.studies.paper_runs import FEEDBACK_DECAY, INNER_LR, OUTER_STEP, apply_value
+
+    arms = sparse_arms(tensor_shapes(40, (128,), 10), 4, 50, 5)
+    inner, nesterov, sparseloco = sparse_tuning_steps(arms, 3e-3)
+    labels = [a.label for a in arms]
+    # the inner lr: 1e-3, 3e-3, 1e-2, probed on full-precision DiLoCo for every arm
+    assert inner.field == INNER_LR and inner.grid == (1e-3, 3e-3, 1e-2)
+    assert inner.groups == ((labels[0], tuple(labels)),)
+    # the five Nesterov arms each on itself over 3 x 2 pairs; the two SGD-outer arms over lr x beta
+    assert nesterov.field == OUTER_STEP and [g[0] for g in nesterov.groups] == labels[:5]
+    assert len(nesterov.grid) == len(OUTER_LRS) * len(OUTER_MOMENTA) == 6
+    assert sparseloco.field == ("outer_lr", FEEDBACK_DECAY) and [g[0] for g in sparseloco.groups] == labels[5:]
+    assert all(g[1] == (g[0],) for g in nesterov.groups + sparseloco.groups)
+    assert (1.0, 0.99) in sparseloco.grid and len(sparseloco.grid) == len(OUTER_LRS) * len(DECAYS)
+    # a pair sets the outer lr and the buffer's decay, and leaves the rest of the wire alone
+    changes = apply_value(arms[6].changes, sparseloco.field, (0.7, 0.9))
+    assert changes["outer_lr"] == 0.7 and changes["family"]["topk_decay"] == 0.9
+    assert {k: v for k, v in changes["family"].items() if k != "topk_decay"} == {
+        k: v for k, v in arms[6].changes["family"].items() if k != "topk_decay"}
+    assert changes["outer_momentum"] == 0.0 and changes["outer_optimizer"] == "sgd"
+
+
+def test_a_feedback_decay_chosen_at_its_grids_top_is_tried_higher_up_to_no_decay():
+    from diloco.tools.studies.paper_runs import FEEDBACK_DECAY, past_the_edge
+
+    field = ("outer_lr", FEEDBACK_DECAY)
+    grid = [(lr, b) for lr in (0.5, 1.0) for b in (0.9, 0.99)]
+    added: dict = {}
+    assert past_the_edge(field, grid, (0.5, 0.99), added, 2) == [(0.3, 0.99), (0.5, 1.0)]
+    grid += [(0.3, 0.99), (0.5, 1.0)]
+    # 1.0 is the ladder's top, and lr 0.5 is no longer the smallest tried: nothing more
+    assert past_the_edge(field, grid, (0.5, 1.0), added, 2) == []

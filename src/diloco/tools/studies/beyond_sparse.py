@@ -1,10 +1,17 @@
 """``diloco study sparse``: sparse outer gradients (SparseLoCo, DeMo) against DiLoCo at equal bytes.
 
-Seven arms on one task (``--data shakespeare`` or ``--data mnist1d``), K = 4 workers, H = 10.
-The first five keep DiLoCo's outer Nesterov (lr 0.7, momentum 0.9), so only the wire
-differs; the last two follow SparseLoCo's recipe, in which the error-feedback buffer
-replaces the outer momentum: outer SGD without momentum at lr 1, buffer decay 0.95 (our
-choice of beta):
+Seven arms on one task (``--data shakespeare`` or ``--data mnist1d``), K = 4 workers, H = 5,
+200 rounds (1,000 steps per worker: at 2% density a value waits about 50 rounds to be sent,
+so the error feedback has four such cycles). The first five keep DiLoCo's outer Nesterov,
+so only the wire differs; the last two follow SparseLoCo's recipe, in which the
+error-feedback buffer (decay beta) replaces the outer momentum: outer SGD without momentum.
+
+Every arm is tuned on seed 1000, never a reported seed (``sparse_tuning_steps``, through
+``paper_runs.tune_arms``): the inner lr on full-precision DiLoCo for all arms (the arms
+differ only in the outer step and the wire), then each Nesterov arm's outer lr x momentum
+over ``OUTER_LRS`` x ``OUTER_MOMENTA`` and each SparseLoCo arm's outer lr x beta over
+``OUTER_LRS`` x ``DECAYS``, each grid extended past a chosen edge (``past_the_edge``). The
+grids and the choices are printed under the tables. The arms:
 
 * ``DiLoCo (float64)``: full precision, the ring all-reduce's ``2 (K-1)/K N 8`` bytes a round;
 * ``DiLoCo fp4``: 4-bit outer gradients (E2M1, one scale per 32 values), the byte budget
@@ -22,6 +29,7 @@ choice of beta):
   feedback (far fewer bytes than every other arm).
 
 The char-LM is evaluated on 2,048 held-out windows (``--eval-windows``), every round.
+``--run-cache DIR`` keeps every run (tuning included), so a study cut short resumes.
 The claims (``Claim``) are judged as the paper studies' (``paper_report``): paired over
 seeds, 95% interval, the five verdict words. ``--export DIR`` writes
 ``DIR/beyond-sparse-<task>.json``; ``python -m diloco.tools.studies.beyond_sparse`` renders
@@ -54,18 +62,30 @@ from diloco.tools.studies.paper_report import (
     summarise_arms,
     verdict,
 )
-from diloco.tools.studies.paper_runs import write_study
+from diloco.tools.studies.paper_runs import (
+    FEEDBACK_DECAY,
+    INNER_LR,
+    OUTER_STEP,
+    RunCache,
+    TuneStep,
+    check_tuning_seeds,
+    next_on_ladder,
+    outer_step_grid,
+    tune_arms,
+    write_study,
+)
 from diloco.tools.studies.paper_studies import Arm, Claim, run_arm
+from diloco.tools.studies.results_page import render_tuning
 
 __all__ = ["TASKS", "K", "H", "FP4_BLOCK", "tensor_shapes", "fp4_round_bytes", "sparse_round_bytes",
            "matched_density", "sparse_arms", "sparse_claims", "run_sparse_study", "render_bytes_table",
            "render_block", "rebuild", "main"]
 
 TASKS = {
-    "shakespeare": {"hidden_sizes": (128,), "inner": {"lr": 3e-3}, "steps": 400},
-    "mnist1d": {"hidden_sizes": (128,), "inner": {"lr": 1e-3}, "steps": 800},
+    "shakespeare": {"hidden_sizes": (128,), "inner": {"lr": 3e-3}, "steps": 1000},
+    "mnist1d": {"hidden_sizes": (128,), "inner": {"lr": 1e-3}, "steps": 1000},
 }
-K, H = 4, 10
+K, H = 4, 5
 EVAL_WINDOWS = 2048  # the char-LM's held-out windows (--eval-windows), evaluated every round
 FP4_BLOCK = 32
 TOPK_CHUNK, DCT_CHUNK = 4096, 1024
@@ -73,6 +93,9 @@ PAPER_DENSITY = 0.02
 # SparseLoCo's recipe: the error-feedback buffer (decay beta) replaces the outer momentum.
 SPARSELOCO_OUTER = {"outer_optimizer": "sgd", "outer_momentum": 0.0, "nesterov": False, "outer_lr": 1.0}
 SPARSELOCO_FEEDBACK = {"error_feedback": True, "topk_decay": 0.95}
+# The tuning grids (each extended past a chosen edge); the tuning seed is never reported.
+OUTER_LRS, OUTER_MOMENTA, DECAYS = (0.5, 0.7, 1.0), (0.5, 0.9), (0.9, 0.95, 0.99)
+TUNE_SEED = 1000
 MARGIN = 0.05  # "comparable": a relative cost under 5% of the metric
 BLOCK = re.compile(r"<!-- generated: (?P<name>beyond-sparse-[\w-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
 
@@ -134,6 +157,20 @@ SPARSELOCO = ('"extreme compression ratios of up to 1-3% sparsity and 2-bit quan
               'full-precision DiLoCo" (SparseLoCo, abstract)')
 
 
+def sparse_tuning_steps(arms, inner_lr: float) -> list:
+    """``paper_runs.TuneStep`` list of the module doc: the inner lr (``inner_lr`` and its
+    1-3-10 neighbours) probed on the first arm for all, then each Nesterov arm's outer lr x
+    momentum, then each SGD-outer (SparseLoCo) arm's outer lr x feedback decay."""
+    labels = tuple(arm.label for arm in arms)
+    sgd = tuple((a.label, (a.label,)) for a in arms if a.changes.get("outer_optimizer") == "sgd")
+    nesterov = tuple((a.label, (a.label,)) for a in arms if a.changes.get("outer_optimizer") != "sgd")
+    inner = (next_on_ladder(inner_lr, up=False), inner_lr, next_on_ladder(inner_lr, up=True))
+    decay = (OUTER_STEP[0], FEEDBACK_DECAY)
+    return [TuneStep(INNER_LR, inner, ((labels[0], labels),)),
+            outer_step_grid(nesterov, OUTER_LRS, OUTER_MOMENTA),
+            TuneStep(decay, tuple((lr, beta) for lr in OUTER_LRS for beta in DECAYS), sgd)]
+
+
 def sparse_claims(arms) -> list:
     full, fp4, topk, no_ef, demo, recipe, paper = (a.label for a in arms)
     return [
@@ -176,6 +213,11 @@ def run_sparse_study(args) -> int:
     shapes = tensor_shapes(_num_features(data), config.hidden_sizes, data.num_classes)
     arms = sparse_arms(shapes, config.num_workers, steps, config.inner_steps)
     seeds = list(range(config.seed, config.seed + args.seeds))
+    try:
+        check_tuning_seeds([TUNE_SEED], seeds)
+    except ValueError as exc:
+        raise CliError(f"--seed: {exc}") from None
+    cache = RunCache(args.run_cache) if getattr(args, "run_cache", None) else None
     run_dir = create_run_dir(args.runs_dir, args.name or f"study-sparse-{task}")
     write_json(run_dir / "config.json", {"command": "study", "study": "sparse", "task": task,
                                          "config": config.to_dict(), "steps_per_worker": steps, "seeds": seeds,
@@ -186,9 +228,12 @@ def run_sparse_study(args) -> int:
         print(f"study sparse on {task}: {len(arms)} arms x {len(seeds)} seeds, {steps} steps per worker")
     threads, limit = thread_limit(args, config, data)
     started, outcomes = time.perf_counter(), []
+    runs = {"encode": data.encode, "cache": cache, "data_key": data_info}
     try:
         with limit:
-            _run_arms(arms, config, seeds, data, results, args.quiet, outcomes)
+            arms, tuning = tune_arms(sparse_tuning_steps(arms, config.inner.lr), arms, config, data, [TUNE_SEED],
+                                     **runs)
+            _run_arms(arms, config, seeds, data, results, args.quiet, outcomes, runs)
     except (TypeError, ValueError) as exc:
         raise CliError(f"study sparse: {exc}") from None
     rows = summarise_arms(outcomes, arms)
@@ -196,7 +241,7 @@ def run_sparse_study(args) -> int:
                        + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else []))
     summary = {"study": "sparse", "title": "Sparse outer gradients at equal bytes", "reference": "SparseLoCo, DeMo",
                "task": task, "data": data_info, "config": config.to_dict(), "steps_per_worker": steps,
-               "seeds": seeds, "blas_threads": threads, "rows": rows,
+               "seeds": seeds, "tune_seeds": [TUNE_SEED], "tuning": tuning, "blas_threads": threads, "rows": rows,
                "claims": judge_claims(sparse_claims(arms), rows, task),
                "seconds": time.perf_counter() - started, "command": command}
     write_study(run_dir, summary, f"Sparse outer gradients ({task})", render_block(summary),
@@ -204,10 +249,10 @@ def run_sparse_study(args) -> int:
     return 0
 
 
-def _run_arms(arms, config, seeds, data, results, quiet: bool, outcomes: list) -> None:
+def _run_arms(arms, config, seeds, data, results, quiet: bool, outcomes: list, runs: dict) -> None:
     for arm in arms:
         for seed in seeds:
-            outcome = run_arm(arm, config, seed, data, encode=data.encode)
+            outcome = run_arm(arm, config, seed, data, **runs)
             outcomes.append(outcome)
             results.write_line(outcome)
             if not quiet:
@@ -227,8 +272,9 @@ def render_bytes_table(summary: dict) -> str:
 def render_block(summary: dict) -> str:
     """The results page's block of one task: bytes, arms, claims."""
     return (render_bytes_table(summary) + "\n" + render_arms_table(summary) + "\n" + render_claims_table(summary)
-            + f"\nSeeds {summary['seeds']}; {summary['steps_per_worker']} steps per worker; "
-              f"wall time {summary['seconds'] / 60:.1f} min (one process).\n")
+            + f"\nSeeds {summary['seeds']}; {summary['steps_per_worker']} steps per worker, H = "
+              f"{summary['config']['inner_steps']}; wall time {summary['seconds'] / 60:.1f} min (one process, "
+              f"tuning included).\n" + render_tuning(summary))
 
 
 def load_summaries(directory) -> dict:

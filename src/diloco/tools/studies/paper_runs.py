@@ -28,11 +28,13 @@ from diloco.tools.runs.atomic_files import atomic_write_text, write_json
 from diloco.tools.studies.ablations import fast_engine_available, trainer
 
 __all__ = ["Arm", "TuneStep", "INNER_LR", "OUTER_STEP", "OUTER_LR_GRID", "OUTER_MOMENTUM_GRID", "RunCache", "MUON_LR",
+           "FEEDBACK_DECAY",
            "arm_engine", "outcome_of", "run_arm", "tune_arms", "outer_step_grid", "check_tuning_seeds", "write_study",
            "apply_value", "next_on_ladder", "past_the_edge", "JOINT_LADDERS", "with_warmup", "WARMUP_FRACTION"]
 
 INNER_LR = "inner lr"  # the tuning field that sets ``inner.lr`` (every other field is a DiLoCoConfig field)
 MUON_LR = "muon lr"  # the tuning field that sets ``muon.lr`` (a Muon arm's matrices; its biases keep ``inner.lr``)
+FEEDBACK_DECAY = "feedback decay"  # sets ``family.topk_decay``: the error-feedback buffer's decay (SparseLoCo's beta)
 # The outer step, tuned jointly: a field pair whose grid values are (outer lr, outer momentum) pairs.
 OUTER_STEP = ("outer_lr", "outer_momentum")
 OUTER_LR_GRID = (0.3, 0.5, 0.7, 1.0)
@@ -98,6 +100,8 @@ def apply_value(changes: dict, field: str, value) -> dict:
         return {**changes, "inner": {**changes.get("inner", {}), "lr": value}}
     if field == MUON_LR:
         return {**changes, "muon": {**changes.get("muon", {}), "lr": value}}
+    if field == FEEDBACK_DECAY:
+        return {**changes, "family": {**changes.get("family", {}), "topk_decay": value}}
     return {**changes, field: value}
 
 
@@ -238,9 +242,10 @@ def next_on_ladder(value: float, *, up: bool) -> float:
 
 # The outer step's ladders past the joint grid's ends: outer lr in finer steps than 1-3-10
 # (a 3x jump from 1.0 overshoots), momentum halving its distance to 1. Momentum 0 is the
-# lowest there is.
+# lowest there is; a feedback decay of 1 (no decay) the highest.
 JOINT_LADDERS = {"outer_lr": (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8),
-                 "outer_momentum": (0.0, 0.5, 0.9, 0.95, 0.975)}
+                 "outer_momentum": (0.0, 0.5, 0.9, 0.95, 0.975),
+                 FEEDBACK_DECAY: (0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)}
 
 
 def _on_joint_ladder(field: str, value: float, up: bool) -> float | None:
@@ -253,9 +258,9 @@ def past_the_edge(field, grid: list, best, added: dict, extend: int) -> list:
     """The values to try next because ``best`` sits at an end of ``grid`` (``[]``: none).
 
     A one-field grid steps past its end on the 1-3-10 ladder (``next_on_ladder``). A joint
-    grid (``OUTER_STEP``) steps one coordinate at a time, the others held at ``best``: for
-    each field whose best value is its largest (smallest) in the grid, the next value on
-    ``JOINT_LADDERS``. Each field and direction is extended at most ``extend`` times
+    grid (``OUTER_STEP``, or outer lr x ``FEEDBACK_DECAY``) steps one coordinate at a time,
+    the others held at ``best``: for each field whose best value is its largest (smallest)
+    in the grid, the next value on ``JOINT_LADDERS``. Each field and direction is extended at most ``extend`` times
     (``added`` counts them)."""
     if isinstance(field, str):
         fields, points, best_point = (field,), [(v,) for v in grid], (best,)
@@ -291,10 +296,10 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
     end of the grid, the grid is extended past it (``past_the_edge``: the 1-3-10 ladder, or
     for the outer lr x momentum grid one coordinate at a time on ``JOINT_LADDERS``; up to
     ``extend`` values on each side), so a chosen value is never the last one tried unless
-    the limit is hit or the ladder ends (momentum 0; ``extend=0``: tried as it is). ``run`` trains one candidate (``run_arm``'s
-    signature; ``run_arm`` by default): a study with its own runner (the family studies)
-    tunes through this same loop; an arm is any ``NamedTuple`` with ``label``, ``algo`` and
-    ``changes``.
+    the limit is hit or the ladder ends (momentum 0; ``extend=0``: tried as it is). ``run``
+    trains one candidate (``run_arm``'s signature; ``run_arm`` by default): a study with its
+    own runner (the family studies) tunes through this same loop; an arm is any
+    ``NamedTuple`` with ``label``, ``algo`` and ``changes``.
 
     Returns
     -------

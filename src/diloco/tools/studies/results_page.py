@@ -38,6 +38,7 @@ from diloco.tools.studies.paper_report import (
     render_paper_table,
     verdict,
 )
+from diloco.tools.studies.paper_runs import FEEDBACK_DECAY
 from diloco.tools.studies.paper_studies import claim_setting
 
 __all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "BLOCK",
@@ -185,6 +186,10 @@ def render_block(name: str, summaries: dict) -> str:
     return render_arms_table(summary) + "\n" + render_claims_table(summary) + render_tuning(summary)
 
 
+# A joint grid's fields, as its pairs are printed (``lr/mu``).
+SHORT_FIELDS = {"outer_lr": "lr", "outer_momentum": "mu", FEEDBACK_DECAY: "beta"}
+
+
 def render_tuning(summary: dict) -> str:
     """The tuning grid: per tuning step, field and probe arm, the mean final held-out loss at
     each value on the tuning seeds, the chosen value in bold, and the arms that took it.
@@ -220,7 +225,7 @@ def _edge_note(field, entries: list) -> str:
     edges = []
     for i, name in enumerate(field):
         values = sorted({e["value"][i] for e in entries})
-        short = {"outer_lr": "lr", "outer_momentum": "mu"}.get(name, name)
+        short = SHORT_FIELDS.get(name, name)
         if len(values) > 1 and chosen[0][i] in (values[0], values[-1]):
             edges.append(f"{short} {chosen[0][i]:g} is its {'largest' if chosen[0][i] == values[-1] else 'smallest'}")
     return f" (chosen at the grid's edge: {', '.join(edges)})" if edges else ""
@@ -229,7 +234,7 @@ def _edge_note(field, entries: list) -> str:
 def _field_text(field) -> str:
     if isinstance(field, tuple):
         return " x ".join(f.replace("_", " ") for f in field) + " (" + "/".join(
-            {"outer_lr": "lr", "outer_momentum": "mu"}.get(f, f) for f in field) + ")"
+            SHORT_FIELDS.get(f, f) for f in field) + ")"
     return field.replace("_", " ")
 
 
