@@ -238,7 +238,8 @@ def run_sparse_study(args) -> int:
         raise CliError(f"study sparse: {exc}") from None
     rows = summarise_arms(outcomes, arms)
     command = " ".join([".venv/bin/diloco study sparse --data", task, "--seeds", str(args.seeds)]
-                       + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else []))
+                       + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
+                       + (["--num-samples", str(args.num_samples)] if getattr(args, "num_samples", None) else []))
     summary = {"study": "sparse", "title": "Sparse outer gradients at equal bytes", "reference": "SparseLoCo, DeMo",
                "task": task, "data": data_info, "config": config.to_dict(), "steps_per_worker": steps,
                "seeds": seeds, "tune_seeds": [TUNE_SEED], "tuning": tuning, "blas_threads": threads, "rows": rows,
