@@ -263,3 +263,20 @@ def test_outer_grid_replaces_the_outer_step_grid_and_bad_ones_are_refused(capsys
                        ("a:0.5", "LR1,LR2")):
         assert main(["study", "fig9", "--data", "shakespeare", "--outer-grid", bad, "-q"]) == 2
         assert words in capsys.readouterr().err
+
+
+def test_fig6_tunes_each_momentum_methods_lr_and_momentum_and_sgds_lr_alone():
+    from diloco.tools.studies.paper_runs import OUTER_STEP
+    from diloco.tools.studies.paper_studies import tuning_steps
+
+    study = PAPER_STUDIES["fig6"]
+    arms = study.arms(DiLoCoConfig(num_workers=4, inner_steps=10), 100)
+    steps = {s.groups[0][0]: s for s in tuning_steps(study, arms, (1e-3,))[1:]}
+    assert sorted(steps) == sorted(a.label for a in arms)
+    for label in ("Nesterov", "heavy ball", "Adam (eps 0.1)"):  # Adam's momentum is its beta1
+        assert steps[label].field == OUTER_STEP and {mu for _, mu in steps[label].grid} == {0.5, 0.9}
+    assert steps["Nesterov"].grid == ((0.3, 0.5), (0.3, 0.9), (0.7, 0.5), (0.7, 0.9), (1.0, 0.5), (1.0, 0.9))
+    assert steps["SGD (no momentum)"].field == "outer_lr" and steps["SGD (no momentum)"].grid == (1.0, 2.0, 3.0)
+    # --values replaces the lr grid, still crossed with the momenta
+    replaced = {s.groups[0][0]: s for s in tuning_steps(study, arms, (1e-3,), (0.5,))[1:]}
+    assert replaced["heavy ball"].grid == ((0.5, 0.5), (0.5, 0.9)) and replaced["SGD (no momentum)"].grid == (0.5,)
