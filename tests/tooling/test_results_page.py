@@ -4,7 +4,8 @@ The page's tables are generated blocks (``diloco.tools.studies.results_page``) r
 ``docs/assets/results/<study>-<task>.json``, the summaries that ``diloco study <study>
 --data <task> --export docs/assets/results`` writes. These tests render every block again
 and require the page to hold exactly that; require the command that produced each block
-beside it, with the seeds and budget the summary records; and require every measured
+beside it, with the seeds and budget the summary records; require each headline claim's
+plot against tokens (``claim_curves.MLP_HEADLINE``) beside its study; and require every measured
 number the prose quotes (three decimals or more, as the tables print them; settings such as
 lr 0.7 have fewer) to be one that a generated block on the page shows.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from diloco.tools.studies.claim_curves import MLP_HEADLINE, headline_claims
 from diloco.tools.studies.make_results import JOBS, command_of
 from diloco.tools.studies.paper_studies import TASKS as TASK_DEFAULTS
 from diloco.tools.studies.results_page import (
@@ -23,6 +25,7 @@ from diloco.tools.studies.results_page import (
     FAMILY_ORDER,
     ORDER,
     STUDY_TASKS,
+    TASKS,
     block_names,
     load_summaries,
     rebuild,
@@ -90,6 +93,22 @@ def test_every_study_and_task_has_its_block_its_file_and_its_plot(page, summarie
             assert f"{study}-{task}" in names, f"the page has no block {study}-{task}"
             assert (study, task) in summaries, f"docs/assets/results/{study}-{task}.json is missing"
             assert f"assets/results/{study}-{task}.png" in page and (RESULTS / f"{study}-{task}.png").exists()
+
+
+def test_every_headline_claim_has_its_plot_beside_its_study_and_its_costs_block(page, summaries):
+    names = set(block_names(page))
+    for task in TASKS:
+        assert f"costs-{task}" in names, f"the page has no block costs-{task}"
+        places = headline_claims(summaries, MLP_HEADLINE, task)
+        assert [study for study, _, _ in places] == [study for study, _ in MLP_HEADLINE], (
+            f"{task}: a headline claim of claim_curves.MLP_HEADLINE is not in its study's summary")
+        for study, summary, index in places:
+            assert all(row.get("per_seed_curve") for row in summary["rows"]), f"{study}-{task}: no per_seed_curve"
+            name = f"{study}-{task}-claim{index}.png"
+            assert (RESULTS / name).exists(), f"{name} is missing: python -m diloco.tools.studies.claim_curves"
+            end = page.index(f"<!-- end: {study}-{task} -->")
+            beside = page[end:page.find("\n## ", end)]
+            assert f"](assets/results/{name})" in beside, f"{name} is not shown beside block {study}-{task}"
 
 
 def _section_before(page: str, name: str) -> str:

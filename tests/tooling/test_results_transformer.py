@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 
 from diloco.tools.studies.claim_curves import (
-    HEADLINE,
+    TRANSFORMER_HEADLINE,
     arm_tokens,
     claim_index,
+    every_claim,
     plot_claim,
     render_claim_costs,
+    token_unit,
     tokens_per_step,
 )
 from diloco.tools.studies.make_results import TRANSFORMER_EXPORT, TRANSFORMER_JOBS, command_of
@@ -69,7 +71,7 @@ def test_every_study_has_its_file_its_plot_and_the_command_that_made_it_beside_i
 
 
 def test_every_headline_claim_has_its_plot_on_the_page(page, summaries):
-    for study, start in HEADLINE:
+    for study, start in TRANSFORMER_HEADLINE:
         index = claim_index(summaries[(study, "shakespeare")], start)
         assert index is not None, f"{study}: no claim starts with {start!r}"
         name = f"{study}-shakespeare-claim{index}.png"
@@ -91,7 +93,7 @@ def test_every_number_in_the_prose_is_one_the_tables_show(page):
 
 # --- claim_curves by hand ----------------------------------------------------------------------
 
-def _summary(model: str) -> dict:
+def _summary(model: str, data: dict | None = None) -> dict:
     curve = [[10, 4.0], [20, 3.0]]
     rows = [{"arm": "A", "algo": "diloco", "changes": {"num_workers": 4}, "seeds": [0, 1], "num_workers": 4,
              "steps_per_worker": 20, "all_reduces": 2, "bytes_sent": 1_500_000, "curve": curve,
@@ -100,7 +102,8 @@ def _summary(model: str) -> dict:
              "num_workers": 1, "steps_per_worker": 20, "all_reduces": 20, "bytes_sent": 0, "curve": curve,
              "per_seed_curve": [[4.2, 3.2], [4.0, 3.0]]}]
     claims = [{"text": "A beats B", "better": "A", "worse": "B", "verdict": "holds"}]
-    return {"config": {"model": model, "batch_size": 8}, "data": {"context": 64}, "rows": rows, "claims": claims}
+    return {"config": {"model": model, "batch_size": 8}, "data": {"context": 64} if data is None else data,
+            "rows": rows, "claims": claims}
 
 
 def test_tokens_count_every_predicted_character():
@@ -111,10 +114,42 @@ def test_tokens_count_every_predicted_character():
     assert arm_tokens(transformer, a) == 20 * 4 * 512 and arm_tokens(transformer, b) == 20 * 1 * 128
 
 
+def test_a_classifier_counts_examples_not_tokens():
+    digits = _summary("mlp", data={"num_features": 40})
+    a, b = digits["rows"]
+    assert token_unit(digits) == "example" and token_unit(_summary("mlp")) == "token"
+    assert tokens_per_step(digits, a) == 8 and tokens_per_step(digits, b) == 2
+    table = render_claim_costs(every_claim({("s", "mnist1d"): digits}, ["s"], "mnist1d"))
+    assert table.startswith("| claim | arm | worker-steps | examples |") and "| A beats B | A | 80 | 640 |" in table
+    assert plot_claim(digits, 0).axes[0].get_xlabel().startswith("examples trained on")
+
+
 def test_the_costs_table_lists_both_arms_of_each_claim():
-    table = render_claim_costs({("s", "shakespeare"): _summary("transformer")}, ["s"])
+    table = render_claim_costs(every_claim({("s", "shakespeare"): _summary("transformer")}, ["s", "absent"],
+                                           "shakespeare"))
+    assert table.startswith("| claim | arm | worker-steps | tokens |")
     assert "| A beats B | A | 80 | 40,960 | 2 | 1.5 MB |" in table
     assert "|  | B | 20 | 2,560 | 20 | 0 B |" in table
+
+
+def test_a_summary_without_per_seed_curves_is_named_not_drawn(tmp_path, capsys):
+    from diloco.tools.runs.atomic_files import write_json
+    from diloco.tools.studies.claim_curves import write_plots
+
+    old = _summary("mlp")
+    for row in old["rows"]:
+        del row["per_seed_curve"]
+    with pytest.raises(ValueError, match=r"arm\(s\) \['A', 'B'\] have no per_seed_curve"):
+        plot_claim(old, 0)
+    write_json(tmp_path / "table2-shakespeare.json", {**old, "claims": [{**old["claims"][0], "margin": None,
+                                                                         "metric_difference": {"low": 1, "high": 2,
+                                                                                               "mean": 1.5}}]})
+    assert write_plots(tmp_path, (("table2", "A beats"),), ("shakespeare",)) == []
+    assert "table2-shakespeare: skipped" in capsys.readouterr().err
+    from diloco.tools.studies.claim_curves import main
+
+    assert main([str(tmp_path / "absent")]) == 2
+    assert capsys.readouterr().err == f"claim_curves: {tmp_path / 'absent'} is not a folder\n"
 
 
 def test_the_claim_plot_draws_the_mean_and_a_band_from_the_lowest_to_the_highest_seed():

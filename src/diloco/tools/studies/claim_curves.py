@@ -1,4 +1,4 @@
-"""Each headline claim's two arms against the tokens they trained on, and what each arm cost.
+"""Each headline claim's two arms against what they trained on, and what each arm cost.
 
 A paper study's summary (``paper_command``) holds, per arm, every seed's held-out loss after
 each round (``per_seed_curve``, from ``paper_report.summarise_arms``). For a claim, this
@@ -7,12 +7,17 @@ a band from the lowest to the highest seed (``plot_claim``), and tabulates per a
 compute and the communication behind the claim (``render_claim_costs``): worker-steps,
 tokens, all-reduces and the bytes each worker sent.
 
-Tokens: a worker-step trains on ``batch_size`` examples; a transformer example is a
+Tokens (``token_unit``, ``tokens_per_step``): a worker-step trains on ``batch_size``
+examples. On a text task a token is a predicted character: a transformer example is a
 window of ``context`` characters, each one predicted, an MLP char-LM example predicts one
-character and an MNIST-1D example is one sequence (counted as one).
+character. On a classification task (MNIST-1D) the unit is the example, one sequence.
 
-``python -m diloco.tools.studies.claim_curves FOLDER`` writes ``FOLDER/<study>-<task>-claim<i>.png``
-for the ``HEADLINE`` claims (``i``: the claim's place in its study's summary).
+Each results tier has its headline claims and tasks (``TIERS``): ``mlp``, docs/results.md,
+on both tasks; ``transformer``, docs/results-transformer.md, on the char-LM.
+``python -m diloco.tools.studies.claim_curves FOLDER [--tier mlp|transformer]`` writes
+``FOLDER/<study>-<task>-claim<i>.png`` for the tier's claims (``i``: the claim's place in its
+study's summary); a summary without ``per_seed_curve`` (written before it was recorded) is
+skipped with a note.
 """
 
 from __future__ import annotations
@@ -23,16 +28,32 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["HEADLINE", "tokens_per_step", "arm_tokens", "claim_index", "plot_claim", "render_claim_costs",
-           "write_plots", "main"]
+from diloco.tools.studies.results_page import TASKS, load_summaries
+
+__all__ = ["TRANSFORMER_HEADLINE", "MLP_HEADLINE", "TIERS", "token_unit", "tokens_per_step", "arm_tokens",
+           "claim_index", "every_claim", "headline_claims", "plot_claim", "render_claim_costs", "write_plots",
+           "main"]
 
 # The claims drawn: (study, the start of the claim's text); the first claim that matches.
-HEADLINE = (("table2", "DiLoCo beats the"), ("fig9", "DiLoCo with one worker"), ("splits", "non-IID speaker"),
-            ("inner-muon", "Muon as the inner"), ("fragments", "Streaming P=2"))
+TRANSFORMER_HEADLINE = (("table2", "DiLoCo beats the"), ("fig9", "DiLoCo with one worker"),
+                        ("splits", "non-IID speaker"), ("inner-muon", "Muon as the inner"),
+                        ("fragments", "Streaming P=2"))
+# docs/results.md's, on each of TASKS: Table 2's DiLoCo against both baselines, Fig. 9, Fig. 8's IID
+# drop and the harshest label skew, which its summary ("In short") quotes.
+MLP_HEADLINE = (("table2", "DiLoCo beats the 8x-batch"), ("table2", "DiLoCo beats the 1-worker"),
+                ("fig9", "DiLoCo with one worker"), ("fig8", "IID, a dropped worker carries on"),
+                ("splits", "non-IID label skew a=0.1:"))
+TIERS = {"mlp": (MLP_HEADLINE, tuple(TASKS)), "transformer": (TRANSFORMER_HEADLINE, ("shakespeare",))}
+
+
+def token_unit(summary: dict) -> str:
+    """What ``tokens_per_step`` counts: ``"token"`` (a predicted character) where the data
+    are text windows (the summary's data record their ``context``), ``"example"`` otherwise."""
+    return "token" if "context" in summary["data"] else "example"
 
 
 def tokens_per_step(summary: dict, row: dict) -> int:
-    """Predicted tokens (examples for MNIST-1D) one worker trains on in one step of ``row``'s arm."""
+    """Tokens (``token_unit``: examples for MNIST-1D) one worker trains on in one step of ``row``'s arm."""
     config = {**summary["config"], **{k: v for k, v in row.get("changes", {}).items() if not isinstance(v, dict)}}
     per_example = summary["data"].get("context", 1) if config.get("model") == "transformer" else 1
     return int(config["batch_size"]) * int(per_example)
@@ -50,41 +71,51 @@ def _claim_rows(summary: dict, index: int) -> tuple[dict, dict, dict]:
 
 
 def plot_claim(summary: dict, index: int):
-    """The claim's two arms: mean held-out loss against tokens, band from lowest to highest seed."""
+    """The claim's two arms: mean held-out loss against tokens, band from lowest to highest seed.
+
+    Raises ``ValueError`` when an arm has no ``per_seed_curve`` (a summary written before it was recorded).
+    """
     from matplotlib.figure import Figure
 
+    from diloco.tools.studies.plots import log_where_decades
+
     claim, better, worse = _claim_rows(summary, index)
+    missing = [row["arm"] for row in (better, worse) if not row.get("per_seed_curve")]
+    if missing:
+        raise ValueError(f"claim {claim['text']!r}: arm(s) {missing} have no per_seed_curve; rerun the study")
+    unit = token_unit(summary)
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
+    drawn = []
     for row, role in ((better, "the paper's better arm"), (worse, "its worse arm")):
         steps = np.array([point[0] for point in row["curve"]], dtype=float)
         tokens = steps * row["num_workers"] * tokens_per_step(summary, row)
         seeds = np.array(row["per_seed_curve"], dtype=float)
         line, = ax.plot(tokens, seeds.mean(axis=0), label=f"{row['arm']} ({role})")
         ax.fill_between(tokens, seeds.min(axis=0), seeds.max(axis=0), color=line.get_color(), alpha=0.2)
-    ax.set_xscale("log")
-    ax.set_xlabel("tokens trained on, all workers (log scale)")
-    ax.set_ylabel("held-out loss (nats per token)")
+        drawn.extend(tokens)
+    log_where_decades(ax, "x", drawn, at_least=0.0, formatter=lambda count: f"{count:,.0f}")
+    ax.set_xlabel(f"{unit}s trained on, all workers (log scale)")
+    ax.set_ylabel(f"held-out loss (nats per {unit})")
     ax.legend(fontsize=7)
     ax.set_title(f"{claim['text']}\nmean of {len(better['seeds'])} seeds; band: lowest to highest seed; "
                  f"verdict: {claim['verdict']}", fontsize=8)
     return fig
 
 
-def render_claim_costs(summaries: dict, order: list, task: str = "shakespeare") -> str:
-    """Per claim, per arm: worker-steps, tokens, all-reduces and bytes each worker sent."""
-    lines = ["| claim | arm | worker-steps | tokens | all-reduces | bytes sent per worker |",
+def render_claim_costs(places: list) -> str:
+    """Per claim (``(study, summary, index)``, from ``every_claim`` or ``headline_claims``), per
+    arm: worker-steps, tokens (``token_unit``), all-reduces and bytes each worker sent."""
+    unit = token_unit(places[0][1]) if places else "token"
+    lines = [f"| claim | arm | worker-steps | {unit}s | all-reduces | bytes sent per worker |",
              "|---|---|---:|---:|---:|---:|"]
-    for study in order:
-        summary = summaries.get((study, task))
-        if summary is None:
-            continue
-        for index, claim in enumerate(summary["claims"]):
-            for role, row in zip(("better", "worse"), _claim_rows(summary, index)[1:], strict=True):
-                text = claim["text"] if role == "better" else ""
-                lines.append(f"| {text} | {row['arm']} | {row['steps_per_worker'] * row['num_workers']:,} "
-                             f"| {arm_tokens(summary, row):,} | {row['all_reduces']:,} "
-                             f"| {_bytes(row['bytes_sent'])} |")
+    for _study, summary, index in places:
+        claim, *rows = _claim_rows(summary, index)
+        for role, row in zip(("better", "worse"), rows, strict=True):
+            text = claim["text"] if role == "better" else ""
+            lines.append(f"| {text} | {row['arm']} | {row['steps_per_worker'] * row['num_workers']:,} "
+                         f"| {arm_tokens(summary, row):,} | {row['all_reduces']:,} "
+                         f"| {_bytes(row['bytes_sent'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -100,31 +131,52 @@ def claim_index(summary: dict, start: str) -> int | None:
     return next((i for i, claim in enumerate(summary["claims"]) if claim["text"].startswith(start)), None)
 
 
-def write_plots(folder, claims=HEADLINE, task: str = "shakespeare") -> list[Path]:
-    """``folder/<study>-<task>-claim<i>.png`` for each ``(study, text start)`` whose summary is there."""
-    from diloco.tools.studies.plots import save_figure
-    from diloco.tools.studies.results_page import load_summaries
+def every_claim(summaries: dict, order, task: str) -> list:
+    """``(study, summary, index)`` for every claim of each study in ``order`` whose summary is there."""
+    return [(study, summaries[(study, task)], index) for study in order if (study, task) in summaries
+            for index in range(len(summaries[(study, task)]["claims"]))]
 
-    summaries = load_summaries(folder)
-    written = []
+
+def headline_claims(summaries: dict, claims, task: str) -> list:
+    """``(study, summary, index)`` for each ``(study, text start)`` of ``claims`` whose summary and claim are there."""
+    places = []
     for study, start in claims:
         summary = summaries.get((study, task))
         index = None if summary is None else claim_index(summary, start)
         if index is not None:
-            path = Path(folder) / f"{study}-{task}-claim{index}.png"
-            written.append(save_figure(plot_claim(summary, index), path))
+            places.append((study, summary, index))
+    return places
+
+
+def write_plots(folder, claims, tasks) -> list[Path]:
+    """``folder/<study>-<task>-claim<i>.png`` for each of ``claims`` on each of ``tasks`` whose
+    summary is there; one without ``per_seed_curve`` is skipped with a note on stderr."""
+    from diloco.tools.studies.plots import save_figure
+
+    summaries = load_summaries(folder)
+    written = []
+    for task in tasks:
+        for study, summary, index in headline_claims(summaries, claims, task):
+            try:
+                figure = plot_claim(summary, index)
+            except ValueError as error:
+                print(f"claim_curves: {study}-{task}: skipped: {error}", file=sys.stderr)
+                continue
+            written.append(save_figure(figure, Path(folder) / f"{study}-{task}-claim{index}.png"))
     return written
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diloco.tools.studies.claim_curves",
                                      description="plot each headline claim's two arms against tokens")
-    parser.add_argument("folder", help="the summaries' folder (docs/assets/results/transformer)")
+    parser.add_argument("folder", help="the summaries' folder (docs/assets/results, or its transformer/)")
+    parser.add_argument("--tier", choices=sorted(TIERS), default="mlp",
+                        help="whose headline claims: mlp (docs/results.md, default) or transformer")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not Path(args.folder).is_dir():
         print(f"claim_curves: {args.folder} is not a folder", file=sys.stderr)
         return 2
-    for path in write_plots(args.folder):
+    for path in write_plots(args.folder, *TIERS[args.tier]):
         print(path)
     return 0
 

@@ -7,9 +7,10 @@ its table (``tests/tooling/test_results_page.py`` checks that they agree). Up to
 paper studies share ``build/results-cache`` (``paper_runs.RunCache``), so a run that two
 studies need is trained once. Each command's output goes to ``build/results-logs/``.
 Afterwards both pages are rendered again from ``docs/assets/results/``
-(``diloco.tools.studies.results_page``) and the wall time of every command and of the
-whole run is written to ``docs/assets/results/make-results.json``, which the pages' compute
-tables quote.
+(``diloco.tools.studies.results_page``), each headline claim's plot against tokens is drawn
+again (``diloco.tools.studies.claim_curves``, the tier's claims), and the wall time of every
+command and of the whole run is written to ``docs/assets/results/make-results.json``, which
+the pages' compute tables quote.
 
 ``--tier transformer`` (``make results-transformer``) runs ``TRANSFORMER_JOBS`` instead: the
 same paper studies on the transformer language model (``TRANSFORMER``: its scale, chosen so
@@ -193,13 +194,10 @@ def main(argv=None) -> int:
         record.update(last_run={"jobs": [j.name for j in jobs], "parallel": args.jobs, "seconds": round(total, 1),
                                 "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
     from diloco.tools.runs.atomic_files import write_json
-    from diloco.tools.studies import results_page
+    from diloco.tools.studies import claim_curves, results_page
 
     write_json(record_path, record)
-    if args.tier == "transformer":  # one plot per headline claim, against tokens, with seed bands
-        from diloco.tools.studies import claim_curves
-
-        claim_curves.main([export])
+    claim_curves.main([export, "--tier", args.tier])  # one plot per headline claim, against tokens, seed bands
     for page in sorted({j.page for j in tier}):
         results_page.main([page, export])
     failed = [n for n, r in record["jobs"].items() if n in {j.name for j in jobs} and r["status"] != "ok"]

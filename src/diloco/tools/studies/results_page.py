@@ -12,6 +12,8 @@ and each ``NAME`` is rendered here from ``docs/assets/results/<study>-<task>.jso
 * ``paper``: the "paper against ours" table, one row per claim (``render_paper_table``);
 * ``<study>-<task>``: the study's arms and its claims with paired differences;
 * ``similarity``: the workers' pseudo-gradient cosine similarity (Figs. 10-11), from ``fig8``;
+* ``costs-<task>``: per headline claim (``claim_curves.MLP_HEADLINE``), each arm's
+  worker-steps, tokens (examples for MNIST-1D), all-reduces and bytes per worker;
 * ``compute``: what each study cost.
 
 ``docs/results-transformer.md`` has ``paper-transformer``, ``compute-transformer`` and
@@ -162,9 +164,13 @@ def render_block(name: str, summaries: dict) -> str:
     if name == "compute-transformer":
         return _compute(summaries, summaries.get("make-results"), TRANSFORMER_ORDER, "make results-transformer")
     if name == "costs-transformer":
-        from diloco.tools.studies.claim_curves import render_claim_costs
+        from diloco.tools.studies.claim_curves import every_claim, render_claim_costs
 
-        return render_claim_costs(summaries, TRANSFORMER_ORDER)
+        return render_claim_costs(every_claim(summaries, TRANSFORMER_ORDER, "shakespeare"))
+    if name.startswith("costs-") and name.partition("-")[2] in TASKS:
+        from diloco.tools.studies.claim_curves import MLP_HEADLINE, headline_claims, render_claim_costs
+
+        return render_claim_costs(headline_claims(summaries, MLP_HEADLINE, name.partition("-")[2]))
     if name == "paper-transformer":
         return render_paper_table({k: v for k, v in summaries.items() if isinstance(k, tuple)}, TRANSFORMER_ORDER,
                                   (("shakespeare", "transformer char-LM: perplexity"),))
