@@ -83,8 +83,8 @@ def test_family_studies_run_and_write_their_tables(name, values, tmp_path, capsy
         assert [c["bandwidth"] for c in cells] == ["1Mbit", "1Gbit"]
 
 
-def test_streaming_tunes_each_diloco_arm_through_the_paper_studies_loop(monkeypatch):
-    """The streaming study tunes inner lr, outer lr x momentum, inner lr again (``tune_arms``);
+def test_family_studies_tune_each_arm_through_the_paper_studies_loop(monkeypatch):
+    """A family study tunes inner lr, outer lr x momentum, inner lr again (``tune_arms``);
     a diverged candidate scores inf and is never chosen; the arm keeps its family changes."""
     import math
 
@@ -105,9 +105,21 @@ def test_streaming_tunes_each_diloco_arm_through_the_paper_studies_loop(monkeypa
     monkeypatch.setattr(family_study, "run_family_study", fake)
     arms = [FamilyVariant("P=2", "diloco", {}, {"fragments": 2}), FamilyVariant("sync", "sync", {}, {})]
     tuned, records = tune_outer_step(arms, DiLoCoConfig(), FamilyConfig(), None, [1000])
-    assert {r["arm"] for r in records} == {"P=2"} and {r["step"] for r in records} == {0, 1, 2}
+    # the synchronous arm tunes its inner lr only (it has no outer step)
+    assert {r["step"] for r in records if r["arm"] == "sync"} == {0}
+    assert {r["arm"] for r in records if r["step"] > 0} == {"P=2"} and {r["step"] for r in records} == {0, 1, 2}
     outer = [r for r in records if r["step"] == 1]
     assert len(outer) == 12 and [r["value"] for r in outer if r["chosen"]] == [(0.7, 0.5)]
     assert [r["eval_loss"] for r in outer if r["value"] == (1.0, 0.9)] == [math.inf]
     assert tuned[0].changes == {"inner": {"lr": 1e-3}, "outer_lr": 0.7, "outer_momentum": 0.5}
-    assert tuned[0].family == {"fragments": 2} and tuned[1] == arms[1]
+    assert tuned[0].family == {"fragments": 2} and tuned[1] == arms[1]._replace(changes={"inner": {"lr": 1e-3}})
+
+
+def test_the_default_bandwidth_target_is_the_lowest_loss_every_run_reaches():
+    from diloco.tools.studies.family_study import reached_by_every_run
+
+    runs = [{"history": [{"eval_loss": v} for v in losses]}
+            for losses in ((2.0, 1.0, 1.2), (2.5, 1.5, 1.4), (3.0, 0.9, 0.8))]
+    # best losses 1.0, 1.4 and 0.8: the second run never goes below 1.4, so 1.4 is the lowest
+    # that all three reach; each reaches it (at rounds 2, 3 and 2)
+    assert reached_by_every_run(runs) == 1.4

@@ -154,7 +154,7 @@ def render_family_block(summary: dict) -> str:
     elif study == "streaming":
         table = streaming_table(rows, outcomes)
     else:
-        table = (f"Target: held-out loss {summary['target_loss']:.4f}, the synchronous baseline's mean at round "
-                 f"{summary['target_round']} of {summary['rounds']}.\n\n"
+        table = (f"Target: held-out loss {summary['target_loss']:.4f}, the lowest that every run of every arm "
+                 f"reaches within its {summary['rounds']} rounds.\n\n"
                  + bandwidth_table(summary["bandwidth"], summary["values"]))
     return table + "\n" + render_family_claims(summary["claims"]) + render_tuning_block(summary)
