@@ -143,8 +143,9 @@ Douillard et al. (2023) report, for language models with 150M-400M parameters:
    with its outer learning rate tuned (notebook 03 looks at non-IID data);
 4. more workers help at a fixed amount of compute per worker.
 
-Here we test them on the 8x8 digits with a one-hidden-layer MLP, using `diloco.tools.studies.ablations`, the code
-behind `.venv/bin/diloco study NAME`. The runs are tiny (2 seeds) so the notebook finishes in well under a
+Here we test them on the 8x8 digits with a one-hidden-layer MLP (and claim 2 again on a transformer
+language model), using `diloco.tools.studies.ablations`, the code behind `.venv/bin/diloco study NAME`.
+The runs are tiny (2 seeds) so the notebook finishes in well under a
 minute; `docs/results.md` reruns the paper's tables with 5 seeds on larger tasks. Like `.venv/bin/diloco study`,
 the runs use `default_engine()`: the fast engine `diloco.engine` (the same algorithm, equal up to
 rounding) where it is installed, and your own milestone functions in a learner workspace."""),
@@ -173,9 +174,9 @@ class Recorder:
         return lambda record: self.records.append({"algo": algo, **tags, **record})
 
 
-def study(name, config, values):
+def study(name, config, values, dataset=data):
     recorder = Recorder()
-    rows = summarise(run_study(STUDIES[name], config, data, seeds, values, history=recorder))
+    rows = summarise(run_study(STUDIES[name], config, dataset, seeds, values, history=recorder))
     display(Markdown(markdown_table(rows, digits=3)))
     return rows, recorder.records"""),
     ("md", """## Claim 2: inner steps $H$ at fixed total compute
@@ -203,6 +204,23 @@ Every worker takes the same 100 steps on 32 examples per step; more workers mean
 compute *and* smaller shards (the 1,438 training images are split $K$ ways)."""),
     ("code", """rows, _ = study("workers", base.replace(inner_steps=20, rounds=5), ("1", "2", "4", "8"))
 display(plot_study(rows, title="workers K at fixed per-worker compute", xlabel="K"))"""),
+    ("md", """## Claim 2 on a transformer language model
+
+The same study on the transformer language model of notebook 01 (`model="transformer"`,
+`--model transformer`; [docs/transformer.md](../docs/transformer.md)), reading 64-character windows
+of Tiny Shakespeare: $K = 2$ workers, 80 AdamW steps of 8 windows per worker, $H$ = 5, 20 or 80, the
+paper's outer step (Nesterov, lr 0.7, momentum 0.9) untuned, 2 seeds, 64 held-out windows. That
+is a tiny scale, seconds of training per run, so the table says what happens in the first 80 steps
+and nothing more; `docs/results-transformer.md` runs 500 steps with 5 seeds and every arm's outer
+step tuned. `run_study` trains text on the reference path, as
+`.venv/bin/diloco study inner-steps --data shakespeare` does."""),
+    ("code", """from diloco.text import load_shakespeare
+
+text = load_shakespeare(64, eval_windows=64)  # windows of 64 characters, 64 held out
+chars = text.dataset._replace(encode=text.encode)  # run_study finds the windows' encoder on the data set
+lm = DiLoCoConfig(num_workers=2, batch_size=8, model="transformer", dtype="float32", engine=default_engine())
+rows, _ = study("inner-steps", lm.replace(inner_steps=5, rounds=16), ("5", "20", "80"), dataset=chars)
+display(plot_study(rows, title="transformer LM: inner steps H at 80 steps per worker", xlabel="H"))"""),
     ("md", """## Reading the numbers
 
 Two seeds give wide intervals: treat differences smaller than the interval widths as noise.
@@ -310,6 +328,39 @@ worker holding "easy" classes reaches a low local loss that says little about th
     ("code", """for key in (("IID", "Nesterov"), ("alpha=0.1", "Nesterov")):
     losses = np.array(runs[key].history[-1]["worker_losses"])
     print(f"{key[0]:>10}: worker inner losses in the last round {np.round(losses, 3)} (spread {np.ptp(losses):.3f})")"""),
+    ("md", """## Topic and speaker shards on a transformer language model
+
+On Tiny Shakespeare a worker's text can differ by more than its next-character histogram. `noniid_split="topic"`
+(`--noniid-split topic`) cuts the training text into 64 stretches and spreads them over the workers by
+Dirichlet($\\alpha$); `noniid_split="speaker"` gives each worker whole speeches of its own speakers. The
+cell trains DiLoCo on the transformer language model of notebook 01 (`model="transformer"`) on
+IID, topic ($\\alpha = 0.1$) and speaker shards, and prints beside each held-out perplexity how far the
+split is from IID shards: the mean KL divergence of a shard's next character, given the previous
+one, from the whole text's (`split_report`, what `train` and `compare` print). $K = 4$, $H = 10$,
+5 rounds, one seed: seconds of training, so the perplexities are not a verdict;
+`docs/results-transformer.md` has the 5-seed study:
+`.venv/bin/diloco study splits --data shakespeare --model transformer`."""),
+    ("code", """from IPython.display import display
+
+from diloco.shard_divergence import split_report, split_sentence
+from diloco.text import load_shakespeare
+from diloco.tools.studies.plots import plot_curves
+
+text = load_shakespeare(64, eval_windows=128)  # windows of 64 characters, 128 held out
+chars = text.dataset
+lm = DiLoCoConfig(num_workers=4, inner_steps=10, rounds=5, batch_size=8, model="transformer", dtype="float32",
+                  engine=default_engine())
+text_splits = {"IID": dict(iid=True), "topic a=0.1": dict(iid=False, noniid_split="topic", alpha=0.1),
+               "speaker": dict(iid=False, noniid_split="speaker")}
+lm_runs = {}
+for name, split in text_splits.items():
+    config = lm.replace(**split)
+    lm_runs[name] = trainer("diloco", config.engine)(chars.x_train, chars.y_train, config, x_eval=chars.x_test,
+                                                     y_eval=chars.y_test, encode=text.encode).history
+    print(f"held-out perplexity {lm_runs[name][-1]['eval_perplexity']:.2f}; "
+          + split_sentence(split_report(chars.x_train, chars.y_train, config, text=True)))
+display(plot_curves(lm_runs, x="round", left="eval_perplexity",
+                    title=f"transformer LM, DiLoCo (K={lm.num_workers}, H={lm.inner_steps}): IID, topic and speaker shards"))"""),
     ("md", """## What to take away
 
 * Label skew slows DiLoCo down: workers drift toward their own classes between synchronisations.
@@ -335,7 +386,8 @@ and hide them better:
 * **eager updates** (Kale et al., 2025): the whole all-reduce overlapped with the next round.
 
 `diloco.core` builds each of them from the 30 milestone functions. This notebook runs each one
-small, checks the reductions to DiLoCo, and turns bytes into time with the network simulator.
+small, checks the reductions to DiLoCo, and turns bytes into time with the network simulator;
+section 6 runs Streaming on a transformer language model, whose fragments are its blocks.
 The concept pages in `docs/concepts/` have the equations; `docs/results-family.md` the measured
 studies.
 
@@ -457,6 +509,40 @@ ax.set(xscale="log", yscale="log", xlabel="bandwidth (bit/s)", ylabel="simulated
 ax.legend()
 plt.show()
 print(f"never at loss 0.6 within {config.rounds} rounds:", ", ".join(never) or "none")"""),
+    ("md", """## 6. Streaming on a transformer: the fragments are its blocks
+
+On the MLP above a fragment is a set of layers. On the transformer language model of notebook 01
+(`model="transformer"`, 2 blocks, reading 64-character windows of Tiny Shakespeare) it is a set of
+its blocks: the embeddings (`wte`, `wpe`), each transformer block (`h0`, `h1`) and the final
+LayerNorm (`ln_f`; the output head is tied to `wte`). The cell prints each fragment's blocks for
+$P = 2$ and $P = 4$, then trains DiLoCo and Streaming ($\\tau = 0$, mix 1) with $K = 2$, $H = 10$,
+5 rounds and one seed, and tabulates the bytes: the same in all, sent in smaller pieces. Seconds of
+training, so the perplexities are not a verdict; `docs/results-transformer.md` compares Streaming at
+$P = 2$ with DiLoCo over 5 seeds."""),
+    ("code", """from diloco.core.model_seam import data_model
+from diloco.core.schedule import block_fragment_keys
+from diloco.text import load_shakespeare
+
+text = load_shakespeare(64, eval_windows=128)  # windows of 64 characters, 128 held out
+chars = text.dataset
+lm = DiLoCoConfig(num_workers=2, inner_steps=10, rounds=5, batch_size=8, model="transformer", dtype="float32",
+                  engine=default_engine())
+blocks = data_model(lm, chars.x_train, text.encode).blocks()  # the fragment units, input to output
+for p in (2, 4):
+    print(f"P={p}, the blocks of each fragment:",
+          [sorted({key.split(".")[0] for key in fragment}) for fragment in block_fragment_keys(blocks, p)])
+rows = ["| transformer LM | held-out perplexity | all-reduces | peak bytes per sync | bytes per worker |",
+        "|---|---:|---:|---:|---:|"]
+for name, family in (("DiLoCo", None), ("Streaming P=2", FamilyConfig(fragments=2, overlap=0, mix=1.0)),
+                     ("Streaming P=4", FamilyConfig(fragments=4, overlap=0, mix=1.0))):
+    cfg = lm if family is None else lm.replace(family=family)
+    history = trainer("diloco", cfg.engine)(chars.x_train, chars.y_train, cfg, x_eval=chars.x_test,
+                                            y_eval=chars.y_test, encode=text.encode).history
+    last = history[-1]
+    peak = last.get("peak_sync_bytes", last["bytes_sent"])  # DiLoCo: one whole-model sync a round
+    rows.append(f"| {name} | {last['eval_perplexity']:.2f} | {sum(r['all_reduces'] for r in history)} "
+                f"| {peak:,.0f} | {last['cumulative_bytes']:,.0f} |")
+display(Markdown("\\n".join(rows)))"""),
     ("md", """## Exercises
 
 Three graded exercises sit outside the course's 30 milestones (`docs/exercises/`): `x01` (the fp4
@@ -482,7 +568,8 @@ guard and `--config`:
 * **a Muon inner optimizer** (MuLoCo, arXiv 2505.23725): Newton-Schulz orthogonalised momentum
   for the weight matrices, AdamW for the biases.
 
-One small run of each on the digits, one figure per method. The concept pages in
+One small run of each on the digits, one figure per method, and Muon once more on a transformer
+language model (section 4). The concept pages in
 `docs/concepts/` have the equations; `docs/results-beyond.md` the 5-seed studies and their
 verdicts (this notebook's single runs prove nothing by themselves).
 
@@ -590,6 +677,33 @@ ax.set(xlabel="outer round", ylabel="held-out loss", title="inner AdamW against 
 log_loss_axis(ax)
 ax.legend(fontsize=8)
 plt.show()"""),
+    ("md", """## 4. Muon on a transformer's hidden matrices
+
+The MLP above gives Muon only small weight matrices. On the transformer language model of
+notebook 01 (`model="transformer"`, 2 blocks, reading 64-character windows of Tiny Shakespeare),
+Muon orthogonalises the attention and MLP matrices of each block (printed below) and leaves the
+embeddings, the tied output head, the LayerNorms and the biases to AdamW. DiLoCo with inner AdamW
+against inner Muon at its default lr, $K = 2$, $H = 10$, 5 rounds, one seed: seconds of training,
+so the perplexities are not a verdict; `docs/results-transformer.md` tunes both optimizers and
+compares them over 5 seeds."""),
+    ("code", """from IPython.display import display
+
+from diloco.core.model_seam import data_model
+from diloco.text import load_shakespeare
+from diloco.tools.studies.plots import plot_curves
+
+text = load_shakespeare(64, eval_windows=128)  # windows of 64 characters, 128 held out
+chars = text.dataset
+lm = DiLoCoConfig(num_workers=2, inner_steps=10, rounds=5, batch_size=8, model="transformer", dtype="float32",
+                  engine=default_engine())
+print("Muon acts on:", ", ".join(data_model(lm, chars.x_train, text.encode).muon_keys()))
+lm_runs = {name: trainer("diloco", cfg.engine)(chars.x_train, chars.y_train, cfg, x_eval=chars.x_test,
+                                              y_eval=chars.y_test, encode=text.encode).history
+           for name, cfg in (("inner AdamW", lm), ("inner Muon", lm.replace(inner_optimizer="muon", muon=MuonConfig())))}
+for name, history in lm_runs.items():
+    print(f"{name}: held-out perplexity {history[-1]['eval_perplexity']:.2f}")
+display(plot_curves(lm_runs, x="round", left="eval_perplexity",
+                    title=f"transformer LM, DiLoCo (K={lm.num_workers}, H={lm.inner_steps}): inner AdamW against Muon"))"""),
 ]
 
 
