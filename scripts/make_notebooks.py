@@ -212,8 +212,7 @@ of Tiny Shakespeare: $K = 2$ workers, 80 AdamW steps of 8 windows per worker, $H
 paper's outer step (Nesterov, lr 0.7, momentum 0.9) untuned, 2 seeds, 64 held-out windows. That
 is a tiny scale, seconds of training per run, so the table says what happens in the first 80 steps
 and nothing more; `docs/results-transformer.md` runs 500 steps with 5 seeds and every arm's outer
-step tuned. `run_study` trains text on the reference path, as
-`.venv/bin/diloco study inner-steps --data shakespeare` does."""),
+step tuned. `run_study` is what `.venv/bin/diloco study inner-steps --data shakespeare` runs."""),
     ("code", """from diloco.text import load_shakespeare
 
 text = load_shakespeare(64, eval_windows=64)  # windows of 64 characters, 64 held out

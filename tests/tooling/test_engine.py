@@ -318,3 +318,23 @@ def test_readme_benchmark_summary_matches_results_md():
     assert any(line.startswith("| fast >=") for line in block), "run `make bench` to fill README's summary"
     for line in block[1:]:  # the first line links to results.md with its date
         assert line in results, f"README line not in benchmarks/results.md (rerun make bench): {line}"
+
+
+
+def test_a_study_on_text_trains_on_the_engine_it_is_given(monkeypatch):
+    """``run_study`` used to force text onto the reference path; the fast engine runs encoders too."""
+    from diloco.text import load_shakespeare
+
+    asked = []
+    real = studies.trainer
+
+    def spy(algo, engine="reference"):
+        asked.append(engine)
+        return real(algo, engine)
+
+    monkeypatch.setattr(studies, "trainer", spy)
+    text = load_shakespeare(6, eval_windows=16)
+    chars = text.dataset._replace(encode=text.encode)
+    config = DiLoCoConfig(num_workers=2, inner_steps=2, rounds=1, hidden_sizes=(4,), batch_size=4, engine="fast")
+    rows = studies.run_study(studies.STUDIES["inner-steps"], config, chars, [0], ("2",))
+    assert asked == ["fast"] * len(rows) and all(np.isfinite(row["eval_loss"]) for row in rows)

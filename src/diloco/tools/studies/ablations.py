@@ -254,9 +254,7 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
             on_round = None if history is None else history.callback(variant.algo, variant=variant.label,
                                                                       seed=int(seed))
             start = time.perf_counter()
-            encode = getattr(dataset, "encode", None)  # the char-LM's one-hot encoder, reference engine only
-            if encode is not None:
-                run_config = run_config.replace(engine="reference")
+            encode = getattr(dataset, "encode", None)  # the char-LM's encoder (one-hot or token windows)
             train = trainer(variant.algo, run_config.engine)
             result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
                            y_eval=dataset.y_test, on_round=on_round, **({} if encode is None else {"encode": encode}))
