@@ -107,13 +107,14 @@ def test_the_async_study_runs_and_judges_the_claims(tmp_path, capsys):
     assert f"--export {tmp_path / 'export'}`" in out  # the flag as it was given
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert (run_dir / "study.png").stat().st_size > 10_000  # a picture, with the run's curves
-    # every arm tuned on seed 1000 (not a reported seed): inner lr, the 12 outer pairs, inner lr again;
+    # every arm tuned on seed 1000 (not a reported seed): inner lr, the 12 outer pairs (then past a chosen edge,
+    # one coordinate at a time, at most 2 a side), inner lr again;
     # each arm evaluated at its own argmin of the outer grid, printed under the block
     assert summary["tune_seeds"] == [1000] and not set(summary["tune_seeds"]) & set(summary["seeds"])
     for arm in summary["rows"]:
         outer = [t for t in summary["tuning"] if t["arm"] == arm["arm"] and t["step"] == 1]
         best = min(outer, key=lambda t: (t["eval_loss"], t["value"]))
-        assert len(outer) == 12 and [t["value"] for t in outer if t["chosen"]] == [best["value"]]
+        assert 12 <= len(outer) <= 20 and [t["value"] for t in outer if t["chosen"]] == [best["value"]]
         assert [arm["changes"]["outer_lr"], arm["changes"]["outer_momentum"]] == best["value"]
     assert "outer lr x outer momentum (lr/mu) of async + delayed Nesterov" in out
 
