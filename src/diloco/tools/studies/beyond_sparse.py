@@ -10,7 +10,7 @@ Every arm is tuned on seed 1000, never a reported seed (``sparse_tuning_steps``,
 ``paper_runs.tune_arms``): the inner lr on full-precision DiLoCo for all arms (the arms
 differ only in the outer step and the wire), then each Nesterov arm's outer lr x momentum
 over ``OUTER_LRS`` x ``OUTER_MOMENTA`` and each SparseLoCo arm's outer lr x beta over
-``OUTER_LRS`` x ``DECAYS``, each grid extended past a chosen edge (``past_the_edge``). The
+``SGD_LRS`` x ``DECAYS``, each grid extended past a chosen edge (``past_the_edge``). The
 grids and the choices are printed under the tables. The arms:
 
 * ``DiLoCo (float64)``: full precision, the ring all-reduce's ``2 (K-1)/K N 8`` bytes a round;
@@ -94,7 +94,10 @@ PAPER_DENSITY = 0.02
 SPARSELOCO_OUTER = {"outer_optimizer": "sgd", "outer_momentum": 0.0, "nesterov": False, "outer_lr": 1.0}
 SPARSELOCO_FEEDBACK = {"error_feedback": True, "topk_decay": 0.95}
 # The tuning grids (each extended past a chosen edge); the tuning seed is never reported.
-OUTER_LRS, OUTER_MOMENTA, DECAYS = (0.5, 0.7, 1.0), (0.5, 0.9), (0.9, 0.95, 0.99)
+OUTER_LRS, OUTER_MOMENTA = (0.5, 0.7, 1.0), (0.5, 0.9)
+# Outer SGD without momentum takes larger steps than Nesterov, whose momentum 0.9 multiplies
+# a steady step about tenfold: on the char-LM its tuning still improved at lr 2.
+SGD_LRS, DECAYS = (1.0, 2.0, 4.0), (0.9, 0.95, 0.99)
 TUNE_SEED = 1000
 MARGIN = 0.05  # "comparable": a relative cost under 5% of the metric
 BLOCK = re.compile(r"<!-- generated: (?P<name>beyond-sparse-[\w-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
@@ -168,7 +171,7 @@ def sparse_tuning_steps(arms, inner_lr: float) -> list:
     decay = (OUTER_STEP[0], FEEDBACK_DECAY)
     return [TuneStep(INNER_LR, inner, ((labels[0], labels),)),
             outer_step_grid(nesterov, OUTER_LRS, OUTER_MOMENTA),
-            TuneStep(decay, tuple((lr, beta) for lr in OUTER_LRS for beta in DECAYS), sgd)]
+            TuneStep(decay, tuple((lr, beta) for lr in SGD_LRS for beta in DECAYS), sgd)]
 
 
 def sparse_claims(arms) -> list:
