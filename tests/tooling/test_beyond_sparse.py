@@ -119,7 +119,7 @@ def test_every_arm_is_tuned_and_sparseloco_tunes_its_feedback_decay_in_place_of_
     assert len(nesterov.grid) == len(OUTER_LRS) * len(OUTER_MOMENTA) == 6
     assert sparseloco.field == ("outer_lr", FEEDBACK_DECAY) and [g[0] for g in sparseloco.groups] == labels[5:]
     assert all(g[1] == (g[0],) for g in nesterov.groups + sparseloco.groups)
-    assert (4.0, 0.99) in sparseloco.grid and len(sparseloco.grid) == len(SGD_LRS) * len(DECAYS)
+    assert (8.0, 0.99) in sparseloco.grid and len(sparseloco.grid) == len(SGD_LRS) * len(DECAYS)
     # a pair sets the outer lr and the buffer's decay, and leaves the rest of the wire alone
     changes = apply_value(arms[6].changes, sparseloco.field, (0.7, 0.9))
     assert changes["outer_lr"] == 0.7 and changes["family"]["topk_decay"] == 0.9

@@ -243,7 +243,7 @@ def next_on_ladder(value: float, *, up: bool) -> float:
 # The outer step's ladders past the joint grid's ends: outer lr in finer steps than 1-3-10
 # (a 3x jump from 1.0 overshoots), momentum halving its distance to 1. Momentum 0 is the
 # lowest there is; a feedback decay of 1 (no decay) the highest.
-JOINT_LADDERS = {"outer_lr": (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0, 5.6, 8.0),
+JOINT_LADDERS = {"outer_lr": (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0, 5.6, 8.0, 11.0, 16.0),
                  "outer_momentum": (0.0, 0.5, 0.9, 0.95, 0.975),
                  FEEDBACK_DECAY: (0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)}
 
