@@ -138,3 +138,24 @@ def test_a_feedback_decay_chosen_at_its_grids_top_is_tried_higher_up_to_no_decay
     grid += [(0.3, 0.99), (0.5, 1.0)]
     # 1.0 is the ladder's top, and lr 0.5 is no longer the smallest tried: nothing more
     assert past_the_edge(field, grid, (0.5, 1.0), added, 2) == []
+
+
+def test_the_study_tunes_every_arm_then_reads_every_run_back_from_its_cache(tmp_path, capsys):
+    import json
+
+    from cli_helpers import run_cli
+
+    argv = ["study", "sparse", "--data", "mnist1d", "--seeds", "5", "--total-steps", "10", "--num-samples", "600",
+            "--run-cache", str(tmp_path / "cache"), "--runs-dir", str(tmp_path / "runs"), "-q"]
+    summaries = []
+    for export in ("first", "second"):
+        status, _, err = run_cli([*argv, "--export", str(tmp_path / export)], capsys)
+        assert status == 0, err
+        summaries.append(json.loads((tmp_path / export / "beyond-sparse-mnist1d.json").read_text()))
+    first, second = summaries
+    tuned = {t["arm"] for t in first["tuning"]}
+    assert tuned == {row["arm"] for row in first["rows"]} and first["tune_seeds"] == [1000]
+    # every tuning candidate and every (arm, seed) is one run; the second command trains none of them
+    assert first["runs"] == len(first["tuning"]) + 7 * 5 == second["runs"]
+    assert second["run_seconds"] == first["run_seconds"] > 0 and second["rows"] == first["rows"]
+    assert f"{first['runs']} runs, tuning included" in render_block(first)

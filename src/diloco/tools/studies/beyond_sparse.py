@@ -235,8 +235,9 @@ def run_sparse_study(args) -> int:
     runs = {"encode": data.encode, "cache": cache, "data_key": data_info}
     try:
         with limit:
+            tuned: list = []  # every tuning run's outcome, read from the run cache or trained
             arms, tuning = tune_arms(sparse_tuning_steps(arms, config.inner.lr), arms, config, data, [TUNE_SEED],
-                                     **runs)
+                                     on_run=tuned.append, **runs)
             _run_arms(arms, config, seeds, data, results, args.quiet, outcomes, runs)
     except (TypeError, ValueError) as exc:
         raise CliError(f"study sparse: {exc}") from None
@@ -248,7 +249,8 @@ def run_sparse_study(args) -> int:
                "task": task, "data": data_info, "config": config.to_dict(), "steps_per_worker": steps,
                "seeds": seeds, "tune_seeds": [TUNE_SEED], "tuning": tuning, "blas_threads": threads, "rows": rows,
                "claims": judge_claims(sparse_claims(arms), rows, task),
-               "seconds": time.perf_counter() - started, "command": command}
+               "seconds": time.perf_counter() - started, "command": command, "runs": len(tuned) + len(outcomes),
+               "run_seconds": sum(o["seconds"] for o in tuned + outcomes)}
     write_study(run_dir, summary, f"Sparse outer gradients ({task})", render_block(summary),
                 getattr(args, "export", None), f"beyond-sparse-{task}", plots=not args.no_plots)
     return 0
@@ -278,8 +280,10 @@ def render_block(summary: dict) -> str:
     """The results page's block of one task: bytes, arms, claims."""
     return (render_bytes_table(summary) + "\n" + render_arms_table(summary) + "\n" + render_claims_table(summary)
             + f"\nSeeds {summary['seeds']}; {summary['steps_per_worker']} steps per worker, H = "
-              f"{summary['config']['inner_steps']}; wall time {summary['seconds'] / 60:.1f} min (one process, "
-              f"tuning included).\n" + render_tuning(summary))
+              f"{summary['config']['inner_steps']}; {summary['runs']} runs, tuning included, which trained for "
+              f"{summary['run_seconds'] / 60:.1f} min in all (one process each; a run read from the run cache is "
+              f"counted at its first training); this command's wall time {summary['seconds'] / 60:.1f} min.\n"
+              + render_tuning(summary))
 
 
 def load_summaries(directory) -> dict:
