@@ -339,7 +339,8 @@ def test_a_tiny_muon_study_tunes_runs_judges_and_exports(tmp_path, capsys):
     for probe in probes:
         mine = [r for r in outer if r["arm"] == probe]
         best = min(mine, key=lambda r: (r["eval_loss"], r["value"]))
-        assert len(mine) == 12 and [r["value"] for r in mine if r["chosen"]] == [best["value"]]
+        # the 12 pairs, then past a chosen edge one coordinate at a time (at most 2 a side)
+        assert 12 <= len(mine) <= 20 and [r["value"] for r in mine if r["chosen"]] == [best["value"]]
         chosen = dict(zip(("outer_lr", "outer_momentum"), best["value"], strict=True))
         targets = [probe] + ([f"{probe}, fp4 + error feedback"] if "K=4" in probe else [])
         assert mine[0]["targets"] == targets
