@@ -106,7 +106,8 @@ def add_parsers(subparsers) -> None:
     study.add_argument("--total-steps", type=int, help=total_steps_help())
     add_paper_study_flags(study)
     study.add_argument("--target-loss", type=float, metavar="LOSS",
-                       help="bandwidth study: the held-out loss whose simulated time is compared (0.5)")
+                       help="bandwidth study: the held-out loss whose simulated time is compared (default: the "
+                            "lowest every run of every arm reaches)")
     for add in (add_config_flags, add_data_flags, add_execution_flags, add_output_flags):
         add(study)
     add_recovery_flags(study, resume=False)

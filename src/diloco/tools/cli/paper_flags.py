@@ -98,8 +98,8 @@ def add_paper_study_flags(study_parser) -> None:
                        help="also write the summary and plot as DIR/<study>-<data>.json and .png "
                             "(docs/assets/results for the results page)")
     group.add_argument("--tune-seeds", type=int, default=1, metavar="N",
-                       help="seeds on which each arm's inner lr (and fig6's outer lr; the other studies' outer "
-                            "lr x momentum) is tuned, from 1000 on, never a reported seed (1)")
+                       help="seeds on which each arm's inner lr (and its outer lr x momentum; fig6's SGD arm its "
+                            "outer lr) is tuned, from 1000 on, never a reported seed (1)")
     from diloco.tools.studies.paper_runs import OUTER_LR_GRID, OUTER_MOMENTUM_GRID
     from diloco.tools.studies.paper_studies import TASKS
 
