@@ -24,7 +24,7 @@ from diloco.tools.studies.paper_report import NOT_RUN, interval_text, verdict
 from diloco.tools.studies.study_stats import mean_interval
 
 __all__ = ["FamilyClaim", "NO_LOSS_MARGIN", "family_claims", "judge_family_claims",
-           "render_family_block", "render_family_claims", "render_tuning_block"]
+           "render_family_block", "render_family_claims"]
 
 # "Lossless", "keeps quality": the held-out loss may rise by less than this fraction.
 NO_LOSS_MARGIN = 0.02
@@ -134,19 +134,11 @@ def render_family_claims(claims: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_tuning_block(summary: dict) -> str:
-    """The tuning grid under a family study's tables: the paper studies' printout
-    (``results_page.render_tuning``); empty when nothing was tuned."""
-    if not summary.get("tuning"):
-        return ""
-    from diloco.tools.studies.results_page import render_tuning
-
-    return render_tuning(summary)
-
-
 def render_family_block(summary: dict) -> str:
-    """The Markdown of one family study's file: its table, its claims, its tuning grid."""
+    """The Markdown of one family study's file: its table, its claims, its tuning grid (the paper
+    studies' printout, ``results_page.render_tuning``; empty when nothing was tuned)."""
     from diloco.tools.studies.family_tables import bandwidth_table, compression_table, streaming_table
+    from diloco.tools.studies.results_page import render_tuning
 
     study, rows, outcomes = summary["study"], summary["rows"], summary["outcomes"]
     if study == "compression":
@@ -157,4 +149,4 @@ def render_family_block(summary: dict) -> str:
         table = (f"Target: held-out loss {summary['target_loss']:.4f}, the lowest that every run of every arm "
                  f"reaches within its {summary['rounds']} rounds.\n\n"
                  + bandwidth_table(summary["bandwidth"], summary["values"]))
-    return table + "\n" + render_family_claims(summary["claims"]) + render_tuning_block(summary)
+    return table + "\n" + render_family_claims(summary["claims"]) + render_tuning(summary)
