@@ -52,7 +52,7 @@ from diloco.tools.cli.flags import (
 )
 from diloco.tools.cli.paper_flags import add_paper_study_flags
 from diloco.tools.cli.plot_command import save_run_pictures
-from diloco.tools.cli.preflight import check_run
+from diloco.tools.cli.preflight import check_run, check_text_run
 from diloco.tools.cli.run_progress import RunProgress
 from diloco.tools.cli.run_setup import (
     check_plotting,
@@ -239,6 +239,7 @@ def _new_run(args, command: str, algos: tuple) -> dict:
         resolve_trainer(algo, config)  # an absent engine fails before anything is written
     family = check_family(args, command, algos, config)
     check_plotting(args)
+    check_text_run(args, config)  # --data shakespeare: its memory, before the windows are made
     data, data_info = load_dataset(args, config.dtype)
     check_run(config, data)  # classes, K against n, memory, the library's own checks
     threads, limit = thread_limit(args, config, data)
