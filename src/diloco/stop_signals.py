@@ -14,6 +14,11 @@ Standard library only, so it can be installed before NumPy is imported: the firs
 * once one signal has been raised, later ones are ignored, so the clean-up that writes
   ``summary.json`` is not cut short by a second Ctrl-C (SIGKILL still ends the process).
 
+``deferred()`` holds a signal back for a few steps that must happen together: a signal
+landing inside waits, and is raised as the block ends (the round's ``history.jsonl`` line and
+the copy of that round kept for the interrupt's checkpoint, ``diloco.tools.runs.training``,
+so the round saved is always the last round the history holds).
+
 Only the main thread can receive Python signal handlers; ``install`` does nothing
 elsewhere. The module imports only ``os`` and the C module ``_signal`` (not ``signal``,
 whose ``enum`` costs tens of milliseconds), so it is in place within a millisecond.
@@ -22,7 +27,8 @@ whose ``enum`` costs tens of milliseconds), so it is in place within a milliseco
 import _signal
 import os
 
-__all__ = ["SIGNALS", "NAMES", "Stopped", "Terminated", "install", "install_if_cli", "session", "exit_status"]
+__all__ = ["SIGNALS", "NAMES", "Stopped", "Terminated", "install", "install_if_cli", "session", "deferred",
+           "exit_status"]
 
 NAMES = {getattr(_signal, name): name for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(_signal, name)}
 SIGNALS = tuple(NAMES)
@@ -41,7 +47,7 @@ class Terminated(Stopped):
     """SIGTERM (sent by ``timeout``, Slurm, Docker, ``kill``)."""
 
 
-_state = {"mode": None, "raised": None, "previous": None}
+_state = {"mode": None, "raised": None, "previous": None, "deferring": False, "pending": None}
 
 
 def exit_status(signum: int) -> int:
@@ -51,7 +57,7 @@ def exit_status(signum: int) -> int:
 
 def _handler(signum, frame):
     mode = _state["mode"]
-    if _state["raised"] is not None or mode == "done":
+    if _state["raised"] is not None or _state["pending"] is not None or mode == "done":
         return  # already stopping: let the clean-up finish
     if mode == "exit":
         try:
@@ -59,8 +65,15 @@ def _handler(signum, frame):
                      .encode())
         finally:
             os._exit(exit_status(signum))
+    if _state["deferring"]:
+        _state["pending"] = signum  # raised as the deferred block ends
+        return
     _state["raised"] = signum
-    raise (Terminated if signum == _signal.SIGTERM else Stopped)(signum)
+    raise _stop(signum)
+
+
+def _stop(signum: int) -> Stopped:
+    return (Terminated if signum == _signal.SIGTERM else Stopped)(signum)
 
 
 def install() -> bool:
@@ -111,7 +124,30 @@ class session:
             _state["mode"], _state["previous"] = None, None
         else:
             _state["mode"] = "done"  # the command has ended: the process is about to exit
-        _state["raised"] = None
+        _state.update(raised=None, pending=None, deferring=False)
+        return False
+
+
+class deferred:
+    """Inside (``with deferred():``): a stop signal waits until the block ends, then is raised
+    there, so the steps inside happen all or none. Nested blocks raise at the outermost end;
+    a block ended by another exception lets that one go on (the signal is then dropped).
+    Outside ``session()`` (a library call) nothing changes."""
+
+    def __enter__(self):
+        self.outer = _state["deferring"]
+        _state["deferring"] = True
+        return self
+
+    def __exit__(self, exc_type, *rest):
+        _state["deferring"] = self.outer  # first: a signal from here on is raised at once
+        pending = _state["pending"]
+        if self.outer or pending is None:
+            return False
+        _state["pending"] = None
+        if exc_type is None:
+            _state["raised"] = pending
+            raise _stop(pending)
         return False
 
 

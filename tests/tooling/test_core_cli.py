@@ -248,3 +248,58 @@ def test_a_char_lm_run_with_its_own_context_resumes(tmp_path, capsys):
     assert status == 0, err
     status, _, err = run_cli(["train", "--resume", run_dir, "--context", "4", "-q", "--no-plots"], capsys)
     assert status == 2 and "--context 3" in err
+
+
+# --- the transformer: interrupted, then resumed as printed -----------------------------------------
+
+TRANSFORMER = ["--model", "transformer", "--data", "shakespeare", "--d-model", "8", "--n-heads", "2", "--n-layers",
+               "1", "--context", "8", "--eval-windows", "16", "-K", "2", "-H", "2", "--rounds", "3", "--batch-size",
+               "2", "-q", "--no-plots"]
+
+
+def _sigint_at(monkeypatch, algo: str, at: int) -> None:
+    """A real SIGINT to this process as ``algo``'s round ``at`` is written to the history."""
+    import os
+    import signal
+
+    from diloco.tools.runs.folders import HistoryWriter
+
+    real = HistoryWriter.append
+
+    def append(self, record):
+        written = real(self, record)
+        if record.get("algo") == algo and record.get("round") == at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return written
+
+    monkeypatch.setattr(HistoryWriter, "append", append)
+
+
+def _finished(run_dir):
+    params = {p.name: dict(np.load(p)) for p in sorted(run_dir.glob("params-*.npz"))}
+    return params, [{k: v for k, v in r.items() if k != "time"} for r in _history(run_dir)]
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_an_interrupted_transformer_run_resumes_as_printed_to_the_uninterrupted_result(command, engine, tmp_path,
+                                                                                       capsys, monkeypatch):
+    """A ``--model transformer`` run (``--data shakespeare``) stopped by SIGINT after DiLoCo's round 2;
+    the command its message prints, run as printed, takes the data and the model from the run
+    folder (it once checked them against the default ``--data digits`` and refused) and ends at
+    the uninterrupted run's params and history."""
+    import shlex
+
+    argv = [command, *TRANSFORMER, "--engine", engine]
+    assert run_cli([*argv, "--runs-dir", tmp_path / "clean"], capsys)[0] == 0
+    with monkeypatch.context() as patch:
+        _sigint_at(patch, "diloco", 2)
+        status, _, err = run_cli([*argv, "--runs-dir", tmp_path / "stopped"], capsys)
+    assert status == 130 and "round 2 of 3" in err, err
+    printed = shlex.split(err.strip().rsplit(" with: ", 1)[1])
+    status, out, err = run_cli(printed[printed.index(command):], capsys)  # the program's name dropped
+    assert status == 0, err
+    got, want = _finished(only_run_dir(tmp_path / "stopped")), _finished(only_run_dir(tmp_path / "clean"))
+    assert got[1] == want[1]
+    assert got[0].keys() == want[0].keys() and all(
+        got[0][f][k].tobytes() == want[0][f][k].tobytes() for f in want[0] for k in want[0][f])

@@ -83,6 +83,40 @@ def test_an_interrupt_in_the_first_round_saves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("where", ["callback", "keep"])
+def test_a_signal_while_a_round_ends_saves_the_round_the_history_holds(where, tmp_path, monkeypatch):
+    """A real SIGINT landing while round 4 is being written to the history (``where="callback"``)
+    or kept for the interrupt (``"keep"``) waits for both (``stop_signals.deferred``): the round
+    saved is round 4, the last round the history holds, never round 3 beside a history of 4."""
+    from diloco import stop_signals
+    from diloco.tools.runs import training
+
+    history = []
+
+    def send_sigint():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs here, inside the block: it must only note the signal
+
+    def on_round(record):
+        history.append(record["round"])
+        if where == "callback" and record["round"] == 4:
+            send_sigint()
+
+    real_frozen = training.frozen
+
+    def frozen_then_signal(state):
+        if where == "keep" and state.round == 4:
+            send_sigint()
+        return real_frozen(state)
+
+    monkeypatch.setattr(training, "frozen", frozen_then_signal)
+    with stop_signals.session(), pytest.raises(KeyboardInterrupt):
+        train_resumable("diloco", X, Y, BASE, x_eval=X_EVAL, y_eval=Y_EVAL, checkpoint_dir=tmp_path,
+                        on_round=on_round)
+    assert history == [1, 2, 3, 4]
+    assert [p.name for p in list_checkpoints(tmp_path, "diloco")] == ["diloco-round000004.json"]
+
+
 @pytest.mark.parametrize("which", [1, 2])  # the arrays' write, the manifest's write
 def test_a_signal_during_a_checkpoint_write_leaves_no_partial_file(which, tmp_path, monkeypatch):
     """The write after round 2 (``checkpoint_every=2``) is stopped in its ``which``-th file:

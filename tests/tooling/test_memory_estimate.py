@@ -90,3 +90,39 @@ def test_the_transformers_estimate_counts_its_parameters_and_activations(engine)
         tracemalloc.stop()
     estimate, _ = estimate_memory(config, 64, 65, 256, checkpointing=False, model=data_model(config, x, text.encode))
     assert LOWEST * peak <= estimate <= HIGHEST * peak, f"estimate {estimate:,} bytes, measured peak {peak:,}"
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3, 7])
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_transformers_count_without_listing_its_blocks_is_its_tables(layers, tied):
+    """``_transformer_parameters`` (one block's table, then each further block's share) against the
+    sum over the whole table (``parameter_count``): a billion blocks are never listed."""
+    from diloco.config import TransformerShape
+    from diloco.core.model_seam import _transformer, parameter_count
+    from diloco.tools.cli.preflight import _transformer_parameters
+
+    config = DiLoCoConfig(model="transformer", transformer=TransformerShape(d_model=12, n_heads=3, n_layers=layers,
+                                                                            mlp_ratio=3, tied=tied))
+    model = _transformer(config, 11, 5)
+    assert _transformer_parameters(model) == parameter_count(model)
+
+
+@pytest.mark.parametrize("flags, named", [(["--model", "transformer", "--n-layers", "1000000000"], "--n-layers"),
+                                          (["--model", "transformer", "--context", "1000000"], "--context"),
+                                          (["--context", "1000000"], "--context")])
+def test_huge_text_runs_are_refused_before_their_windows_are_made(flags, named, tmp_path, capsys, monkeypatch):
+    """``--n-layers 1000000000`` and ``--context 1000000`` once ran for minutes (15 GB of windows)
+    before a refusal; now the check needs the text's length and vocabulary only: the windows are
+    never made (their maker fails the test if called)."""
+    from cli_helpers import run_cli
+
+    import diloco.text
+
+    def never(*args, **kwargs):
+        raise AssertionError("the windows were made before the refusal")
+
+    monkeypatch.setattr(diloco.text, "char_windows", never)
+    status, _, err = run_cli(["train", "--data", "shakespeare", *flags, "-q", "--no-plots", "--runs-dir", tmp_path],
+                             capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "of memory" in err and named in err, err
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())

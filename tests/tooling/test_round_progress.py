@@ -1,6 +1,8 @@
 """Progress within a round (``diloco.core.progress``): the executors report their inner steps
 while a listener is set, in the same bits as without one, and the command line's round bar
-shows them once a round runs long (issue 31: ``-H 1e6`` moved the bar once a round)."""
+shows them once a round runs long (issue 31: ``-H 1e6`` moved the bar once a round), with the
+time left; without a terminal they are lines now and then, and a long run says so first
+(issue 41). A fake clock: no test waits."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from diloco.config_sections import AsyncConfig
 from diloco.core import progress
 from diloco.core.schedule import async_plan
 from diloco.data import load_digits_split
-from diloco.tools.cli.run_setup import round_progress
+from diloco.tools.cli.run_progress import ESTIMATE_AFTER, RunProgress, duration
 from diloco.tools.runs.training import train_resumable
 
 H = progress.CHUNK * 2 + 37  # three chunks per worker: two whole, one cut
@@ -66,17 +68,78 @@ class _Bar:
         self.shown.append(text)
 
 
-def test_the_round_bar_shows_a_long_rounds_steps_and_starts_over_each_round():
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _watch(config, bar=None, done=0, following=0, **kwargs):
+    clock, lines = _Clock(), []
+    return RunProgress("DiLoCo", config, done, write=lines.append, bar=bar, following=following, clock=clock,
+                       **kwargs), clock, lines
+
+
+def test_the_round_bar_shows_a_long_rounds_steps_and_time_left_and_starts_over_each_round():
     bar = _Bar()
-    config = DiLoCoConfig(num_workers=2, inner_steps=1000)
-    with round_progress(bar, config, after=0.0, every=0.0):
-        progress.steps_done(256)
-        progress.steps_done(256)
-        bar.n = 1  # the round ended
+    config = DiLoCoConfig(num_workers=2, inner_steps=1000, rounds=3)
+    watch, clock, lines = _watch(config, bar, after=0.0, every=0.0)
+    with watch.listening():
+        clock.now += 1.0
+        progress.steps_done(250)  # 250 steps a second; 6,000 in the run
+        clock.now += 1.0
+        progress.steps_done(250)
+        watch.round_ended()
+        clock.now += 0.5
         progress.steps_done(100)
-    assert bar.shown == ["round 1: 256/2,000 worker steps", "round 1: 512/2,000 worker steps",
-                         "round 2: 100/2,000 worker steps"]
+    assert bar.shown == ["round 1: 250/2,000 worker steps, about 23 s left",
+                         "round 1: 500/2,000 worker steps, about 22 s left",
+                         "round 2: 100/2,000 worker steps, about 22 s left"]
+    assert lines == []  # 26 s in all: no warning
     quiet = _Bar()
-    with round_progress(quiet, config):  # a short round shows nothing
+    watch, clock, lines = _watch(config, quiet)
+    with watch.listening():  # a short round shows nothing
+        clock.now += 0.5
         progress.steps_done(256)
     assert quiet.shown == []
+
+
+def test_without_a_terminal_a_long_round_prints_a_line_now_and_then():
+    config = DiLoCoConfig(num_workers=8, inner_steps=1_000_000, rounds=1)
+    watch, clock, lines = _watch(config)
+    for _ in range(100):  # 100 reports of 256 steps, a second apart
+        clock.now += 1.0
+        watch(256)
+    shown = [line for line in lines if "worker steps" in line]
+    assert len(shown) == 4  # at 5 s into the round, then every 30 s: 5, 35, 65, 95
+    assert shown[0] == "DiLoCo: round 1: 1,280/8,000,000 worker steps, about 8 h 40 min left"  # 7,998,720 / 256
+    assert lines[0].startswith("DiLoCo: this run will take about 8 h 40 min more at the speed of its first 2 s")
+
+
+def test_a_run_estimated_past_the_threshold_says_so_once_and_counts_what_follows():
+    config = DiLoCoConfig(num_workers=2, inner_steps=1000, rounds=100)  # 200,000 steps
+    watch, clock, lines = _watch(config, _Bar(), following=1)
+    clock.now += ESTIMATE_AFTER
+    watch(200)  # 100 steps a second: 1,998 s left
+    clock.now += 1.0
+    watch(100)
+    assert lines == ["DiLoCo: this run will take about 33 min more at the speed of its first 2 s, then about 33 min "
+                     "for the rest of the command (Ctrl-C keeps every finished round; --resume goes on)"]
+    short, clock, lines = _watch(config.replace(rounds=2), _Bar())  # 4,000 steps: 38 s
+    clock.now += ESTIMATE_AFTER
+    short(200)
+    assert lines == []
+    asynchronous, clock, lines = _watch(config.replace(asynchrony=AsyncConfig(asynchronous=True,
+                                                                               step_times=(1.0, 2.0))))
+    clock.now += 10.0
+    asynchronous(200)  # no fixed steps a round: the steps only, no estimate
+    assert lines == ["DiLoCo: round 1: 200 worker steps"]
+
+
+@pytest.mark.parametrize("seconds, words", [(0, "0 s"), (59.4, "59 s"), (60, "1 min"), (3599, "59 min"),
+                                            (3600, "1 h"), (7800, "2 h 10 min"), (48 * 3600, "2 days"),
+                                            (49 * 3600 + 60, "2 days 1 h"), (1e9, "11,574 days 1 h")])
+def test_durations_in_words(seconds, words):
+    assert duration(seconds) == words

@@ -8,7 +8,9 @@ per-step training losses) and/or
 state never pays for it. The tools pass them in this order: the network clock, the guard,
 the callbacks (history file, progress bar), then the checkpoint (``KeepLastRound`` of
 ``diloco.tools.runs.training``, which also keeps the last round for an interrupt), so a
-checkpoint never holds a round its history lacks and no bad round is checkpointed.
+checkpoint never holds a round its history lacks and no bad round is checkpointed. The
+callbacks and the kept copy are one step for a stop signal (``RoundEnd`` there), so the
+round an interrupt saves is never behind the history either.
 """
 
 from __future__ import annotations

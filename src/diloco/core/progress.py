@@ -4,7 +4,7 @@ A round of ``-H 1000000`` (or of a thousand workers) can last hours; a progress 
 moves once a round shows nothing meanwhile. Inside ``reporting(listener)`` every executor
 calls ``steps_done(n)`` as its workers finish inner steps (a reference worker in chunks of
 ``CHUNK`` steps, the stacked executor after every step), and ``listener(n)`` runs (the
-command line's progress bar, ``diloco.tools.cli.run_setup.round_progress``). Outside it
+command line's progress, ``diloco.tools.cli.run_progress``). Outside it
 nothing is called and the executors step exactly as before. The chunks change no bit: a
 worker's steps are one loop over its carried params, optimizer state and generator.
 """

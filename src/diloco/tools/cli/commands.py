@@ -23,8 +23,10 @@ made (``diloco.tools.cli.preflight``); after that, every early end leaves a trut
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -50,13 +52,13 @@ from diloco.tools.cli.flags import (
 )
 from diloco.tools.cli.paper_flags import add_paper_study_flags
 from diloco.tools.cli.plot_command import save_run_pictures
-from diloco.tools.cli.preflight import check_run
+from diloco.tools.cli.preflight import check_run, check_text_run
+from diloco.tools.cli.run_progress import RunProgress
 from diloco.tools.cli.run_setup import (
     check_plotting,
     max_loss_flag,
     progress_factory,
     resolve_trainer,
-    round_progress,
     start_run,
     thread_limit,
 )
@@ -132,16 +134,34 @@ def total_steps_help() -> str:
 
 # --- one run ----------------------------------------------------------------------------------
 
+def _progress(algo: str, config: DiLoCoConfig, done: int, bar, quiet: bool, following: int):
+    """The run's progress within its rounds and its estimate (``diloco.tools.cli.run_progress``); None under -q."""
+    if quiet:
+        return None
+
+    def write(line: str) -> None:
+        if bar is not None:
+            bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    return RunProgress(_ALGO_NAMES[algo], config, done, write=write, bar=bar, following=following)
+
+
 def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryWriter, make_bar, run_dir: Path,
-               *, start=None, checkpoint_every=None, max_loss=None, family=None):
-    """Train ``algo`` with checkpoints in ``run_dir/checkpoints``; save ``params-<algo>.npz``."""
+               *, start=None, checkpoint_every=None, max_loss=None, family=None, quiet=False, following=0):
+    """Train ``algo`` with checkpoints in ``run_dir/checkpoints``; save ``params-<algo>.npz``.
+    ``following``: algorithms the command trains after this one (for the run's estimate)."""
     if algo == "sync":  # compare: the baseline without DiLoCo's outer-gradient settings
         config = baseline_config(config)
     done = start.round if start is not None else 0
     bar = None if make_bar is None else make_bar(total=config.rounds, initial=done, desc=f"{_ALGO_NAMES[algo]:<7}",
                                                  unit="round", leave=True)
+    watch = _progress(algo, config, done, bar, quiet, following)
 
     def after(record):
+        if watch is not None:
+            watch.round_ended(record)
         if bar is not None:
             bar.set_postfix(acc=f"{record['eval_accuracy']:.3f}", loss=f"{record['eval_loss']:.3f}")
             bar.update(1)
@@ -155,7 +175,7 @@ def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryW
                                resume_from=start, max_loss=max_loss, on_round=on_round)
 
     try:
-        with round_progress(bar, config):  # a long round shows its steps (diloco.core.progress)
+        with contextlib.nullcontext() if watch is None else watch.listening():  # steps within a round
             result = run_with_family(algo, family, config, data, history.callback(
                 algo, after=after, time_offset=previous[-1] if previous else 0.0), resumable)
     finally:
@@ -219,6 +239,7 @@ def _new_run(args, command: str, algos: tuple) -> dict:
         resolve_trainer(algo, config)  # an absent engine fails before anything is written
     family = check_family(args, command, algos, config)
     check_plotting(args)
+    check_text_run(args, config)  # --data shakespeare: its memory, before the windows are made
     data, data_info = load_dataset(args, config.dtype)
     check_run(config, data)  # classes, K against n, memory, the library's own checks
     threads, limit = thread_limit(args, config, data)
@@ -303,7 +324,8 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
         for algo in algos:
             results[algo], seconds[algo] = _train_one(
                 algo, config, data, history, make_bar, run_dir, start=run["starts"].get(algo),
-                checkpoint_every=run["checkpoint_every"], max_loss=run["max_loss"], family=run["family"])
+                checkpoint_every=run["checkpoint_every"], max_loss=run["max_loss"], family=run["family"],
+                quiet=args.quiet, following=len(algos) - 1 - algos.index(algo))
         num_params = num_values(next(iter(results.values())).params)
         savings = _savings(config, num_params)
         family_extra, savings = family_summary(run["family"], config, {a: history.for_algo(a) for a in algos},

@@ -155,7 +155,9 @@ def check_sizes(path: str, info: dict, loaded: dict) -> None:
 
 
 def run_data_name(args) -> str | None:
-    """The data set a ``--config`` run file names (for the flag checks), or None."""
-    run = read_run_file(getattr(args, "config", None))
+    """The data set the run folder ``--resume`` continues, or a ``--config`` run file, names (for the
+    flag checks), or None. A resumed run loads its own data, whatever the flags say."""
+    resume = getattr(args, "resume", None)
+    run = read_run_file(str(Path(resume) / "config.json")) if resume else read_run_file(getattr(args, "config", None))
     data = run.get("data") if run is not None else None
     return data_flags(data)["data"] if data else None

@@ -339,7 +339,7 @@ def _load_named_data(args, dtype: str) -> tuple[Dataset, dict]:
         raise CliError(f"--data: cannot read {exc.filename or spec}: {exc.strerror or exc}") from None
     except MemoryError:
         raise CliError(f"--data: {spec} does not fit in memory") from None
-    data = data._replace(x_train=data.x_train.astype(dtype), x_test=data.x_test.astype(dtype))
+    data = data._replace(x_train=data.x_train.astype(dtype, copy=False), x_test=data.x_test.astype(dtype, copy=False))
     info.update(num_train=len(data.y_train), num_test=len(data.y_test), num_features=data.x_train.shape[1],
                 num_classes=data.num_classes, split_seed=split_seed, test_fraction=test_fraction)
     return data, info

@@ -15,7 +15,7 @@ from diloco.core.model_seam import TRANSFORMER_CONTEXT
 from diloco.tools.cli.errors import CliError
 
 __all__ = ["MECHANISM_FLAGS", "add_mechanism_flags", "mechanism_changes", "add_text_flags", "load_text_dataset",
-           "add_paper_study_flags"]
+           "text_sizes", "add_paper_study_flags"]
 
 MECHANISM_FLAGS = {
     "lr_schedule": (("--lr-schedule",), {"choices": ("constant", "cosine"),
@@ -72,10 +72,8 @@ def add_text_flags(group) -> None:
                        help="--data shakespeare: held-out windows, evenly spaced over the text's tail (8192)")
 
 
-def load_text_dataset(args):
-    """``--data shakespeare``: the dataset (with its ``encode``) and its description."""
-    from diloco.text import SHAKESPEARE_PROVENANCE, load_shakespeare
-
+def text_sizes(args) -> tuple[int, int]:
+    """``(--context, --eval-windows)`` of ``--data shakespeare``, their defaults filled in, checked positive."""
     context, eval_windows = (getattr(args, name, None) for name in ("context", "eval_windows"))
     if context is None:
         context = TRANSFORMER_CONTEXT if getattr(args, "model", None) == "transformer" else 6
@@ -83,6 +81,14 @@ def load_text_dataset(args):
     for flag, value in (("--context", context), ("--eval-windows", eval_windows)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CliError(f"{flag} must be a positive int, got {value!r}")
+    return context, eval_windows
+
+
+def load_text_dataset(args):
+    """``--data shakespeare``: the dataset (with its ``encode``) and its description."""
+    from diloco.text import SHAKESPEARE_PROVENANCE, load_shakespeare
+
+    context, eval_windows = text_sizes(args)
     text = load_shakespeare(context, eval_windows=eval_windows)
     info = {"name": "shakespeare", "provenance": SHAKESPEARE_PROVENANCE, "context": context,
             "vocab_size": text.encode.vocab_size, "eval_windows": len(text.dataset.y_test),

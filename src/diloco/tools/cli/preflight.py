@@ -13,15 +13,23 @@
   ratio needs more than ``MAX_ARRIVALS`` arrivals (``--async --step-times 1,1e9``);
 * anything ``diloco.loop.prepare_training`` rejects (the sharding included: a non-IID
   split that leaves a worker empty), by running it once on the real data.
+
+``check_text_run(args, config)`` makes the memory check of a ``--data shakespeare`` run
+before its windows are made (``4 c`` bytes each, a copy of the text per window): from the
+text's length and vocabulary alone, so ``--context 1000000`` (15 GB of windows) or
+``--n-layers 1000000000`` is refused in seconds, not after minutes of work.
 """
 
 from __future__ import annotations
+
+import inspect
+from dataclasses import replace
 
 import numpy as np
 
 from diloco._validation import available_memory
 from diloco.config import DiLoCoConfig
-from diloco.core.model_seam import data_model, parameter_count
+from diloco.core.model_seam import data_model
 from diloco.core.schedule import check_speeds
 from diloco.data import Dataset
 from diloco.loop import prepare_training
@@ -29,7 +37,7 @@ from diloco.tools.cli.errors import CliError
 from diloco.tools.runs.training import keeps_worker_starts
 from diloco.tools.studies.ablations import format_bytes
 
-__all__ = ["estimate_memory", "available_memory", "check_run", "check_run_count", "RECORD_BYTES"]
+__all__ = ["estimate_memory", "available_memory", "check_run", "check_text_run", "check_run_count", "RECORD_BYTES"]
 
 # Bytes a history record (a dict of about 20 fields) and a study's row take in memory, roughly.
 RECORD_BYTES = 2048
@@ -79,6 +87,17 @@ def _copies(config, params: int, checkpointing: bool) -> int:
     return copies
 
 
+def _transformer_parameters(model) -> int:
+    """The transformer's parameter count without listing every block (``--n-layers 1000000000``):
+    a one-block model's table, plus each further block's share (two blocks' table minus one's)."""
+    from diloco.models.transformer import transformer_param_shapes
+
+    cfg = model.config
+    one, two = (sum(int(np.prod(shape)) for shape in transformer_param_shapes(replace(cfg, n_layers=n)).values())
+                for n in (1, 2))
+    return one + (cfg.n_layers - 1) * (two - one)
+
+
 def _transformer_activations(model, windows: int) -> int:
     """Values ``windows`` windows of T tokens hold through the transformer at once: per token and
     block its cache (about 16 d) and attention probabilities (2 h T), and the logits (3 V)."""
@@ -114,7 +133,7 @@ def estimate_memory(config: DiLoCoConfig, num_features: int, num_classes: int, n
     """
     widths = (num_features, *config.hidden_sizes, num_classes)
     itemsize = np.dtype(config.dtype).itemsize
-    params = _num_params(widths) if model is None else parameter_count(model)
+    params = _num_params(widths) if model is None else _transformer_parameters(model)
     workers = config.num_workers
     copies = _copies(config, params, checkpointing)
     batches = workers if config.engine == "fast" else 1
@@ -167,3 +186,36 @@ def check_run(config: DiLoCoConfig, data: Dataset, *, checkpointing: bool = True
     except MemoryError:
         raise CliError(f"{prefix}out of memory while initialising the model (estimated {format_bytes(needed)}: "
                        f"{how})") from None
+
+
+def check_text_run(args, config: DiLoCoConfig) -> None:
+    """Refuse (``CliError``) a ``--data shakespeare`` run whose windows and run do not fit in memory,
+    before the windows are made (see the module doc). Other data: nothing to do."""
+    from types import SimpleNamespace
+
+    from diloco.text import load_shakespeare, load_shakespeare_text, vocabulary_of
+    from diloco.tools.cli.config_file import with_run_data
+    from diloco.tools.cli.paper_flags import text_sizes
+
+    args, _ = with_run_data(args)  # --config run/config.json: its data flags
+    if getattr(args, "data", None) != "shakespeare":
+        return
+    context, eval_windows = text_sizes(args)
+    text = load_shakespeare_text()
+    held_out = inspect.signature(load_shakespeare).parameters["test_fraction"].default  # the tail it holds out
+    vocab, cut = len(vocabulary_of(text)), int(round(len(text) * (1.0 - held_out)))
+    train, held = max(cut - context, 0), min(eval_windows, max(len(text) - cut - context, 0))
+    windows = 4 * context * (train + held) * (1 + (np.dtype(config.dtype).itemsize != 4))  # float32, then cast
+    try:
+        model = data_model(config, np.empty((0, context), np.float32), SimpleNamespace(vocab_size=vocab,
+                                                                                       input_width=context))
+    except ValueError as exc:
+        raise CliError(f"cannot train: {exc}") from None
+    needed, how = estimate_memory(config, context * vocab, vocab, held, model=model)
+    available = available_memory()
+    if available is not None and windows + needed > available:
+        raise CliError(f"this run needs about {format_bytes(windows + needed)} of memory ({train + held:,} windows "
+                       f"of {context:,} characters, {format_bytes(windows)}; the run: {how}) but only "
+                       f"{format_bytes(available)} is available; use a smaller --context"
+                       f"{'' if model is None else ', --d-model or --n-layers'}, fewer workers or a smaller "
+                       f"--batch-size")

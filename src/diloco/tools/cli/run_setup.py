@@ -12,16 +12,13 @@ Re-exported by ``diloco.tools.cli.commands``.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 from diloco.config import DiLoCoConfig
-from diloco.core import progress
 from diloco.data import Dataset
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flag_checks import check_flags
@@ -33,7 +30,7 @@ from diloco.tools.runs.folders import HistoryWriter, create_run_dir, environment
 from diloco.tools.runs.run_lock import lock_run_dir, release_runs
 from diloco.tools.studies.ablations import trainer
 
-__all__ = ["progress_factory", "round_progress", "check_plotting", "resolve_trainer", "thread_limit", "max_loss_flag",
+__all__ = ["progress_factory", "check_plotting", "resolve_trainer", "thread_limit", "max_loss_flag",
            "start_run", "split_values", "study_values"]
 
 
@@ -47,28 +44,6 @@ def progress_factory(quiet: bool):
         raise CliError("progress bars need tqdm, from the 'cli' extra: pip install 'diloco[cli]' "
                        "(or pass --quiet)") from None
     return lambda **kwargs: tqdm(file=sys.stderr, dynamic_ncols=True, **kwargs)
-
-
-def round_progress(bar, config: DiLoCoConfig, *, after: float = 1.0, every: float = 0.5):
-    """Progress within a round on ``bar`` (a round bar): once a round has run ``after`` seconds,
-    its finished inner steps, at most every ``every`` seconds (``diloco.core.progress``).
-    Nothing without a bar."""
-    if bar is None:
-        return contextlib.nullcontext()
-    per_round = None if config.asynchrony.asynchronous else config.num_workers * config.inner_steps
-    state = {"round": bar.n, "steps": 0, "start": time.monotonic(), "shown": 0.0}
-
-    def listener(steps: int) -> None:
-        now = time.monotonic()
-        if bar.n != state["round"]:  # a new round began
-            state.update(round=bar.n, steps=0, start=now)
-        state["steps"] += steps
-        if now - state["start"] >= after and now - state["shown"] >= every:
-            state["shown"] = now
-            of = f"/{per_round:,}" if per_round else ""
-            bar.set_postfix_str(f"round {bar.n + 1}: {state['steps']:,}{of} worker steps", refresh=True)
-
-    return progress.reporting(listener)
 
 
 def check_plotting(args) -> None:

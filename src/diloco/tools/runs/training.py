@@ -11,7 +11,9 @@ ends with exactly the params and history of a run that was never interrupted.
 
 The guard, the callback, the checkpoints and the simulated network are the driver's hooks
 (``diloco.core.hooks``), so every algorithm and executor has them. The checkpoint hook
-(``KeepLastRound``) keeps a copy of the last finished round's state; when a signal
+(``KeepLastRound``) keeps a copy of the last finished round's state, in one step with the
+round's callback (``RoundEnd``: a signal waits for both, so the round kept is always the
+last one the history file holds); when a signal
 (``KeyboardInterrupt``: SIGINT, SIGTERM, SIGHUP) stops the run mid-round, that round is
 written as a checkpoint before the interrupt goes on, so ``resume_from`` continues
 after it even without ``checkpoint_every``. The guard checks, after
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from diloco import stop_signals
 from diloco.core.divergence import Diverged, check_record
 from diloco.core.driver import RunState, train
 from diloco.core.hooks import Callback, Guard, NetworkTimer
@@ -36,7 +39,7 @@ from diloco.tools.runs.checkpoint import Checkpoint, data_fingerprint, load_chec
 from diloco.tools.runs.checkpoint_records import generator_state, restore_generator
 
 __all__ = ["Diverged", "train_resumable", "check_record", "executor_of", "state_of_checkpoint", "KeepLastRound",
-           "keeps_worker_starts"]
+           "RoundEnd", "keeps_worker_starts"]
 
 
 def frozen(state: RunState) -> RunState:
@@ -61,9 +64,17 @@ class KeepLastRound:
         self.last, self.saved = None, None  # the last finished round's state; the round last on disk
 
     def finished(self, record, get_state) -> None:
+        self.keep(get_state)
+        self.save_due(record)
+
+    def keep(self, get_state) -> None:
+        """Keep a copy of the round just finished (what ``save_last`` writes)."""
         state = frozen(get_state())
         # one assignment: a signal before it leaves the previous round
         self.last = state if self.keep_starts else state._replace(worker_params=None)
+
+    def save_due(self, record) -> None:
+        """Write the round kept if ``due`` selects it."""
         if self.due(record["round"]):
             self.save(record["round"], self.last)
             self.saved = record["round"]
@@ -76,6 +87,25 @@ class KeepLastRound:
             self.save(self.last.round, self.last)
             self.saved = self.last.round
         return self.last.round
+
+
+class RoundEnd:
+    """The round's callback (the history line) and ``KeepLastRound``'s copy as one step: a stop
+    signal landing in either waits for both (``diloco.stop_signals.deferred``), so the round an
+    interrupt saves is always the last round the history holds. The due checkpoint's write
+    comes after, and a signal may stop it (``save_last`` writes the round again, whole)."""
+
+    def __init__(self, callback, checkpoints: KeepLastRound | None) -> None:
+        self.callback, self.checkpoints = callback, checkpoints
+
+    def finished(self, record, get_state) -> None:
+        with stop_signals.deferred():
+            if self.callback is not None:
+                self.callback.finished(record, get_state)
+            if self.checkpoints is not None:
+                self.checkpoints.keep(get_state)
+        if self.checkpoints is not None:
+            self.checkpoints.save_due(record)
 
 
 def executor_of(config) -> str:
@@ -180,15 +210,13 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
     hooks = [NetworkTimer(config)] if config.family.simulates_network else []
     guard = Guard(algo, max_loss, start.round if start is not None else 0)
     hooks.append(guard)
-    if on_round is not None:
-        hooks.append(Callback(on_round))
     checkpoints = None if checkpoint_dir is None else KeepLastRound(due, save,
                                                                    keep_starts=keeps_worker_starts(algo, config))
+    hooks.append(RoundEnd(None if on_round is None else Callback(on_round), checkpoints))
     try:
         with guard.watch():  # a non-finite pseudo-gradient mid-round is divergence too
             return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode,
-                         executor=executor_of(config), hooks=hooks + [checkpoints] * (checkpoints is not None),
-                         start=start)
+                         executor=executor_of(config), hooks=hooks, start=start)
     except KeyboardInterrupt:  # a signal mid-round: the last finished round goes to disk, then the signal goes on
         if checkpoints is not None:
             checkpoints.save_last()

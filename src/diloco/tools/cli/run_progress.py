@@ -1,0 +1,118 @@
+"""A training command's progress while it trains: steps within a long round, the time left, and
+a warning first when the run is long.
+
+The executors report their finished inner steps (``diloco.core.progress``); ``RunProgress``,
+the listener, turns them into words for one algorithm's run:
+
+* on a terminal, the round bar's postfix once a round has run ``after`` seconds (1), at most
+  every ``every`` seconds (0.5): ``round 1: 51,200/8,000,000 worker steps, about 2 h 10 min left``;
+* elsewhere (a pipe, a log file), the same words as a line on stderr, prefixed by the
+  algorithm's name, once a round has run ``LINE_AFTER`` seconds, then every ``LINE_EVERY``;
+* once, as soon as ``ESTIMATE_AFTER`` seconds of steps give a speed, a line saying how long
+  the run will take, if that is more than ``LONG_RUN`` seconds (the algorithms still to come
+  after this one, ``compare``'s baseline, counted as taking as long).
+
+The time left is the steps left at the speed so far (the held-out evaluations are not
+counted, so it is a little short). An asynchronous run's rounds have no fixed number of
+steps: its words give the steps only. The clock is an argument, so tests need no waiting.
+"""
+
+from __future__ import annotations
+
+import time
+
+from diloco.core import progress
+
+__all__ = ["RunProgress", "LONG_RUN", "ESTIMATE_AFTER", "LINE_AFTER", "LINE_EVERY", "duration"]
+
+LONG_RUN = 600.0  # seconds: a run estimated longer than this says so as it starts
+ESTIMATE_AFTER = 2.0  # seconds of steps before the speed is trusted
+LINE_AFTER, LINE_EVERY = 5.0, 30.0  # progress lines without a terminal
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` in words: ``45 s``, ``11 min``, ``2 h 10 min``, ``3 days 4 h``."""
+    seconds = max(float(seconds), 0.0)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days:,} days {hours} h" if hours else f"{days:,} days"
+
+
+class RunProgress:
+    """The listener of one algorithm's run (see the module doc).
+
+    Parameters
+    ----------
+    label : str
+        The algorithm's name as the bar shows it (``DiLoCo``).
+    config : DiLoCoConfig
+        Its config (K, H, rounds; asynchronous or not).
+    done : int
+        Rounds finished before this process started (a resumed run).
+    bar : tqdm bar, optional
+        The round bar: its postfix shows the words. Without one they are printed lines.
+    write : callable(str)
+        Prints a line (``tqdm.write`` beside a bar, else to stderr).
+    following : int
+        Algorithms still to run after this one, each counted as taking as long.
+    """
+
+    def __init__(self, label: str, config, done: int, *, write, bar=None, following: int = 0,
+                 clock=time.monotonic, after: float = 1.0, every: float = 0.5) -> None:
+        self.label, self.bar, self.write, self.clock, self.following = label, bar, write, clock, following
+        self.per_round = None if config.asynchrony.asynchronous else config.num_workers * config.inner_steps
+        self.steps_left = None if self.per_round is None else (config.rounds - done) * self.per_round
+        self.after, self.every = (after, every) if bar is not None else (LINE_AFTER, LINE_EVERY)
+        self.start = self.round_start = clock()
+        self.round, self.steps, self.round_steps = done + 1, 0, 0
+        self.shown, self.estimated = None, False
+
+    def round_ended(self, record=None) -> None:
+        """The round finished (its history line is written): the next one starts its count."""
+        self.round, self.round_steps, self.round_start = self.round + 1, 0, self.clock()
+
+    def __call__(self, steps: int) -> None:
+        now = self.clock()
+        self.steps += steps
+        self.round_steps += steps
+        if not self.estimated and now - self.start >= ESTIMATE_AFTER:
+            self.estimated = True
+            self._estimate(now)
+        if now - self.round_start >= self.after and (self.shown is None or now - self.shown >= self.every):
+            self.shown = now
+            self._show(now)
+
+    def left(self, now: float) -> float | None:
+        """Seconds this algorithm still needs at its speed so far (None: unknown)."""
+        if self.steps_left is None or self.steps == 0 or now <= self.start:
+            return None
+        return max(self.steps_left - self.steps, 0) * (now - self.start) / self.steps
+
+    def _show(self, now: float) -> None:
+        of = f"/{self.per_round:,}" if self.per_round else ""
+        left = self.left(now)
+        words = f"round {self.round}: {self.round_steps:,}{of} worker steps" + (
+            f", about {duration(left)} left" if left is not None else "")
+        if self.bar is not None:
+            self.bar.set_postfix_str(words, refresh=True)
+        else:
+            self.write(f"{self.label}: {words}")
+
+    def _estimate(self, now: float) -> None:
+        left = self.left(now)
+        if left is None or left * (1 + self.following) <= LONG_RUN:
+            return
+        then = f", then about {duration(left * self.following)} for the rest of the command" if self.following else ""
+        self.write(f"{self.label}: this run will take about {duration(left)} more at the speed of its first "
+                   f"{now - self.start:.0f} s{then} (Ctrl-C keeps every finished round; --resume goes on)")
+
+    def listening(self):
+        """The context in which the executors' reports reach this listener."""
+        return progress.reporting(self)
