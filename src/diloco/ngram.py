@@ -41,7 +41,7 @@ import numpy as np
 from diloco._validation import check_bool, check_positive_int
 
 __all__ = ["NGramCounts", "fit_ngrams", "ngram_log_probs", "next_char_distribution", "ngram_cross_entropy",
-           "ngram_baselines", "baseline_sentence", "BASELINE_ORDERS"]
+           "ngram_baselines", "dataset_baselines", "baseline_sentence", "BASELINE_ORDERS"]
 
 # The orders the command line and the results pages report: unigram, bigram, trigram.
 BASELINE_ORDERS = (1, 2, 3)
@@ -200,6 +200,22 @@ def ngram_baselines(train_ids, windows, next_chars, vocab_size: int, *, every_po
     counts = fit_ngrams(train_ids, max(orders), vocab_size)
     return {n: ngram_cross_entropy(counts, windows, next_chars, every_position=every_position, order=n)
             for n in orders}
+
+
+def dataset_baselines(dataset, vocab_size: int, *, every_position: bool, orders=BASELINE_ORDERS) -> dict:
+    """``ngram_baselines`` of a character-level ``Dataset`` (``diloco.text.load_shakespeare``'s):
+    fitted on the text its training windows cut, measured on its held-out windows.
+
+    Raises
+    ------
+    ValueError
+        Training windows that are not those of one text in order (``diloco.speakers.ids_from_windows``).
+    """
+    from diloco.speakers import ids_from_windows
+
+    train_ids = ids_from_windows(dataset.x_train, dataset.y_train)
+    return ngram_baselines(train_ids, dataset.x_test, dataset.y_test, vocab_size, every_position=every_position,
+                           orders=orders)
 
 
 _NAMES = {1: "unigram", 2: "bigram", 3: "trigram"}

@@ -125,6 +125,21 @@ def test_compare_on_shakespeare_prints_perplexity_for_both_algorithms(tmp_path, 
     for name in ("DiLoCo", "sync"):
         loss, ppl, bits = (float(v) for v in rows[name][1:4])
         assert ppl == pytest.approx(math.exp(loss), rel=1e-3) and bits == pytest.approx(loss / math.log(2), rel=1e-3)
+    line = next(line for line in out.splitlines() if line.startswith("n-gram baselines on the same held-out text"))
+    losses = [float(word.rstrip(",")) for word in line.split(": ")[1].split()[1::2]]
+    assert len(losses) == 3 and losses[0] > losses[1] > losses[2] > 0, line
+    assert losses[0] == pytest.approx(unigram_oracle(load_shakespeare(3, eval_windows=64).dataset, last=True), abs=1e-4)
+
+
+def unigram_oracle(dataset, *, last: bool) -> float:
+    """The Witten-Bell unigram from its definition: ``(c(w) + T/V) / (N + T)`` of the training text
+    (the first window and every next character), scored on the held-out last (or every) character."""
+    train = np.concatenate([dataset.x_train[0], dataset.y_train]).astype(int)
+    counts, vocab = np.bincount(train, minlength=65), 65
+    seen = np.count_nonzero(counts)
+    prob = (counts + seen / vocab) / (train.size + seen)
+    held = dataset.y_test if last else np.column_stack([dataset.x_test[:, 1:], dataset.y_test])
+    return float(-np.log(prob[held.astype(int)]).mean())
 
 
 def test_the_fast_engine_runs_the_char_lm(tmp_path, capsys):
