@@ -41,7 +41,8 @@ import numpy as np
 from diloco._validation import check_bool, check_positive_int
 
 __all__ = ["NGramCounts", "fit_ngrams", "ngram_log_probs", "next_char_distribution", "ngram_cross_entropy",
-           "ngram_baselines", "dataset_baselines", "baseline_sentence", "BASELINE_ORDERS"]
+           "ngram_baselines", "dataset_baselines", "shakespeare_baselines",
+           "baseline_sentence", "BASELINE_ORDERS"]
 
 # The orders the command line and the results pages report: unigram, bigram, trigram.
 BASELINE_ORDERS = (1, 2, 3)
@@ -216,6 +217,16 @@ def dataset_baselines(dataset, vocab_size: int, *, every_position: bool, orders=
     train_ids = ids_from_windows(dataset.x_train, dataset.y_train)
     return ngram_baselines(train_ids, dataset.x_test, dataset.y_test, vocab_size, every_position=every_position,
                            orders=orders)
+
+
+def shakespeare_baselines(context: int, eval_windows: int | None, *, every_position: bool,
+                          orders=BASELINE_ORDERS) -> dict:
+    """``dataset_baselines`` of ``diloco.text.load_shakespeare(context, eval_windows=eval_windows)``:
+    the baselines a results page quotes beside a char-LM's table (``every_position`` for the transformer)."""
+    from diloco.text import load_shakespeare
+
+    text = load_shakespeare(context, eval_windows=eval_windows)
+    return dataset_baselines(text.dataset, text.encode.vocab_size, every_position=every_position, orders=orders)
 
 
 _NAMES = {1: "unigram", 2: "bigram", 3: "trigram"}

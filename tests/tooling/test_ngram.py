@@ -3,8 +3,12 @@ the properties Witten-Bell smoothing guarantees."""
 
 from __future__ import annotations
 
+import io
 import math
+import re
 from collections import Counter
+from contextlib import redirect_stdout
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,3 +144,21 @@ def test_bad_input_is_refused_in_one_line():
 def test_the_sentence_names_each_order():
     line = baseline_sentence({1: 3.3422, 2: 2.50131, 3: 2.0535, 4: 1.8})
     assert "unigram 3.3422, bigram 2.5013, trigram 2.0535, 4-gram 1.8000 nats/char" in line
+
+
+RESULTS_PAGES = sorted((Path(__file__).resolve().parents[2] / "docs").glob("results*.md"))
+SHOWN = re.compile(r'^\.venv/bin/python -c "(from diloco\.ngram import [^"]*)"$', re.M)
+
+
+def test_every_results_page_shows_what_its_n_gram_commands_print():
+    shown = 0
+    for page in RESULTS_PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in SHOWN.finditer(text):
+            printed = io.StringIO()
+            with redirect_stdout(printed):
+                exec(match.group(1), {})  # the command as the page shows it, without the interpreter start-up
+            line = printed.getvalue().strip()
+            assert f"\n{line}\n" in text, f"{page.name}: the page does not show what {match.group(0)!r} prints: {line}"
+            shown += 1
+    assert shown >= 4, "the transformer page, results.md and the beyond page show their n-gram baselines"
