@@ -32,15 +32,18 @@ import numpy as np
 from diloco._validation import api_checks, check_positive_int, check_real
 from diloco.data import Dataset
 
-__all__ = ["SHAKESPEARE_PROVENANCE", "SHAKESPEARE_SHA256", "OneHot", "TextData", "load_shakespeare_text",
-           "vocabulary_of", "char_windows", "load_shakespeare", "perplexity", "bits_per_char", "TOPIC_SEGMENTS",
-           "topic_segments", "topic_shard_dataset"]
+__all__ = ["SHAKESPEARE_PROVENANCE", "SHAKESPEARE_SHA256", "SHAKESPEARE_TEST_FRACTION", "OneHot", "TextData",
+           "load_shakespeare_text", "vocabulary_of", "char_windows", "load_shakespeare", "perplexity", "bits_per_char",
+           "TOPIC_SEGMENTS", "topic_segments", "topic_shard_dataset"]
 
 SHAKESPEARE_PROVENANCE = (
     "Tiny Shakespeare: 1,115,394 characters of plays by William Shakespeare (public domain), "
     "the data/tinyshakespeare/input.txt of the char-rnn repository (karpathy/char-rnn), gzip-compressed."
 )
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+# The held-out tail: the last tenth of the text (``load_shakespeare``'s default, and what the
+# command line loads and records as ``test_fraction`` in a run's config.json).
+SHAKESPEARE_TEST_FRACTION = 0.1
 
 # Evaluate on at most this many held-out windows, evenly spaced over the tail: the
 # held-out loss is computed after every round, and 8,192 windows keep that below a
@@ -223,7 +226,7 @@ def char_windows(ids: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray]
     return windows.astype(np.float32), ids[context:].astype(np.int64)
 
 
-def load_shakespeare(context: int = 6, *, test_fraction: float = 0.1,
+def load_shakespeare(context: int = 6, *, test_fraction: float = SHAKESPEARE_TEST_FRACTION,
                      eval_windows: int | None = DEFAULT_EVAL_WINDOWS) -> TextData:
     """Next-character prediction on Tiny Shakespeare, the tail of the text held out.
 

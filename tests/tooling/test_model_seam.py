@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 from cli_helpers import only_run_dir, run_cli
+from test_text import unigram_oracle
 
 from diloco import DiLoCoConfig
 from diloco.config import TransformerShape
@@ -20,7 +21,7 @@ from diloco.config_sections import FamilyConfig
 from diloco.core.model_seam import data_model, parameter_keys
 from diloco.core.synchronisers import FragmentSync
 from diloco.run_records import prepare_training
-from diloco.text import OneHot, char_windows
+from diloco.text import OneHot, char_windows, load_shakespeare
 
 TINY = TransformerShape(d_model=8, n_heads=2, n_layers=2)
 
@@ -109,6 +110,9 @@ def test_compare_runs_the_transformer_in_float32_on_64_characters(capsys, tmp_pa
     assert config["model"] == "transformer" and config["dtype"] == "float32"
     assert config["transformer"] == {"d_model": 16, "n_heads": 2, "n_layers": 1, "mlp_ratio": 4, "tied": True}
     assert written["data"]["context"] == 64
+    line = next(line for line in out.splitlines() if line.startswith("n-gram baselines on the same held-out text"))
+    unigram = float(line.split("unigram ")[1].split(",")[0])  # scored on every position of a window, as the model
+    assert unigram == pytest.approx(unigram_oracle(load_shakespeare(64, eval_windows=16).dataset, last=False), abs=1e-4)
 
 
 def test_titles_and_messages_name_the_transformers_flags():

@@ -3,10 +3,12 @@ encoder, the held-out tail, perplexity, and the command line printing perplexity
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
+from cli_helpers import only_run_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,6 +127,39 @@ def test_compare_on_shakespeare_prints_perplexity_for_both_algorithms(tmp_path, 
     for name in ("DiLoCo", "sync"):
         loss, ppl, bits = (float(v) for v in rows[name][1:4])
         assert ppl == pytest.approx(math.exp(loss), rel=1e-3) and bits == pytest.approx(loss / math.log(2), rel=1e-3)
+    line = next(line for line in out.splitlines() if line.startswith("n-gram baselines on the same held-out text"))
+    losses = [float(word.rstrip(",")) for word in line.split(": ")[1].split()[1::2]]
+    assert len(losses) == 3 and losses[0] > losses[1] > losses[2] > 0, line
+    assert losses[0] == pytest.approx(unigram_oracle(load_shakespeare(3, eval_windows=64).dataset, last=True), abs=1e-4)
+
+
+TINY_TRANSFORMER = ["--model", "transformer", "--d-model", "8", "--n-heads", "2", "--n-layers", "1"]
+
+
+@pytest.mark.parametrize("model", [[], TINY_TRANSFORMER])
+def test_config_json_records_the_split_the_text_was_cut_with(model, tmp_path, capsys):
+    """Runs recorded test_fraction 0.2 (the digits' default) while the text's tail was its last tenth."""
+    argv = ["train", "--data", "shakespeare", "--algo", "sync", "--rounds", "1", "-H", "1", "--batch-size", "2",
+            "--eval-windows", "8", "--no-plots", "-q", "--runs-dir", str(tmp_path / "first"), *model]
+    assert main(argv) == 0, capsys.readouterr().err
+    data = json.loads((only_run_dir(tmp_path / "first") / "config.json").read_text())["data"]
+    # windows of c characters cut from the first round(N (1 - f)) characters: that many minus c
+    assert data["num_train"] == round(len(load_shakespeare_text()) * (1 - data["test_fraction"])) - data["context"]
+    assert data["split_seed"] is None  # no seeded split: the tail is held out
+    config = str(only_run_dir(tmp_path / "first") / "config.json")
+    assert main(["train", "--config", config, "--no-plots", "-q", "--runs-dir", str(tmp_path / "again")]) == 0
+    assert json.loads((only_run_dir(tmp_path / "again") / "config.json").read_text())["data"] == data
+
+
+def unigram_oracle(dataset, *, last: bool) -> float:
+    """The Witten-Bell unigram from its definition: ``(c(w) + T/V) / (N + T)`` of the training text
+    (the first window and every next character), scored on the held-out last (or every) character."""
+    train = np.concatenate([dataset.x_train[0], dataset.y_train]).astype(int)
+    counts, vocab = np.bincount(train, minlength=65), 65
+    seen = np.count_nonzero(counts)
+    prob = (counts + seen / vocab) / (train.size + seen)
+    held = dataset.y_test if last else np.column_stack([dataset.x_test[:, 1:], dataset.y_test])
+    return float(-np.log(prob[held.astype(int)]).mean())
 
 
 def test_the_fast_engine_runs_the_char_lm(tmp_path, capsys):

@@ -37,6 +37,7 @@ from diloco.core.driver import baseline_config
 from diloco.data import Dataset
 from diloco.evaluation import communication_savings
 from diloco.loop import num_values
+from diloco.ngram import baseline_sentence, dataset_baselines
 from diloco.shard_divergence import split_report, split_sentence
 from diloco.tools.cli.config_file import run_file_settings
 from diloco.tools.cli.family_run import check_family, family_summary, print_family, run_with_family
@@ -346,6 +347,9 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
                 plots = save_run_pictures({algo: history.for_algo(algo) for algo in algos}, run_dir, config,
                                           data_info)
     _print_table(summary, savings["savings_factor"])
+    if data.encode is not None:  # the char-LM: what character statistics alone reach on the same held-out text
+        print(baseline_sentence(dataset_baselines(data, data.encode.vocab_size,
+                                                  every_position=config.model == "transformer")))
     print_family(family_extra)
     if "diloco" in algos:
         print(savings_sentence(_measured(savings, summary["algorithms"])))

@@ -340,6 +340,8 @@ def _load_named_data(args, dtype: str) -> tuple[Dataset, dict]:
     except MemoryError:
         raise CliError(f"--data: {spec} does not fit in memory") from None
     data = data._replace(x_train=data.x_train.astype(dtype, copy=False), x_test=data.x_test.astype(dtype, copy=False))
+    recorded = {name: info.pop(name, value) for name, value in (("split_seed", split_seed),
+                                                                ("test_fraction", test_fraction))}
     info.update(num_train=len(data.y_train), num_test=len(data.y_test), num_features=data.x_train.shape[1],
-                num_classes=data.num_classes, split_seed=split_seed, test_fraction=test_fraction)
+                num_classes=data.num_classes, **recorded)  # --data shakespeare records its own split
     return data, info

@@ -86,11 +86,12 @@ def text_sizes(args) -> tuple[int, int]:
 
 def load_text_dataset(args):
     """``--data shakespeare``: the dataset (with its ``encode``) and its description."""
-    from diloco.text import SHAKESPEARE_PROVENANCE, load_shakespeare
+    from diloco.text import SHAKESPEARE_PROVENANCE, SHAKESPEARE_TEST_FRACTION, load_shakespeare
 
     context, eval_windows = text_sizes(args)
-    text = load_shakespeare(context, eval_windows=eval_windows)
+    text = load_shakespeare(context, test_fraction=SHAKESPEARE_TEST_FRACTION, eval_windows=eval_windows)
     info = {"name": "shakespeare", "provenance": SHAKESPEARE_PROVENANCE, "context": context,
+            "test_fraction": SHAKESPEARE_TEST_FRACTION, "split_seed": None,  # the text's tail: no random split
             "vocab_size": text.encode.vocab_size, "eval_windows": len(text.dataset.y_test),
             "input": f"one-hot index windows, {context} x {text.encode.vocab_size} = {text.encode.num_features} inputs"}
     return text.dataset._replace(encode=text.encode), info
