@@ -17,6 +17,7 @@ which re-exports these names.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -309,22 +310,24 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
 
 
 def write_study(run_dir: Path, summary: dict, title: str, table: str, export, export_name: str, *,
-                plots: bool = True) -> None:
-    """A study's outputs: ``summary.json``, ``study.md`` (``# title`` then ``table``) and, with
-    ``plots``, ``study.png`` (each arm's curve and final value,
+                plots: bool = True, figure=None, preface: str = "") -> None:
+    """A study's outputs: ``summary.json``, ``study.md`` (``# title``, ``preface``, then ``table``) and,
+    with ``plots``, ``study.png`` (``figure(summary)``; by default each arm's curve and final value,
     ``diloco.tools.studies.paper_command.plot_paper_study``) in ``run_dir``; with ``export``
-    (a folder, or None) also ``export/<export_name>.json``; then the table and the run
-    folder on standard output."""
+    (a folder, or None) also ``export/<export_name>.json`` (and, with ``plots`` and a
+    ``figure`` given, the plot as ``.png``); then the table and the run folder on standard output."""
     write_json(run_dir / "summary.json", summary)
-    atomic_write_text(run_dir / "study.md", f"# {title}\n\n{table}")
+    atomic_write_text(run_dir / "study.md", f"# {title}\n\n{preface}{table}")
     if plots:
         from diloco.tools.studies.paper_command import plot_paper_study
         from diloco.tools.studies.plots import save_figure
 
-        save_figure(plot_paper_study(summary), run_dir / "study.png")
+        save_figure((figure or plot_paper_study)(summary), run_dir / "study.png")
     if export:
         target = Path(export)
         target.mkdir(parents=True, exist_ok=True)
         write_json(target / f"{export_name}.json", summary)
+        if plots and figure is not None:
+            shutil.copyfile(run_dir / "study.png", target / f"{export_name}.png")
     print(table, end="")
     print(f"run folder: {run_dir} ({summary['seconds']:.0f} s)")
