@@ -71,3 +71,13 @@ def test_a_run_stored_under_the_first_key_is_found_and_moved_to_the_new_one(tmp_
     assert cache.get(key) is None, "without the legacy key the old file is not this run's"
     assert cache.get(key, old) == {"eval_loss": 2.0}
     assert (tmp_path / f"{key}.json").is_file() and cache.count() == 2
+
+
+def test_a_diverged_runs_nan_loss_comes_back_a_nan_not_a_null(tmp_path):
+    import math
+
+    cache = RunCache(tmp_path)
+    cache.put("k", {"eval_loss": float("nan"), "best_eval_loss": float("inf"), "arm": None})
+    stored = cache.get("k")
+    assert math.isnan(stored["eval_loss"]) and math.isnan(stored["best_eval_loss"]), "a tuning mean must not see None"
+    assert stored["arm"] is None, "only the metrics are revived"

@@ -30,6 +30,10 @@ __all__ = ["CACHE_VERSION", "RunCache", "config_changes"]
 CACHE_VERSION = 1
 
 
+# The outcome's metrics a diverged run leaves NaN or infinite (stored as null, read back as NaN).
+_METRICS = ("eval_loss", "eval_accuracy", "eval_perplexity", "eval_bits", "best_eval_loss", "inner_loss")
+
+
 def _changes(value, default):
     """``value`` where it differs from ``default``: a dict of the differing keys (nested), the
     value itself for a differing leaf, ``None`` where they are equal."""
@@ -88,9 +92,13 @@ class RunCache:
         if not path.is_file():
             return None
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            stored = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None  # unreadable: train again
+        if not isinstance(stored, dict):
+            return None
+        # JSON keeps a diverged run's NaN or infinite metric as null: it comes back a NaN
+        return {k: float("nan") if v is None and k in _METRICS else v for k, v in stored.items()}
 
     def get(self, key: str, legacy: str | None = None) -> dict | None:
         """The stored outcome of ``key``; else that of ``legacy`` (copied to ``key``); else None."""
