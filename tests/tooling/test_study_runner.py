@@ -108,3 +108,19 @@ def test_a_study_added_as_a_spec_alone_tunes_runs_writes_and_reads_its_runs_back
     assert first["tuned"] >= 4 and len(first["losses"]) == 4 and first["cached"] == 0
     assert all("lr" in a["changes"]["inner"] for a in first["arms"]), "each arm has its tuned inner lr"
     assert again["cached"] == first["tuned"] + 4 and again["losses"] == first["losses"], "the rerun trains nothing"
+
+
+def test_a_family_study_run_again_reads_every_run_back_and_replays_its_rounds(tmp_path, capsys):
+    argv = ["study", "compression", "--seeds", "2", "--values", "native,fp4", "--rounds", "2", "-H", "3", "-K", "2",
+            "--hidden-sizes", "8", "--batch-size", "8", "-q", "--no-plots", "--runs-dir", tmp_path]
+    for export in ("first", "again"):
+        status, _, err = run_cli([*argv, "--export", tmp_path / export], capsys)
+        assert status == 0, err
+    first, again = (json.loads((tmp_path / n / "family-compression.json").read_text()) for n in ("first", "again"))
+    assert first["rows"] == again["rows"] and first["tuning"] == again["tuning"] and first["claims"] == again["claims"]
+    assert [o["variant"] for o in again["outcomes"]] == ["native", "native", "fp4", "fp4"]
+    one, two = sorted(p for p in tmp_path.iterdir() if "study-compression" in p.name)
+    lines = [(p / "history.jsonl").read_text().splitlines() for p in (one, two)]
+    assert len(lines[0]) == len(lines[1]) == 2 * 2 * 2, "every evaluation round, replayed from the cache the 2nd time"
+    results = [json.loads(line) for line in (two / "results.jsonl").read_text().splitlines()]
+    assert all(r["cached"] for r in results), "the second command trains nothing"

@@ -150,8 +150,9 @@ def horizon_of(config, seed: int) -> float:
     return config.rounds * synchronous_round_seconds(config.replace(seed=int(seed)), 0.0)
 
 
-def run_arm(arm: Arm, base, seed: int, data) -> dict:
-    """Train ``arm`` with ``seed`` until the clock passes T (``horizon_of``); the outcome at T."""
+def run_arm(arm: Arm, base, seed: int, data, history=None) -> dict:
+    """Train ``arm`` with ``seed`` until the clock passes T (``horizon_of``); the outcome at T
+    (``history``, the study runner's writer, is not used: the outcome keeps the curve)."""
     config = base.replace(**arm.changes, seed=int(seed))
     horizon = horizon_of(base, seed)
     if config.asynchrony.asynchronous:

@@ -25,6 +25,7 @@ says how many runs are kept and the command that continues.
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import time
@@ -63,6 +64,8 @@ class Plan(NamedTuple):
     runner: str | None = None  # the run cache's name for ``run`` (None: run_arm's runs)
     expected_runs: int = 0  # the progress bar's total (tuning runs before any extension included)
     extra: dict | None = None  # whatever the spec's summary needs besides
+    label_key: str = "arm"  # the outcome's field naming its arm
+    replay: Callable | None = None  # (stored outcome, history writer): a cached evaluation run's rounds
 
 
 class Done(NamedTuple):
@@ -76,6 +79,7 @@ class Done(NamedTuple):
     seconds: float
     cpu_seconds: float
     run_dir: Path
+    history: object = None  # the run folder's HistoryWriter (history.jsonl): the evaluation runs' rounds
 
 
 class StudySpec:
@@ -140,20 +144,33 @@ def study_cache(args) -> RunCache:
         raise CliError(f"--run-cache: {exc}") from None
 
 
+def _runner_name(plan: Plan, arm) -> str:
+    """The cache's runner name of ``arm``'s runs: the plan's, with any field of the arm beyond
+    ``label``, ``algo`` and ``changes`` (a family variant's ``family``), which the config does not hold."""
+    extra = {k: v for k, v in arm._asdict().items() if k not in ("label", "algo", "changes")}
+    name = plan.runner or plan.name
+    return name if not extra else f"{name} {json.dumps(extra, sort_keys=True, default=str)}"
+
+
 def cached(plan: Plan, cache: RunCache) -> Callable:
-    """One run of ``plan`` (``train(arm, base, seed, dataset)``), read from ``cache`` when stored."""
+    """One run of ``plan`` (``train(arm, base, seed, dataset, history=None)``), read from ``cache``
+    when stored; ``history`` (a ``HistoryWriter``, evaluation runs only) goes to the plan's own
+    run, and a stored run is replayed into it (``Plan.replay``)."""
     if plan.run is None:
-        def train(arm, base, seed, dataset, **_):
+        def train(arm, base, seed, dataset, history=None, **_):
             return run_arm(arm, base, seed, dataset, encode=dataset.encode, cache=cache, data_key=plan.data_info)
         return train
 
-    def train_own(arm, base, seed, dataset, **_):
+    def train_own(arm, base, seed, dataset, history=None, **_):
         config = base.replace(**arm.changes, seed=int(seed))
-        key = RunCache.key(arm.algo, config, seed, plan.data_info, runner=plan.runner or plan.name)
+        key = RunCache.key(arm.algo, config, seed, plan.data_info, runner=_runner_name(plan, arm))
         stored = cache.get(key)
         if stored is not None:
-            return {**stored, "arm": arm.label, "cached": True}
-        outcome = plan.run(arm, base, seed, dataset)
+            if history is not None and plan.replay is not None:
+                plan.replay(stored, history)
+            return {**stored, plan.label_key: arm.label, "cached": True}
+        outcome = (plan.run(arm, base, seed, dataset) if history is None
+                   else plan.run(arm, base, seed, dataset, history=history))
         cache.put(key, outcome)
         return outcome
     return train_own
@@ -176,13 +193,13 @@ class _Progress:
         make_bar = progress_factory(quiet)
         total = plan.expected_runs or len(plan.arms) * len(plan.seeds)
         self.bar = None if make_bar is None else make_bar(total=total, desc=plan.name, unit="run")
-        self.tuned, self.outcomes = [], []
+        self.tuned, self.outcomes, self.label_key = [], [], plan.label_key
 
     def __call__(self, outcome: dict, phase: str = "tune") -> None:
         self.results.write_line({**outcome, "phase": phase})
         (self.tuned if phase == "tune" else self.outcomes).append(outcome)
         if self.bar is not None:
-            self.bar.set_postfix_str(f"{outcome.get('arm')} seed {outcome.get('seed')}")
+            self.bar.set_postfix_str(f"{outcome.get(self.label_key)} seed {outcome.get('seed')}")
             self.bar.update(1)
 
     def close(self) -> None:
@@ -190,12 +207,12 @@ class _Progress:
             self.bar.close()
 
 
-def _train_all(spec: StudySpec, plan: Plan, train: Callable, progress: _Progress) -> tuple[list, object]:
-    """Tune, then every arm on every seed; ``(tuned arms, tuning records)``."""
+def _train_all(spec: StudySpec, plan: Plan, train: Callable, progress: _Progress, history) -> tuple[list, object]:
+    """Tune, then every arm on every seed (their rounds to ``history``); ``(tuned arms, tuning records)``."""
     arms, tuning = spec.tune(plan, train, progress)
     for arm in arms:
         for seed in plan.seeds:
-            progress(train(arm, plan.config, seed, plan.data), "eval")
+            progress(train(arm, plan.config, seed, plan.data, history=history), "eval")
     return arms, tuning
 
 
@@ -204,7 +221,7 @@ def run_spec(spec: StudySpec, args) -> int:
     plan = spec.plan(args)
     threads, limit = thread_limit(args, plan.config, plan.data)
     cache = study_cache(args)
-    run_dir, _ = start_run(args, "study", plan.folder, plan.config, plan.data_info,
+    run_dir, history = start_run(args, "study", plan.folder, plan.config, plan.data_info,
                            {**plan.record, "blas_threads": threads, "run_cache": str(cache.directory)})
     if not args.quiet:
         print(plan.banner)
@@ -219,7 +236,7 @@ def run_spec(spec: StudySpec, args) -> int:
     try:
         with run_outcome(stopped), quiet_numpy(), limit:
             try:
-                arms, tuning = _train_all(spec, plan, cached(plan, cache), progress)
+                arms, tuning = _train_all(spec, plan, cached(plan, cache), progress, history)
             except (TypeError, ValueError) as exc:
                 raise CliError(f"study {plan.name}: {exc}") from None
             except KeyboardInterrupt as exc:
@@ -230,6 +247,6 @@ def run_spec(spec: StudySpec, args) -> int:
     finally:
         progress.close()
     done = Done(arms, tuning, progress.outcomes, progress.tuned, threads, time.perf_counter() - started,
-                time.process_time() - cpu_started, run_dir)
+                time.process_time() - cpu_started, run_dir, history)
     spec.write(plan, spec.summary(plan, done), done, args)
     return 0
