@@ -105,7 +105,7 @@ def test_the_async_study_runs_and_judges_the_claims(tmp_path, capsys):
     assert steps[beyond_async.SYNC] == 6 and steps[beyond_async.ASYNC] == 24
     assert "`.venv/bin/diloco study async --data digits --seeds 2 --workers 2 --inner-steps 3 --rounds 2" in out
     assert f"--export {tmp_path / 'export'}`" in out  # the flag as it was given
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    run_dir = only_run_dir(tmp_path / "runs")
     assert (run_dir / "study.png").stat().st_size > 10_000  # a picture, with the run's curves
     # every arm tuned on seed 1000 (not a reported seed): inner lr, the 12 outer pairs (then past a chosen edge,
     # one coordinate at a time, at most 2 a side), inner lr again;
@@ -124,7 +124,7 @@ def test_the_async_study_md_names_only_the_flags_given(tmp_path, capsys):
                               "-K", "2", "--hidden-sizes", "8", "--batch-size", "8", "-q", "--no-plots",
                               "--runs-dir", tmp_path], capsys)
     assert status == 0, err
-    (run_dir,) = tmp_path.iterdir()
+    run_dir = only_run_dir(tmp_path)
     assert "--export" not in (run_dir / "study.md").read_text() and not (run_dir / "study.png").exists()
 
 

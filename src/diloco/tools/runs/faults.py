@@ -114,6 +114,8 @@ def stop_message(command_name: str, exc: BaseException) -> tuple[int, str]:
     signum, name = _signal_of(exc)
     runs = held_runs()
     line = f"diloco {command_name}: interrupted by {name}"
+    if getattr(exc, "kept", None):  # a study: its finished runs are in the run cache (studies.runner)
+        return exit_status(signum), f"{line}; {exc.kept}"
     if not runs:
         return exit_status(signum), f"{line} before its run folder was made; nothing was written"
     resumable = [resume_line(path, made_by) for path, made_by in runs.items() if made_by in ("train", "compare")]

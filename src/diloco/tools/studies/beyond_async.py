@@ -34,7 +34,7 @@ from diloco.config import AdamWConfig
 from diloco.core.driver import train
 from diloco.core.schedule import async_plan, synchronous_round_seconds, worker_local_steps
 from diloco.tools.cli.errors import CliError
-from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
+from diloco.tools.runs.folders import atomic_write_text
 from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     combine_verdicts,
@@ -52,13 +52,14 @@ from diloco.tools.studies.paper_runs import (
     next_on_ladder,
     outcome_of,
     outer_step_grid,
-    tune_arms,
     write_study,
 )
 from diloco.tools.studies.paper_studies import Claim
+from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
 from diloco.tools.studies.study_stats import mean_interval
 
-__all__ = ["NAME", "TASKS", "arms", "claims", "run_async_study", "render_block", "rebuild", "equal_time_rounds"]
+__all__ = ["NAME", "TASKS", "arms", "claims", "AsyncSpec", "run_async_study", "render_block", "rebuild",
+           "equal_time_rounds"]
 
 NAME = "async"
 # Per task: the model, the inner lr, K, H and the rounds of synchronous DiLoCo that set T.
@@ -149,8 +150,9 @@ def horizon_of(config, seed: int) -> float:
     return config.rounds * synchronous_round_seconds(config.replace(seed=int(seed)), 0.0)
 
 
-def run_arm(arm: Arm, base, seed: int, data) -> dict:
-    """Train ``arm`` with ``seed`` until the clock passes T (``horizon_of``); the outcome at T."""
+def run_arm(arm: Arm, base, seed: int, data, history=None) -> dict:
+    """Train ``arm`` with ``seed`` until the clock passes T (``horizon_of``); the outcome at T
+    (``history``, the study runner's writer, is not used: the outcome keeps the curve)."""
     config = base.replace(**arm.changes, seed=int(seed))
     horizon = horizon_of(base, seed)
     if config.asynchrony.asynchronous:
@@ -185,14 +187,10 @@ def _time_to_target(outcomes: list, rows: list) -> dict:
     return table
 
 
-def run_async_study(args) -> int:
-    from diloco.tools.cli.flags import build_config, load_dataset
-    from diloco.tools.cli.run_setup import thread_limit
+def _base(args, spec: dict):
+    """The study's config: the task's, the flags', the default straggler; the per-arm flags refused."""
+    from diloco.tools.cli.flags import build_config
 
-    task = getattr(args, "data", None) or "digits"
-    if task not in TASKS:
-        raise CliError(f"study async runs on --data {' or --data '.join(TASKS)}, got --data {task}")
-    spec = TASKS[task]
     defaults = {"hidden_sizes": spec["hidden_sizes"], "inner": AdamWConfig(**spec["inner"]), "engine": default_engine(),
                 "num_workers": spec["num_workers"], "inner_steps": spec["inner_steps"], "rounds": spec["rounds"]}
     config = build_config(args, defaults)
@@ -201,67 +199,67 @@ def run_async_study(args) -> int:
     if config.asynchrony.asynchronous or config.asynchrony.delayed_nesterov or config.asynchrony.dynamic_local_steps:
         raise CliError("study async sets --async, --delayed-nesterov and --dynamic-local-steps per arm: "
                        "give only the speeds (--step-times, --speed-spread, --straggler, --straggler-factor)")
-    if args.seeds < 2:
-        raise CliError(f"--seeds must be at least 2 for paired intervals, got {args.seeds}")
-    study_arms = arms(config)
-    try:
-        for arm in study_arms:
-            from diloco.core.driver import check_algorithm
+    return config
 
-            check_algorithm("diloco", config.replace(**arm.changes))
-    except ValueError as exc:
-        raise CliError(f"study async: {exc}") from None
-    data, data_info = load_dataset(args, config.dtype)
-    threads, limit = thread_limit(args, config, data)
-    if config.family.simulates_network:
-        raise CliError("study async compares compute time only: leave out --bandwidth")
-    seeds = list(range(config.seed, config.seed + args.seeds))
-    horizons = [horizon_of(config, seed) for seed in seeds]
-    horizon = horizons[0] if len(set(horizons)) == 1 else horizons
-    run_dir = create_run_dir(args.runs_dir, args.name or f"study-async-{task}")
-    write_json(run_dir / "config.json", {"command": "study", "study": NAME, "task": task, "config": config.to_dict(),
-                                         "horizon_seconds": horizon, "seeds": seeds,
-                                         "arms": [a._asdict() for a in study_arms], "data": data_info,
-                                         "blas_threads": threads})
-    write_json(run_dir / "environment.json", environment_record(seed=config.seed))
-    results = JsonlWriter(run_dir / "results.jsonl")
-    if not args.quiet:
-        print(f"study async (Liu et al. 2024) on {task}: {len(study_arms)} arms x {len(seeds)} seeds, "
-              f"equal simulated time {horizon} s ({config.rounds} synchronous rounds)")
-    outcomes, started = [], time.perf_counter()
-    try:
-        with limit:
-            study_arms, tuning = tune_arms(tuning_steps(study_arms, config.inner.lr), study_arms, config, data,
-                                           [TUNE_SEED], run=lambda arm, base, seed, dataset, **_:
-                                           run_arm(arm, base, seed, dataset))
+
+class AsyncSpec(StudySpec):
+    """``diloco study async`` as a spec of the one runner (``runner.run_spec``): each run is
+    ``run_arm`` (stopped at T), cached under the runner name ``"async"``."""
+
+    name = NAME
+
+    def plan(self, args) -> Plan:
+        from diloco.core.driver import check_algorithm
+        from diloco.tools.cli.flags import load_dataset
+
+        task = task_of(args, TASKS, NAME)
+        config = _base(args, TASKS[task])
+        seeds = check_seeds(args, config)
+        study_arms = arms(config)
+        try:
             for arm in study_arms:
-                for seed in seeds:
-                    outcome = run_arm(arm, config, seed, data)
-                    outcomes.append(outcome)
-                    results.write_line(outcome)
-                    if not args.quiet:
-                        print(f"  {arm.label}, seed {seed}: loss {outcome['eval_loss']:.4f} at "
-                              f"{outcome['sim_seconds']:g} s ({outcome['seconds']:.1f} s)", flush=True)
-    except (TypeError, ValueError) as exc:
-        raise CliError(f"study async: {exc}") from None
-    rows = summarise_arms(outcomes, study_arms)
-    for row in rows:
-        row["sim_seconds"] = float(np.mean([o["sim_seconds"] for o in outcomes if o["arm"] == row["arm"]]))
-    command = ["diloco study async", "--data", task, "--seeds", str(args.seeds)]
-    for flag, name in (("--workers", "num_workers"), ("--inner-steps", "inner_steps"), ("--rounds", "rounds")):
-        if getattr(config, name) != spec[name]:
-            command += [flag, str(getattr(config, name))]
-    command += _speed_flags(config)
-    summary = {"study": NAME, "title": "asynchronous DiLoCo against synchronous DiLoCo at equal simulated time",
-               "reference": "Liu et al. 2024, arXiv 2401.09135", "task": task, "data": data_info,
-               "config": config.to_dict(), "horizon_seconds": horizon, "seeds": seeds, "rows": rows,
-               "tune_seeds": [TUNE_SEED], "tuning": tuning,
-               "claims": judge_claims(claims(), rows, task), "time_to_target": _time_to_target(outcomes, rows),
-               "seconds": time.perf_counter() - started, "command": " ".join(command)}
-    export = getattr(args, "export", None)
-    write_study(run_dir, summary, f"Asynchronous DiLoCo ({task})", render_block(summary, export), export,
-                f"beyond-async-{task}{_suffix(config)}", plots=not args.no_plots)
-    return 0
+                check_algorithm("diloco", config.replace(**arm.changes))
+        except ValueError as exc:
+            raise CliError(f"study async: {exc}") from None
+        data, data_info = load_dataset(args, config.dtype)
+        if config.family.simulates_network:
+            raise CliError("study async compares compute time only: leave out --bandwidth")
+        horizons = [horizon_of(config, seed) for seed in seeds]
+        horizon = horizons[0] if len(set(horizons)) == 1 else horizons
+        record = {"study": NAME, "task": task, "horizon_seconds": horizon, "seeds": seeds,
+                  "arms": [a._asdict() for a in study_arms]}
+        banner = (f"study async (Liu et al. 2024) on {task}: {len(study_arms)} arms x {len(seeds)} seeds, "
+                  f"equal simulated time {horizon} s ({config.rounds} synchronous rounds)")
+        return Plan(NAME, args.name or f"study-async-{task}", config, study_arms, seeds,
+                    check_tune_seeds(args, seeds, TUNE_SEED, count=1), tuning_steps(study_arms, config.inner.lr),
+                    data, data_info, record, banner, run=run_arm, runner="async",
+                    extra={"task": task, "horizon": horizon, "seeds_flag": args.seeds})
+
+    def summary(self, plan: Plan, done: Done) -> dict:
+        task, config, outcomes = plan.extra["task"], plan.config, done.outcomes
+        rows = summarise_arms(outcomes, done.arms)
+        for row in rows:
+            row["sim_seconds"] = float(np.mean([o["sim_seconds"] for o in outcomes if o["arm"] == row["arm"]]))
+        command = ["diloco study async", "--data", task, "--seeds", str(plan.extra["seeds_flag"])]
+        for flag, name in (("--workers", "num_workers"), ("--inner-steps", "inner_steps"), ("--rounds", "rounds")):
+            if getattr(config, name) != TASKS[task][name]:
+                command += [flag, str(getattr(config, name))]
+        return {"study": NAME, "title": "asynchronous DiLoCo against synchronous DiLoCo at equal simulated time",
+                "reference": "Liu et al. 2024, arXiv 2401.09135", "task": task, "data": plan.data_info,
+                "config": config.to_dict(), "horizon_seconds": plan.extra["horizon"], "seeds": plan.seeds,
+                "rows": rows, "tune_seeds": plan.tune_seeds, "tuning": done.tuning,
+                "claims": judge_claims(claims(), rows, task), "time_to_target": _time_to_target(outcomes, rows),
+                "seconds": done.seconds, "command": " ".join(command + _speed_flags(config))}
+
+    def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
+        export, task = getattr(args, "export", None), plan.extra["task"]
+        write_study(done.run_dir, summary, f"Asynchronous DiLoCo ({task})", render_block(summary, export), export,
+                    f"beyond-async-{task}{_suffix(plan.config)}", plots=not args.no_plots)
+
+
+def run_async_study(args) -> int:
+    """``diloco study async``: its spec through the one runner."""
+    return run_spec(AsyncSpec(), args)
 
 
 def _speed_flags(config) -> list:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -47,11 +46,12 @@ from diloco.tools.studies.paper_report import (
     verdict,
 )
 from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, outer_step_grid, tune_arms, write_study
-from diloco.tools.studies.paper_studies import Arm, Claim, run_arm
+from diloco.tools.studies.paper_studies import Arm, Claim
+from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
 from diloco.tools.studies.study_stats import mean_interval
 
 __all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting",
-           "muon_arms", "muon_claims", "interaction_specs", "judge_interactions", "run_muon_study",
+           "muon_arms", "muon_claims", "interaction_specs", "judge_interactions", "MuonSpec", "run_muon_study",
            "render_section", "render_claims", "rebuild_page", "main"]
 
 # Per task: the model, H, the budget (steps per worker), small enough that the whole study
@@ -194,20 +194,22 @@ def judge_interactions(specs: list, rows: list, task: str) -> list:
 
 # --- the command ------------------------------------------------------------------------------
 
-def _tune(optimizer, grid, algo, k, base, h, steps, data, seeds, lrs, muon, on_run) -> tuple[float, list]:
-    """The grid value with the lowest mean final held-out loss of ``algo`` at K = ``k`` on ``seeds``."""
+def _tune(optimizer, grid, algo, k, plan, lrs, train, on_run) -> tuple[float, list]:
+    """The grid value with the lowest mean final held-out loss of ``algo`` at K = ``k`` on the
+    tuning seeds (``train``: the runner's run, cached)."""
+    base, muon, h, steps = plan.config, plan.extra["muon"], plan.config.inner_steps, plan.extra["steps"]
     records = []
     for value in grid:
         arm = Arm(f"tune {optimizer} {setting(algo, k)} lr {value:g}", algo,
                   {"num_workers": k, "inner_steps": h, "rounds": steps // h,
                    **_optimizer(optimizer, {**lrs, optimizer: value}, muon)})
         losses = []
-        for seed in seeds:
-            outcome = run_arm(arm, base, seed, data, encode=data.encode)
+        for seed in plan.tune_seeds:
+            outcome = train(arm, base, seed, plan.data)
             losses.append(outcome["eval_loss"])
             on_run(outcome)
-        records.append({"optimizer": optimizer, "setting": setting(algo, k), "lr": value, "seeds": list(seeds),
-                        "eval_loss": float(np.mean(losses))})
+        records.append({"optimizer": optimizer, "setting": setting(algo, k), "lr": value,
+                        "seeds": list(plan.tune_seeds), "eval_loss": float(np.mean(losses))})
     finite = [r for r in records if np.isfinite(r["eval_loss"])]
     if not finite:
         raise CliError(f"study muon: every {optimizer} lr of the grid diverged ({setting(algo, k)})")
@@ -240,96 +242,94 @@ def _ks(values) -> tuple:
     return ks
 
 
-def run_muon_study(args) -> int:
-    """``diloco study muon``: tune, run every arm on every seed, judge, write, export."""
-    from diloco.tools.cli.flags import build_config, load_dataset
-    from diloco.tools.cli.run_setup import check_plotting, split_values, thread_limit
-    from diloco.tools.runs.folders import JsonlWriter, create_run_dir, environment_record, write_json
-
-    task = getattr(args, "data", None) or "shakespeare"
-    if task not in TASKS:
-        raise CliError(f"study muon runs on --data shakespeare or --data mnist1d, got --data {task}")
-    spec = TASKS[task]
-    config = build_config(args, {"hidden_sizes": spec["hidden_sizes"], "inner_steps": spec["inner_steps"],
-                                 "engine": default_engine()})
-    muon = config.muon  # --muon-* flags (with --inner-optimizer muon) set Muon's other hyper-parameters
-    base = config.replace(inner_optimizer="adamw", muon=MuonConfig())
-    h = config.inner_steps
+def _steps(args, spec: dict, h: int) -> int:
     steps = args.total_steps if getattr(args, "total_steps", None) is not None else (
         args.rounds * h if getattr(args, "rounds", None) is not None else spec["steps"])
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or steps % h:
         raise CliError(f"--total-steps must be a positive multiple of H={h}, got {steps!r}")
-    if args.seeds < 2:
-        raise CliError(f"--seeds must be at least 2 for paired intervals, got {args.seeds}")
-    tune_seeds = getattr(args, "tune_seeds", 1)
-    if isinstance(tune_seeds, bool) or not isinstance(tune_seeds, int) or tune_seeds < 1:
-        raise CliError(f"--tune-seeds must be a positive int, got {tune_seeds!r}")
-    ks = _ks(split_values(args.values) if getattr(args, "values", None) else None)
-    check_plotting(args)
-    data, data_info = load_dataset(args, config.dtype)
-    threads, limit = thread_limit(args, config, data)
-    seeds = list(range(config.seed, config.seed + args.seeds))
-    tuning_seeds = [TUNE_SEED_BASE + i for i in range(tune_seeds)]
-    grids = {"adamw": (args.lr,) if getattr(args, "lr", None) is not None else ADAMW_GRID,
-             "muon": (args.muon_lr,) if getattr(args, "muon_lr", None) is not None else spec["muon_grid"]}
-    run_dir = create_run_dir(args.runs_dir, args.name or f"study-muon-{task}")
-    write_json(run_dir / "config.json", {"command": "study", "study": "muon", "task": task, "config": base.to_dict(),
-                                         "muon": muon.to_dict(), "steps_per_worker": steps, "seeds": seeds,
-                                         "tune_seeds": tuning_seeds, "ks": list(ks),
-                                         "grids": {k: list(v) for k, v in grids.items()},
-                                         "data": data_info, "blas_threads": threads})
-    write_json(run_dir / "environment.json", environment_record(seed=config.seed))
-    results = JsonlWriter(run_dir / "results.jsonl")
-    started, cpu_started = time.perf_counter(), time.process_time()
+    return steps
 
-    def finished(outcome, phase):
-        results.write_line({**outcome, "phase": phase})
-        if not args.quiet:
-            print(f"  {phase} {outcome['arm']} seed {outcome['seed']}: eval loss {outcome['eval_loss']:.4f} "
-                  f"({outcome['seconds']:.1f} s)", flush=True)
 
-    try:
-        with limit:
-            lrs, tuning = {}, []
-            for algo, k in [("diloco", k) for k in ks] + [("sync", max(ks))]:
-                chosen = {"adamw": base.inner.lr, "muon": muon.lr}
-                for optimizer in ("adamw", "muon"):  # Muon's biases at AdamW's chosen lr
-                    chosen[optimizer], records = _tune(optimizer, grids[optimizer], algo, k, base, h, steps, data,
-                                                       tuning_seeds, chosen, muon, lambda o: finished(o, "tune"))
-                    tuning += records
-                lrs[setting(algo, k)] = chosen
-            arms = muon_arms(h, steps, ks, lrs, muon)
-            outer_tuning = []
-            if getattr(args, "outer_lr", None) is None and getattr(args, "outer_momentum", None) is None:
-                arms, outer_tuning = tune_arms(outer_tuning_steps(arms, grids), arms, base, data, tuning_seeds,
-                                               encode=data.encode, on_run=lambda o: finished(o, "tune"))
-            outcomes = []
-            for arm in arms:
-                for seed in seeds:
-                    outcome = run_arm(arm, base, seed, data, encode=data.encode)
-                    outcomes.append(outcome)
-                    finished(outcome, "eval")
-    except (TypeError, ValueError) as exc:
-        raise CliError(f"study muon: {exc}") from None
-    rows = summarise_arms(outcomes, arms)
-    command = " ".join(["diloco study muon", "--data", task, "--seeds", str(args.seeds)]
-                       + (["--total-steps", str(steps)] if steps != spec["steps"] else [])
-                       + (["--values", ",".join(str(k) for k in ks)] if ks != KS else [])
-                       + (["--num-samples", str(args.num_samples)] if getattr(args, "num_samples", None) else []))
-    summary = {
-        "study": "muon", "title": "MuLoCo: Muon as DiLoCo's inner optimizer", "reference": "MuLoCo, arXiv 2505.23725",
-        "task": task, "data": data_info, "config": base.to_dict(), "muon": muon.to_dict(), "steps_per_worker": steps,
-        "ks": list(ks), "seeds": seeds, "tune_seeds": tuning_seeds, "tuned_lr": lrs,
-        "tuning": tuning, "outer_tuning": outer_tuning, "rows": rows,
-        "claims": judge_claims(muon_claims(ks), rows, task),
-        "gaps": judge_interactions(interaction_specs(ks), rows, task),
-        "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
-        "command": command,
-    }
-    export = getattr(args, "export", None)
-    write_study(run_dir, summary, f"MuLoCo in miniature ({task})", render_section(summary, export), export,
-                f"beyond-muon-{task}", plots=not args.no_plots)
-    return 0
+class MuonSpec(StudySpec):
+    """``diloco study muon`` as a spec of the one runner (``runner.run_spec``). Its tuning is its
+    own (``tune``): each setting's AdamW and Muon lrs first, the arms built at them, then each
+    DiLoCo arm's outer step (``outer_tuning_steps``)."""
+
+    name = "muon"
+
+    def plan(self, args) -> Plan:
+        from diloco.tools.cli.flags import build_config, load_dataset
+        from diloco.tools.cli.run_setup import check_plotting, split_values
+
+        task = task_of(args, TASKS, "muon", default="shakespeare")
+        spec = TASKS[task]
+        config = build_config(args, {"hidden_sizes": spec["hidden_sizes"], "inner_steps": spec["inner_steps"],
+                                     "engine": default_engine()})
+        muon = config.muon  # --muon-* flags (with --inner-optimizer muon) set Muon's other hyper-parameters
+        base = config.replace(inner_optimizer="adamw", muon=MuonConfig())
+        steps = _steps(args, spec, config.inner_steps)
+        seeds = check_seeds(args, config)
+        tune_seeds = check_tune_seeds(args, seeds, TUNE_SEED_BASE)
+        ks = _ks(split_values(args.values) if getattr(args, "values", None) else None)
+        check_plotting(args)
+        data, data_info = load_dataset(args, config.dtype)
+        grids = {"adamw": (args.lr,) if getattr(args, "lr", None) is not None else ADAMW_GRID,
+                 "muon": (args.muon_lr,) if getattr(args, "muon_lr", None) is not None else spec["muon_grid"]}
+        record = {"study": "muon", "task": task, "muon": muon.to_dict(), "steps_per_worker": steps, "seeds": seeds,
+                  "tune_seeds": tune_seeds, "ks": list(ks), "grids": {k: list(v) for k, v in grids.items()}}
+        arms = 2 * len(ks) + 2 + (2 if COMPRESSION_K in ks else 0)
+        expected = (len(ks) + 1) * (len(grids["adamw"]) + len(grids["muon"])) * len(tune_seeds) + arms * len(seeds)
+        fixed = getattr(args, "outer_lr", None) is not None or getattr(args, "outer_momentum", None) is not None
+        return Plan("muon", args.name or f"study-muon-{task}", base, [], seeds, tune_seeds, [], data, data_info,
+                    record, f"study muon (MuLoCo) on {task}: K in {list(ks)}, {len(seeds)} seeds, {steps} steps "
+                    f"per worker", expected_runs=expected,
+                    extra={"task": task, "steps": steps, "ks": ks, "muon": muon, "grids": grids,
+                           "tune_outer": not fixed, "seeds_flag": args.seeds,
+                           "num_samples": getattr(args, "num_samples", None)})
+
+    def tune(self, plan: Plan, train, on_run) -> tuple[list, dict]:
+        ks, grids, base = plan.extra["ks"], plan.extra["grids"], plan.config
+        lrs, tuning = {}, []
+        for algo, k in [("diloco", k) for k in ks] + [("sync", max(ks))]:
+            chosen = {"adamw": base.inner.lr, "muon": plan.extra["muon"].lr}
+            for optimizer in ("adamw", "muon"):  # Muon's biases at AdamW's chosen lr
+                chosen[optimizer], records = _tune(optimizer, grids[optimizer], algo, k, plan, chosen, train, on_run)
+                tuning += records
+            lrs[setting(algo, k)] = chosen
+        arms = muon_arms(base.inner_steps, plan.extra["steps"], ks, lrs, plan.extra["muon"])
+        outer = []
+        if plan.extra["tune_outer"]:
+            arms, outer = tune_arms(outer_tuning_steps(arms, grids), arms, base, plan.data, plan.tune_seeds,
+                                    run=train, on_run=on_run)
+        return arms, {"tuned_lr": lrs, "tuning": tuning, "outer_tuning": outer}
+
+    def summary(self, plan: Plan, done: Done) -> dict:
+        task, steps, ks, extra = plan.extra["task"], plan.extra["steps"], plan.extra["ks"], plan.extra
+        rows = summarise_arms(done.outcomes, done.arms)
+        command = " ".join(["diloco study muon", "--data", task, "--seeds", str(extra["seeds_flag"])]
+                           + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
+                           + (["--values", ",".join(str(k) for k in ks)] if ks != KS else [])
+                           + (["--num-samples", str(extra["num_samples"])] if extra["num_samples"] else []))
+        return {
+            "study": "muon", "title": "MuLoCo: Muon as DiLoCo's inner optimizer",
+            "reference": "MuLoCo, arXiv 2505.23725", "task": task, "data": plan.data_info,
+            "config": plan.config.to_dict(), "muon": extra["muon"].to_dict(), "steps_per_worker": steps,
+            "ks": list(ks), "seeds": plan.seeds, "tune_seeds": plan.tune_seeds, **done.tuning, "rows": rows,
+            "claims": judge_claims(muon_claims(ks), rows, task),
+            "gaps": judge_interactions(interaction_specs(ks), rows, task),
+            "seconds": done.seconds, "cpu_seconds": done.cpu_seconds, "command": command,
+        }
+
+    def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
+        export, task = getattr(args, "export", None), plan.extra["task"]
+        write_study(done.run_dir, summary, f"MuLoCo in miniature ({task})", render_section(summary, export), export,
+                    f"beyond-muon-{task}", plots=not args.no_plots)
+
+
+def run_muon_study(args) -> int:
+    """``diloco study muon``: its spec through the one runner (tune, run every arm on every seed,
+    judge, write, export)."""
+    return run_spec(MuonSpec(), args)
 
 
 # --- the results page -------------------------------------------------------------------------

@@ -29,7 +29,8 @@ grids and the choices are printed under the tables. The arms:
   feedback (far fewer bytes than every other arm).
 
 The char-LM is evaluated on 2,048 held-out windows (``--eval-windows``), every round.
-``--run-cache DIR`` keeps every run (tuning included), so a study cut short resumes.
+Every run (tuning included) is kept in the run cache (``--run-cache DIR``, by default
+``RUNS_DIR/study-cache``; ``diloco.tools.studies.runner``), so a study cut short resumes.
 The claims (``Claim``) are judged as the paper studies' (``paper_report``): paired over
 seeds, 95% interval, the five verdict words. ``--export DIR`` writes
 ``DIR/beyond-sparse-<task>.json``; ``python -m diloco.tools.studies.beyond_sparse`` renders
@@ -42,7 +43,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +52,7 @@ from diloco.core.quantize import encode
 from diloco.methods.sparse import SparseConfig, encoded_nbytes
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, load_dataset
-from diloco.tools.cli.run_setup import thread_limit
-from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
+from diloco.tools.runs.folders import atomic_write_text
 from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     judge_claims,
@@ -66,19 +65,17 @@ from diloco.tools.studies.paper_runs import (
     FEEDBACK_DECAY,
     INNER_LR,
     OUTER_STEP,
-    RunCache,
     TuneStep,
-    check_tuning_seeds,
     next_on_ladder,
     outer_step_grid,
-    tune_arms,
     write_study,
 )
-from diloco.tools.studies.paper_studies import Arm, Claim, run_arm
+from diloco.tools.studies.paper_studies import Arm, Claim
 from diloco.tools.studies.results_page import render_tuning
+from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
 
 __all__ = ["TASKS", "K", "H", "FP4_BLOCK", "tensor_shapes", "fp4_round_bytes", "sparse_round_bytes",
-           "matched_density", "sparse_arms", "sparse_claims", "run_sparse_study", "render_bytes_table",
+           "matched_density", "sparse_arms", "sparse_claims", "SparseSpec", "run_sparse_study", "render_bytes_table",
            "render_block", "rebuild", "main"]
 
 TASKS = {
@@ -196,75 +193,59 @@ def _num_features(data) -> int:
     return encode_fn.num_features if encode_fn is not None else int(data.x_train.shape[1])
 
 
+class SparseSpec(StudySpec):
+    """``diloco study sparse`` as a spec of the one runner (``runner.run_spec``)."""
+
+    name = "sparse"
+
+    def plan(self, args) -> Plan:
+        task = task_of(args, TASKS, "sparse")
+        if getattr(args, "values", None):
+            raise CliError("study sparse has fixed arms and takes no --values")
+        defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
+                    "num_workers": K, "inner_steps": H, "engine": default_engine()}
+        config = build_config(args, defaults)
+        steps = args.total_steps if getattr(args, "total_steps", None) is not None else TASKS[task]["steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or steps % config.inner_steps:
+            raise CliError(f"--total-steps must be a positive multiple of H={config.inner_steps}, got {steps!r}")
+        seeds = check_seeds(args, config, 5, "this study's paired intervals")
+        if task == "shakespeare" and getattr(args, "eval_windows", None) is None:
+            args.eval_windows = EVAL_WINDOWS
+        data, data_info = load_dataset(args, config.dtype)
+        shapes = tensor_shapes(_num_features(data), config.hidden_sizes, data.num_classes)
+        arms = sparse_arms(shapes, config.num_workers, steps, config.inner_steps)
+        tune_seeds = check_tune_seeds(args, seeds, TUNE_SEED, count=1)
+        record = {"study": "sparse", "task": task, "steps_per_worker": steps, "seeds": seeds,
+                  "arms": [a._asdict() for a in arms]}
+        banner = f"study sparse on {task}: {len(arms)} arms x {len(seeds)} seeds, {steps} steps per worker"
+        return Plan("sparse", args.name or f"study-sparse-{task}", config, arms, seeds, tune_seeds,
+                    sparse_tuning_steps(arms, config.inner.lr), data, data_info, record, banner,
+                    extra={"task": task, "steps": steps, "seeds_flag": args.seeds,
+                           "num_samples": getattr(args, "num_samples", None)})
+
+    def summary(self, plan: Plan, done: Done) -> dict:
+        task, steps, extra = plan.extra["task"], plan.extra["steps"], plan.extra
+        rows = summarise_arms(done.outcomes, done.arms)
+        command = " ".join([".venv/bin/diloco study sparse --data", task, "--seeds", str(extra["seeds_flag"])]
+                           + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
+                           + (["--num-samples", str(extra["num_samples"])] if extra["num_samples"] else []))
+        runs = done.tuned + done.outcomes
+        return {"study": "sparse", "title": "Sparse outer gradients at equal bytes", "reference": "SparseLoCo, DeMo",
+                "task": task, "data": plan.data_info, "config": plan.config.to_dict(), "steps_per_worker": steps,
+                "seeds": plan.seeds, "tune_seeds": plan.tune_seeds, "tuning": done.tuning,
+                "blas_threads": done.threads, "rows": rows,
+                "claims": judge_claims(sparse_claims(done.arms), rows, task),
+                "seconds": done.seconds, "command": command, "runs": len(runs),
+                "run_seconds": sum(o["seconds"] for o in runs)}
+
+    def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
+        write_study(done.run_dir, summary, f"Sparse outer gradients ({plan.extra['task']})", render_block(summary),
+                    getattr(args, "export", None), f"beyond-sparse-{plan.extra['task']}", plots=not args.no_plots)
+
+
 def run_sparse_study(args) -> int:
-    """The ``diloco study sparse`` command (module doc)."""
-    task = getattr(args, "data", None) or "digits"
-    if task not in TASKS:
-        raise CliError(f"study sparse runs on --data {' or --data '.join(TASKS)}, got --data {task}")
-    if getattr(args, "values", None):
-        raise CliError("study sparse has fixed arms and takes no --values")
-    defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
-                "num_workers": K, "inner_steps": H, "engine": default_engine()}
-    config = build_config(args, defaults)
-    steps = args.total_steps if getattr(args, "total_steps", None) is not None else TASKS[task]["steps"]
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or steps % config.inner_steps:
-        raise CliError(f"--total-steps must be a positive multiple of H={config.inner_steps}, got {steps!r}")
-    if args.seeds < 5:
-        raise CliError(f"--seeds must be at least 5 for this study's paired intervals, got {args.seeds}")
-    if task == "shakespeare" and getattr(args, "eval_windows", None) is None:
-        args.eval_windows = EVAL_WINDOWS
-    data, data_info = load_dataset(args, config.dtype)
-    shapes = tensor_shapes(_num_features(data), config.hidden_sizes, data.num_classes)
-    arms = sparse_arms(shapes, config.num_workers, steps, config.inner_steps)
-    seeds = list(range(config.seed, config.seed + args.seeds))
-    try:
-        check_tuning_seeds([TUNE_SEED], seeds)
-    except ValueError as exc:
-        raise CliError(f"--seed: {exc}") from None
-    cache = RunCache(args.run_cache) if getattr(args, "run_cache", None) else None
-    run_dir = create_run_dir(args.runs_dir, args.name or f"study-sparse-{task}")
-    write_json(run_dir / "config.json", {"command": "study", "study": "sparse", "task": task,
-                                         "config": config.to_dict(), "steps_per_worker": steps, "seeds": seeds,
-                                         "arms": [a._asdict() for a in arms], "data": data_info})
-    write_json(run_dir / "environment.json", environment_record(seed=config.seed))
-    results = JsonlWriter(run_dir / "results.jsonl")
-    if not args.quiet:
-        print(f"study sparse on {task}: {len(arms)} arms x {len(seeds)} seeds, {steps} steps per worker")
-    threads, limit = thread_limit(args, config, data)
-    started, outcomes = time.perf_counter(), []
-    runs = {"encode": data.encode, "cache": cache, "data_key": data_info}
-    try:
-        with limit:
-            tuned: list = []  # every tuning run's outcome, read from the run cache or trained
-            arms, tuning = tune_arms(sparse_tuning_steps(arms, config.inner.lr), arms, config, data, [TUNE_SEED],
-                                     on_run=tuned.append, **runs)
-            _run_arms(arms, config, seeds, data, results, args.quiet, outcomes, runs)
-    except (TypeError, ValueError) as exc:
-        raise CliError(f"study sparse: {exc}") from None
-    rows = summarise_arms(outcomes, arms)
-    command = " ".join([".venv/bin/diloco study sparse --data", task, "--seeds", str(args.seeds)]
-                       + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
-                       + (["--num-samples", str(args.num_samples)] if getattr(args, "num_samples", None) else []))
-    summary = {"study": "sparse", "title": "Sparse outer gradients at equal bytes", "reference": "SparseLoCo, DeMo",
-               "task": task, "data": data_info, "config": config.to_dict(), "steps_per_worker": steps,
-               "seeds": seeds, "tune_seeds": [TUNE_SEED], "tuning": tuning, "blas_threads": threads, "rows": rows,
-               "claims": judge_claims(sparse_claims(arms), rows, task),
-               "seconds": time.perf_counter() - started, "command": command, "runs": len(tuned) + len(outcomes),
-               "run_seconds": sum(o["seconds"] for o in tuned + outcomes)}
-    write_study(run_dir, summary, f"Sparse outer gradients ({task})", render_block(summary),
-                getattr(args, "export", None), f"beyond-sparse-{task}", plots=not args.no_plots)
-    return 0
-
-
-def _run_arms(arms, config, seeds, data, results, quiet: bool, outcomes: list, runs: dict) -> None:
-    for arm in arms:
-        for seed in seeds:
-            outcome = run_arm(arm, config, seed, data, **runs)
-            outcomes.append(outcome)
-            results.write_line(outcome)
-            if not quiet:
-                print(f"  {arm.label}, seed {seed}: held-out loss {outcome['eval_loss']:.4f} "
-                      f"({outcome['seconds']:.1f} s)", flush=True)
+    """The ``diloco study sparse`` command (module doc): its spec through the one runner."""
+    return run_spec(SparseSpec(), args)
 
 
 def render_bytes_table(summary: dict) -> str:

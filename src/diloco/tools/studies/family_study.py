@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 from typing import NamedTuple
 
 from diloco.config_sections import FamilyConfig
@@ -42,16 +43,8 @@ from diloco.core.trainers import family_trainer
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.family_flags import build_family
 from diloco.tools.cli.flags import build_config, load_dataset
-from diloco.tools.cli.run_setup import (
-    check_plotting,
-    max_loss_flag,
-    progress_factory,
-    start_run,
-    study_values,
-    thread_limit,
-)
-from diloco.tools.runs.faults import quiet_numpy, run_outcome
-from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, write_json
+from diloco.tools.cli.run_setup import check_plotting, max_loss_flag, study_values
+from diloco.tools.runs.folders import atomic_write_text, write_json
 from diloco.tools.studies.ablations import Study, default_engine, mean_curves, summarise
 from diloco.tools.studies.family_report import family_claims, judge_family_claims, render_family_block
 from diloco.tools.studies.family_tables import (
@@ -60,9 +53,11 @@ from diloco.tools.studies.family_tables import (
     plot_time_to_target,
     time_to_target,
 )
+from diloco.tools.studies.paper_runs import INNER_LR, TuneStep, outer_step_grid, tune_arms
+from diloco.tools.studies.runner import Done, Plan, StudySpec, check_tune_seeds, run_spec
 
 __all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_study", "time_to_target", "paired_difference",
-           "bandwidth_rows", "run_family_study_command"]
+           "bandwidth_rows", "FamilySpec", "run_family_study_command"]
 
 
 class FamilyVariant(NamedTuple):
@@ -155,6 +150,12 @@ FAMILY_STUDIES = {
 }
 
 
+# What an outcome keeps of each round: the time to target's fields, and the curves' (a run read
+# back from the run cache is replayed into history.jsonl from them, ``FamilySpec.replay``).
+_ROUND_FIELDS = ("round", "step", "eval_loss", "eval_accuracy", "cumulative_bytes", "all_reduces", "bytes_sent",
+                 "syncs")
+
+
 def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, history=None, on_run_end=None,
                      max_loss: float | None = None) -> list:
     """Train every arm for every seed; one outcome dict per run (``run_study``'s fields and more)."""
@@ -186,8 +187,7 @@ def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, 
                 "peak_sync_bytes": max(r.get("peak_sync_bytes", r["bytes_sent"] / r["all_reduces"])
                                        for r in result.history),
                 "seconds": time.perf_counter() - start, "family": run_family.to_dict(),
-                "history": [{k: r[k] for k in ("round", "eval_loss", "all_reduces", "bytes_sent", "syncs")
-                             if k in r} for r in result.history],
+                "history": [{k: r[k] for k in _ROUND_FIELDS if k in r} for r in result.history],
             }
             results.append(outcome)
             if on_run_end is not None:
@@ -196,9 +196,14 @@ def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, 
 
 
 def family_runner(config, family, max_loss=None):
-    """``paper_runs.run_arm``'s signature over ``run_family_study``: one variant, one seed;
-    a diverged run scores an infinite loss."""
-    def run(variant, base, seed, dataset, **_):
+    """``paper_runs.run_arm``'s signature over ``run_family_study``: one variant, one seed. A
+    tuning run (no ``history``) that diverges scores an infinite loss; an evaluation run
+    (rounds to ``history``) raises ``Diverged``, naming the variant and the seed."""
+    def run(variant, base, seed, dataset, history=None, **_):
+        if history is not None:
+            (outcome,) = run_family_study([variant], config, family, dataset, [seed], history=history,
+                                          max_loss=max_loss)
+            return outcome
         try:
             (outcome,) = run_family_study([variant], config, family, dataset, [seed], max_loss=max_loss)
         except Diverged:
@@ -207,16 +212,19 @@ def family_runner(config, family, max_loss=None):
     return run
 
 
-def tune_outer_step(variants, config, family, dataset, seeds, max_loss=None) -> tuple:
+def tuning_steps(variants) -> list:
     """Every arm on itself: its inner lr; then each DiLoCo arm's outer lr x momentum and its
     inner lr again (``paper_runs.tune_arms``, the paper studies' tuning, grids extended past a
     chosen edge). The synchronous arms have no outer step."""
-    from diloco.tools.studies.paper_runs import INNER_LR, TuneStep, outer_step_grid, tune_arms
-
     every = tuple((v.label, (v.label,)) for v in variants)
     diloco = tuple((v.label, (v.label,)) for v in variants if v.algo == "diloco")
-    steps = [TuneStep(INNER_LR, INNER_GRID, every), outer_step_grid(diloco), TuneStep(INNER_LR, INNER_GRID, diloco)]
-    return tune_arms(steps, variants, config, dataset, seeds, run=family_runner(config, family, max_loss))
+    return [TuneStep(INNER_LR, INNER_GRID, every), outer_step_grid(diloco), TuneStep(INNER_LR, INNER_GRID, diloco)]
+
+
+def tune_outer_step(variants, config, family, dataset, seeds, max_loss=None) -> tuple:
+    """``tuning_steps(variants)`` run by ``paper_runs.tune_arms`` on ``seeds``."""
+    return tune_arms(tuning_steps(variants), variants, config, dataset, seeds, run=family_runner(config, family,
+                                                                                                 max_loss))
 
 
 def reached_by_every_run(outcomes) -> float:
@@ -237,14 +245,11 @@ def _seconds_to_target(outcomes, values, latency, step_time, target) -> dict:
     return out
 
 
-def run_family_study_command(args) -> int:
-    """``diloco study compression|streaming|bandwidth`` (see the module doc)."""
-    study = FAMILY_STUDIES[args.study]
-    config = build_config(args, study.base)
-    family = build_family(args)
+def _family_checks(args, study, config, family, values):
+    """The variants of ``values`` checked against the config, and the bandwidth study's flags:
+    ``(variants, family, target loss or None)``."""
     if args.total_steps is not None:
         raise CliError("--total-steps applies only to the inner-steps study")
-    values = study_values(args, study.default_values)
     try:
         variants = study.variants(config, values)
         for variant in variants:
@@ -260,86 +265,102 @@ def run_family_study_command(args) -> int:
             raise CliError(f"--target-loss must be a positive number, got {target}")
     elif target is not None:
         raise CliError("--target-loss applies only to the bandwidth study")
-    check_plotting(args)
-    make_bar = progress_factory(args.quiet)
-    data, data_info = load_dataset(args, config.dtype)
-    threads, limit = thread_limit(args, config, data)
-    seeds = list(range(config.seed, config.seed + args.seeds))
-    spec = {"study": study.name, "title": study.title, "claim": study.claim, "values": list(values), "seeds": seeds,
-            "variants": [v._asdict() for v in variants], "family": family.to_dict(), "blas_threads": threads,
-            "target_loss": target}
-    run_dir, history = start_run(args, "study", f"study-{study.name}", config, data_info, spec)
-    results = JsonlWriter(run_dir / "results.jsonl")
-    if not args.quiet:
-        print(f"study {study.name}: {len(variants)} arms x {len(seeds)} seeds on {data_info['name']}; "
-              f"claim: {study.claim}")
-    bar = None if make_bar is None else make_bar(total=len(variants) * len(seeds), desc=study.name, unit="run")
+    return variants, family, target
 
-    def on_run_end(outcome):
-        results.write_line({k: v for k, v in outcome.items() if k != "history"})
-        if bar is not None:
-            bar.update(1)
 
-    def stopped(status: str, reason: str, extra: dict) -> None:
-        write_json(run_dir / "summary.json", {"command": "study", "study": study.name, "status": status,
-                                              "reason": reason, **extra})
+def _replay(outcome: dict, history) -> None:
+    """A cached evaluation run's rounds into ``history.jsonl`` (for the study's curves)."""
+    for record in outcome.get("history", []):
+        history.append({"algo": outcome["algo"], "variant": outcome["variant"], "seed": outcome["seed"], **record})
 
-    tune = getattr(args, "outer_momentum", None) is None and getattr(args, "outer_lr", None) is None
-    tuning, started = [], time.perf_counter()
-    try:
-        with run_outcome(stopped), quiet_numpy(), limit:
-            if tune:
-                variants, tuning = tune_outer_step(variants, config, family, data, [TUNE_SEED],
-                                                   max_loss=max_loss_flag(args))
-            outcomes = run_family_study(variants, config, family, data, seeds, history=history,
-                                        on_run_end=on_run_end, max_loss=max_loss_flag(args))
-    finally:
-        if bar is not None:
-            bar.close()
-    rows = summarise(outcomes)
-    summary = {"command": "study", "study": study.name, "status": "completed", "claim": study.claim,
-               "seeds": seeds, "rows": rows}
-    if study.name == "bandwidth":
-        if target is None:
-            target = reached_by_every_run(outcomes)
-        brows = bandwidth_rows(outcomes, values, family.latency, family.step_time, target)
-        summary["bandwidth"] = brows
-    seconds = (_seconds_to_target(outcomes, values, family.latency, family.step_time, target)
-               if study.name == "bandwidth" else None)
-    claims = judge_family_claims(family_claims(study.name, [v.label for v in variants], values), outcomes, seconds)
-    summary.update(claims=claims, tuning=tuning, tune_seeds=[TUNE_SEED] if tune else [], rounds=config.rounds,
-                   values=list(values), target_loss=target,
-                   outcomes=[{k: v for k, v in o.items() if k != "history"} for o in outcomes],
-                   seconds=time.perf_counter() - started,
-                   command=f"diloco study {study.name} --seeds {len(seeds)} --rounds {config.rounds}")
-    write_json(run_dir / "summary.json", summary)
-    table = render_family_block(summary)
-    export = getattr(args, "export", None)
-    if export:
-        from pathlib import Path
 
-        target_dir = Path(export)
-        target_dir.mkdir(parents=True, exist_ok=True)
-        write_json(target_dir / f"family-{study.name}.json", summary)
-    base = {k: v for k, v in config.to_dict().items() if k != "inner"}
-    atomic_write_text(run_dir / "study.md", (
-        f"# Study {study.name}: {study.title}\n\nClaim tested: {study.claim}.\n\n"
-        f"Data: {data_info['name']} ({data_info['num_train']} train / {data_info['num_test']} held-out). "
-        f"Seeds: {seeds}. Base config: `{json.dumps(base)}`; family flags `{json.dumps(family.to_dict())}`.\n\n"
-        f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n{table}"))
-    if not args.no_plots:
-        from diloco.tools.studies.plots import plot_curves, plot_study, save_figure, study_curve_axis
+class FamilySpec(StudySpec):
+    """``diloco study compression|streaming|bandwidth`` as a spec of the one runner
+    (``runner.run_spec``): each run is ``family_runner``'s, cached with its variant's family."""
 
-        save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), run_dir / "study.png")
-        if export:  # the bandwidth study's page shows its time to target, the others their final metrics
-            save_figure(plot_time_to_target(summary["bandwidth"], values, target) if study.name == "bandwidth"
-                        else plot_study(rows, title=study.title, xlabel=study.xlabel),
-                        Path(export) / f"family-{study.name}.png")
-        save_figure(plot_curves(mean_curves(history.records), x=study_curve_axis(study.name),
-                                title=f"{study.name}: held-out curves, mean over {len(seeds)} seeds"),
-                    run_dir / "study_curves.png")
+    def __init__(self, study: Study) -> None:
+        self.study, self.name = study, study.name
+
+    def plan(self, args) -> Plan:
+        study = self.study
+        config, family = build_config(args, study.base), build_family(args)
+        values = study_values(args, study.default_values)
+        variants, family, target = _family_checks(args, study, config, family, values)
+        check_plotting(args)
+        data, data_info = load_dataset(args, config.dtype)
+        seeds = list(range(config.seed, config.seed + args.seeds))
+        tune = getattr(args, "outer_momentum", None) is None and getattr(args, "outer_lr", None) is None
+        record = {"study": study.name, "title": study.title, "claim": study.claim, "values": list(values),
+                  "seeds": seeds, "variants": [v._asdict() for v in variants], "family": family.to_dict(),
+                  "target_loss": target}
+        max_loss = max_loss_flag(args)
+        return Plan(study.name, f"study-{study.name}", config, variants, seeds,
+                    check_tune_seeds(args, seeds, TUNE_SEED, count=1) if tune else [],
+                    tuning_steps(variants) if tune else [], data, data_info, record,
+                    f"study {study.name}: {len(variants)} arms x {len(seeds)} seeds on {data_info['name']}; "
+                    f"claim: {study.claim}", run=family_runner(config, family, max_loss),
+                    runner=f"family {json.dumps(family.to_dict(), sort_keys=True)} max loss {max_loss}",
+                    extra={"values": values, "family": family, "target": target}, label_key="variant",
+                    replay=_replay)
+
+    def summary(self, plan: Plan, done: Done) -> dict:
+        study, outcomes, values, family = self.study, done.outcomes, plan.extra["values"], plan.extra["family"]
+        target = plan.extra["target"]
+        summary = {"command": "study", "study": study.name, "status": "completed", "claim": study.claim,
+                   "seeds": plan.seeds, "rows": summarise(outcomes)}
+        seconds = None
         if study.name == "bandwidth":
-            save_figure(plot_time_to_target(summary["bandwidth"], values, target), run_dir / "time_to_target.png")
-    print(table, end="")
-    print(f"run folder: {run_dir}")
-    return 0
+            target = reached_by_every_run(outcomes) if target is None else target
+            summary["bandwidth"] = bandwidth_rows(outcomes, values, family.latency, family.step_time, target)
+            seconds = _seconds_to_target(outcomes, values, family.latency, family.step_time, target)
+        claims = judge_family_claims(family_claims(study.name, [v.label for v in done.arms], values), outcomes,
+                                     seconds)
+        summary.update(claims=claims, tuning=done.tuning, tune_seeds=plan.tune_seeds, rounds=plan.config.rounds,
+                       values=list(values), target_loss=target,
+                       outcomes=[{k: v for k, v in o.items() if k not in ("history", "cached")} for o in outcomes],
+                       seconds=done.seconds,
+                       command=f"diloco study {study.name} --seeds {len(plan.seeds)} --rounds {plan.config.rounds}")
+        return summary
+
+    def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
+        study, run_dir, config = self.study, done.run_dir, plan.config
+        write_json(run_dir / "summary.json", summary)
+        table = render_family_block(summary)
+        export = getattr(args, "export", None)
+        if export:
+            Path(export).mkdir(parents=True, exist_ok=True)
+            write_json(Path(export) / f"family-{study.name}.json", summary)
+        base = {k: v for k, v in config.to_dict().items() if k != "inner"}
+        atomic_write_text(run_dir / "study.md", (
+            f"# Study {study.name}: {study.title}\n\nClaim tested: {study.claim}.\n\n"
+            f"Data: {plan.data_info['name']} ({plan.data_info['num_train']} train / {plan.data_info['num_test']} "
+            f"held-out). Seeds: {plan.seeds}. Base config: `{json.dumps(base)}`; family flags "
+            f"`{json.dumps(plan.extra['family'].to_dict())}`.\n\n"
+            f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n{table}"))
+        if not args.no_plots:
+            _plots(study, summary, plan, done, export)
+        print(table, end="")
+        print(f"run folder: {run_dir}")
+
+
+def _plots(study, summary: dict, plan: Plan, done: Done, export) -> None:
+    """``study.png``, ``study_curves.png`` (and ``time_to_target.png``) in the run folder; the
+    exported plot (the bandwidth study's time to target, the others' final metrics)."""
+    from diloco.tools.studies.plots import plot_curves, plot_study, save_figure, study_curve_axis
+
+    values, target, rows = plan.extra["values"], summary["target_loss"], summary["rows"]
+    save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), done.run_dir / "study.png")
+    if export:
+        save_figure(plot_time_to_target(summary["bandwidth"], values, target) if study.name == "bandwidth"
+                    else plot_study(rows, title=study.title, xlabel=study.xlabel),
+                    Path(export) / f"family-{study.name}.png")
+    save_figure(plot_curves(mean_curves(done.history.records), x=study_curve_axis(study.name),
+                            title=f"{study.name}: held-out curves, mean over {len(plan.seeds)} seeds"),
+                done.run_dir / "study_curves.png")
+    if study.name == "bandwidth":
+        save_figure(plot_time_to_target(summary["bandwidth"], values, target), done.run_dir / "time_to_target.png")
+
+
+def run_family_study_command(args) -> int:
+    """``diloco study compression|streaming|bandwidth`` (see the module doc): its spec through the one runner."""
+    return run_spec(FamilySpec(FAMILY_STUDIES[args.study]), args)

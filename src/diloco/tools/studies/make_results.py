@@ -4,7 +4,7 @@
 command line exactly as ``docs/results.md`` and ``docs/results-family.md`` show it beside
 its table (``tests/tooling/test_results_page.py`` checks that they agree). Up to
 ``--jobs`` (2) commands run at once, as separate processes with one BLAS thread each; the
-paper studies share ``build/results-cache`` (``paper_runs.RunCache``), so a run that two
+paper studies share ``build/results-cache`` (``run_cache.RunCache``), so a run that two
 studies need is trained once. Each command's output goes to ``build/results-logs/``.
 Afterwards both pages are rendered again from ``docs/assets/results/``
 (``diloco.tools.studies.results_page``), each headline claim's plot against tokens is drawn

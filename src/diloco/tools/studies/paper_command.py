@@ -19,16 +19,12 @@ and ``.png``: the files ``docs/results.md`` quotes.
 
 from __future__ import annotations
 
-import shutil
-import time
-
 import numpy as np
 
 from diloco.config import AdamWConfig
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, load_dataset
-from diloco.tools.cli.run_setup import check_plotting, progress_factory, split_values, thread_limit
-from diloco.tools.runs.folders import JsonlWriter, atomic_write_text, create_run_dir, environment_record, write_json
+from diloco.tools.cli.run_setup import check_plotting, split_values
 from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     judge_claims,
@@ -37,14 +33,15 @@ from diloco.tools.studies.paper_report import (
     render_claims_table,
     summarise_arms,
 )
-from diloco.tools.studies.paper_runs import RunCache, check_tuning_seeds, parse_numbers
-from diloco.tools.studies.paper_studies import PAPER_STUDIES, TASKS, H, K, run_arm, tune_arms, tuning_steps, with_warmup
+from diloco.tools.studies.paper_runs import parse_numbers, write_study
+from diloco.tools.studies.paper_studies import PAPER_STUDIES, TASKS, H, K, tuning_steps, with_warmup
+from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
 
-__all__ = ["run_paper_study", "plot_paper_study", "plot_scaling_gap", "TUNE_SEED_BASE"]
+__all__ = ["PaperSpec", "run_paper_study", "plot_paper_study", "plot_scaling_gap", "TUNE_SEED_BASE"]
 
 # Tuning seeds start here, far from the evaluation seeds (0, 1, ...), so the lr chosen for
 # an outer optimizer is never picked on the runs it is then judged on.
-TUNE_SEED_BASE = 1000
+TUNE_SEED_BASE = 1000  # runner.check_tune_seeds' default base
 
 
 def _budget(args, config, task: str) -> int:
@@ -89,118 +86,75 @@ def _outer_grid(args) -> tuple:
     return pair
 
 
+class PaperSpec(StudySpec):
+    """A paper study (``paper_studies.PAPER_STUDIES``) as a spec of the one runner (``runner.run_spec``)."""
+
+    def __init__(self, study) -> None:
+        self.study, self.name = study, study.name
+
+    def plan(self, args) -> Plan:
+        study = self.study
+        task = task_of(args, TASKS, study.name)
+        defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
+                    "num_workers": K, "inner_steps": H, "lr_schedule": "cosine", "engine": default_engine()}
+        config = build_config(args, defaults)
+        steps = _budget(args, config, task)
+        seeds = check_seeds(args, config)
+        values = split_values(args.values) if getattr(args, "values", None) else None
+        inner_grid, outer_grid = _inner_grid(args, task), _outer_grid(args)
+        try:
+            chosen = None if study.values_tune else values
+            arms = with_warmup(study.arms(config, steps, chosen, TASKS[task]["noniid_split"]), config)
+            outer_values = parse_numbers(values, float, "outer lr") if study.values_tune else None
+        except ValueError as exc:
+            raise CliError(f"study {study.name}: {exc}") from None
+        tuning = tuning_steps(study, arms, inner_grid, outer_values, outer_grid)
+        tune_seeds = check_tune_seeds(args, seeds if tuning else [])
+        tune_seeds = tune_seeds if tuning else []
+        check_plotting(args)
+        data, data_info = load_dataset(args, config.dtype)
+        record = {"study": study.name, "task": task, "steps_per_worker": steps, "seeds": seeds,
+                  "tune_seeds": tune_seeds, "arms": [a._asdict() for a in arms],
+                  "tuning_steps": [t._asdict() for t in tuning], "values": list(values) if values else None}
+        banner = (f"study {study.name} ({study.reference}) on {task}: {len(arms)} arms x {len(seeds)} seeds, "
+                  f"{steps} steps per worker" + (f", tuned on seeds {tune_seeds}" if tuning else ""))
+        expected = len(arms) * len(seeds) + sum(len(t.grid) * len(t.groups) for t in tuning) * len(tune_seeds)
+        return Plan(study.name, args.name or f"study-{study.name}-{task}", config, arms, seeds, tune_seeds, tuning,
+                    data, data_info, record, banner, expected_runs=expected,
+                    extra={"task": task, "steps": steps, "values": values})
+
+    def summary(self, plan: Plan, done: Done) -> dict:
+        study, task, steps, values = self.study, plan.extra["task"], plan.extra["steps"], plan.extra["values"]
+        rows = summarise_arms(done.outcomes, done.arms)
+        info = plan.data_info
+        return {
+            "study": study.name, "title": study.title, "reference": study.reference, "task": task,
+            "data": info, "config": plan.config.to_dict(), "steps_per_worker": steps, "seeds": plan.seeds,
+            "tune_seeds": plan.tune_seeds, "tuning": done.tuning, "rows": rows,
+            "cached_runs": sum(bool(o.get("cached")) for o in done.tuned + done.outcomes),
+            "claims": judge_claims(study.claims(done.arms), rows, task),
+            "seconds": done.seconds,
+            "command": " ".join(["diloco study", study.name, "--data", task, "--seeds", str(len(plan.seeds))]
+                                + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
+                                + (["--values", ",".join(values)] if values else [])
+                                + (["--num-samples", str(info["num_samples"])] if "num_samples" in info else [])
+                                + (["--eval-windows", str(info["eval_windows"])] if "eval_windows" in info
+                                   else [])),
+        }
+
+    def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
+        study, task = self.study, plan.extra["task"]
+        table = render_arms_table(summary) + "\n" + render_claims_table(summary)
+        figure = plot_scaling_gap if study.name == "scaling" else plot_paper_study
+        write_study(done.run_dir, summary, f"{study.reference}: {study.title} ({task})", table,
+                    getattr(args, "export", None), f"{study.name}-{task}", plots=not args.no_plots, figure=figure,
+                    preface=f"Seeds {plan.seeds}; {plan.extra['steps']} steps per worker; paired differences "
+                            f"over seeds.\n\n")
+
+
 def run_paper_study(args) -> int:
-    study = PAPER_STUDIES[args.study]
-    task = getattr(args, "data", None) or "digits"
-    if task not in TASKS:
-        raise CliError(f"study {study.name} runs on --data {' or --data '.join(TASKS)}, got --data {task}")
-    defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
-                "num_workers": K, "inner_steps": H, "lr_schedule": "cosine", "engine": default_engine()}
-    config = build_config(args, defaults)
-    steps = _budget(args, config, task)
-    if args.seeds < 2:
-        raise CliError(f"--seeds must be at least 2 for paired intervals, got {args.seeds}")
-    tune_seeds = getattr(args, "tune_seeds", 1)
-    if isinstance(tune_seeds, bool) or not isinstance(tune_seeds, int) or tune_seeds < 1:
-        raise CliError(f"--tune-seeds must be a positive int, got {tune_seeds!r}")
-    values = split_values(args.values) if getattr(args, "values", None) else None
-    inner_grid = _inner_grid(args, task)
-    outer_grid = _outer_grid(args)
-    try:
-        chosen = None if study.values_tune else values
-        arms = with_warmup(study.arms(config, steps, chosen, TASKS[task]["noniid_split"]), config)
-        outer_values = parse_numbers(values, float, "outer lr") if study.values_tune else None
-    except ValueError as exc:
-        raise CliError(f"study {study.name}: {exc}") from None
-    steps_to_tune = tuning_steps(study, arms, inner_grid, outer_values, outer_grid)
-    seeds = list(range(config.seed, config.seed + args.seeds))
-    tuning_seeds = [TUNE_SEED_BASE + i for i in range(tune_seeds)] if steps_to_tune else []
-    try:
-        check_tuning_seeds(tuning_seeds, seeds)
-    except ValueError as exc:
-        raise CliError(f"--seed: {exc}") from None
-    check_plotting(args)
-    data, data_info = load_dataset(args, config.dtype)
-    threads, limit = thread_limit(args, config, data)
-    cache = RunCache(args.run_cache) if getattr(args, "run_cache", None) else None
-    run_dir = create_run_dir(args.runs_dir, args.name or f"study-{study.name}-{task}")
-    write_json(run_dir / "config.json", {"command": "study", "study": study.name, "task": task, "config":
-                                         config.to_dict(), "steps_per_worker": steps, "seeds": seeds,
-                                         "tune_seeds": tuning_seeds, "arms": [a._asdict() for a in arms],
-                                         "tuning_steps": [t._asdict() for t in steps_to_tune],
-                                         "values": list(values) if values else None,
-                                         "data": data_info, "blas_threads": threads})
-    write_json(run_dir / "environment.json", environment_record(seed=config.seed))
-    results = JsonlWriter(run_dir / "results.jsonl")
-    make_bar = progress_factory(args.quiet)
-    runs_to_tune = sum(len(t.grid) * len(t.groups) for t in steps_to_tune) * len(tuning_seeds)
-    total = len(arms) * len(seeds) + runs_to_tune
-    bar = None if make_bar is None else make_bar(total=total, desc=study.name, unit="run")
-    if not args.quiet:
-        print(f"study {study.name} ({study.reference}) on {task}: {len(arms)} arms x {len(seeds)} seeds, "
-              f"{steps} steps per worker" + (f", tuned on seeds {tuning_seeds}" if steps_to_tune else ""))
-    outcomes, tuning, cached = [], [], []
-    started = time.perf_counter()
-
-    def finished(outcome, phase):
-        results.write_line({**outcome, "phase": phase})
-        cached.append(bool(outcome.get("cached")))
-        if bar is not None:
-            bar.set_postfix_str(f"{outcome['arm']} seed {outcome['seed']}")
-            bar.update(1)
-
-    encode = data.encode
-    try:
-        with limit:
-            if steps_to_tune:
-                arms, tuning = tune_arms(steps_to_tune, arms, config, data, tuning_seeds, encode=encode,
-                                         on_run=lambda o: finished(o, "tune"), cache=cache, data_key=data_info)
-            for arm in arms:
-                for seed in seeds:
-                    outcome = run_arm(arm, config, seed, data, encode=encode, cache=cache, data_key=data_info)
-                    outcomes.append(outcome)
-                    finished(outcome, "eval")
-    except (TypeError, ValueError) as exc:
-        raise CliError(f"study {study.name}: {exc}") from None
-    finally:
-        if bar is not None:
-            bar.close()
-    rows = summarise_arms(outcomes, arms)
-    summary = {
-        "study": study.name, "title": study.title, "reference": study.reference, "task": task,
-        "data": data_info, "config": config.to_dict(), "steps_per_worker": steps, "seeds": seeds,
-        "tune_seeds": tuning_seeds, "tuning": tuning, "rows": rows,
-        "cached_runs": sum(cached),
-        "claims": judge_claims(study.claims(arms), rows, task),
-        "seconds": time.perf_counter() - started,
-        "command": " ".join(["diloco study", study.name, "--data", task, "--seeds", str(args.seeds)]
-                            + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
-                            + (["--values", ",".join(values)] if values else [])
-                            + (["--num-samples", str(data_info["num_samples"])] if "num_samples" in data_info else [])
-                            + (["--eval-windows", str(data_info["eval_windows"])] if "eval_windows" in data_info
-                               else [])),
-    }
-    write_json(run_dir / "summary.json", summary)
-    table = render_arms_table(summary) + "\n" + render_claims_table(summary)
-    atomic_write_text(run_dir / "study.md", f"# {study.reference}: {study.title} ({task})\n\n"
-                      f"Seeds {seeds}; {steps} steps per worker; paired differences over seeds.\n\n{table}")
-    if not args.no_plots:
-        from diloco.tools.studies.plots import save_figure
-
-        save_figure(plot_scaling_gap(summary) if study.name == "scaling" else plot_paper_study(summary),
-                    run_dir / "study.png")
-    export = getattr(args, "export", None)
-    if export:
-        from pathlib import Path
-
-        target = Path(export)
-        target.mkdir(parents=True, exist_ok=True)
-        write_json(target / f"{study.name}-{task}.json", summary)
-        if not args.no_plots:
-            shutil.copyfile(run_dir / "study.png", target / f"{study.name}-{task}.png")
-    print(table, end="")
-    print(f"run folder: {run_dir} ({summary['seconds']:.0f} s)")
-    return 0
+    """``diloco study <paper study>``: its spec through the one runner."""
+    return run_spec(PaperSpec(PAPER_STUDIES[args.study]), args)
 
 
 def plot_paper_study(summary: dict):

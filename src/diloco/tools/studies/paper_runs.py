@@ -6,18 +6,18 @@ with one seed, on the engine its config names (``arm_engine``; the study command
 returns ``outcome_of`` its history: the final and best held-out metrics and the cost.
 ``tune_arms`` runs a study's tuning steps (``TuneStep``: a field, a grid, and which arm
 is probed for which arms) on tuning seeds and keeps each group's best value; the inner
-lr (``INNER_LR``) and the outer lr are tuned this way. ``RunCache`` stores outcomes by a
-hash of everything a run depends on (algorithm, config, seed, data), so an arm that two
-studies share (DiLoCo at K = 8, H = 50 is in five) is trained once per ``make results``.
+lr (``INNER_LR``) and the outer lr are tuned this way. ``RunCache``
+(``diloco.tools.studies.run_cache``) stores outcomes by a hash of everything a run depends on
+(algorithm, config changes, seed, data), so an arm that two studies share (DiLoCo at K = 8,
+H = 50 is in five) is trained once per ``make results``.
 The studies themselves (arms, claims) are in ``diloco.tools.studies.paper_studies``,
 which re-exports these names.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -26,6 +26,7 @@ from diloco.config import DiLoCoConfig
 from diloco.shard_divergence import run_split_divergence
 from diloco.tools.runs.atomic_files import atomic_write_text, write_json
 from diloco.tools.studies.ablations import fast_engine_available, trainer
+from diloco.tools.studies.run_cache import RunCache
 
 __all__ = ["Arm", "TuneStep", "INNER_LR", "OUTER_STEP", "OUTER_LR_GRID", "OUTER_MOMENTUM_GRID", "RunCache", "MUON_LR",
            "FEEDBACK_DECAY",
@@ -151,41 +152,6 @@ def outcome_of(arm: Arm, seed: int, config: DiLoCoConfig, history: list, seconds
     }
 
 
-class RunCache:
-    """Outcomes on disk, one JSON file per run, named by the hash of what the run depends on.
-
-    The key is the algorithm, the full config (``to_dict``, engine included), the seed and
-    the data's description (``data_key``): two studies asking for the same run get the
-    same file, so it is trained once. The label is not part of the key; a hit is
-    relabelled. Files are written atomically, so two processes sharing the folder at
-    worst train the same run twice.
-    """
-
-    def __init__(self, directory) -> None:
-        self.directory = Path(directory)
-        if self.directory.exists() and not self.directory.is_dir():
-            raise ValueError(f"run cache {self.directory} is a file, not a folder")
-
-    @staticmethod
-    def key(algo: str, config: DiLoCoConfig, seed: int, data_key) -> str:
-        text = json.dumps({"algo": algo, "config": config.to_dict(), "seed": int(seed), "data": data_key},
-                          sort_keys=True, default=str)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-
-    def get(self, key: str) -> dict | None:
-        path = self.directory / f"{key}.json"
-        if not path.is_file():
-            return None
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None  # unreadable: train again
-
-    def put(self, key: str, outcome: dict) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        write_json(self.directory / f"{key}.json", outcome)
-
-
 def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on_round=None, cache=None,
             data_key=None) -> dict:
     """Train ``arm`` with ``seed`` on ``dataset``; return ``outcome_of`` its history.
@@ -200,7 +166,7 @@ def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on
     key = None
     if cache is not None:
         key = RunCache.key(arm.algo, config, seed, data_key)
-        stored = cache.get(key)
+        stored = cache.get(key, RunCache.legacy_key(arm.algo, config, seed, data_key))
         if stored is not None:
             return {**_with_divergence(stored, config, dataset, encode), "arm": arm.label, "cached": True}
     train = trainer(arm.algo, engine)
@@ -344,22 +310,24 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
 
 
 def write_study(run_dir: Path, summary: dict, title: str, table: str, export, export_name: str, *,
-                plots: bool = True) -> None:
-    """A study's outputs: ``summary.json``, ``study.md`` (``# title`` then ``table``) and, with
-    ``plots``, ``study.png`` (each arm's curve and final value,
+                plots: bool = True, figure=None, preface: str = "") -> None:
+    """A study's outputs: ``summary.json``, ``study.md`` (``# title``, ``preface``, then ``table``) and,
+    with ``plots``, ``study.png`` (``figure(summary)``; by default each arm's curve and final value,
     ``diloco.tools.studies.paper_command.plot_paper_study``) in ``run_dir``; with ``export``
-    (a folder, or None) also ``export/<export_name>.json``; then the table and the run
-    folder on standard output."""
+    (a folder, or None) also ``export/<export_name>.json`` (and, with ``plots`` and a
+    ``figure`` given, the plot as ``.png``); then the table and the run folder on standard output."""
     write_json(run_dir / "summary.json", summary)
-    atomic_write_text(run_dir / "study.md", f"# {title}\n\n{table}")
+    atomic_write_text(run_dir / "study.md", f"# {title}\n\n{preface}{table}")
     if plots:
         from diloco.tools.studies.paper_command import plot_paper_study
         from diloco.tools.studies.plots import save_figure
 
-        save_figure(plot_paper_study(summary), run_dir / "study.png")
+        save_figure((figure or plot_paper_study)(summary), run_dir / "study.png")
     if export:
         target = Path(export)
         target.mkdir(parents=True, exist_ok=True)
         write_json(target / f"{export_name}.json", summary)
+        if plots and figure is not None:
+            shutil.copyfile(run_dir / "study.png", target / f"{export_name}.png")
     print(table, end="")
     print(f"run folder: {run_dir} ({summary['seconds']:.0f} s)")

@@ -1,0 +1,118 @@
+"""The studies' run cache: one JSON outcome per finished run, named by what the run depends on.
+
+A run depends on its algorithm, its config, its seed, its data and, for a study that runs
+its arms its own way (``diloco study async`` stops each run at a simulated time), that
+runner. The key hashes the config as its **changes from the defaults**
+(``config_changes``): the fields whose value differs from ``type(config)()``'s, sections
+compared field by field. A field added later with a default changes no stored key, so
+every stored run keeps hitting; a field set away from its default changes the key. A
+change that alters what a stored run would give (the maths, ``outcome_of``'s fields, a
+default's value) bumps ``CACHE_VERSION`` instead, and every stored run is then trained
+again.
+
+Runs stored under the first key (the whole ``config.to_dict()``, no version) are still
+found: ``RunCache.get`` looks the legacy key up when the key misses and copies a hit to
+its new name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from diloco.tools.runs.atomic_files import write_json
+
+__all__ = ["CACHE_VERSION", "RunCache", "config_changes"]
+
+# Bump on any change that makes a stored outcome stale: the training maths, the fields of
+# ``paper_runs.outcome_of``, a config default's value (the key stores only the changes from it).
+CACHE_VERSION = 1
+
+
+# The outcome's metrics a diverged run leaves NaN or infinite (stored as null, read back as NaN).
+_METRICS = ("eval_loss", "eval_accuracy", "eval_perplexity", "eval_bits", "best_eval_loss", "inner_loss")
+
+
+def _changes(value, default):
+    """``value`` where it differs from ``default``: a dict of the differing keys (nested), the
+    value itself for a differing leaf, ``None`` where they are equal."""
+    if isinstance(value, dict) and isinstance(default, dict):
+        out = {}
+        for name, item in value.items():
+            if name not in default:
+                out[name] = item
+                continue
+            differs = _changes(item, default[name])
+            if differs is not None:
+                out[name] = differs
+        return out or None
+    return None if value == default else value
+
+
+def config_changes(config) -> dict:
+    """The fields of ``config.to_dict()`` that differ from the defaults of its class (sections
+    compared field by field): ``{"rounds": 4, "inner": {"lr": 0.01}}``."""
+    return _changes(config.to_dict(), type(config)().to_dict()) or {}
+
+
+def _digest(record: dict) -> str:
+    text = json.dumps(record, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+class RunCache:
+    """Outcomes on disk, one JSON file per run, named by ``key``.
+
+    Two studies asking for the same run get the same file, so it is trained once. The
+    label is not part of the key; a hit is relabelled. Files are written atomically, so two
+    processes sharing the folder at worst train the same run twice.
+    """
+
+    def __init__(self, directory) -> None:
+        self.directory = Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"run cache {self.directory} is a file, not a folder")
+
+    @staticmethod
+    def key(algo: str, config, seed: int, data_key, runner: str | None = None) -> str:
+        """The file name of a run: a hash of ``CACHE_VERSION``, the algorithm, the config's
+        changes from its defaults, the seed, the data and (when given) the runner's name."""
+        record = {"version": CACHE_VERSION, "algo": algo, "changes": config_changes(config), "seed": int(seed),
+                  "data": data_key}
+        return _digest(record if runner is None else {**record, "runner": runner})
+
+    @staticmethod
+    def legacy_key(algo: str, config, seed: int, data_key) -> str:
+        """The first key: the whole config (``to_dict``), no version (``get`` migrates its files)."""
+        return _digest({"algo": algo, "config": config.to_dict(), "seed": int(seed), "data": data_key})
+
+    def _read(self, key: str) -> dict | None:
+        path = self.directory / f"{key}.json"
+        if not path.is_file():
+            return None
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None  # unreadable: train again
+        if not isinstance(stored, dict):
+            return None
+        # JSON keeps a diverged run's NaN or infinite metric as null: it comes back a NaN
+        return {k: float("nan") if v is None and k in _METRICS else v for k, v in stored.items()}
+
+    def get(self, key: str, legacy: str | None = None) -> dict | None:
+        """The stored outcome of ``key``; else that of ``legacy`` (copied to ``key``); else None."""
+        stored = self._read(key)
+        if stored is None and legacy is not None:
+            stored = self._read(legacy)
+            if stored is not None:
+                self.put(key, stored)
+        return stored
+
+    def put(self, key: str, outcome: dict) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_json(self.directory / f"{key}.json", outcome)
+
+    def count(self) -> int:
+        """The runs stored (files in the folder)."""
+        return len(list(self.directory.glob("*.json"))) if self.directory.is_dir() else 0

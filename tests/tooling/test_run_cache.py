@@ -1,0 +1,83 @@
+"""The run cache's key: a hash of the config's changes from its defaults and a version, so a
+field added with a default keeps every stored run hitting; the runs stored under the first
+key (the whole config) are still found and moved to the new key."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import pytest
+
+from diloco import DiLoCoConfig
+from diloco.tools.studies import run_cache
+from diloco.tools.studies.run_cache import RunCache, config_changes
+
+pytestmark = pytest.mark.tooling
+
+BASE = DiLoCoConfig(num_workers=2, inner_steps=3, rounds=3, hidden_sizes=(6,), batch_size=8, seed=4)
+DATA = {"name": "digits"}
+
+
+@dataclasses.dataclass(frozen=True)
+class WithNewField(DiLoCoConfig):
+    """DiLoCoConfig as it would be after a release that adds a field with a default."""
+
+    new_knob: int = 3
+
+
+def _same_as(config: DiLoCoConfig, cls=WithNewField, **extra):
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(DiLoCoConfig)}
+    return cls(**fields, **extra)
+
+
+def test_the_changes_are_the_fields_away_from_their_defaults_sections_field_by_field():
+    config = DiLoCoConfig(rounds=4).replace(inner={"lr": 0.01}, family={"fragments": 2})
+    assert config_changes(config) == {"rounds": 4, "inner": {"lr": 0.01}, "family": {"fragments": 2}}
+    assert config_changes(DiLoCoConfig()) == {}
+
+
+def test_a_field_added_with_its_default_keeps_the_key_and_a_stored_run_hits(tmp_path):
+    cache = RunCache(tmp_path)
+    key = RunCache.key("diloco", BASE, 0, DATA)
+    cache.put(key, {"eval_loss": 1.5})
+    later = _same_as(BASE)
+    assert RunCache.key("diloco", later, 0, DATA) == key
+    assert cache.get(RunCache.key("diloco", later, 0, DATA)) == {"eval_loss": 1.5}
+    assert RunCache.key("diloco", _same_as(BASE, new_knob=4), 0, DATA) != key, \
+        "the new field set away from its default is a different run"
+
+
+def test_everything_a_run_depends_on_changes_the_key(monkeypatch):
+    keys = {RunCache.key("diloco", BASE, 0, DATA), RunCache.key("diloco", BASE, 1, DATA),
+            RunCache.key("sync", BASE, 0, DATA), RunCache.key("diloco", BASE.replace(rounds=4), 0, DATA),
+            RunCache.key("diloco", BASE.replace(inner={"lr": 0.5}), 0, DATA),
+            RunCache.key("diloco", BASE, 0, {**DATA, "num_samples": 9}),
+            RunCache.key("diloco", BASE, 0, DATA, runner="async")}
+    assert len(keys) == 7, "seed, algorithm, config, a section's field, data and runner each change the key"
+    before = RunCache.key("diloco", BASE, 0, DATA)
+    monkeypatch.setattr(run_cache, "CACHE_VERSION", run_cache.CACHE_VERSION + 1)
+    assert RunCache.key("diloco", BASE, 0, DATA) != before, "a new version retrains every stored run"
+
+
+def test_a_run_stored_under_the_first_key_is_found_and_moved_to_the_new_one(tmp_path):
+    text = json.dumps({"algo": "diloco", "config": BASE.to_dict(), "seed": 0, "data": DATA}, sort_keys=True,
+                      default=str)  # the first key, written out here as it was
+    old = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+    assert RunCache.legacy_key("diloco", BASE, 0, DATA) == old
+    (tmp_path / f"{old}.json").write_text(json.dumps({"eval_loss": 2.0}))
+    cache, key = RunCache(tmp_path), RunCache.key("diloco", BASE, 0, DATA)
+    assert cache.get(key) is None, "without the legacy key the old file is not this run's"
+    assert cache.get(key, old) == {"eval_loss": 2.0}
+    assert (tmp_path / f"{key}.json").is_file() and cache.count() == 2
+
+
+def test_a_diverged_runs_nan_loss_comes_back_a_nan_not_a_null(tmp_path):
+    import math
+
+    cache = RunCache(tmp_path)
+    cache.put("k", {"eval_loss": float("nan"), "best_eval_loss": float("inf"), "arm": None})
+    stored = cache.get("k")
+    assert math.isnan(stored["eval_loss"]) and math.isnan(stored["best_eval_loss"]), "a tuning mean must not see None"
+    assert stored["arm"] is None, "only the metrics are revived"
