@@ -32,6 +32,9 @@ def graded(stub_workspace, tmp_path_factory):  # noqa: F811
     shutil.copytree(stub_workspace / "src", folder / "cy" / "src")
     (folder / "cy" / "src" / "diloco" / "__init__.py").write_text("raise ImportError('\\x1b[2Jbroken')\n")
     shutil.copytree(stub_workspace / "src", folder / "=cmd|\x1b[31mdee" / "src")
+    (folder / "mallory").mkdir()  # the link rule: another's package, through a link, is refused
+    (folder / "mallory" / "diloco").symlink_to("../bob/diloco")
+    (folder / "eve").symlink_to("bob")
     out = base / "out"
     start = time.monotonic()
     code = main(["grade", "--submissions", str(folder), "--out", str(out), "--tests", str(tests), "--jobs", "2",
@@ -44,10 +47,12 @@ def test_each_learner_gets_a_report_and_a_row_of_the_csv(graded):
     out = graded["out"]
     with open(out / "scores.csv", newline="") as handle:
         rows = {row["name"]: row for row in csv.DictReader(handle)}
-    assert set(rows) == {"ada", "bob", "cy", "_cmd___31mdee"}
+    assert set(rows) == {"ada", "bob", "cy", "_cmd___31mdee", "mallory", "eve"}
     assert {name: float(row["score"]) for name, row in rows.items()} == {"ada": 0, "bob": 3, "cy": 0,
-                                                                        "_cmd___31mdee": 0}
+                                                                        "_cmd___31mdee": 0, "mallory": 0, "eve": 0}
     assert rows["cy"]["status"] == "error" and "does not import" in rows["cy"]["error"]
+    for name in ("mallory", "eve"):
+        assert rows[name]["status"] == "error" and "is a symbolic link" in rows[name]["error"], rows[name]
     assert "\x1b" not in rows["cy"]["error"] and "\\x1b[2Jbroken" in rows["cy"]["error"]
     assert all(rows[name]["status"] == "graded" for name in ("ada", "bob", "_cmd___31mdee"))
     for name in rows:

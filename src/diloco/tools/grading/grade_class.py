@@ -48,7 +48,7 @@ def submissions(folder: Path) -> list[tuple[str, Path]]:
     """``(name, path)`` of each submission in ``folder``, sorted; ``name`` is the folder's name
     when it is plain (letters, digits, ``._@+-``), else an escaped form of it made unique."""
     found = []
-    for path in sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()):
+    for path in sorted(p for p in folder.iterdir() if p.is_dir()):  # a link is graded, and refused, too
         name = path.name if _PLAIN_NAME.match(path.name) else re.sub(r"[^A-Za-z0-9._@+-]", "_", path.name)[:100]
         if not name.strip("._"):  # no name left (".."): a folder of that name would be no folder of its own
             name = f"submission{name}"
