@@ -56,7 +56,7 @@ def _cmd_grade_class(args) -> int:
         raise CliError(f"--jobs must be at least 1, got {args.jobs}")
     out = Path(args.out)
     progress = None if args.quiet else (lambda row: print(
-        f"{row.name}: {row.score:g}/{row.max_score:g}" + (f" ({row.error})" if row.error else ""),
+        f"{row.folder}: {row.score:g}/{row.max_score:g}" + (f" ({row.error})" if row.error else ""),
         file=sys.stderr, flush=True))
     rows = grade_class(folder, out, _passed_on(args), args.jobs, on_done=progress)
     errors = sum(row.status == "error" for row in rows)
@@ -137,8 +137,8 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="do not print a line per wave (or per submission)")
     parser.add_argument("--submissions", metavar="DIR",
                         help="grade a class: each folder of DIR is one learner's submission, graded by its own "
-                             "process and sandbox; writes OUT/<name>/report.txt, results.json, results.xml and "
-                             "OUT/scores.csv (needs --out)")
+                             "process and sandbox; writes OUT/learners/<name>/report.txt, results.json, results.xml "
+                             "and OUT/scores.csv (needs --out)")
     parser.add_argument("--out", metavar="DIR", help="with --submissions: where the reports and scores.csv go")
     parser.add_argument("--jobs", type=int, metavar="N",
                         help="with --submissions: submissions graded at once (default and most: one per core)")

@@ -91,17 +91,33 @@ def find_package_root(impl: Path | str) -> Path:
     """The folder to put first on ``sys.path`` so ``import diloco`` finds ``impl``'s package.
 
     ``impl`` may be a project (holding ``src/diloco`` or ``diloco``), a ``src`` folder,
-    or the ``diloco`` package folder itself.
+    or the ``diloco`` package folder itself. The link rule: ``GradingError`` when ``impl``,
+    its ``src`` or its ``diloco`` folder is a symbolic link, or the package resolves to a
+    place outside ``impl`` (a link would grade someone else's code as this submission).
     """
-    impl = Path(impl).expanduser().resolve()
+    given = Path(impl).expanduser()
+    if given.is_symlink():
+        raise GradingError(f"{given} is a symbolic link: a submission must be a folder of its own, not a link")
+    impl = given.resolve()
     if not impl.is_dir():
         raise GradingError(f"{impl} is not a directory")
     for root in (impl / "src", impl):
         if (root / "diloco" / "__init__.py").is_file():
-            return root
+            return _own_package(impl, root)
     if impl.name == "diloco" and (impl / "__init__.py").is_file():
         return impl.parent
     raise GradingError(f"no diloco package in {impl} (looked for src/diloco/__init__.py and diloco/__init__.py)")
+
+
+def _own_package(impl: Path, root: Path) -> Path:
+    """``root`` if neither it nor ``root/diloco`` is a link and the package resolves inside ``impl``."""
+    for folder in (root, root / "diloco"):
+        if folder.is_symlink():
+            raise GradingError(f"{folder.relative_to(impl)} in {impl} is a symbolic link: a submission must hold "
+                               "its own files, not a link to someone else's; it is not graded")
+    if not (root / "diloco").resolve().is_relative_to(impl):
+        raise GradingError(f"the diloco package of {impl} lies outside it; it is not graded")
+    return root
 
 
 def default_tests_dir() -> Path:
@@ -148,8 +164,8 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     start = time.perf_counter()
     if hidden not in HIDDEN_LEVELS:
         raise GradingError(f"hidden must be one of {', '.join(HIDDEN_LEVELS)}, got {hidden!r}")
+    package_root = find_package_root(impl)  # before resolving: a link is refused, not followed
     impl = Path(impl).expanduser().resolve()
-    package_root = find_package_root(impl)
     tests_dir = Path(tests).expanduser().resolve() if tests is not None else default_tests_dir()
     if not (tests_dir / "conftest.py").is_file() and not any(tests_dir.glob("test_*.py")):
         raise GradingError(f"no tests in {tests_dir}")

@@ -139,7 +139,10 @@ def _plain_files_only(directory: str, names: list[str]) -> set[str]:
 def check_package(package: Path, limit: int = PACKAGE_LIMIT) -> None:
     """``Refused`` unless what ``prepare`` would copy of ``package`` is at most ``limit`` bytes
     (sizes as the files claim them) in at most ``PACKAGE_ENTRIES`` entries, with no sparse
-    file (a hole is read as zeros: copied dense) and no FIFO, socket or device."""
+    file (a hole is read as zeros: copied dense) and no FIFO, socket or device, and
+    ``package`` itself no symbolic link (the copy would follow it)."""
+    if package.is_symlink():
+        raise Refused(f"{package.name} is a symbolic link: a submission must hold its own files")
     total = entries = 0
     for folder, dirs, names in os.walk(package):  # symbolic links to folders are not entered
         skipped = _plain_files_only(folder, dirs + names)
