@@ -258,4 +258,3 @@ def test_ties_in_long_chunks_go_to_the_earlier_index_and_positions_ascend(data, 
     counts = [len(c) for c in want]
     sent = np.split(np.asarray(payload.indices), np.cumsum(counts)[:-1])
     assert [s.tolist() for s in sent] == want, f"the payload's positions per chunk: expected {want}, got {sent}"
-
