@@ -119,6 +119,23 @@ def test_scale_exponents_at_an_exact_power_of_two():
     assert got == [0, -1, -3, -19], f"expected [0, -1, -3, -19], got {got}"
 
 
+@pytest.mark.parametrize("qmax", [6.0, 127.0])
+def test_scale_exponents_at_every_power_of_two_boundary_and_one_ulp_either_side(qmax):
+    """amax = 2^k qmax and its neighbours one ulp below and above, for every k the exponents reach:
+    exactly at the boundary e = k, one ulp above e = k + 1 (or a code saturates), one ulp below
+    e = k. Brute force, as above. ``ceil(log2(amax / qmax))`` in floating point gives k one ulp
+    above (6144.000000000002 with qmax 6: log2 rounds to 10.0) and saturates a code."""
+    wrong = []
+    for k in range(-126, 127):
+        edge = float(np.ldexp(qmax, k))
+        for amax in (float(np.nextafter(edge, 0.0)), edge, float(np.nextafter(edge, np.inf))):
+            fits = [e for e in range(-127, 128) if amax / 2.0**e <= qmax]
+            got = int(scale_exponents(np.array([amax]), np.array([0]), 1, qmax)[0])
+            if got != fits[0]:
+                wrong.append(f"amax {amax!r}: expected {fits[0]}, got {got}")
+    assert not wrong, f"{len(wrong)} boundaries wrong, first: {wrong[:3]}"
+
+
 def test_scale_exponents_are_clamped_to_plus_minus_127():
     got = scale_exponents(np.array([1e-300, 1e300, 6.0 * 2.0**-127, 6.0 * 2.0**-128]), np.arange(4), 4, 6.0).tolist()
     assert got == [-127, 127, -127, -127], f"expected [-127, 127, -127, -127], got {got}"

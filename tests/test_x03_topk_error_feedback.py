@@ -228,3 +228,33 @@ def test_the_payload_is_the_top_k_of_the_buffer():
     decoded = decode_sparse(encode_sparse(x, config))
     expected = np.where(np.array(fixture["expected"]["mask"]), x, 0.0)
     assert_close(decoded, expected, rtol=0, what="decode_sparse(encode_sparse(x))")
+
+
+def top_k_positions(x: np.ndarray, chunk: int, density: float) -> list[list[int]]:
+    """Brute force: per chunk, the in-chunk positions of the k largest |x|, ties to the earlier index, ascending."""
+    flat, chosen = x.ravel(), []
+    for start in range(0, flat.size, chunk):
+        part = [abs(float(v)) for v in flat[start:start + chunk]]
+        ranked = sorted(range(len(part)), key=lambda i: (-part[i], i))
+        chosen.append(sorted(ranked[:kept_count(len(part), density)]))
+    return chosen
+
+
+@FEW_EXAMPLES
+@given(data=st.data(), chunk=st.integers(17, 64), density=st.sampled_from([0.05, 0.25, 0.5]))
+def test_ties_in_long_chunks_go_to_the_earlier_index_and_positions_ascend(data, chunk, density):
+    """Values from a handful of magnitudes (ties everywhere) in chunks longer than 16, where
+    NumPy's default sort stops being an insertion sort: the kept positions are the earliest of
+    the tied values (a sort without ``kind="stable"``: planted, caught) and, in the payload,
+    ascend within every chunk (planted without the final sort: caught)."""
+    size = data.draw(st.integers(chunk, 3 * chunk + 5))
+    x = np.array(data.draw(st.lists(st.sampled_from([-2.0, -1.0, 1.0, 2.0, 3.0]), min_size=size, max_size=size)))
+    config = SparseConfig(chunk=chunk, density=density)
+    want = top_k_positions(x, chunk, density)
+    mask = topk_mask(x, config)
+    got = [np.flatnonzero(mask[start:start + chunk]).tolist() for start in range(0, size, chunk)]
+    assert got == want, f"kept positions per chunk: expected {want}, got {got}"
+    payload = encode_sparse(x, config)
+    counts = [len(c) for c in want]
+    sent = np.split(np.asarray(payload.indices), np.cumsum(counts)[:-1])
+    assert [s.tolist() for s in sent] == want, f"the payload's positions per chunk: expected {want}, got {sent}"

@@ -378,3 +378,17 @@ def test_equal_speeds_plan_a_thousand_workers_quickly():
     config = BASE.replace(num_workers=1000, rounds=10, asynchrony={"asynchronous": True})
     plan = _within(10, lambda: async_plan(config))
     assert [len(groups) for groups in plan] == [1] * 10 and len(plan[0][0].workers) == 1000
+
+
+@pytest.mark.parametrize("workers, seconds", [(2, 1.5), (4, 3.0)])
+def test_a_trips_payload_time_at_a_finite_bandwidth(workers, seconds):
+    """The ring all-reduce of 1,000 float64 values at 64 kbit/s with 0.25 s of latency, by hand:
+    each worker sends 2 (K-1)/K x 8,000 bytes (K = 2: 64,000 bits, 1 s; K = 4: 96,000 bits,
+    1.5 s) plus 2 (K-1) latencies (0.5 s; 1.5 s). The test above runs at 1e12 bit/s, where the
+    payload vanishes and a factor of 2 in it passes (planted: caught here)."""
+    from diloco.core.synchronisers import trip_seconds
+
+    config = BASE.replace(num_workers=workers, family={"bandwidth": 64_000.0, "latency": 0.25})
+    params = {"W": np.zeros((10, 50)), "b": np.zeros(500)}
+    assert trip_seconds(config, params) == pytest.approx(seconds, rel=1e-12)
+    assert trip_seconds(BASE.replace(num_workers=workers), params) == 0.0  # no simulated network

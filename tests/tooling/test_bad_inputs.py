@@ -1015,3 +1015,41 @@ def test_zz_count_of_distinct_inputs_tried():
         pytest.skip(f"only part of the campaign ran ({len(FAMILIES_RUN)} of {len(everything)} families)")
     print(f"\nbad-input campaign: {len(TRIED)} distinct inputs tried")
     assert len(TRIED) >= DOCUMENTED_COUNT
+
+
+# --- every function leaves its arguments as they were (issue 41) ----------------------------------
+
+def _snapshot(value):
+    """A comparable picture of ``value``: arrays by dtype, shape and bytes; dicts with their key order."""
+    if isinstance(value, np.random.Generator):
+        return "a generator (consumed by design)"
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, dict):
+        return ("dict", [(key, _snapshot(item)) for key, item in value.items()])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_snapshot(item) for item in value])
+    return ("value", repr(value))
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_no_public_function_changes_its_arguments(target):
+    """The property, not one planted form: every argument of every function, arrays, dicts, lists
+    and their order, is the same after the call (weights given unnormalised, so normalising the
+    caller's list in place, milestone 24's planted mistake, shows)."""
+    function, arguments = TARGETS[target]
+    kwargs = {name: make() for name, (_, make) in arguments.items()}
+    for name, (kind, _) in arguments.items():
+        if kind == "weights":
+            kwargs[name] = [1.0, 3.0]
+    before = _snapshot(kwargs)
+    with np.errstate(all="ignore"):
+        function(**kwargs)
+    assert _snapshot(kwargs) == before, f"{target} changed its arguments"
+
+
+def test_subtract_params_keeps_the_key_order_of_params_a():
+    a = {"W1": np.ones(2), "b1": np.zeros(1), "W2": np.ones(1)}
+    b = {"W2": np.zeros(1), "W1": np.zeros(2), "b1": np.ones(1)}  # the same keys, another order
+    assert list(diloco.subtract_params(a, b)) == ["W1", "b1", "W2"]
+    assert list(diloco.subtract_params(b, a)) == ["W2", "W1", "b1"]

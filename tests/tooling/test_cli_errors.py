@@ -156,6 +156,28 @@ def test_a_config_file_mistake_names_the_file_and_its_key_with_a_suggestion(cont
     assert status == 2 and err.startswith(f"diloco train: error: --config {path}: {line}"), err
 
 
+HUGE = "1" + "0" * 400  # an int no float holds
+
+
+@pytest.mark.parametrize("text, line", [
+    ('{"rounds": ' + "9" * 5000 + "}", "cannot read config file {path}: it holds an integer of more than 4,300 digits"),
+    ('{"outer_lr": ' + HUGE + "}", "--config {path}: outer_lr must be finite, got an int of 401 digits"),
+    ('{"inner": {"weight_decay": ' + HUGE + "}}", "--config {path}: inner.weight_decay must be finite, got an int of "
+                                                  "401 digits"),
+    ('{"family": {"bandwidth": ' + HUGE + "}}", "--config {path}: family.bandwidth must be finite"),
+    ('{"rounds": ' + HUGE + "}", "this run needs about 10^403 bytes of memory"),
+])
+def test_a_config_file_with_a_huge_integer_is_one_line(text, line, tmp_path, capsys):
+    """Python's limit on an integer's digits (a 5,000-digit ``rounds``) and ints beyond every float
+    (for a real field, or a memory estimate no float holds) were tracebacks."""
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    status, _, err = run_cli(["train", "--config", path, "--runs-dir", tmp_path / "runs"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"diloco train: error: {line.format(path=path)}"), err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
+
+
 def test_compare_states_the_all_reduces_its_runs_recorded(capsys, tmp_path):
     """An asynchronous run's arrivals are not rounds: the sentence takes the table's counts (40 and 500 here)."""
     import json

@@ -231,3 +231,35 @@ def test_outer_lion_by_hand():
     # signs: 0.05 > 0, -0.2 < 0, -0.9 + 0.001 < 0
     np.testing.assert_array_equal(new["w"], [0.9, 1.1, 1.1])
     np.testing.assert_allclose(state.momentum["w"], [0.0005, -0.002, -0.999 + 0.00001], rtol=1e-12)
+
+
+@pytest.mark.parametrize("losses, where", [
+    ({0: [1.0, 1.0, 1.0, 1.0, np.nan], 1: [1.0, 1.0, np.inf, np.nan, np.nan]}, "round 2, step 3, worker 1: "
+                                                                              "training loss is inf"),
+    ({0: [1.0, np.nan, np.nan], 1: [1.0, np.nan, 1.0], 2: [np.inf, 1.0, 1.0]}, "round 2, step 1, worker 2: "
+                                                                               "training loss is inf"),
+    ({0: [1.0, np.nan], 1: [1.0, np.nan]}, "round 2, step 2, worker 0: training loss is nan"),
+])
+def test_the_guard_names_the_first_step_that_went_bad_and_its_worker(losses, where):
+    """The earliest step of any worker (a tie: the lower worker), 1-based; not the first worker
+    with a bad step, nor the last step (both planted: caught). Hand-made losses."""
+    record = {"round": 2, "worker_losses": [1.0] * len(losses), "pseudo_grad_norm": 1.0}
+    with pytest.raises(Diverged) as caught:
+        Guard("diloco").trained(record, ({"W": np.ones(2)}, {k: np.array(v) for k, v in losses.items()}))
+    assert str(caught.value) == f"DiLoCo diverged in {where}"
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_a_float32_runs_records_are_evaluated_in_float32(algo):
+    """The last record's held-out loss is ``evaluate_loss`` of the final float32 params on float32
+    held-out data, to the bit (a record evaluated in float64 differs in the 7th digit: planted,
+    caught), with the held-out data given in float64 as users give it."""
+    from diloco import evaluate_loss
+
+    x, y, x_eval, y_eval = _digits()
+    config = BASE.replace(dtype="float32")
+    learner = train_diloco if algo == "diloco" else train_synchronous_baseline
+    result = learner(x, y, config, x_eval=x_eval, y_eval=y_eval)
+    assert all(v.dtype == np.float32 for v in result.params.values())
+    want = evaluate_loss(result.params, x_eval.astype(np.float32), y_eval)
+    assert result.history[-1]["eval_loss"] == want

@@ -361,3 +361,53 @@ def test_a_real_full_disk_then_resume_when_space_is_back(tmp_path):
     for algo in ("diloco", "sync"):
         with np.load(tmp_path / f"params-{algo}.npz") as got, np.load(clean / f"params-{algo}.npz") as want:
             assert all(np.array_equal(got[k], want[k]) for k in want.files)
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_a_history_lost_from_outside_fails_the_run_never_completed(command, tmp_path, capsys, monkeypatch):
+    """Appends that reach no file (a history replaced or emptied behind the run): the run ends
+    "failed" in one line naming the file and the count, not "completed" beside an empty history."""
+    monkeypatch.setattr(runs.HistoryWriter, "write_line", lambda self, record: None)
+    status, _, err = run_cli([command, *QUICK, "--runs-dir", tmp_path], capsys)
+    run_dir = only_run_dir(tmp_path)
+    rounds = 2 if command == "train" else 4
+    assert status == 2 and one_line(err) == (f"diloco {command}: error: cannot write {run_dir / 'history.jsonl'}: it "
+                                             f"holds 0 records, but the run wrote {rounds} (the file was changed "
+                                             f"from outside the run)")
+    assert summary_of(run_dir)["status"] == "failed"
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_a_run_folder_made_read_only_mid_run_fails_the_run_and_keeps_its_rounds(command, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """Every write into the run folder fails with EROFS once DiLoCo's round 2 is on disk (what a
+    read-only remount does, for root too): one line naming the file, the rounds written are kept,
+    and the summary never says "completed"."""
+    real_open, real_mkdir, state = os.open, os.mkdir, {"read_only": False}
+
+    def guarded(call):
+        def wrapper(path, *args, **kwargs):
+            if state["read_only"] and str(path).startswith(str(tmp_path)):
+                writes = call is real_mkdir or (args and args[0] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+                if writes:
+                    raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+            return call(path, *args, **kwargs)
+        return wrapper
+
+    real_append = runs.HistoryWriter.append
+
+    def append(self, record):
+        written = real_append(self, record)
+        state["read_only"] = state["read_only"] or (record.get("algo") == "diloco" and record.get("round") == 2)
+        return written
+
+    monkeypatch.setattr(os, "open", guarded(real_open))
+    monkeypatch.setattr(os, "mkdir", guarded(real_mkdir))
+    monkeypatch.setattr(runs.HistoryWriter, "append", append)
+    status, _, err = run_cli([command, *QUICK, "--rounds", "4", "--runs-dir", tmp_path], capsys)
+    monkeypatch.undo()
+    run_dir = only_run_dir(tmp_path)
+    assert status == 2 and one_line(err).startswith(f"diloco {command}: error: cannot write {run_dir}") and \
+        one_line(err).endswith(": Read-only file system"), err
+    assert [r["round"] for r in read_jsonl(run_dir / "history.jsonl")] == [1, 2]  # what was written is kept
+    assert summary_of(run_dir)["status"] == "running"  # the folder could not be written: never "completed"

@@ -60,3 +60,17 @@ def test_a_message_survives_its_wire_bytes_and_is_as_long_as_the_model_says(spec
     decoded, again = codec.decode(message, base), codec.decode(codec.from_wire(wire, base), base)
     assert all(again[k].tobytes() == v.tobytes() for k, v in decoded.items())
     assert codec.summable == (spec == CommSpec())
+
+
+def test_every_slice_of_the_flat_buffer_is_the_plain_concatenations():
+    """Every ``[start, stop)``, including slices that start in a later array (every MPI rank but
+    the first reduces one), empty ones and ones past the end, against ``np.concatenate`` cut by
+    hand (the one slice above starts inside the first array)."""
+    params = _params(np.random.default_rng(1))
+    keys = ("W1", "b1", "W2")
+    plain = np.concatenate([params[k].ravel() for k in keys])
+    for start in range(plain.size + 2):
+        for stop in range(start, plain.size + 3):
+            got = flatten(params, keys, start, stop)
+            assert got.tobytes() == plain[start:stop].tobytes(), (start, stop)
+    assert flatten(params, keys, 13).tobytes() == plain[13:].tobytes()  # to the end, from inside b1

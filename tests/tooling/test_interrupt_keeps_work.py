@@ -176,7 +176,7 @@ def interrupted_after(rounds: int, runs_dir, cwd) -> tuple:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline, found = time.monotonic() + 120, []
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and proc.poll() is None:
             found = list(runs_dir.glob("*/history.jsonl"))
             if found and len(found[0].read_bytes().splitlines()) >= rounds:
                 break
@@ -185,6 +185,8 @@ def interrupted_after(rounds: int, runs_dir, cwd) -> tuple:
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
+    found = list(runs_dir.glob("*/history.jsonl"))
+    assert found, f"no run folder after {time.monotonic() - deadline + 120:.0f} s; exit {proc.returncode}: {err}"
     return proc, err, found[0].parent
 
 

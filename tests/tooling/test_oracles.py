@@ -108,7 +108,9 @@ def base_configs(draw, max_workers: int = 4, hidden=((), (3,), (4, 3))):
         outer_lr=draw(st.sampled_from([0.3, 0.7, 1.0])), outer_momentum=draw(st.sampled_from([0.0, 0.5, 0.9])),
         nesterov=draw(st.booleans()), drop_prob=drop_prob,
         drop_rule=draw(st.sampled_from(["carry", "restart"])) if drop_prob else "carry",
-        inner=AdamWConfig(lr=draw(st.sampled_from([0.01, 0.05])), weight_decay=draw(st.sampled_from([0.0, 0.01]))),
+        inner=AdamWConfig(lr=draw(st.sampled_from([0.01, 0.05])), weight_decay=draw(st.sampled_from([0.0, 0.01])),
+                          beta1=draw(st.sampled_from([0.0, 0.9]))),
+        inner_optimizer=draw(st.sampled_from(["adamw", "adamw", "sgd"])),
     )
 
 
@@ -431,3 +433,17 @@ def test_real_mpi_ranks_equal_the_oracles(tmp_path):
         extra = ASYNC_EXTRA if config.asynchrony.asynchronous else ()
         assert_matches(TrainResult(params, run["history"]), oracle(x, y, config, x_eval, y_eval),
                        dropped=not config.asynchrony.asynchronous, extra=extra)
+
+
+# --- the SGD inner optimizer (issue 41: the oracles once raised NotImplementedError for it) -----------
+
+@pytest.mark.parametrize("momentum, weight_decay, drop_prob", [(0.9, 0.01, 0.0), (0.0, 0.0, 0.35), (0.5, 0.0, 0.7)])
+def test_the_sgd_inner_optimizer_equals_the_oracle(momentum, weight_decay, drop_prob):
+    """SGD with heavy-ball momentum (``oracles.common.inner_sgd``, written from PyTorch's
+    documentation), each worker's momentum carried from round to round, with non-IID size weights
+    and drops; a momentum step that read this step's gradient before the buffer, or that skipped
+    the weight decay, is off in the first round."""
+    config = DiLoCoConfig(num_workers=3, inner_steps=3, rounds=3, batch_size=4, hidden_sizes=(4,), seed=5, iid=False,
+                          alpha=0.5, drop_prob=drop_prob, inner_optimizer="sgd",
+                          inner=AdamWConfig(lr=0.05, beta1=momentum, weight_decay=weight_decay))
+    run_all(config, make_data(2, 30), diloco)

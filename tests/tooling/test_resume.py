@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import run_cli
 
 from diloco import DiLoCoConfig
 from diloco.core.driver import baseline_config
@@ -391,3 +393,29 @@ def _same(got, want) -> bool:
     (got_params, got_history), (want_params, want_history) = got, want
     return got_history == want_history and all(
         np.array_equal(got_params[a][k], want_params[a][k]) for a in want_params for k in want_params[a])
+
+
+def test_a_run_stopped_while_its_folder_was_made_says_nothing_was_saved_and_starts_again_as_printed(tmp_path,
+                                                                                                      capsys,
+                                                                                                      monkeypatch):
+    """SIGKILL between config.json and environment.json (``start_run``): no checkpoint, no code
+    record. The resume says so and prints the command that starts the run again; that command,
+    run as printed, trains the same run (same config, data and result)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["compare", "-K", "2", "-H", "2", "--rounds", "2", "--hidden-sizes", "8", "--batch-size", "8", "-q",
+            "--no-plots", "--runs-dir", "runs"]
+    assert run_cli(argv, capsys)[0] == 0
+    (run_dir,) = Path("runs").iterdir()
+    want = {p.name: dict(np.load(p)) for p in run_dir.glob("params-*.npz")}
+    for name in ("environment.json", "summary.json", "history.jsonl", "params-diloco.npz", "params-sync.npz"):
+        (run_dir / name).unlink()
+    shutil.rmtree(run_dir / "checkpoints")
+    status, _, err = run_cli(["compare", "--resume", run_dir], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert "was stopped before its first round" in err and "nothing was saved; start it again with: " in err, err
+    printed = shlex.split(err.strip().split("start it again with: ", 1)[1])
+    status, _, err = run_cli([*printed[printed.index("compare"):], "-q", "--no-plots"], capsys)
+    assert status == 0, err
+    (again,) = [p for p in Path("runs").iterdir() if p != run_dir]
+    got = {p.name: dict(np.load(p)) for p in again.glob("params-*.npz")}
+    assert got.keys() == want.keys() and all(np.array_equal(got[f][k], want[f][k]) for f in want for k in want[f])

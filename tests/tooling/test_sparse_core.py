@@ -284,3 +284,29 @@ def test_real_mpi_ranks_send_exactly_the_encoded_bytes(tmp_path):
     family = {**SPARSE, "topk_bits": 2, "error_feedback": True}
     single = train("diloco", x, y, BASE.replace(family=family), x_eval=x_eval, y_eval=y_eval)
     assert ranks[0]["2-bit"]["params"] == [v.tobytes().hex() for v in single.params.values()]
+
+
+# --- blind spots (issue 41): each checked by planting the mistake --------------------------------
+
+@pytest.mark.parametrize("n", [1, 7, 16, 100, 128, 1000])
+def test_the_kept_count_is_the_exact_ceiling_of_density_times_length(n):
+    """``k = min(n, max(1, ceil(p n / 100)))`` at every density p/100, in integers: 0.07 x 100 is
+    7.000000000000001 in floating point, and a plain ``ceil`` of it keeps 8 (planted: caught)."""
+    from diloco.methods.sparse import kept_per_chunk
+
+    for percent in range(1, 101):
+        want = min(n, max(1, -(-percent * n // 100)))
+        assert kept_per_chunk(n, SparseConfig(chunk=n, density=percent / 100)).tolist() == [want], (percent, n)
+
+
+@pytest.mark.parametrize("spec", [CommSpec(comm_dtype="float16"), CommSpec(comm_dtype="int8"),
+                                  CommSpec(comm_dtype="bfloat16"), CommSpec(topk=1.0, topk_chunk=4)])
+def test_a_compressed_average_honours_the_shard_weights(spec):
+    """Non-IID shard sizes with compression: workers of weights 3/4 and 1/4 sending 1 and 3
+    (exact in every format) average to 1.5, not the uniform 2 (``reduce_decoded`` treating the
+    weights as uniform, planted: caught)."""
+    workers = {0: {"v": np.ones(4)}, 1: {"v": np.full(4, 3.0)}}
+    ex = all_reduce(workers, spec, {}, weights={0: 0.75, 1: 0.25})
+    np.testing.assert_array_equal(ex.delta["v"], np.full(4, 1.5))
+    uniform = all_reduce(workers, spec, {})
+    np.testing.assert_array_equal(uniform.delta["v"], np.full(4, 2.0))

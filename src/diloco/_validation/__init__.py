@@ -154,7 +154,10 @@ def check_real(value, name: str, *, low=None, high=None, low_open=False, high_op
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {shown(value)}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond every float (10**400)
+        raise ValueError(f"{name} must be finite, got an int of {len(str(value)):,} digits") from None
     if not np.isfinite(value):
         raise ValueError(f"{name} must be finite, got {shown(value)}")
     if low is not None and (value < low or (low_open and value == low)):

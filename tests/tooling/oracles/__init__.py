@@ -24,7 +24,8 @@ oracle's docstring says which one it takes and why; everything else is the paper
 The oracles live under ``tests/tooling`` because ``tests/`` outside it is copied into
 learner workspaces, and an oracle of Algorithm 1 would hand learners milestone 25.
 
-Only the settings the tests draw are supported: AdamW at a constant lr without clipping,
+Only the settings the tests draw are supported: AdamW or SGD with heavy-ball momentum (the inner
+optimizer, ``common.inner_sgd``) at a constant lr without clipping,
 the SGD outer optimizer (Nesterov or heavy ball), float64, no input encoder. Any other
 setting raises ``NotImplementedError`` rather than being silently ignored.
 """

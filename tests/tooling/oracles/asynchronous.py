@@ -43,7 +43,7 @@ from fractions import Fraction
 from oracles.common import (
     OracleResult,
     draw_drops,
-    fresh_adam,
+    fresh_inner,
     outer_sgd,
     ring_bytes,
     round_entry,
@@ -148,7 +148,7 @@ def async_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
     weights = [float(len(y_k)) if uses_size_weights(config) else 1.0 for _, y_k in shards]
     server = _Server(theta, config)
     local, begin = [dict(theta) for _ in range(num_workers)], [theta] * num_workers
-    adam = [fresh_adam(theta) for _ in range(num_workers)]
+    adam = [fresh_inner(theta, config) for _ in range(num_workers)]
     residual = [{key: 0.0 * value for key, value in theta.items()} for _ in range(num_workers)]
     version, rounds = 0, []
     for groups in async_schedule(config):

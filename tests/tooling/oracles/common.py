@@ -28,7 +28,7 @@ from diloco.sharding import iid_shard_dataset, noniid_shard_dataset, sample_work
 
 __all__ = ["OracleResult", "check_supported", "start", "worker_steps", "transformer", "model_of", "loss_and_grads",
            "held_out_loss", "uses_size_weights", "weighted_mean",
-           "outer_sgd", "draw_drops", "fresh_adam", "norm", "round_entry", "ring_bytes"]
+           "outer_sgd", "draw_drops", "fresh_inner", "inner_sgd", "norm", "round_entry", "ring_bytes"]
 
 
 class OracleResult(NamedTuple):
@@ -42,7 +42,8 @@ def check_supported(config) -> None:
     """Refuse what the oracles do not model, rather than ignore it."""
     unsupported = {
         "lr_schedule": config.lr_schedule != "constant", "clip_norm": config.clip_norm is not None,
-        "inner_optimizer": config.inner_optimizer != "adamw", "outer_optimizer": config.outer_optimizer != "sgd",
+        "inner_optimizer": config.inner_optimizer not in ("adamw", "sgd"),
+        "outer_optimizer": config.outer_optimizer != "sgd",
         "dtype": config.dtype != "float64", "noniid_split": config.noniid_split != "label",
         "comm_dtype": config.family.comm_dtype is not None, "sign_prune": config.family.sign_prune != 0,
         "topk_bits": config.family.topk_bits is not None,
@@ -105,20 +106,38 @@ def held_out_loss(params: dict, x_eval, y_eval, config=None) -> float | None:
     return evaluate_loss(params, x_eval, y_eval) if model is None else model.metrics(params, x_eval, y_eval)[0]
 
 
-def worker_steps(params: dict, adam, shard, steps: int, config, rng) -> tuple[dict, object, list]:
-    """``steps`` AdamW steps of one worker from ``params``: the batch, forward, loss, backward, step."""
+def worker_steps(params: dict, state, shard, steps: int, config, rng) -> tuple[dict, object, list]:
+    """``steps`` inner steps of one worker from ``params``: the batch, forward, loss, backward, then
+    AdamW (milestone 11) or SGD (``inner_sgd``), as ``config.inner_optimizer`` says."""
     x_k, y_k = shard
     losses = []
     for _ in range(steps):
         x_b, y_b = sample_worker_batch(x_k, y_k, config.batch_size, rng)
         loss, grads = loss_and_grads(params, x_b, y_b, config)
         losses.append(loss)
-        params, adam = adamw_step(params, adam, grads, config.inner)
-    return params, adam, losses
+        if config.inner_optimizer == "sgd":
+            params, state = inner_sgd(params, state, grads, config.inner)
+        else:
+            params, state = adamw_step(params, state, grads, config.inner)
+    return params, state, losses
 
 
-def fresh_adam(params: dict):
-    return init_adamw_state(params)
+def fresh_inner(params: dict, config):
+    """A worker's first inner state: AdamW's zero moments, or SGD's ``(0 steps, no momentum yet)``."""
+    return (0, None) if config.inner_optimizer == "sgd" else init_adamw_state(params)
+
+
+def inner_sgd(params: dict, state: tuple, grads: dict, inner) -> tuple[dict, tuple]:
+    """PyTorch's ``SGD(lr, momentum=beta1, weight_decay=wd)`` (dampening 0, no Nesterov), written
+    out from its documentation: ``g <- g + wd theta``; the momentum ``b <- g`` at the first step,
+    else ``b <- beta1 b + g``; ``theta <- theta - lr b``. ``state`` is ``(steps taken, {key: b})``."""
+    steps, momentum = state
+    new_params, new_momentum = {}, {}
+    for key, theta in params.items():
+        g = grads[key] + inner.weight_decay * theta
+        b = g if steps == 0 else inner.beta1 * momentum[key] + g
+        new_params[key], new_momentum[key] = theta - inner.lr * b, b
+    return new_params, (steps + 1, new_momentum)
 
 
 def draw_drops(rng, config) -> list:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from oracles.common import (
     OracleResult,
     draw_drops,
-    fresh_adam,
+    fresh_inner,
     outer_sgd,
     ring_bytes,
     round_entry,
@@ -54,7 +54,7 @@ def diloco(x, y, config, x_eval=None, y_eval=None, vocab_size=None) -> OracleRes
     rng, shards, theta = start(x, y, config, y_eval, vocab_size)
     num_workers, spec = config.num_workers, config.family
     sizes = [len(y_k) for _, y_k in shards]
-    adam = [fresh_adam(theta) for _ in range(num_workers)]
+    adam = [fresh_inner(theta, config) for _ in range(num_workers)]
     momentum = {key: 0.0 * value for key, value in theta.items()}
     residual = [{key: 0.0 * value for key, value in theta.items()} for _ in range(num_workers)]
     begin = [theta] * num_workers  # where each worker starts its next round

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from oracles.common import (
     OracleResult,
-    fresh_adam,
+    fresh_inner,
     outer_sgd,
     ring_bytes,
     round_entry,
@@ -53,7 +53,7 @@ def eager_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
     share = [s / sum(sizes) for s in sizes]
     thetas = [dict(theta0) for _ in range(num_workers)]
     momenta = [{key: 0.0 * value for key, value in theta0.items()} for _ in range(num_workers)]
-    adam = [fresh_adam(theta0) for _ in range(num_workers)]
+    adam = [fresh_inner(theta0, config) for _ in range(num_workers)]
     zero = {key: 0.0 * value for key, value in theta0.items()}
     residual = [dict(zero) for _ in range(num_workers)]
     size = sum(value.size for value in theta0.values())

@@ -36,7 +36,7 @@ from __future__ import annotations
 from oracles.common import (
     OracleResult,
     draw_drops,
-    fresh_adam,
+    fresh_inner,
     outer_sgd,
     ring_bytes,
     round_entry,
@@ -96,7 +96,7 @@ def streaming_diloco(x, y, config, x_eval=None, y_eval=None) -> OracleResult:
     keys = [[f"{kind}{layer}" for layer in group for kind in "Wb"] for group in layers]
     sizes = [len(y_k) for _, y_k in shards]
     local = [dict(theta) for _ in range(num_workers)]
-    adam = [fresh_adam(theta) for _ in range(num_workers)]
+    adam = [fresh_inner(theta, config) for _ in range(num_workers)]
     momentum = {key: 0.0 * value for key, value in theta.items()}
     residual = [{key: 0.0 * value for key, value in theta.items()} for _ in range(num_workers)]
     received = {}  # p -> (the fragment's value at its last sync, the workers to merge it into)

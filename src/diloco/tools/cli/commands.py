@@ -327,6 +327,7 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
                 algo, config, data, history, make_bar, run_dir, start=run["starts"].get(algo),
                 checkpoint_every=run["checkpoint_every"], max_loss=run["max_loss"], family=run["family"],
                 quiet=args.quiet, following=len(algos) - 1 - algos.index(algo))
+        history.verify()  # the file holds every round: a lost history is a failure, never "completed"
         num_params = num_values(next(iter(results.values())).params)
         savings = _savings(config, num_params)
         family_extra, savings = family_summary(run["family"], config, {a: history.for_algo(a) for a in algos},

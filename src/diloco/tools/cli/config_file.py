@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from diloco.tools.cli.errors import CliError
@@ -42,6 +43,9 @@ def _read_json_object(path: str) -> dict:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CliError(f"cannot read config file {path}: {exc}") from None
+    except ValueError:  # Python's limit on an integer's digits (sys.get_int_max_str_digits)
+        raise CliError(f"cannot read config file {path}: it holds an integer of more than "
+                       f"{sys.get_int_max_str_digits():,} digits") from None
     except RecursionError:
         raise CliError(f"cannot read config file {path}: JSON nested too deeply") from None
     if not isinstance(data, dict):

@@ -37,10 +37,19 @@ from diloco.tools.cli.errors import CliError
 from diloco.tools.runs.training import keeps_worker_starts
 from diloco.tools.studies.ablations import format_bytes
 
-__all__ = ["estimate_memory", "available_memory", "check_run", "check_text_run", "check_run_count", "RECORD_BYTES"]
+__all__ = ["estimate_memory", "available_memory", "check_run", "check_text_run", "check_run_count", "shown_bytes",
+           "RECORD_BYTES"]
 
 # Bytes a history record (a dict of about 20 fields) and a study's row take in memory, roughly.
 RECORD_BYTES = 2048
+
+
+def shown_bytes(count: int) -> str:
+    """``format_bytes(count)``, or a power of ten for a count no float holds (``--rounds 10**400``)."""
+    try:
+        return format_bytes(count)
+    except OverflowError:
+        return f"10^{len(str(int(count))) - 1} bytes"
 
 
 def check_run_count(runs: int, rounds: int = 1, *, flag: str = "--seeds") -> None:
@@ -49,8 +58,8 @@ def check_run_count(runs: int, rounds: int = 1, *, flag: str = "--seeds") -> Non
     needed = runs * (rounds + 1) * RECORD_BYTES
     available = available_memory()
     if available is not None and needed > available:
-        raise CliError(f"{flag}: {runs:,} runs of {rounds:,} rounds need about {format_bytes(needed)} for their "
-                       f"records alone, but only {format_bytes(available)} is available; use fewer")
+        raise CliError(f"{flag}: {runs:,} runs of {rounds:,} rounds need about {shown_bytes(needed)} for their "
+                       f"records alone, but only {shown_bytes(available)} is available; use fewer")
 
 
 def _num_params(layer_sizes) -> int:
@@ -175,8 +184,8 @@ def check_run(config: DiLoCoConfig, data: Dataset, *, checkpointing: bool = True
                                   model=model, checkpointing=checkpointing)
     available = available_memory()
     if available is not None and needed > available:
-        raise CliError(f"{prefix}this run needs about {format_bytes(needed)} of memory ({how}) but only "
-                       f"{format_bytes(available)} is available; use a smaller "
+        raise CliError(f"{prefix}this run needs about {shown_bytes(needed)} of memory ({how}) but only "
+                       f"{shown_bytes(available)} is available; use a smaller "
                        f"{'--hidden-sizes' if model is None else '--d-model or --n-layers'}, fewer workers, fewer "
                        f"inner steps (-H) or a smaller --batch-size")
     try:
@@ -184,7 +193,7 @@ def check_run(config: DiLoCoConfig, data: Dataset, *, checkpointing: bool = True
     except (TypeError, ValueError) as exc:
         raise CliError(f"{prefix}cannot train: {exc}") from None
     except MemoryError:
-        raise CliError(f"{prefix}out of memory while initialising the model (estimated {format_bytes(needed)}: "
+        raise CliError(f"{prefix}out of memory while initialising the model (estimated {shown_bytes(needed)}: "
                        f"{how})") from None
 
 
@@ -214,8 +223,8 @@ def check_text_run(args, config: DiLoCoConfig) -> None:
     needed, how = estimate_memory(config, context * vocab, vocab, held, model=model)
     available = available_memory()
     if available is not None and windows + needed > available:
-        raise CliError(f"this run needs about {format_bytes(windows + needed)} of memory ({train + held:,} windows "
-                       f"of {context:,} characters, {format_bytes(windows)}; the run: {how}) but only "
-                       f"{format_bytes(available)} is available; use a smaller --context"
+        raise CliError(f"this run needs about {shown_bytes(windows + needed)} of memory ({train + held:,} windows "
+                       f"of {context:,} characters, {shown_bytes(windows)}; the run: {how}) but only "
+                       f"{shown_bytes(available)} is available; use a smaller --context"
                        f"{'' if model is None else ', --d-model or --n-layers'}, fewer workers or a smaller "
                        f"--batch-size")

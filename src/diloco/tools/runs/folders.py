@@ -30,6 +30,7 @@ NumPy only; nothing here imports matplotlib or tqdm. The atomic writes live in
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -248,6 +249,18 @@ class HistoryWriter(JsonlWriter):
         self.records.append(ordered)
         self._next = {}
         return ordered
+
+    def verify(self) -> None:
+        """Raise ``OSError`` (naming the file) unless the file holds the records written through this
+        writer: a run never says "completed" beside a history that was lost or changed from outside."""
+        try:
+            on_disk = len(read_jsonl(self.path))
+        except ValueError:
+            on_disk = None
+        if on_disk != len(self.records):
+            held = "damaged lines" if on_disk is None else f"{on_disk:,} records"
+            raise OSError(errno.EIO, f"it holds {held}, but the run wrote {len(self.records):,} (the file was "
+                                     f"changed from outside the run)", str(self.path))
 
     def restart(self, records: list[dict]) -> None:
         """Make ``records`` the whole history (on disk and in memory): resuming a run."""

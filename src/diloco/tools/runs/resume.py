@@ -3,6 +3,8 @@
 ``plan_resume`` reads the run folder and checks, before changing anything, that the run
 can be continued exactly:
 
+* something was saved: a folder stopped while it was being made (no ``environment.json``, no
+  checkpoint) is refused with the command that starts it again from its ``config.json``;
 * no other process is writing the folder (``diloco.tools.runs.run_lock``: the lock taken
   here is held until the command ends; it and ``.reserve`` are the only files written);
 * the code is the code the run was made with (``environment.json``'s ``source``: the
@@ -112,7 +114,8 @@ def _saved_run(run_dir: Path, command: str) -> dict:
     if not run_dir.is_dir():
         raise CliError(f"--resume: no run folder {run_dir}")
     if not (run_dir / "config.json").is_file():
-        raise CliError(f"--resume: {run_dir} is not a run folder (no config.json)")
+        raise CliError(f"--resume: {run_dir} is not a run folder (no config.json; a run stopped while its folder "
+                       f"was being made saved nothing: start it again with the command that made it)")
     try:
         saved = read_json(run_dir / "config.json")
     except (OSError, ValueError) as exc:
@@ -123,6 +126,19 @@ def _saved_run(run_dir: Path, command: str) -> dict:
         again = cli_command(f"{saved.get('command')} --resume {shlex.quote(shown_path(run_dir))}")
         raise CliError(f"--resume: {run_dir} was made by 'diloco {saved.get('command')}'; resume it with: {again}")
     return saved
+
+
+def _refuse_if_nothing_saved(run_dir: Path, command: str, algos) -> None:
+    """A run stopped while its folder was being made (no ``environment.json``) and before any
+    checkpoint: nothing to resume; the line gives the command that starts it again from its
+    ``config.json`` (a run file: the same config and data)."""
+    if (run_dir / "environment.json").is_file() or any(
+            latest_checkpoint(run_dir / CHECKPOINT_DIR, algo) is not None for algo in algos):
+        return
+    again = cli_command(f"{command} --config {shlex.quote(shown_path(run_dir / 'config.json'))} --runs-dir "
+                        f"{shlex.quote(shown_path(run_dir.parent))}")
+    raise CliError(f"--resume: {run_dir} was stopped before its first round (it has no environment.json and no "
+                   f"checkpoint): nothing was saved; start it again with: {again}")
 
 
 def _resumed_data(args, saved: dict, config: DiLoCoConfig) -> tuple[Dataset, dict]:
@@ -145,8 +161,9 @@ def plan_resume(args, command: str, algos: tuple) -> ResumePlan:
         raise CliError(f"--resume: {exc.strerror}") from None
     except OSError as exc:
         raise CliError(f"--resume: cannot lock {run_dir}: {exc.strerror or exc}") from None
-    code_change = _code_change(run_dir, args)
     saved_algos = tuple(saved["algorithms"])
+    _refuse_if_nothing_saved(run_dir, command, saved_algos)
+    code_change = _code_change(run_dir, args)
     if command == "train" and getattr(args, "algo", None) not in (None, *saved_algos):
         raise CliError(f"--resume: {run_dir} trained --algo {saved_algos[0]}, not {args.algo}")
     if getattr(args, "config", None):
