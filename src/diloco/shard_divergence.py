@@ -15,7 +15,11 @@ KL divergence of the shard's label histogram from the pooled one: label skew.
 
 ``split_divergence`` is the mean of ``D_k`` over the K shards. For the char-LM the context
 is the window's last character (``x[:, -1]``), so ``D`` says how differently the shards
-continue the same character; for other data it is the label histogram. A finite sample
+continue the same character; for other data it is the label histogram. A transformer
+trains on every position of a window, not only the last, so its shards are measured over
+every (character, next character) pair of their windows (``every_position``,
+``position_counts``): a split that skews the character after each window (label skew)
+moves one of those ``c`` pairs and is nearly IID for it. A finite sample
 is never exactly IID: IID shards of ``n_k`` rows measure about
 ``(1 - 1/K) (cells - contexts) / (2 n_k)`` for the ``cells`` (context, label) pairs that
 occur (Tiny Shakespeare's training text: 1,380 pairs after 65 characters, so 0.0046 nats
@@ -27,7 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["shard_divergence", "split_divergence", "run_split_divergence", "split_report", "split_sentence"]
+__all__ = ["shard_divergence", "joint_divergence", "position_counts", "split_divergence", "run_split_divergence",
+           "split_report", "split_sentence", "GIVEN"]
 
 
 def shard_divergence(labels, contexts=None) -> np.ndarray:
@@ -58,7 +63,24 @@ def shard_divergence(labels, contexts=None) -> np.ndarray:
     width = 1 + max(int(v.max()) for v in labels)
     cells = 1 + max(int(c.max()) for c in contexts)
     joint = np.stack([np.bincount(c * width + v, minlength=cells * width).reshape(cells, width)
-                      for c, v in zip(contexts, labels, strict=True)]).astype(np.float64)  # (K, C, V)
+                      for c, v in zip(contexts, labels, strict=True)])  # (K, C, V)
+    return joint_divergence(joint)
+
+
+def joint_divergence(joint) -> np.ndarray:
+    """``D_k`` of each shard (module docstring) from its counts ``n_k(c, v)``, in nats.
+
+    Parameters
+    ----------
+    joint : ndarray of shape (K, C, V), counts >= 0, each shard's sum > 0
+
+    Returns
+    -------
+    float64 ndarray of shape (K,)
+    """
+    joint = np.asarray(joint, dtype=np.float64)
+    if joint.ndim != 3 or (joint < 0).any() or not (joint.sum(axis=(1, 2)) > 0).all():
+        raise ValueError(f"joint must be (K, C, V) non-negative counts, each shard's > 0, got shape {joint.shape}")
     pooled = joint.sum(axis=0)
     pooled_given = pooled / np.maximum(pooled.sum(axis=1, keepdims=True), 1.0)  # p(v | c)
     shard_given = joint / np.maximum(joint.sum(axis=2, keepdims=True), 1.0)  # p_k(v | c)
@@ -66,6 +88,31 @@ def shard_divergence(labels, contexts=None) -> np.ndarray:
     seen = joint > 0
     ratio = np.where(seen, shard_given, 1.0) / np.where(seen, pooled_given, 1.0)
     return np.sum(weight * np.log(ratio), axis=(1, 2))
+
+
+def position_counts(x, y, width: int) -> np.ndarray:
+    """``n(c, v)`` over every position a sequence model trains on: character ``x[:, t]``
+    followed by ``x[:, t + 1]`` (by ``y`` at the last position), for each ``t < c``.
+
+    Parameters
+    ----------
+    x : ndarray of shape (n, c), integer-valued character ids in [0, width)
+    y : integer ndarray of shape (n,), values in [0, width)
+    width : int, V
+
+    Returns
+    -------
+    int64 ndarray of shape (V, V): ``n c`` pairs in all.
+    """
+    x, y = np.asarray(x), _counts_index(y, "labels")
+    if x.ndim != 2 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"x must be (n, c) windows with one label each, got shapes {x.shape} and {y.shape}")
+    counts = np.zeros(width * width, dtype=np.int64)
+    for position in range(x.shape[1]):  # one column at a time: no (n, c) copy
+        following = y if position == x.shape[1] - 1 else x[:, position + 1]
+        pairs = _counts_index(x[:, position], "contexts") * width + _counts_index(following, "labels")
+        counts += np.bincount(pairs, minlength=width * width)
+    return counts.reshape(width, width)
 
 
 def _counts_index(values, name: str) -> np.ndarray:
@@ -78,15 +125,27 @@ def _counts_index(values, name: str) -> np.ndarray:
     return index
 
 
-def split_divergence(shards, *, text: bool) -> float:
-    """The mean over shards of ``D_k``: given the window's last character (``x[:, -1]``)
-    for a character-level task (``text``), of the label histogram otherwise.
+def split_divergence(shards, *, text: bool, every_position: bool = False) -> float:
+    """The mean over shards of ``D_k``: given the previous character for a character-level
+    task (``text``), of the label histogram otherwise.
+
+    For a character-level task the pairs are each window's last character and the next
+    one (``x[:, -1]``, ``y``: what the MLP predicts), or, with ``every_position``, every
+    (character, next character) pair of every window (``position_counts``: what a
+    sequence model such as the transformer trains on, ``c`` predictions a window).
 
     Parameters
     ----------
     shards : list of K tuples (x_k of shape (n_k, c), y_k of shape (n_k,))
     text : bool, keyword-only
+    every_position : bool, keyword-only
+        Only with ``text``.
     """
+    if every_position and not text:
+        raise ValueError("every_position needs a character-level task (text=True)")
+    if every_position:
+        width = 1 + max(max(int(np.max(x_k)), int(np.max(y_k))) for x_k, y_k in shards)
+        return float(np.mean(joint_divergence(np.stack([position_counts(x_k, y_k, width) for x_k, y_k in shards]))))
     contexts = [x_k[:, -1] for x_k, _ in shards] if text else None
     return float(np.mean(shard_divergence([y_k for _, y_k in shards], contexts)))
 
@@ -94,10 +153,19 @@ def split_divergence(shards, *, text: bool) -> float:
 def run_split_divergence(x, y, config, *, text: bool) -> float:
     """``split_divergence`` of the shards a run of ``config`` starts from: those of
     ``diloco.run_records.shard_dataset`` with ``default_rng(config.seed)``, whose first
-    draws they are in ``prepare_training``."""
+    draws they are in ``prepare_training``. A transformer (``config.model``) trains on
+    every position of a window, so its shards are measured there (``every_position``)."""
     from diloco.run_records import shard_dataset
 
-    return split_divergence(shard_dataset(x, y, config, np.random.default_rng(config.seed)), text=text)
+    shards = shard_dataset(x, y, config, np.random.default_rng(config.seed))
+    return split_divergence(shards, text=text, every_position=text and config.model == "transformer")
+
+
+# What a split's divergence is conditioned on, by (character-level task, measured at every position).
+GIVEN = {(False, False): "nothing (label histogram)", (True, False): "previous character",
+         (True, True): "previous character, every position"}
+_MEASURED = {"previous character": "next character given the previous one",
+             "previous character, every position": "next character given the previous one at every position"}
 
 
 def split_report(x, y, config, *, text: bool) -> dict:
@@ -110,7 +178,8 @@ def split_report(x, y, config, *, text: bool) -> dict:
     dict
         ``split`` ("iid", "label", "topic" or "speaker"), ``alpha`` (None where unused),
         ``num_workers``, ``divergence`` and ``iid_divergence`` (nats), ``given``
-        ("previous character" or "nothing (label histogram)").
+        ("previous character"; "previous character, every position" for a transformer,
+        ``run_split_divergence``; or "nothing (label histogram)").
     """
     divergence = run_split_divergence(x, y, config, text=text)
     iid = divergence if config.iid else run_split_divergence(x, y, config.replace(iid=True, noniid_split="label"),
@@ -118,12 +187,13 @@ def split_report(x, y, config, *, text: bool) -> dict:
     split = "iid" if config.iid else config.noniid_split
     return {"split": split, "alpha": None if split in ("iid", "speaker") else config.alpha,
             "num_workers": config.num_workers, "divergence": divergence, "iid_divergence": iid,
-            "given": "previous character" if text else "nothing (label histogram)"}
+            "given": GIVEN[(text, text and config.model == "transformer")]}
+
 
 
 def split_sentence(report: dict) -> str:
     """One line for a ``split_report``: the split, its divergence and IID shards' beside it."""
     split = report["split"] + ("" if report["alpha"] is None else f" a={report['alpha']:g}")
-    what = "next character given the previous one" if report["given"] == "previous character" else "label histogram"
+    what = _MEASURED.get(report["given"], "label histogram")
     return (f"shards: {split}, K={report['num_workers']}; mean KL of a shard's {what} from the whole's "
             f"{report['divergence']:.4f} nats (IID shards: {report['iid_divergence']:.4f})")

@@ -14,7 +14,7 @@ import pytest
 
 from diloco import DiLoCoConfig
 from diloco.run_records import shard_dataset
-from diloco.shard_divergence import shard_divergence, split_divergence, split_report
+from diloco.shard_divergence import position_counts, shard_divergence, split_divergence, split_report
 from diloco.speakers import assign_speakers, ids_from_windows, speaker_shard_dataset, split_speeches
 from diloco.text import char_windows, load_shakespeare, vocabulary_of
 from diloco.tools.cli.main import main
@@ -64,6 +64,46 @@ def test_divergence_given_the_previous_character_matches_the_hand_worked_value()
     # split_divergence takes the context from the window's last column
     shards = [(np.column_stack([np.full(4, 9), c]), v) for c, v in zip(contexts, labels, strict=True)]
     assert split_divergence(shards, text=True) == pytest.approx(np.mean(expected), rel=1e-12)
+
+
+def test_divergence_over_every_position_matches_the_hand_worked_value():
+    # Shard A: windows "01" then 0, "10" then 1: pairs 0->1, 1->0, 1->0, 0->1. Shard B: "01" then 1: 0->1, 1->1.
+    # Pooled: after 0 only 1 (3 times): p(1|0) = 1; after 1: 0 twice, 1 once: p(.|1) = (2/3, 1/3).
+    # D_A = 1/2 ln(1/1) + 1/2 ln(1/(2/3)) = 1/2 ln(3/2);  D_B = 1/2 ln(1/1) + 1/2 ln(1/(1/3)) = 1/2 ln 3.
+    # The last position only: A contexts 1, 0, labels 0, 1; B context 1, label 1: p(.|1) = (1/2, 1/2),
+    # D_A = 1/2 ln 2, D_B = ln 2 (mean 3/4 ln 2): the measure a transformer's shards are not trained on.
+    shards = [(np.array([[0.0, 1.0], [1.0, 0.0]]), np.array([0, 1])), (np.array([[0.0, 1.0]]), np.array([1]))]
+    assert split_divergence(shards, text=True, every_position=True) == pytest.approx(
+        (0.5 * math.log(1.5) + 0.5 * math.log(3)) / 2, rel=1e-12)
+    assert split_divergence(shards, text=True) == pytest.approx(0.75 * math.log(2), rel=1e-12)
+    with pytest.raises(ValueError, match="every_position needs a character-level task"):
+        split_divergence(shards, text=False, every_position=True)
+
+
+def test_position_counts_count_every_pair_of_every_window():
+    rng = np.random.default_rng(5)
+    x, y = char_windows(rng.integers(0, 4, 40), 5)
+    expected = np.zeros((4, 4), dtype=int)
+    for window, following in zip(x.astype(int).tolist(), y.tolist(), strict=True):  # by hand, pair by pair
+        sequence = [*window, following]
+        for before, after in zip(sequence, sequence[1:], strict=False):
+            expected[before, after] += 1
+    assert position_counts(x, y, 4).tolist() == expected.tolist()
+
+
+def test_a_transformer_split_is_measured_at_every_position_where_label_skew_is_nearly_iid():
+    """Label skew shards the windows by the character after them: at K = 4, alpha = 0.1 that
+    character's distribution given the previous one differs by about 0.9 nats, but a sequence
+    model trains on 16 positions a window here, 15 of them unskewed."""
+    data = load_shakespeare(16, eval_windows=8).dataset
+    x, y = data.x_train[::4], data.y_train[::4]  # a quarter of the windows: the test stays fast
+    config = DiLoCoConfig(num_workers=4, iid=False, noniid_split="label", alpha=0.1, seed=0, model="transformer")
+    report = split_report(x, y, config, text=True)
+    last = split_divergence(shard_dataset(x, y, config, np.random.default_rng(0)), text=True)
+    assert report["given"] == "previous character, every position"
+    assert last > 0.5 and report["divergence"] < last / 10, (last, report)
+    mlp = split_report(x, y, config.replace(model="mlp"), text=True)
+    assert mlp["divergence"] == pytest.approx(last, rel=1e-12) and mlp["given"] == "previous character"
 
 
 def test_divergence_is_zero_for_identical_shards_and_refuses_bad_input():

@@ -1,7 +1,9 @@
 """What produced a run: package versions, interpreter, platform, seed, command line, commit, code.
 
 ``environment_record`` is what ``environment.json`` in a run folder holds;
-``git_commit`` reads (never changes) the checked-out commit. ``source_record`` is the
+``git_commit`` reads (never changes) the checked-out commit. ``kernels_record`` names the
+BLAS kernel and the NumPy SIMD extensions this CPU got: float32 runs reproduce to the last
+digit on the same ones, and only to rounding that training amplifies on others. ``source_record`` is the
 code itself: the package version and a SHA-256 over every ``.py`` file of the installed
 ``diloco`` package (names and bytes), so an editable install with uncommitted changes
 gets a new hash where the commit stays the same. ``--resume`` compares it
@@ -21,7 +23,8 @@ from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["environment_record", "git_commit", "source_record", "constraints_record", "CONSTRAINTS_FILES"]
+__all__ = ["environment_record", "git_commit", "source_record", "constraints_record", "kernels_record",
+           "CONSTRAINTS_FILES"]
 
 _OPTIONAL_PACKAGES = ("numpy", "tqdm", "matplotlib", "mnist1d", "scipy")
 
@@ -62,6 +65,33 @@ def constraints_record(project_root=None) -> dict | None:
             except OSError:
                 return {"file": name, "sha256": None}
     return None
+
+
+def kernels_record() -> dict:
+    """``{"blas", "numpy_simd"}``: the BLAS each library NumPy loaded runs (threadpoolctl's
+    ``internal_api``, ``version`` and ``architecture``; None without threadpoolctl) and the SIMD
+    extensions NumPy dispatches to on this CPU.
+
+    OpenBLAS picks its kernels when it loads, by CPU (``architecture``: "SkylakeX" with
+    AVX-512, "Haswell" without; ``OPENBLAS_CORETYPE`` overrides it). Two kernels round
+    float32 products differently, and training amplifies the difference: Fig. 9's
+    transformer runs reproduce to the last bit under the kernel they ran on, and moved by up
+    to 1% under the other (docs/results-transformer.md, "Reproducibility").
+    """
+    import numpy as np
+
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        blas = None
+    else:
+        blas = [{key: info.get(key) for key in ("internal_api", "version", "architecture")}
+                for info in threadpool_info() if info.get("user_api") == "blas"]
+    try:
+        simd = list(np.show_config(mode="dicts")["SIMD Extensions"]["found"])
+    except (KeyError, TypeError, ValueError):
+        simd = None
+    return {"blas": blas, "numpy_simd": simd}
 
 
 def git_commit(directory=None) -> str | None:
@@ -105,4 +135,5 @@ def environment_record(seed=None, argv=None) -> dict:
         "git_commit": git_commit(),
         "source": source_record(),
         "constraints": constraints_record(),
+        "kernels": kernels_record(),
     }
