@@ -230,7 +230,7 @@ class AsyncSpec(StudySpec):
                   "arms": [a._asdict() for a in study_arms]}
         banner = (f"study async (Liu et al. 2024) on {task}: {len(study_arms)} arms x {len(seeds)} seeds, "
                   f"equal simulated time {horizon} s ({config.rounds} synchronous rounds)")
-        return Plan(NAME, args.name or f"study-async-{task}", config, study_arms, seeds,
+        return Plan(NAME, f"study-async-{task}", config, study_arms, seeds,
                     check_tune_seeds(args, seeds, TUNE_SEED, count=1), tuning_steps(study_arms, config.inner.lr),
                     data, data_info, record, banner, run=run_arm, runner="async",
                     extra={"task": task, "horizon": horizon, "seeds_flag": args.seeds})

@@ -218,7 +218,7 @@ class SparseSpec(StudySpec):
         record = {"study": "sparse", "task": task, "steps_per_worker": steps, "seeds": seeds,
                   "arms": [a._asdict() for a in arms]}
         banner = f"study sparse on {task}: {len(arms)} arms x {len(seeds)} seeds, {steps} steps per worker"
-        return Plan("sparse", args.name or f"study-sparse-{task}", config, arms, seeds, tune_seeds,
+        return Plan("sparse", f"study-sparse-{task}", config, arms, seeds, tune_seeds,
                     sparse_tuning_steps(arms, config.inner.lr), data, data_info, record, banner,
                     extra={"task": task, "steps": steps, "seeds_flag": args.seeds,
                            "num_samples": getattr(args, "num_samples", None)})

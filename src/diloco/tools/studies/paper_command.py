@@ -119,7 +119,7 @@ class PaperSpec(StudySpec):
         banner = (f"study {study.name} ({study.reference}) on {task}: {len(arms)} arms x {len(seeds)} seeds, "
                   f"{steps} steps per worker" + (f", tuned on seeds {tune_seeds}" if tuning else ""))
         expected = len(arms) * len(seeds) + sum(len(t.grid) * len(t.groups) for t in tuning) * len(tune_seeds)
-        return Plan(study.name, args.name or f"study-{study.name}-{task}", config, arms, seeds, tune_seeds, tuning,
+        return Plan(study.name, f"study-{study.name}-{task}", config, arms, seeds, tune_seeds, tuning,
                     data, data_info, record, banner, expected_runs=expected,
                     extra={"task": task, "steps": steps, "values": values})
 
