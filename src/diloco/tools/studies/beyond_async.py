@@ -315,10 +315,10 @@ def render_block(summary: dict, export="docs/assets/results") -> str:
 
 
 def _tuning_text(summary: dict) -> str:
-    """The grids and choices (``results_page.render_tuning``), or that nothing was tuned."""
+    """The grids and choices (``tuning_table.render_tuning``), or that nothing was tuned."""
     if not summary.get("tuning"):
         return "\nNot tuned: every arm at the study's inner lr and the outer lr and momentum of the config.\n"
-    from diloco.tools.studies.results_page import render_tuning
+    from diloco.tools.studies.tuning_table import render_tuning
 
     return render_tuning(summary)
 

@@ -369,7 +369,7 @@ def render_section(summary: dict, export="docs/assets/results") -> str:
                      for r in summary["tuning"] if r["setting"] == key and r["optimizer"] == optimizer]
             lines.append(f"| {key} | {optimizer} | {', '.join(cells)} |")
     if summary.get("outer_tuning"):
-        from diloco.tools.studies.results_page import render_tuning
+        from diloco.tools.studies.tuning_table import render_tuning
 
         grid = render_tuning({"tune_seeds": summary["tune_seeds"], "tuning": summary["outer_tuning"]})
         lines += ["", "Then each DiLoCo arm's outer step, and its inner lr again at the chosen outer step "

@@ -71,8 +71,8 @@ from diloco.tools.studies.paper_runs import (
     write_study,
 )
 from diloco.tools.studies.paper_studies import Arm, Claim
-from diloco.tools.studies.results_page import render_tuning
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.tuning_table import render_tuning
 
 __all__ = ["TASKS", "K", "H", "FP4_BLOCK", "tensor_shapes", "fp4_round_bytes", "sparse_round_bytes",
            "matched_density", "sparse_arms", "sparse_claims", "SparseSpec", "run_sparse_study", "render_bytes_table",
