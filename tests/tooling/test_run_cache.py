@@ -81,3 +81,30 @@ def test_a_diverged_runs_nan_loss_comes_back_a_nan_not_a_null(tmp_path):
     stored = cache.get("k")
     assert math.isnan(stored["eval_loss"]) and math.isnan(stored["best_eval_loss"]), "a tuning mean must not see None"
     assert stored["arm"] is None, "only the metrics are revived"
+
+
+def test_a_reference_engine_run_is_keyed_on_the_learners_sources_and_a_fast_one_is_not(monkeypatch):
+    reference, fast = BASE.replace(engine="reference"), BASE.replace(engine="fast")
+    before = RunCache.key("diloco", reference, 0, DATA), RunCache.key("diloco", fast, 0, DATA)
+    monkeypatch.setattr(run_cache, "learner_sources", lambda: "a milestone body changed")
+    after = RunCache.key("diloco", reference, 0, DATA), RunCache.key("diloco", fast, 0, DATA)
+    assert after[0] != before[0], "a fixed milestone retrains the runs that ran it"
+    assert after[1] == before[1], "the fast engine does not run the milestone bodies"
+
+
+def test_the_learners_sources_are_the_milestone_and_exercise_modules(tmp_path, monkeypatch):
+    import importlib.util
+
+    run_cache.learner_sources.cache_clear()
+    digest = run_cache.learner_sources()
+    real = importlib.util.find_spec
+    for module in ("loop", "core.quantize"):  # a milestone module, an exercise module
+        edited = tmp_path / f"{module}.py"
+        edited.write_bytes(real(f"diloco.{module}").loader.get_data(real(f"diloco.{module}").origin) + b"# fixed\n")
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, m=module, e=edited: (
+            type("Spec", (), {"origin": str(e)}) if name == f"diloco.{m}" else real(name)))
+        run_cache.learner_sources.cache_clear()
+        assert run_cache.learner_sources() != digest, module
+        monkeypatch.undo()
+    run_cache.learner_sources.cache_clear()
+    assert run_cache.learner_sources() == digest

@@ -124,3 +124,11 @@ def test_a_family_study_run_again_reads_every_run_back_and_replays_its_rounds(tm
     assert len(lines[0]) == len(lines[1]) == 2 * 2 * 2, "every evaluation round, replayed from the cache the 2nd time"
     results = [json.loads(line) for line in (two / "results.jsonl").read_text().splitlines()]
     assert all(r["cached"] for r in results), "the second command trains nothing"
+
+
+def test_a_study_stopped_before_its_first_run_says_nothing_was_kept_and_how_to_start_again(tmp_path, capsys,
+                                                                                          monkeypatch):
+    _stop_after(monkeypatch, 0)
+    status, _, err = run_cli([*FIG9, "--runs-dir", tmp_path], capsys)
+    assert status == 130
+    assert "no run had finished; start it again with:" in err.strip().splitlines()[-1], err

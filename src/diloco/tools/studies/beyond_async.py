@@ -230,7 +230,7 @@ class AsyncSpec(StudySpec):
                   "arms": [a._asdict() for a in study_arms]}
         banner = (f"study async (Liu et al. 2024) on {task}: {len(study_arms)} arms x {len(seeds)} seeds, "
                   f"equal simulated time {horizon} s ({config.rounds} synchronous rounds)")
-        return Plan(NAME, args.name or f"study-async-{task}", config, study_arms, seeds,
+        return Plan(NAME, f"study-async-{task}", config, study_arms, seeds,
                     check_tune_seeds(args, seeds, TUNE_SEED, count=1), tuning_steps(study_arms, config.inner.lr),
                     data, data_info, record, banner, run=run_arm, runner="async",
                     extra={"task": task, "horizon": horizon, "seeds_flag": args.seeds})
@@ -315,10 +315,10 @@ def render_block(summary: dict, export="docs/assets/results") -> str:
 
 
 def _tuning_text(summary: dict) -> str:
-    """The grids and choices (``results_page.render_tuning``), or that nothing was tuned."""
+    """The grids and choices (``tuning_table.render_tuning``), or that nothing was tuned."""
     if not summary.get("tuning"):
         return "\nNot tuned: every arm at the study's inner lr and the outer lr and momentum of the config.\n"
-    from diloco.tools.studies.results_page import render_tuning
+    from diloco.tools.studies.tuning_table import render_tuning
 
     return render_tuning(summary)
 

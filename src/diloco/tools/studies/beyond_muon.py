@@ -280,7 +280,7 @@ class MuonSpec(StudySpec):
         arms = 2 * len(ks) + 2 + (2 if COMPRESSION_K in ks else 0)
         expected = (len(ks) + 1) * (len(grids["adamw"]) + len(grids["muon"])) * len(tune_seeds) + arms * len(seeds)
         fixed = getattr(args, "outer_lr", None) is not None or getattr(args, "outer_momentum", None) is not None
-        return Plan("muon", args.name or f"study-muon-{task}", base, [], seeds, tune_seeds, [], data, data_info,
+        return Plan("muon", f"study-muon-{task}", base, [], seeds, tune_seeds, [], data, data_info,
                     record, f"study muon (MuLoCo) on {task}: K in {list(ks)}, {len(seeds)} seeds, {steps} steps "
                     f"per worker", expected_runs=expected,
                     extra={"task": task, "steps": steps, "ks": ks, "muon": muon, "grids": grids,
@@ -369,7 +369,7 @@ def render_section(summary: dict, export="docs/assets/results") -> str:
                      for r in summary["tuning"] if r["setting"] == key and r["optimizer"] == optimizer]
             lines.append(f"| {key} | {optimizer} | {', '.join(cells)} |")
     if summary.get("outer_tuning"):
-        from diloco.tools.studies.results_page import render_tuning
+        from diloco.tools.studies.tuning_table import render_tuning
 
         grid = render_tuning({"tune_seeds": summary["tune_seeds"], "tuning": summary["outer_tuning"]})
         lines += ["", "Then each DiLoCo arm's outer step, and its inner lr again at the chosen outer step "

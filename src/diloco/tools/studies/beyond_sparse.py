@@ -71,8 +71,8 @@ from diloco.tools.studies.paper_runs import (
     write_study,
 )
 from diloco.tools.studies.paper_studies import Arm, Claim
-from diloco.tools.studies.results_page import render_tuning
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.tuning_table import render_tuning
 
 __all__ = ["TASKS", "K", "H", "FP4_BLOCK", "tensor_shapes", "fp4_round_bytes", "sparse_round_bytes",
            "matched_density", "sparse_arms", "sparse_claims", "SparseSpec", "run_sparse_study", "render_bytes_table",
@@ -218,7 +218,7 @@ class SparseSpec(StudySpec):
         record = {"study": "sparse", "task": task, "steps_per_worker": steps, "seeds": seeds,
                   "arms": [a._asdict() for a in arms]}
         banner = f"study sparse on {task}: {len(arms)} arms x {len(seeds)} seeds, {steps} steps per worker"
-        return Plan("sparse", args.name or f"study-sparse-{task}", config, arms, seeds, tune_seeds,
+        return Plan("sparse", f"study-sparse-{task}", config, arms, seeds, tune_seeds,
                     sparse_tuning_steps(arms, config.inner.lr), data, data_info, record, banner,
                     extra={"task": task, "steps": steps, "seeds_flag": args.seeds,
                            "num_samples": getattr(args, "num_samples", None)})

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diloco.tools.studies.results_page import TASKS, load_summaries
+from diloco.tools.studies.summaries import TASKS, load_summaries
 
 __all__ = ["TRANSFORMER_HEADLINE", "MLP_HEADLINE", "TIERS", "token_unit", "tokens_per_step", "arm_tokens",
            "claim_index", "every_claim", "headline_claims", "plot_claim", "render_claim_costs", "write_plots",

@@ -136,9 +136,9 @@ def render_family_claims(claims: list) -> str:
 
 def render_family_block(summary: dict) -> str:
     """The Markdown of one family study's file: its table, its claims, its tuning grid (the paper
-    studies' printout, ``results_page.render_tuning``; empty when nothing was tuned)."""
+    studies' printout, ``tuning_table.render_tuning``; empty when nothing was tuned)."""
     from diloco.tools.studies.family_tables import bandwidth_table, compression_table, streaming_table
-    from diloco.tools.studies.results_page import render_tuning
+    from diloco.tools.studies.tuning_table import render_tuning
 
     study, rows, outcomes = summary["study"], summary["rows"], summary["outcomes"]
     if study == "compression":

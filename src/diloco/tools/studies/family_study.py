@@ -44,7 +44,6 @@ from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.family_flags import build_family
 from diloco.tools.cli.flags import build_config, load_dataset
 from diloco.tools.cli.run_setup import check_plotting, max_loss_flag, study_values
-from diloco.tools.runs.folders import atomic_write_text, write_json
 from diloco.tools.studies.ablations import Study, default_engine, mean_curves, summarise
 from diloco.tools.studies.family_report import family_claims, judge_family_claims, render_family_block
 from diloco.tools.studies.family_tables import (
@@ -53,7 +52,7 @@ from diloco.tools.studies.family_tables import (
     plot_time_to_target,
     time_to_target,
 )
-from diloco.tools.studies.paper_runs import INNER_LR, TuneStep, outer_step_grid, tune_arms
+from diloco.tools.studies.paper_runs import INNER_LR, TuneStep, outer_step_grid, tune_arms, write_study
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_tune_seeds, run_spec
 
 __all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_study", "time_to_target", "paired_difference",
@@ -323,24 +322,16 @@ class FamilySpec(StudySpec):
         return summary
 
     def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
-        study, run_dir, config = self.study, done.run_dir, plan.config
-        write_json(run_dir / "summary.json", summary)
-        table = render_family_block(summary)
-        export = getattr(args, "export", None)
-        if export:
-            Path(export).mkdir(parents=True, exist_ok=True)
-            write_json(Path(export) / f"family-{study.name}.json", summary)
-        base = {k: v for k, v in config.to_dict().items() if k != "inner"}
-        atomic_write_text(run_dir / "study.md", (
-            f"# Study {study.name}: {study.title}\n\nClaim tested: {study.claim}.\n\n"
-            f"Data: {plan.data_info['name']} ({plan.data_info['num_train']} train / {plan.data_info['num_test']} "
-            f"held-out). Seeds: {plan.seeds}. Base config: `{json.dumps(base)}`; family flags "
-            f"`{json.dumps(plan.extra['family'].to_dict())}`.\n\n"
-            f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n{table}"))
+        study, info, export = self.study, plan.data_info, getattr(args, "export", None)
+        base = {k: v for k, v in plan.config.to_dict().items() if k != "inner"}
+        preface = (f"Claim tested: {study.claim}.\n\nData: {info['name']} ({info['num_train']} train / "
+                   f"{info['num_test']} held-out). Seeds: {plan.seeds}. Base config: `{json.dumps(base)}`; family "
+                   f"flags `{json.dumps(plan.extra['family'].to_dict())}`.\n\n"
+                   f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n")
+        write_study(done.run_dir, summary, f"Study {study.name}: {study.title}", render_family_block(summary), export,
+                    f"family-{study.name}", plots=False, preface=preface)
         if not args.no_plots:
             _plots(study, summary, plan, done, export)
-        print(table, end="")
-        print(f"run folder: {run_dir}")
 
 
 def _plots(study, summary: dict, plan: Plan, done: Done, export) -> None:

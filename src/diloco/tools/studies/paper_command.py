@@ -19,8 +19,6 @@ and ``.png``: the files ``docs/results.md`` quotes.
 
 from __future__ import annotations
 
-import numpy as np
-
 from diloco.config import AdamWConfig
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, load_dataset
@@ -28,13 +26,13 @@ from diloco.tools.cli.run_setup import check_plotting, split_values
 from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     judge_claims,
-    metric_of,
     render_arms_table,
     render_claims_table,
     summarise_arms,
 )
 from diloco.tools.studies.paper_runs import parse_numbers, write_study
 from diloco.tools.studies.paper_studies import PAPER_STUDIES, TASKS, H, K, tuning_steps, with_warmup
+from diloco.tools.studies.plots import plot_paper_study, plot_scaling_gap  # re-exported: where they were
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
 
 __all__ = ["PaperSpec", "run_paper_study", "plot_paper_study", "plot_scaling_gap", "TUNE_SEED_BASE"]
@@ -119,7 +117,7 @@ class PaperSpec(StudySpec):
         banner = (f"study {study.name} ({study.reference}) on {task}: {len(arms)} arms x {len(seeds)} seeds, "
                   f"{steps} steps per worker" + (f", tuned on seeds {tune_seeds}" if tuning else ""))
         expected = len(arms) * len(seeds) + sum(len(t.grid) * len(t.groups) for t in tuning) * len(tune_seeds)
-        return Plan(study.name, args.name or f"study-{study.name}-{task}", config, arms, seeds, tune_seeds, tuning,
+        return Plan(study.name, f"study-{study.name}-{task}", config, arms, seeds, tune_seeds, tuning,
                     data, data_info, record, banner, expected_runs=expected,
                     extra={"task": task, "steps": steps, "values": values})
 
@@ -155,74 +153,3 @@ class PaperSpec(StudySpec):
 def run_paper_study(args) -> int:
     """``diloco study <paper study>``: its spec through the one runner."""
     return run_spec(PaperSpec(PAPER_STUDIES[args.study]), args)
-
-
-def plot_paper_study(summary: dict):
-    """Two panels: the headline metric against steps per worker (mean over seeds, one
-    line per arm), and each arm's final value with its 95% interval."""
-    from matplotlib.figure import Figure
-
-    field, name = metric_of(summary["task"])
-    to_metric = np.exp if field == "eval_perplexity" else (lambda v: v)
-    from diloco.tools.studies.plots import log_where_decades
-
-    fig = Figure(figsize=(12, 4.4), layout="constrained")
-    curves, finals = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-    xs, ys = [], []
-    shown = name.removeprefix("held-out ")
-    for row in summary["rows"]:
-        steps = [point[0] for point in row["curve"]]
-        values = to_metric(np.array([point[1] for point in row["curve"]]))
-        curves.plot(steps, values, label=row["arm"],
-                    linestyle="--" if row["algo"] == "sync" else "-", marker="o" if len(steps) <= 3 else None)
-        xs, ys = xs + steps, ys + list(values)
-    # Arms of 5,000 and 40,000 steps, a perplexity from 27 down to 6: log axes, or the curves hug a corner.
-    log_x = log_where_decades(curves, "x", xs, at_least=2.0)
-    log_y = log_where_decades(curves, "y", ys, at_least=0.5)
-    curves.set_xlabel("inner steps per worker" + (" (log scale)" if log_x else ""))
-    curves.set_ylabel(f"held-out {shown}" + (" (log scale)" if log_y else ""))
-    curves.legend(fontsize=7)
-    labels = [row["arm"] for row in summary["rows"]]
-    means = [row[field]["mean"] for row in summary["rows"]]
-    errors = [row[field]["half_width"] for row in summary["rows"]]
-    finals.barh(range(len(labels)), means, xerr=errors, color="tab:blue", alpha=0.7)
-    finals.set_yticks(range(len(labels)), labels, fontsize=7)
-    finals.invert_yaxis()
-    low = min(m - e for m, e in zip(means, errors, strict=True))
-    high = max(m + e for m, e in zip(means, errors, strict=True))
-    finals.set_xlim(low - 0.1 * (high - low + 1e-9), high + 0.1 * (high - low + 1e-9))
-    finals.set_xlabel(f"final held-out {shown}, mean and 95% CI over {len(summary['seeds'])} seeds")
-    budget = (f"{summary['steps_per_worker']} steps per worker" if "steps_per_worker" in summary
-              else "at equal simulated time" if "horizon_seconds" in summary else "")
-    fig.suptitle(f"{summary['reference']}: {summary['title']}\n"
-                 + ", ".join(part for part in (summary["task"], budget) if part), fontsize=10)
-    return fig
-
-
-def plot_scaling_gap(summary: dict):
-    """The scaling study: DiLoCo's final held-out loss minus data parallelism's, seed by seed
-    (mean and 95% interval), against the hidden width, one line per K."""
-    from matplotlib.figure import Figure
-
-    from diloco.tools.studies.study_stats import mean_interval
-
-    rows = {row["arm"]: row for row in summary["rows"]}
-    widths = sorted({int(label.rsplit("=", 1)[1]) for label in rows if label.startswith("DP")})
-    fig = Figure(figsize=(6.5, 4.2))
-    ax = fig.add_subplot()
-    for k in sorted({int(label.split()[0][2:]) for label in rows if label.startswith("K=")}):
-        means, errors = [], []
-        for width in widths:
-            dp, arm = rows.get(f"DP w={width}"), rows.get(f"K={k} w={width}")
-            gap = mean_interval(np.subtract(arm["per_seed_eval_loss"], dp["per_seed_eval_loss"]))
-            means.append(gap["mean"])
-            errors.append(gap["half_width"])
-        ax.errorbar(widths, means, yerr=errors, marker="o", capsize=3, label=f"DiLoCo K={k}")
-    ax.axhline(0.0, color="grey", linewidth=0.8)
-    ax.set(xscale="log", xlabel="hidden width", ylabel="held-out loss, DiLoCo minus data parallelism",
-           title=f"Gap to data parallelism at a fixed token budget ({len(summary['seeds'])} seeds)")
-    ax.minorticks_off()
-    ax.set_xticks(widths, [str(w) for w in widths])
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig

@@ -313,14 +313,13 @@ def write_study(run_dir: Path, summary: dict, title: str, table: str, export, ex
                 plots: bool = True, figure=None, preface: str = "") -> None:
     """A study's outputs: ``summary.json``, ``study.md`` (``# title``, ``preface``, then ``table``) and,
     with ``plots``, ``study.png`` (``figure(summary)``; by default each arm's curve and final value,
-    ``diloco.tools.studies.paper_command.plot_paper_study``) in ``run_dir``; with ``export``
+    ``diloco.tools.studies.plots.plot_paper_study``) in ``run_dir``; with ``export``
     (a folder, or None) also ``export/<export_name>.json`` (and, with ``plots`` and a
     ``figure`` given, the plot as ``.png``); then the table and the run folder on standard output."""
     write_json(run_dir / "summary.json", summary)
     atomic_write_text(run_dir / "study.md", f"# {title}\n\n{preface}{table}")
     if plots:
-        from diloco.tools.studies.paper_command import plot_paper_study
-        from diloco.tools.studies.plots import save_figure
+        from diloco.tools.studies.plots import plot_paper_study, save_figure
 
         save_figure((figure or plot_paper_study)(summary), run_dir / "study.png")
     if export:

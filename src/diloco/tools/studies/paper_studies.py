@@ -436,11 +436,6 @@ def _scaling_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "lab
     return arms
 
 
-def _scaling_probe(arm: Arm) -> str:
-    """Each width's inner lr is tuned on its data-parallel arm and used for every K."""
-    return f"DP w={arm.label.rsplit('=', 1)[1]}"
-
-
 def _scaling_claims(arms) -> list:
     widths = sorted({int(a.label.rsplit("=", 1)[1]) for a in arms})
     if len(widths) < 2:

@@ -9,6 +9,8 @@ returned figure displays itself).
   (log axis), one line per algorithm, all on the same axes.
 * ``plot_study``: a study's final held-out loss and accuracy per variant, mean with a
   95% interval over seeds.
+* ``plot_paper_study``: a paper study's mean curves and final values, and
+  ``plot_scaling_gap``: the scaling study's gap to data parallelism against width.
 * ``log_where_decades``: an axis goes to a log scale when its data spans decades (a loss
   from 2.3 down to 0.05, steps from 50 to 40,000), so no curve is squashed into a corner.
 """
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 __all__ = ["require_matplotlib", "plot_curves", "plot_study", "save_figure", "save_run_plots", "log_where_decades",
-           "decades", "study_curve_axis"]
+           "decades", "study_curve_axis", "plot_paper_study", "plot_scaling_gap"]
 
 def study_curve_axis(study: str) -> str:
     """The x axis of a study's curves: bytes where the study varies what is sent, steps otherwise."""
@@ -208,4 +212,75 @@ def plot_study(rows: list, *, title: str = "", xlabel: str = "variant"):
         axes[1].set_ylim(max(0.0, min(accuracies) - 0.05), 1.0)
     if title:
         fig.suptitle(title)
+    return fig
+
+
+def plot_paper_study(summary: dict):
+    """Two panels: the headline metric against steps per worker (mean over seeds, one
+    line per arm), and each arm's final value with its 95% interval."""
+    from matplotlib.figure import Figure
+
+    from diloco.tools.studies.paper_report import metric_of
+
+    field, name = metric_of(summary["task"])
+    to_metric = np.exp if field == "eval_perplexity" else (lambda v: v)
+    fig = Figure(figsize=(12, 4.4), layout="constrained")
+    curves, finals = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    xs, ys = [], []
+    shown = name.removeprefix("held-out ")
+    for row in summary["rows"]:
+        steps = [point[0] for point in row["curve"]]
+        values = to_metric(np.array([point[1] for point in row["curve"]]))
+        curves.plot(steps, values, label=row["arm"],
+                    linestyle="--" if row["algo"] == "sync" else "-", marker="o" if len(steps) <= 3 else None)
+        xs, ys = xs + steps, ys + list(values)
+    # Arms of 5,000 and 40,000 steps, a perplexity from 27 down to 6: log axes, or the curves hug a corner.
+    log_x = log_where_decades(curves, "x", xs, at_least=2.0)
+    log_y = log_where_decades(curves, "y", ys, at_least=0.5)
+    curves.set_xlabel("inner steps per worker" + (" (log scale)" if log_x else ""))
+    curves.set_ylabel(f"held-out {shown}" + (" (log scale)" if log_y else ""))
+    curves.legend(fontsize=7)
+    labels = [row["arm"] for row in summary["rows"]]
+    means = [row[field]["mean"] for row in summary["rows"]]
+    errors = [row[field]["half_width"] for row in summary["rows"]]
+    finals.barh(range(len(labels)), means, xerr=errors, color="tab:blue", alpha=0.7)
+    finals.set_yticks(range(len(labels)), labels, fontsize=7)
+    finals.invert_yaxis()
+    low = min(m - e for m, e in zip(means, errors, strict=True))
+    high = max(m + e for m, e in zip(means, errors, strict=True))
+    finals.set_xlim(low - 0.1 * (high - low + 1e-9), high + 0.1 * (high - low + 1e-9))
+    finals.set_xlabel(f"final held-out {shown}, mean and 95% CI over {len(summary['seeds'])} seeds")
+    budget = (f"{summary['steps_per_worker']} steps per worker" if "steps_per_worker" in summary
+              else "at equal simulated time" if "horizon_seconds" in summary else "")
+    fig.suptitle(f"{summary['reference']}: {summary['title']}\n"
+                 + ", ".join(part for part in (summary["task"], budget) if part), fontsize=10)
+    return fig
+
+
+def plot_scaling_gap(summary: dict):
+    """The scaling study: DiLoCo's final held-out loss minus data parallelism's, seed by seed
+    (mean and 95% interval), against the hidden width, one line per K."""
+    from matplotlib.figure import Figure
+
+    from diloco.tools.studies.study_stats import mean_interval
+
+    rows = {row["arm"]: row for row in summary["rows"]}
+    widths = sorted({int(label.rsplit("=", 1)[1]) for label in rows if label.startswith("DP")})
+    fig = Figure(figsize=(6.5, 4.2))
+    ax = fig.add_subplot()
+    for k in sorted({int(label.split()[0][2:]) for label in rows if label.startswith("K=")}):
+        means, errors = [], []
+        for width in widths:
+            dp, arm = rows.get(f"DP w={width}"), rows.get(f"K={k} w={width}")
+            gap = mean_interval(np.subtract(arm["per_seed_eval_loss"], dp["per_seed_eval_loss"]))
+            means.append(gap["mean"])
+            errors.append(gap["half_width"])
+        ax.errorbar(widths, means, yerr=errors, marker="o", capsize=3, label=f"DiLoCo K={k}")
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set(xscale="log", xlabel="hidden width", ylabel="held-out loss, DiLoCo minus data parallelism",
+           title=f"Gap to data parallelism at a fixed token budget ({len(summary['seeds'])} seeds)")
+    ax.minorticks_off()
+    ax.set_xticks(widths, [str(w) for w in widths])
+    ax.legend(fontsize=8)
+    fig.tight_layout()
     return fig

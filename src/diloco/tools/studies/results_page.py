@@ -27,7 +27,6 @@ to hold exactly that, so no number on the page can drift from the files.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -38,47 +37,21 @@ from diloco.tools.studies.paper_report import (
     render_arms_table,
     render_claims_table,
     render_paper_table,
-    verdict,
 )
-from diloco.tools.studies.paper_runs import FEEDBACK_DECAY
-from diloco.tools.studies.paper_studies import claim_setting
+from diloco.tools.studies.summaries import (  # re-exported: the page's names, where they were
+    FAMILY_ORDER,
+    ORDER,
+    STUDY_TASKS,
+    TASKS,
+    TRANSFORMER_ORDER,
+    load_summaries,
+)
+from diloco.tools.studies.tuning_table import render_tuning  # re-exported
 
-__all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "BLOCK",
-           "load_summaries", "render_block", "block_names", "rebuild", "main"]
+__all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "TRANSFORMER_ORDER", "BLOCK",
+           "load_summaries", "render_block", "render_tuning", "block_names", "rebuild", "main"]
 
-ORDER = ["table2", "fig4", "fig6", "table3", "fig8", "fig9", "splits", "scaling"]
-# docs/results-transformer.md: the same summaries' names in their own folder (assets/results/transformer)
-TRANSFORMER_ORDER = ["table2", "fig9", "splits", "inner-muon", "fragments"]
-TASKS = ["shakespeare", "mnist1d"]
-STUDY_TASKS = {study: TASKS for study in ORDER} | {"scaling": ["shakespeare"]}  # what make results runs
-FAMILY_ORDER = ["compression", "streaming", "bandwidth"]  # docs/results-family.md: family-<study>.json
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
-
-
-def load_summaries(directory) -> dict:
-    """``{(study, task): summary}`` for every ``<study>-<task>.json`` in ``directory``.
-
-    Each claim's verdict is judged again from its stored paired interval by today's rule
-    (``paper_report.verdict``), so a file written under an older vocabulary renders in the
-    page's words, and its text names non-IID shards as ``paper_studies.claim_setting`` does.
-    """
-    summaries = {}
-    record = Path(directory) / "make-results.json"
-    if record.is_file():
-        summaries["make-results"] = json.loads(record.read_text(encoding="utf-8"))
-    for path in sorted(Path(directory).glob("*.json")):
-        study, _, task = path.stem.rpartition("-")
-        if study == "family" and task in FAMILY_ORDER:
-            summaries[("family", task)] = json.loads(path.read_text(encoding="utf-8"))
-            continue
-        if (study in ORDER or study in TRANSFORMER_ORDER) and task in TASKS:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-            for claim in summary.get("claims", []):
-                claim["verdict"] = verdict(claim["metric_difference"], claim.get("margin"))
-                if study in ("table3", "fig8"):  # one claim across the tasks, whichever split each uses
-                    claim["text"] = claim_setting(claim["text"])
-            summaries[(study, task)] = summary
-    return summaries
 
 
 def _similarity(summaries: dict) -> str:
@@ -190,62 +163,6 @@ def render_block(name: str, summaries: dict) -> str:
     if summary is None:
         return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"
     return render_arms_table(summary) + "\n" + render_claims_table(summary) + render_tuning(summary)
-
-
-# A joint grid's fields, as its pairs are printed (``lr/mu``).
-SHORT_FIELDS = {"outer_lr": "lr", "outer_momentum": "mu", FEEDBACK_DECAY: "beta"}
-
-
-def render_tuning(summary: dict) -> str:
-    """The tuning grid: per tuning step, field and probe arm, the mean final held-out loss at
-    each value on the tuning seeds, the chosen value in bold, and the arms that took it.
-    A joint field (the outer lr x momentum grid) prints each pair as ``lr/mu``."""
-    if not summary.get("tuning"):
-        return ""
-    groups: dict = {}
-    for entry in summary["tuning"]:
-        field = tuple(entry["field"]) if isinstance(entry["field"], list) else entry["field"]
-        groups.setdefault((entry.get("step", 0), field, entry["arm"]), []).append(entry)
-    lines = ["", f"Tuning grid (final held-out loss, tuning seed(s) {summary['tune_seeds']}, which are not "
-                 "reported seeds; chosen in bold: the grid's lowest):", ""]
-    inner_passes: dict = {}
-    for (_step, field, probe), entries in groups.items():
-        entries = sorted(entries, key=lambda e: e["value"])
-        cells = ", ".join(f"**{_value_text(e['value'])}: {e['eval_loss']:.3f}**" if e.get("chosen") else
-                          f"{_value_text(e['value'])}: {e['eval_loss']:.3f}" for e in entries)
-        targets = entries[0].get("targets", [probe])
-        used = "" if targets == [probe] else f" (used by {', '.join(targets)})"
-        inner_passes[(field, probe)] = inner_passes.get((field, probe), 0) + 1
-        again = ", again at the chosen outer step" if inner_passes[(field, probe)] > 1 else ""
-        lines.append(f"- {_field_text(field)} of {probe}{used}{again}: {cells}{_edge_note(field, entries)}")
-    return "\n".join(lines) + "\n"
-
-
-def _edge_note(field, entries: list) -> str:
-    """For a joint grid: which of the chosen pair's values is the largest or smallest tried,
-    since a value past it was not (a study that tries its grid as it is, or whose extension
-    reached its limit or the end of its ladder)."""
-    chosen = [e["value"] for e in entries if e.get("chosen")]
-    if not isinstance(field, tuple) or not chosen:
-        return ""
-    edges = []
-    for i, name in enumerate(field):
-        values = sorted({e["value"][i] for e in entries})
-        short = SHORT_FIELDS.get(name, name)
-        if len(values) > 1 and chosen[0][i] in (values[0], values[-1]):
-            edges.append(f"{short} {chosen[0][i]:g} is its {'largest' if chosen[0][i] == values[-1] else 'smallest'}")
-    return f" (chosen at the grid's edge: {', '.join(edges)})" if edges else ""
-
-
-def _field_text(field) -> str:
-    if isinstance(field, tuple):
-        return " x ".join(f.replace("_", " ") for f in field) + " (" + "/".join(
-            SHORT_FIELDS.get(f, f) for f in field) + ")"
-    return field.replace("_", " ")
-
-
-def _value_text(value) -> str:
-    return "/".join(f"{v:g}" for v in value) if isinstance(value, list | tuple) else f"{value:g}"
 
 
 def block_names(page: str) -> list:

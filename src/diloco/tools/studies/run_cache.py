@@ -8,7 +8,10 @@ compared field by field. A field added later with a default changes no stored ke
 every stored run keeps hitting; a field set away from its default changes the key. A
 change that alters what a stored run would give (the maths, ``outcome_of``'s fields, a
 default's value) bumps ``CACHE_VERSION`` instead, and every stored run is then trained
-again.
+again. A run on the reference engine also carries ``code_version``: a hash of the sources a
+learner writes (the milestone and exercise modules), which that engine runs, so a run
+stored before a milestone body changed is trained again (in a learner workspace, after
+every fix to a milestone).
 
 Runs stored under the first key (the whole ``config.to_dict()``, no version) are still
 found: ``RunCache.get`` looks the legacy key up when the key misses and copies a hit to
@@ -17,13 +20,15 @@ its new name.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 
 from diloco.tools.runs.atomic_files import write_json
 
-__all__ = ["CACHE_VERSION", "RunCache", "config_changes"]
+__all__ = ["CACHE_VERSION", "RunCache", "config_changes", "code_version"]
 
 # Bump on any change that makes a stored outcome stale: the training maths, the fields of
 # ``paper_runs.outcome_of``, a config default's value (the key stores only the changes from it).
@@ -56,6 +61,27 @@ def config_changes(config) -> dict:
     return _changes(config.to_dict(), type(config)().to_dict()) or {}
 
 
+@functools.lru_cache(maxsize=1)
+def learner_sources() -> str:
+    """A hash of the modules a learner writes: the milestone modules and the exercises' (each
+    module's path under ``diloco`` and its bytes)."""
+    from diloco.exercises import exercise_functions
+    from diloco.milestones import MILESTONES
+
+    modules = sorted({m.module for m in MILESTONES} | {module for module, _ in exercise_functions()})
+    digest = hashlib.sha256()
+    for module in modules:
+        spec = importlib.util.find_spec(f"diloco.{module}")
+        digest.update(module.encode("utf-8") + b"\0" + Path(spec.origin).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def code_version(config) -> str | None:
+    """``learner_sources()`` for a run on the reference engine (it runs those functions), None
+    for the fast engine (its maths is versioned by ``CACHE_VERSION``)."""
+    return learner_sources() if config.engine == "reference" else None
+
+
 def _digest(record: dict) -> str:
     text = json.dumps(record, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
@@ -77,9 +103,12 @@ class RunCache:
     @staticmethod
     def key(algo: str, config, seed: int, data_key, runner: str | None = None) -> str:
         """The file name of a run: a hash of ``CACHE_VERSION``, the algorithm, the config's
-        changes from its defaults, the seed, the data and (when given) the runner's name."""
+        changes from its defaults, the seed, the data, the ``code_version`` (reference engine)
+        and (when given) the runner's name."""
         record = {"version": CACHE_VERSION, "algo": algo, "changes": config_changes(config), "seed": int(seed),
                   "data": data_key}
+        code = code_version(config)
+        record = record if code is None else {**record, "code": code}
         return _digest(record if runner is None else {**record, "runner": runner})
 
     @staticmethod

@@ -50,7 +50,7 @@ class Plan(NamedTuple):
     """A study as its spec made it from the flags: everything the runner needs to run it."""
 
     name: str  # the study ("table2", "sparse"): the run folder's default name and the progress label
-    folder: str  # the run folder's name (``--name`` replaces it)
+    folder: str  # the run folder's default name (``--name`` replaces it, ``run_setup.start_run``)
     config: object  # DiLoCoConfig: the base every arm changes
     arms: list  # Arm-like NamedTuples (label, algo, changes)
     seeds: list
@@ -61,7 +61,7 @@ class Plan(NamedTuple):
     record: dict  # config.json's fields besides the config and the data
     banner: str  # the first line printed (not with -q)
     run: Callable | None = None  # trains one (arm, base, seed, dataset) -> outcome; None: paper_runs.run_arm
-    runner: str | None = None  # the run cache's name for ``run`` (None: run_arm's runs)
+    runner: str | None = None  # the run cache's name for ``run``'s runs (None: the study's name)
     expected_runs: int = 0  # the progress bar's total (tuning runs before any extension included)
     extra: dict | None = None  # whatever the spec's summary needs besides
     label_key: str = "arm"  # the outcome's field naming its arm
@@ -185,6 +185,14 @@ def _again(cache: RunCache) -> str:
     return f"the same diloco study command (it reads them from {shown_path(cache.directory)})"
 
 
+def _kept(finished: int, cache: RunCache) -> str:
+    """The interrupt line's end: what is kept, and the command that goes on from it."""
+    if not finished:
+        return f"no run had finished; start it again with: {_again(cache)}"
+    return f"{finished} finished run(s) of the study are kept in the run cache; continue from there with: " \
+           f"{_again(cache)}"
+
+
 class _Progress:
     """``results.jsonl`` one line per finished run, the progress bar, the runs counted."""
 
@@ -240,9 +248,7 @@ def run_spec(spec: StudySpec, args) -> int:
             except (TypeError, ValueError) as exc:
                 raise CliError(f"study {plan.name}: {exc}") from None
             except KeyboardInterrupt as exc:
-                finished = len(progress.tuned) + len(progress.outcomes)
-                exc.kept = (f"{finished} finished run(s) of the study are kept in the run cache; continue "
-                            f"from there with: {_again(cache)}")
+                exc.kept = _kept(len(progress.tuned) + len(progress.outcomes), cache)
                 raise
     finally:
         progress.close()
