@@ -61,7 +61,9 @@ class GradeReport(NamedTuple):
 
     ``sandbox`` names the protections the graded code ran under (``diloco.tools.sandbox.box``);
     empty when it ran inside the test process (local mode, ``--trust-submission``).
-    ``exercises`` holds the verdicts on the optional exercises, outside ``score``.
+    ``exercises`` holds the verdicts on the optional exercises, outside ``score``; ``notes``
+    a line for each file of the package the sandbox did not get (``diloco/adamw.py is a hard
+    link and was not copied``).
     """
 
     results: tuple[MilestoneResult, ...]
@@ -71,6 +73,7 @@ class GradeReport(NamedTuple):
     duration: float
     sandbox: str = ""
     exercises: tuple[MilestoneResult, ...] = ()
+    notes: tuple[str, ...] = ()  # files of the package not copied for the sandbox, and why
 
     @property
     def mode_line(self) -> str:
@@ -181,7 +184,8 @@ def failure_lines(r: MilestoneResult, indent: str = "", rerun: str | None = None
 def format_table(report: GradeReport) -> str:
     """The learner's view: one row per milestone, details under failures, a progress line."""
     width = max(len(m.name) for m in MILESTONES)
-    out = [f"diloco grade: {report.impl}", f"  (testing {report.imported_from})", f"  ({report.mode_line})", "",
+    out = [f"diloco grade: {report.impl}", f"  (testing {report.imported_from})", f"  ({report.mode_line})",
+           *(f"  ({note})" for note in report.notes), "",
            f" #  {'milestone':<{width}}  {'status':<11}  notes", f" -- {'-' * width}  {'-' * 11}  {'-' * 5}"]
     for r in report.results:
         note = r.summary
@@ -276,7 +280,8 @@ def to_gradescope(report: GradeReport) -> dict:
         "score": float(sum(t["score"] for t in tests)),
         "max_score": float(sum(t["max_score"] for t in tests)),
         "execution_time": round(report.duration, 3),
-        "output": report.progress_line() + ("" if report.sandbox else f" [{report.mode_line}]"),
+        "output": "\n".join([report.progress_line() + ("" if report.sandbox else f" [{report.mode_line}]"),
+                             *report.notes]),
         "output_format": "text",
         "visibility": "visible",
         "stdout_visibility": "hidden",
