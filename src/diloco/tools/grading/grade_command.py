@@ -141,8 +141,10 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write Gradescope results.json to FILE")
     parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
     parser.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
-                        help="wall-clock time allowed for the tests of each milestone; one that runs out fails "
-                             "alone and locks its dependants (default 600)")
+                        help="CPU seconds allowed for the tests of each milestone (the test process and its "
+                             "sandboxes; a busy machine does not shorten them), with 5 times as many wall-clock "
+                             "seconds as a backstop; one that runs out fails alone and locks its dependants "
+                             "(default 600)")
     parser.add_argument("--quiet", action="store_true", help="do not print a line per wave (or per submission)")
     parser.add_argument("--submissions", metavar="DIR",
                         help="grade a class: each folder of DIR is one learner's submission, graded by its own "

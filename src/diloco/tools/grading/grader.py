@@ -140,8 +140,11 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     ----------
     impl : folder holding ``src/diloco``, ``diloco``, or the package itself; not modified.
     tests : folder of milestone tests (default: the suite shipped with this grader).
-    timeout : seconds of wall-clock time allowed for the tests of each milestone (and each
-        exercise); one that runs out fails alone, with its dependants locked.
+    timeout : CPU seconds allowed for the tests of each milestone (and each exercise): those
+        of the test process and the sandboxes (``grade_waves.tree_cpu``), so a busy machine
+        does not shorten them; ``grade_waves.WALL_FACTOR`` times as many wall-clock seconds
+        are the backstop. One that runs out fails alone, with its dependants locked. Each
+        sandbox worker's own ``RLIMIT_CPU`` is twice ``timeout``.
     python : interpreter for the test runs (default: this one); needs numpy, pytest, hypothesis.
     on_wave : called with the milestone numbers and the exercise codes (``x01``) of each wave
         before it runs.
@@ -171,8 +174,8 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     with tempfile.TemporaryDirectory(prefix="diloco-grade-") as tmp:
         config = None
         if sandbox:
-            config = _sandbox_config(package_root, tests_dir, Path(tmp), python, sandbox_user,
-                                     dict(limits={"cpu": int(max(timeout, 1))}, call_timeout=call_timeout, disk=disk))
+            options = dict(limits={"cpu": int(max(2 * timeout, 1))}, call_timeout=call_timeout, disk=disk)
+            config = _sandbox_config(package_root, tests_dir, Path(tmp), python, sandbox_user, options)
         notes = tuple(config["skipped"]) if config else ()
         try:
             workdir = make_workdir(Path(tmp), package_root, config)
