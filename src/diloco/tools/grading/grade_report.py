@@ -165,8 +165,9 @@ def rerun_command(report: GradeReport, r: MilestoneResult, cwd: Path | None = No
 def failure_lines(r: MilestoneResult, indent: str = "", rerun: str | None = None) -> list[str]:
     """What a FAILED or ERROR row shows under it: the check's message, every failing test,
     the lesson's matching common mistakes with a link to them, and the rerun command
-    (``rerun``, default ``r.rerun``)."""
-    out = [indent + line for line in r.detail]
+    (``rerun``, default ``r.rerun``). A detail line that holds line breaks (a submission's
+    message) keeps ``indent`` on each of them: no line of it starts where a verdict does."""
+    out = [indent + line.replace("\n", "\n" + indent) for line in r.detail]
     if len(r.failing) > 1:
         out.append(f"{indent}failing tests ({len(r.failing)} of {r.tests_total}):")
         out += [f"{indent}  {line}" for line in _grouped(r.failing)]
@@ -218,8 +219,9 @@ def _output_text(r: MilestoneResult, rerun: str | None = None) -> str:
         return f"not started: {what}. Lesson: {r.milestone.lesson}"
     if r.status == LOCKED:
         return f"locked: {r.summary}; its tests were not run"
-    head = "failed" if r.status == FAILED else "error"
-    return "\n".join([f"{head}: {r.summary}", *failure_lines(r, rerun=rerun)])
+    head = "failed" if r.status == FAILED else "error"  # the verdict: the only line at the margin
+    summary = safe_text(r.summary, LINE_LIMIT, one_line=True)
+    return "\n".join([f"{head}: {summary}", *failure_lines(r, "  ", rerun)])
 
 
 def _exercise_entry(r: MilestoneResult, output: str) -> dict:
