@@ -122,3 +122,11 @@ def test_a_learners_printed_verdict_never_starts_a_line_of_its_own():
     for text in (entry["output"], format_table(report), to_junit_xml(report)):
         assert not [line for line in text.splitlines() if line.lstrip("<>").startswith(fake)], text
     assert entry["output"].splitlines()[0].startswith("failed: relu")
+
+
+def test_invisible_fillers_and_stacked_accents_are_escaped():
+    assert safe_text("a\u3164b\u115fc") == "a\\u3164b\\u115fc"
+    assert safe_text("e\u0301") == "e\u0301" and safe_text("e" + "\u0301" * 4) == "e" + "\u0301" * 4
+    stacked = safe_text("e" + "\u0301" * 300, 100000)
+    assert stacked == "e" + "\u0301" * 4 + "\\u0301" * 296
+    assert safe_text("한국어 café") == "한국어 café"
