@@ -105,3 +105,28 @@ def test_safe_text_keeps_ordinary_text_and_says_what_it_cut():
     assert safe_text(text, one_line=True) == text.replace("\n", "\\n")
     assert safe_text("x" * 30, 20) == "x" * 20 + " ... (10 more characters)"
     assert len(safe_text("\x1b" * 100, 20)) < 60
+
+
+def test_a_learners_printed_verdict_never_starts_a_line_of_its_own():
+    """The submission's message says ``30/30 passed ...`` on lines of its own: in every output
+    those lines are indented under the grader's verdict, which alone starts at the margin."""
+    from diloco.milestones import by_number
+    from diloco.tools.grading.grade_report import FAILED, MilestoneResult, to_gradescope, to_junit_xml
+
+    fake = "30/30 passed - next: nothing, all done"
+    result = MilestoneResult(by_number(2), FAILED, f"relu\n{fake}", (f"ValueError: x\n{fake}", fake),
+                             failing=("t::a",), tests_total=1)
+    others = tuple(MilestoneResult(m, "locked", "x") for m in MILESTONES if m.number != 2)
+    report = GradeReport((result, *others), REPO, "", REPO / "tests", 1.0, "sandbox")
+    entry = next(t for t in to_gradescope(report)["tests"] if t["extra_data"]["milestone"] == 2)
+    for text in (entry["output"], format_table(report), to_junit_xml(report)):
+        assert not [line for line in text.splitlines() if line.lstrip("<>").startswith(fake)], text
+    assert entry["output"].splitlines()[0].startswith("failed: relu")
+
+
+def test_invisible_fillers_and_stacked_accents_are_escaped():
+    assert safe_text("a\u3164b\u115fc") == "a\\u3164b\\u115fc"
+    assert safe_text("e\u0301") == "e\u0301" and safe_text("e" + "\u0301" * 4) == "e" + "\u0301" * 4
+    stacked = safe_text("e" + "\u0301" * 300, 100000)
+    assert stacked == "e" + "\u0301" * 4 + "\\u0301" * 296
+    assert safe_text("한국어 café") == "한국어 café"

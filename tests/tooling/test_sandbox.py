@@ -680,8 +680,34 @@ def test_a_package_within_the_cap_is_copied_without_its_links_and_caches(tmp_pat
     (root / "diloco" / "__pycache__").mkdir()
     os.mkfifo(root / "diloco" / "__pycache__" / "pipe")  # never copied, so never refused
     (root / "diloco" / "link.py").symlink_to("/etc/hostname")
-    sandbox.check_package(root / "diloco", 1 << 20)
+    os.link(root / "diloco" / "probe.py", tmp_path / "probe-elsewhere.py")  # probe.py: a second name
+    assert sandbox.check_package(root / "diloco", 1 << 20) == [
+        "diloco/link.py is a symbolic link and was not copied", "diloco/probe.py is a hard link and was not copied"]
     folder = tmp_path / "sandbox"
     folder.mkdir()
     sandbox.prepare(root, folder, user="nobody", package_limit=1 << 20)
-    assert sorted(p.name for p in (folder / "pkg" / "diloco").iterdir()) == ["__init__.py", "probe.py", "text.py"]
+    assert sorted(p.name for p in (folder / "pkg" / "diloco").iterdir()) == ["__init__.py", "text.py"]
+
+
+def deep_chain(package: Path, depth: int) -> list[Path]:
+    """``depth`` folders ``d/d/d/...`` in ``package``, made without recursion; the folders, outermost first."""
+    chain = [package / "d"]
+    for _ in range(depth - 1):
+        chain.append(chain[-1] / "d")
+    for folder in chain:
+        folder.mkdir()
+    return chain
+
+
+def test_a_1500_deep_folder_chain_is_refused_in_one_line_without_recursion(tmp_path):
+    root = fake_package(tmp_path / "pkg")
+    chain = deep_chain(root / "diloco", 1500)
+    try:
+        with pytest.raises(sandbox.Refused, match=f"nests folders more than {sandbox.PACKAGE_DEPTH} deep"):
+            sandbox.check_package(root / "diloco")
+    finally:
+        for folder in reversed(chain):  # rmtree recurses too
+            folder.rmdir()
+    deep_chain(root / "diloco", sandbox.PACKAGE_DEPTH)  # the limit itself is allowed
+    assert sandbox.check_package(root / "diloco") == []
+

@@ -66,6 +66,14 @@ def _cmd_grade_class(args) -> int:
     return 0
 
 
+def _unforeseen(exc: OSError | RecursionError) -> str:
+    """One line for a fault no check of the grader named (never a traceback)."""
+    if isinstance(exc, RecursionError):
+        return "cannot grade: a folder nests too deep to be read"
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"cannot grade: {where}{exc.strerror or exc}"
+
+
 def _cmd_grade(args) -> int:
     if args.submissions:
         return _cmd_grade_class(args)
@@ -79,10 +87,11 @@ def _cmd_grade(args) -> int:
         report = grade(impl, args.tests, timeout=args.timeout, on_wave=progress, sandbox=not args.trust_submission,
                        sandbox_user=args.sandbox_user, call_timeout=args.call_timeout,
                        hidden=args.hidden or ("milestone" if args.tests else "full"))
-    except GradingError as exc:
+    except (GradingError, OSError, RecursionError) as exc:  # every learner gets a results.json, with the reason
+        message = str(exc) if isinstance(exc, GradingError) else _unforeseen(exc)
         if args.json:
-            _write(args.json, json.dumps(error_report(impl, str(exc)), indent=2) + "\n")
-        raise CliError(safe_text(exc, LINE_LIMIT * 4, one_line=True)) from None
+            _write(args.json, json.dumps(error_report(impl, message), indent=2) + "\n")
+        raise CliError(safe_text(message, LINE_LIMIT * 4, one_line=True)) from None
     print(format_table(report))
     if args.json:
         _write(args.json, json.dumps(to_gradescope(report), indent=2) + "\n")
@@ -132,8 +141,10 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write Gradescope results.json to FILE")
     parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
     parser.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
-                        help="wall-clock time allowed for the tests of each milestone; one that runs out fails "
-                             "alone and locks its dependants (default 600)")
+                        help="CPU seconds allowed for the tests of each milestone (the test process and its "
+                             "sandboxes; a busy machine does not shorten them), with 5 times as many wall-clock "
+                             "seconds as a backstop; one that runs out fails alone and locks its dependants "
+                             "(default 600)")
     parser.add_argument("--quiet", action="store_true", help="do not print a line per wave (or per submission)")
     parser.add_argument("--submissions", metavar="DIR",
                         help="grade a class: each folder of DIR is one learner's submission, graded by its own "

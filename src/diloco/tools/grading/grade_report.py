@@ -61,7 +61,9 @@ class GradeReport(NamedTuple):
 
     ``sandbox`` names the protections the graded code ran under (``diloco.tools.sandbox.box``);
     empty when it ran inside the test process (local mode, ``--trust-submission``).
-    ``exercises`` holds the verdicts on the optional exercises, outside ``score``.
+    ``exercises`` holds the verdicts on the optional exercises, outside ``score``; ``notes``
+    a line for each file of the package the sandbox did not get (``diloco/adamw.py is a hard
+    link and was not copied``).
     """
 
     results: tuple[MilestoneResult, ...]
@@ -71,6 +73,7 @@ class GradeReport(NamedTuple):
     duration: float
     sandbox: str = ""
     exercises: tuple[MilestoneResult, ...] = ()
+    notes: tuple[str, ...] = ()  # files of the package not copied for the sandbox, and why
 
     @property
     def mode_line(self) -> str:
@@ -162,8 +165,9 @@ def rerun_command(report: GradeReport, r: MilestoneResult, cwd: Path | None = No
 def failure_lines(r: MilestoneResult, indent: str = "", rerun: str | None = None) -> list[str]:
     """What a FAILED or ERROR row shows under it: the check's message, every failing test,
     the lesson's matching common mistakes with a link to them, and the rerun command
-    (``rerun``, default ``r.rerun``)."""
-    out = [indent + line for line in r.detail]
+    (``rerun``, default ``r.rerun``). A detail line that holds line breaks (a submission's
+    message) keeps ``indent`` on each of them: no line of it starts where a verdict does."""
+    out = [indent + line.replace("\n", "\n" + indent) for line in r.detail]
     if len(r.failing) > 1:
         out.append(f"{indent}failing tests ({len(r.failing)} of {r.tests_total}):")
         out += [f"{indent}  {line}" for line in _grouped(r.failing)]
@@ -181,7 +185,8 @@ def failure_lines(r: MilestoneResult, indent: str = "", rerun: str | None = None
 def format_table(report: GradeReport) -> str:
     """The learner's view: one row per milestone, details under failures, a progress line."""
     width = max(len(m.name) for m in MILESTONES)
-    out = [f"diloco grade: {report.impl}", f"  (testing {report.imported_from})", f"  ({report.mode_line})", "",
+    out = [f"diloco grade: {report.impl}", f"  (testing {report.imported_from})", f"  ({report.mode_line})",
+           *(f"  ({note})" for note in report.notes), "",
            f" #  {'milestone':<{width}}  {'status':<11}  notes", f" -- {'-' * width}  {'-' * 11}  {'-' * 5}"]
     for r in report.results:
         note = r.summary
@@ -214,8 +219,9 @@ def _output_text(r: MilestoneResult, rerun: str | None = None) -> str:
         return f"not started: {what}. Lesson: {r.milestone.lesson}"
     if r.status == LOCKED:
         return f"locked: {r.summary}; its tests were not run"
-    head = "failed" if r.status == FAILED else "error"
-    return "\n".join([f"{head}: {r.summary}", *failure_lines(r, rerun=rerun)])
+    head = "failed" if r.status == FAILED else "error"  # the verdict: the only line at the margin
+    summary = safe_text(r.summary, LINE_LIMIT, one_line=True)
+    return "\n".join([f"{head}: {summary}", *failure_lines(r, "  ", rerun)])
 
 
 def _exercise_entry(r: MilestoneResult, output: str) -> dict:
@@ -276,7 +282,8 @@ def to_gradescope(report: GradeReport) -> dict:
         "score": float(sum(t["score"] for t in tests)),
         "max_score": float(sum(t["max_score"] for t in tests)),
         "execution_time": round(report.duration, 3),
-        "output": report.progress_line() + ("" if report.sandbox else f" [{report.mode_line}]"),
+        "output": "\n".join([report.progress_line() + ("" if report.sandbox else f" [{report.mode_line}]"),
+                             *report.notes]),
         "output_format": "text",
         "visibility": "visible",
         "stdout_visibility": "hidden",

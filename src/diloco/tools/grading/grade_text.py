@@ -21,18 +21,35 @@ __all__ = ["plain_math", "round_tolerances", "shown_lines", "safe_text", "safe_d
 # punctuation, symbols and spaces. Escaped: C0 and C1 controls (ESC, so every ANSI and OSC
 # sequence; BEL, backspace, carriage return, tab, DEL), format characters (bidi overrides
 # and isolates, zero-width marks), line and paragraph separators, surrogates, private-use
-# and unassigned code points.
+# and unassigned code points, the invisible Hangul fillers, and every combining mark past
+# the fourth stacked on one character.
 _NOT_PLAIN = re.compile(r"[^\x20-\x7e\n]")
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 TEXT_LIMIT = 8000  # characters of one field (a results.json output, a JUnit text)
 LINE_LIMIT = 500  # characters of one line of the table, or of a one-line field
 
 
+# Letters that show as nothing (the Hangul fillers), escaped like the format characters.
+_INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0")
+_MARKS_SHOWN = 4  # combining marks kept on one character; the rest of a stack is escaped
+
+
 def _escaped(match: re.Match) -> str:
     char = match[0]
-    if char == "\n" or (char >= "\xa0" and unicodedata.category(char) not in _ESCAPED_CATEGORIES):
+    if char == "\n" or (char >= "\xa0" and char not in _INVISIBLE
+                        and unicodedata.category(char) not in _ESCAPED_CATEGORIES):
         return char
     return char.encode("unicode_escape").decode("ascii")  # \x1b, \x07, \u202e
+
+
+def _stack_cut(match: re.Match) -> str:
+    """A run of combining marks: the first ``_MARKS_SHOWN`` kept, the rest escaped."""
+    marks = match[0]
+    return marks[:_MARKS_SHOWN] + marks[_MARKS_SHOWN:].encode("unicode_escape").decode("ascii")
+
+
+_MARK_RUN = re.compile(  # a run of _MARKS_SHOWN + 1 or more combining marks
+    r"[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]{5,}")
 
 
 def safe_text(text: object, limit: int = TEXT_LIMIT, *, one_line: bool = False) -> str:
@@ -44,7 +61,7 @@ def safe_text(text: object, limit: int = TEXT_LIMIT, *, one_line: bool = False) 
     """
     text = str(text)
     cut = max(len(text) - limit, 0)
-    text = _NOT_PLAIN.sub(_escaped, text[:limit])
+    text = _MARK_RUN.sub(_stack_cut, _NOT_PLAIN.sub(_escaped, text[:limit]))
     if one_line:
         text = text.replace("\n", "\\n")
     if len(text) > limit:  # escapes make it longer

@@ -2,8 +2,9 @@
 
 ``make_workdir`` lays out a wave's folder (the copied plugin, a ``pytest.ini``, the
 environment); ``probe_import`` / ``probe_sandbox`` check which ``diloco`` the tests will
-see; ``run_wave`` runs the milestone tests of one wave, each milestone within its own time
-budget, and returns the plugin's records;
+see; ``run_wave`` runs the milestone tests of one wave, each milestone within its own budget
+of CPU seconds (``tree_cpu``) and a wall-clock backstop ``WALL_FACTOR`` times as large, and
+returns the plugin's records;
 ``unreported`` names collected tests that never reported an outcome.
 """
 
@@ -22,7 +23,8 @@ from typing import NamedTuple
 from diloco.tools.sandbox.box import Sandbox, SandboxError, missing, protections
 
 __all__ = ["GRADER_ROOT", "GradingError", "Workdir", "grader_folders", "kill_leftovers", "make_workdir",
-           "probe_import", "probe_sandbox", "run_wave", "unreported", "STARTUP_LIMIT"]
+           "probe_import", "probe_sandbox", "run_wave", "unreported", "STARTUP_LIMIT", "WALL_FACTOR", "tree_cpu",
+           "timed_out"]
 
 
 class GradingError(Exception):
@@ -146,21 +148,57 @@ def _markers(units: list) -> list[str]:
 
 
 STARTUP_LIMIT = 120.0  # seconds a pytest run may take to reach its first test (imports, collection)
+WALL_FACTOR = 5  # the wall-clock backstop of a unit: this many times its CPU budget
 _POLL = 0.2
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_of(pid: int) -> tuple[float, list[int]]:
+    """CPU seconds of process ``pid`` and of its children it has reaped, and its live children
+    (``/proc``); ``(0.0, [])`` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        children = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as handle:
+                children += [int(child) for child in handle.read().split()]
+    except (OSError, IndexError, ValueError):
+        return 0.0, []
+    return sum(int(ticks) for ticks in fields[11:15]) / _TICK, children
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds (user and system) used so far by process ``root`` and every process below it:
+    the pytest run of a wave, the sandboxes it started and whatever they started. A busy
+    machine does not make it grow, as wall-clock time does; a process that left the tree
+    (reparented, never reaped by it) is no longer counted, which the wall backstop covers."""
+    total, stack, seen = 0.0, [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        seconds, children = _cpu_of(pid)
+        total += seconds
+        stack += children
+    return total
 
 
 class _Run:
-    """One pytest run of a wave, watched: the time each unit's tests have taken, from the
-    plugin's ``start`` records, and the records read so far."""
+    """One pytest run of a wave, watched: the CPU seconds (of the run's whole process tree) and
+    the wall-clock seconds each unit's tests have taken, from the plugin's ``start`` records,
+    and the records read so far."""
 
-    def __init__(self, out, markers: set[str], used: dict[str, float]):
-        self.out, self.markers, self.offset = out, markers, 0
+    def __init__(self, out, markers: set[str], used: dict[str, list[float]], pid: int):
+        self.out, self.markers, self.offset, self.pid = out, markers, 0, pid
         self.records: list[dict] = []
         self.unit_of: dict[str, str] = {}  # nodeid -> marker, from the ``collected`` record
-        self.used = used  # marker -> seconds its tests have run, in this run and the wave's earlier ones
+        self.used = used  # marker -> [CPU s, wall s] its tests have run, in this run and the wave's earlier ones
         self.current: str | None = None  # the marker of the test running now
         self.begun = False  # a test has started
         self.started = self.since = time.monotonic()
+        self.cpu = tree_cpu(pid)
 
     def read(self) -> None:
         """Take in every complete line the plugin has written since the last read."""
@@ -185,21 +223,35 @@ class _Run:
             self.begun = True
 
     def charge(self) -> None:
-        """Charge the time since the last charge to the unit whose test runs."""
-        now = time.monotonic()
+        """Charge the CPU and wall-clock time since the last charge to the unit whose test runs."""
+        now, cpu = time.monotonic(), tree_cpu(self.pid)
         if self.current is not None:
-            self.used[self.current] = self.used.get(self.current, 0.0) + now - self.since
-        self.since = now
+            spent = self.used.setdefault(self.current, [0.0, 0.0])
+            spent[0] += max(cpu - self.cpu, 0.0)
+            spent[1] += now - self.since
+        self.since, self.cpu = now, cpu
 
-    def over(self, budget: float) -> str | None:
-        """The marker whose tests have used more than ``budget``; ``"*"`` when the run has not
-        reached its first test within ``STARTUP_LIMIT``."""
+    def over(self, budget: float) -> tuple[str | None, str]:
+        """The marker whose tests have used more than ``budget`` CPU seconds, or more than
+        ``WALL_FACTOR * budget`` wall-clock seconds, and which (``"cpu"``, ``"wall"``); ``"*"``
+        when the run has not reached its first test within ``STARTUP_LIMIT``."""
         self.charge()
-        if self.current is not None and self.used.get(self.current, 0.0) > budget:
-            return self.current
+        cpu, wall = self.used.get(self.current, [0.0, 0.0]) if self.current is not None else (0.0, 0.0)
+        if cpu > budget:
+            return self.current, "cpu"
+        if wall > WALL_FACTOR * budget:
+            return self.current, "wall"
         if not self.begun and time.monotonic() - self.started > STARTUP_LIMIT:
-            return "*"
-        return None
+            return "*", "wall"
+        return None, ""
+
+
+def timed_out(budget: float, why: str) -> str:
+    """The crash text of a unit that ran out of time (``why``: ``"cpu"`` or ``"wall"``)."""
+    if why == "cpu":
+        return f"timed out: its tests used up their {budget:g} s of CPU time"
+    return (f"timed out: its tests ran past the wall-clock backstop of {WALL_FACTOR * budget:g} s "
+            f"({WALL_FACTOR} x its {budget:g} s of CPU time)")
 
 
 def _finished(records: list[dict], marker: str) -> bool:
@@ -229,24 +281,26 @@ def run_wave(units: list, tests_dir: Path, workdir: Workdir, python: str,
     """Run the tests of ``units`` (milestone numbers, exercise codes ``x01``); the plugin's records
     and a crash text per unit's marker (``m04``) that did not end normally.
 
-    Each unit's tests have ``budget`` seconds of wall-clock time in all. When one unit uses
-    its budget up, the run is stopped, that unit is timed out, and the units it had not
-    finished run again without it (their time so far still counts): a slow unit fails only
-    itself, and a wave takes at most ``len(units) * (budget + STARTUP_LIMIT)``.
+    Each unit's tests have ``budget`` seconds of CPU time in all (``tree_cpu``: the test
+    process, the sandboxes, whatever they start), and ``WALL_FACTOR`` times as much wall-clock
+    time as a backstop. When one unit uses either up, the run is stopped, that unit is timed
+    out, and the units it had not finished run again without it (their time so far still
+    counts): a slow unit fails only itself, and a wave takes at most
+    ``len(units) * (WALL_FACTOR * budget + STARTUP_LIMIT)`` of wall-clock time.
     """
     pending = _markers(units)
     records: list[dict] = []
     crashes: dict[str, str] = {}
-    used: dict[str, float] = {}
+    used: dict[str, list[float]] = {}
     while pending:
-        run_records, ended, over = _run_once(pending, tests_dir, workdir, python, budget, used)
+        run_records, ended, (over, why) = _run_once(pending, tests_dir, workdir, python, budget, used)
         done = {m for m in pending if _finished(run_records, m)}
         if over == "*":
             crashes.update({m: f"the test run did not reach its first test within {STARTUP_LIMIT:g} s"
                             for m in pending})
             done = set(pending)
         elif over is not None:
-            crashes[over] = f"timed out: its tests used up their {budget:g} s"
+            crashes[over] = timed_out(budget, why)
             done.add(over)
         else:  # the run ended by itself: whatever it did not finish, it never will
             crashes.update({m: ended for m in pending if ended and m not in done})
@@ -257,9 +311,10 @@ def run_wave(units: list, tests_dir: Path, workdir: Workdir, python: str,
 
 
 def _run_once(markers: list[str], tests_dir: Path, workdir: Workdir, python: str, budget: float,
-              used: dict[str, float]) -> tuple[list[dict], str, str | None]:
+              used: dict[str, list[float]]) -> tuple[list[dict], str, tuple[str | None, str]]:
     """One pytest run of the tests of ``markers``: its records, its crash text, and the marker
-    that ran out of ``budget`` (``"*"``: the run never reached a test; ``None``: none did)."""
+    that ran out of ``budget`` with which clock (``"*"``: the run never reached a test;
+    ``None``: none did)."""
     command = [
         python, "-m", "pytest", str(tests_dir),
         "-m", " or ".join(markers),
@@ -267,14 +322,14 @@ def _run_once(markers: list[str], tests_dir: Path, workdir: Workdir, python: str
         "--confcutdir", str(tests_dir), "--ignore", str(tests_dir / "tooling"),
         "-p", "no:cacheprovider", "-p", "_diloco_grade_plugin", "-q", "--tb=no", "--no-header",
     ]
-    crash, over = "", None
+    crash, over = "", (None, "")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as log:  # no names: only we hold them
         env = dict(workdir.env, DILOCO_GRADE_RECORDS_FD=str(out.fileno()))
         proc = subprocess.Popen(command, cwd=workdir.path, env=env, stdout=log, stderr=log,
                                 stdin=subprocess.DEVNULL, pass_fds=(out.fileno(),), start_new_session=True)
-        run = _Run(out, set(markers), used)
+        run = _Run(out, set(markers), used, proc.pid)
         try:
-            while proc.poll() is None and over is None:
+            while proc.poll() is None and over[0] is None:
                 try:
                     proc.wait(timeout=_POLL)
                 except subprocess.TimeoutExpired:
@@ -284,7 +339,7 @@ def _run_once(markers: list[str], tests_dir: Path, workdir: Workdir, python: str
         finally:
             _kill_group(proc)
         run.read()
-        if over is None and proc.returncode not in (0, 1, 5):  # 2 interrupted, 3 internal error, 4 usage error
+        if over[0] is None and proc.returncode not in (0, 1, 5):  # 2 interrupted, 3 internal error, 4 usage error
             size = os.fstat(log.fileno()).st_size
             tail = os.pread(log.fileno(), 3000, max(0, size - 3000)).decode("utf-8", "replace").strip()
             crash = tail or f"pytest exited with status {proc.returncode}"

@@ -140,8 +140,11 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     ----------
     impl : folder holding ``src/diloco``, ``diloco``, or the package itself; not modified.
     tests : folder of milestone tests (default: the suite shipped with this grader).
-    timeout : seconds of wall-clock time allowed for the tests of each milestone (and each
-        exercise); one that runs out fails alone, with its dependants locked.
+    timeout : CPU seconds allowed for the tests of each milestone (and each exercise): those
+        of the test process and the sandboxes (``grade_waves.tree_cpu``), so a busy machine
+        does not shorten them; ``grade_waves.WALL_FACTOR`` times as many wall-clock seconds
+        are the backstop. One that runs out fails alone, with its dependants locked. Each
+        sandbox worker's own ``RLIMIT_CPU`` is twice ``timeout``.
     python : interpreter for the test runs (default: this one); needs numpy, pytest, hypothesis.
     on_wave : called with the milestone numbers and the exercise codes (``x01``) of each wave
         before it runs.
@@ -166,81 +169,128 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
         raise GradingError(f"hidden must be one of {', '.join(HIDDEN_LEVELS)}, got {hidden!r}")
     package_root = find_package_root(impl)  # before resolving: a link is refused, not followed
     impl = Path(impl).expanduser().resolve()
-    tests_dir = Path(tests).expanduser().resolve() if tests is not None else default_tests_dir()
-    if not (tests_dir / "conftest.py").is_file() and not any(tests_dir.glob("test_*.py")):
-        raise GradingError(f"no tests in {tests_dir}")
+    tests_dir = _tests_folder(tests)
     python = python or sys.executable
-    status: dict[int, MilestoneResult] = {}
-    done: dict[str, MilestoneResult] = {}  # the optional exercises, by code: never in the score
     with tempfile.TemporaryDirectory(prefix="diloco-grade-") as tmp:
-        config, guarded = None, ""
+        config = None
         if sandbox:
-            try:
-                folder = Path(tempfile.mkdtemp(prefix="diloco-sandbox-"))
-                config = prepare(package_root, folder, user=sandbox_user, python=python,
-                                 hide=[GRADER_ROOT / "diloco", tests_dir, Path(tmp), *grader_folders()],
-                                 limits={"cpu": int(max(timeout, 1))}, call_timeout=call_timeout, disk=disk)
-            except KeyError:
-                shutil.rmtree(folder, ignore_errors=True)
-                raise GradingError(f"no user {sandbox_user!r} to run the sandbox as; pass --sandbox-user") from None
-            except Unavailable as exc:
-                shutil.rmtree(folder, ignore_errors=True)
-                raise GradingError(f"cannot sandbox the submission: {exc}") from None
-            except Refused as exc:
-                shutil.rmtree(folder, ignore_errors=True)
-                raise GradingError(f"the submission is refused: {exc}") from None
+            options = dict(limits={"cpu": int(max(2 * timeout, 1))}, call_timeout=call_timeout, disk=disk)
+            config = _sandbox_config(package_root, tests_dir, Path(tmp), python, sandbox_user, options)
+        notes = tuple(config["skipped"]) if config else ()
         try:
             workdir = make_workdir(Path(tmp), package_root, config)
-            if config is None:
-                imported_from = probe_import(workdir, package_root, python)
-                imported = Path(imported_from)
-            else:
-                imported, guarded = probe_sandbox(config, package_root)
-                imported_from = str(package_root / Path(imported).relative_to(config["package_root"]))
-            while True:
-                locked_any = False  # lock once every prerequisite has a verdict and one did not pass
-                for m in MILESTONES:
-                    if (m.number not in status and all(d in status for d in m.depends_on)
-                            and not all(status[d].passed for d in m.depends_on)):
-                        status[m.number] = locked(m, status)
-                        locked_any = True
-                for e in EXERCISES:  # an exercise needs milestones only, and is locked like one
-                    if (e.code not in done and all(d in status for d in e.depends_on)
-                            and not all(status[d].passed for d in e.depends_on)):
-                        done[e.code] = locked(e, status)
-                        locked_any = True
-                wave = [m.number for m in MILESTONES
-                        if m.number not in status and all(d in status and status[d].passed for d in m.depends_on)]
-                extra = [e.code for e in EXERCISES
-                         if e.code not in done and all(d in status and status[d].passed for d in e.depends_on)]
-                if not wave and not extra:
-                    if locked_any:
-                        continue
-                    break
-                if on_wave is not None:
-                    on_wave(wave, extra)
-                records, crashes = run_wave([*wave, *extra], tests_dir, workdir, python, timeout)
-                for record in records:
-                    if record["kind"] == "import" and "file" in record and Path(record["file"]).resolve() != Path(
-                            imported).resolve():
-                        raise GradingError(f"the tests imported diloco from {record['file']}, not {imported}")
-                for unit in [*map(by_number, wave), *map(by_code, extra)]:
-                    crash = crashes.get(unit.marker) or unreported([unit.marker], records)
-                    verdict = classify(unit, records, crash, tests_dir)
-                    if isinstance(unit, Milestone):
-                        status[unit.number] = verdict
-                    else:
-                        done[unit.code] = verdict
+            imported, imported_from, guarded = _probe(workdir, package_root, python, notes)
+            status, done = _run_waves(tests_dir, workdir, python, timeout, on_wave, imported)
         finally:
             if config is not None:
                 shutil.rmtree(config["folder"], ignore_errors=True)
-        for m in MILESTONES:  # only reachable with a cycle in the graph
-            status.setdefault(m.number, MilestoneResult(m, LOCKED, "dependency cycle"))
-        for e in EXERCISES:
-            done.setdefault(e.code, MilestoneResult(e, LOCKED, "dependency cycle"))
-    results = tuple(hide(status[m.number], hidden) for m in MILESTONES)
+    results = tuple(hide(_noted(status[m.number], notes), hidden) for m in MILESTONES)
     return GradeReport(results, impl, imported_from, tests_dir, time.perf_counter() - start, guarded,
-                       tuple(hide(done[e.code], hidden) for e in EXERCISES))
+                       tuple(hide(_noted(done[e.code], notes), hidden) for e in EXERCISES), notes)
+
+
+def _tests_folder(tests: Path | str | None) -> Path:
+    """The folder of milestone tests to run; ``GradingError`` when it holds none."""
+    tests_dir = Path(tests).expanduser().resolve() if tests is not None else default_tests_dir()
+    if not (tests_dir / "conftest.py").is_file() and not any(tests_dir.glob("test_*.py")):
+        raise GradingError(f"no tests in {tests_dir}")
+    return tests_dir
+
+
+def _sandbox_config(package_root: Path, tests_dir: Path, tmp: Path, python: str, user: str, options: dict) -> dict:
+    """``box.prepare`` in a folder of its own; every way it can fail is a one-line ``GradingError``."""
+    folder = Path(tempfile.mkdtemp(prefix="diloco-sandbox-"))
+    try:
+        return prepare(package_root, folder, user=user, python=python,
+                       hide=[GRADER_ROOT / "diloco", tests_dir, tmp, *grader_folders()], **options)
+    except KeyError:
+        message = f"no user {user!r} to run the sandbox as; pass --sandbox-user"
+    except Unavailable as exc:
+        message = f"cannot sandbox the submission: {exc}"
+    except Refused as exc:
+        message = f"the submission is refused: {exc}"
+    except (OSError, RecursionError) as exc:  # what the checks did not foresee: still a read, in one line
+        message = f"the submission is refused: cannot read it: {getattr(exc, 'strerror', None) or exc}"
+    shutil.rmtree(folder, ignore_errors=True)
+    raise GradingError(message)
+
+
+def _probe(workdir, package_root: Path, python: str, notes: tuple[str, ...]) -> tuple[Path, str, str]:
+    """Where the tests will import ``diloco`` from, that path shown as the graded folder's, and the
+    protections in force (empty in local mode). A package that does not import also says which
+    of its files were not copied (``notes``)."""
+    config = workdir.sandbox
+    try:
+        if config is None:
+            imported_from = probe_import(workdir, package_root, python)
+            return Path(imported_from), imported_from, ""
+        imported, guarded = probe_sandbox(config, package_root)
+    except GradingError as exc:
+        raise GradingError("; ".join([str(exc), *notes])) from None
+    return Path(imported), str(package_root / Path(imported).relative_to(config["package_root"])), guarded
+
+
+def _noted(result: MilestoneResult, notes: tuple[str, ...]) -> MilestoneResult:
+    """``result`` with each note whose file its error message names (``adamw.py is a hard link
+    and was not copied`` under ``No module named 'diloco.adamw'``) added to its detail."""
+    if result.status not in (ERROR, FAILED):
+        return result
+    text = " ".join([result.summary, *result.detail])
+    names = [note for note in notes
+             if Path(note.split(" is ")[0]).with_suffix("").as_posix().replace("/", ".") in text]
+    return result._replace(detail=(*result.detail, *names)) if names else result
+
+
+def _lock_blocked(status: dict, done: dict) -> bool:
+    """Lock each milestone and exercise whose prerequisites all have verdicts, one not passed;
+    whether any was locked."""
+    locked_any = False
+    for unit, key, verdicts in [*((m, m.number, status) for m in MILESTONES), *((e, e.code, done) for e in EXERCISES)]:
+        if (key not in verdicts and all(d in status for d in unit.depends_on)
+                and not all(status[d].passed for d in unit.depends_on)):
+            verdicts[key] = locked(unit, status)
+            locked_any = True
+    return locked_any
+
+
+def _ready(status: dict, done: dict) -> tuple[list[int], list[str]]:
+    """The milestones and exercises not yet run whose prerequisites have all passed."""
+    def ready(unit) -> bool:
+        return all(d in status and status[d].passed for d in unit.depends_on)
+
+    return ([m.number for m in MILESTONES if m.number not in status and ready(m)],
+            [e.code for e in EXERCISES if e.code not in done and ready(e)])
+
+
+def _run_waves(tests_dir: Path, workdir, python: str, timeout: float, on_wave, imported: Path) -> tuple[dict, dict]:
+    """Run the waves until every milestone and exercise has its verdict; ``(status, done)``,
+    by milestone number and exercise code."""
+    status: dict[int, MilestoneResult] = {}
+    done: dict[str, MilestoneResult] = {}  # the optional exercises, by code: never in the score
+    while True:
+        locked_any = _lock_blocked(status, done)
+        wave, extra = _ready(status, done)
+        if not wave and not extra:
+            if locked_any:
+                continue
+            break
+        if on_wave is not None:
+            on_wave(wave, extra)
+        records, crashes = run_wave([*wave, *extra], tests_dir, workdir, python, timeout)
+        for record in records:
+            if (record["kind"] == "import" and "file" in record
+                    and Path(record["file"]).resolve() != Path(imported).resolve()):
+                raise GradingError(f"the tests imported diloco from {record['file']}, not {imported}")
+        for unit in [*map(by_number, wave), *map(by_code, extra)]:
+            crash = crashes.get(unit.marker) or unreported([unit.marker], records)
+            verdicts = status if isinstance(unit, Milestone) else done
+            verdicts[unit.number if isinstance(unit, Milestone) else unit.code] = classify(
+                unit, records, crash, tests_dir)
+    for m in MILESTONES:  # only reachable with a cycle in the graph
+        status.setdefault(m.number, MilestoneResult(m, LOCKED, "dependency cycle"))
+    for e in EXERCISES:
+        done.setdefault(e.code, MilestoneResult(e, LOCKED, "dependency cycle"))
+    return status, done
 
 
 # The command line (``diloco grade``, and this file run as a script) lives in grade_command,

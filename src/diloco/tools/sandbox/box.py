@@ -55,7 +55,7 @@ from diloco.tools.sandbox.sandbox_root import (
 )
 
 __all__ = ["SandboxError", "Unavailable", "Refused", "Sandbox", "prepare", "check_package", "protections", "missing",
-           "find_bwrap", "HOW_TO_ENABLE", "PACKAGE_LIMIT"]
+           "find_bwrap", "HOW_TO_ENABLE", "PACKAGE_LIMIT", "PACKAGE_ENTRIES", "PACKAGE_DEPTH"]
 
 _PR_SET_PDEATHSIG = 1
 DEFAULT_DISK = 64 << 20
@@ -66,6 +66,7 @@ DEFAULT_LIMITS = {"cpu": 600, "as": 4 << 30, "nproc": 64, "fsize": DEFAULT_DISK,
 
 PACKAGE_LIMIT = 32 << 20  # bytes of the graded package copied for the sandbox, at most
 PACKAGE_ENTRIES = 5000  # files and folders in it, at most
+PACKAGE_DEPTH = 32  # folders nested in it, at most
 
 
 class Refused(ValueError):
@@ -101,8 +102,13 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
         found = runtime(python or sys.executable, tuple(packages))
     except RuntimeError as exc:
         raise Unavailable(f"{exc}; the sandbox needs an interpreter with {', '.join(packages)}") from None
-    check_package(package_root / "diloco", package_limit)
-    shutil.copytree(package_root / "diloco", folder / "pkg" / "diloco", ignore=_plain_files_only, symlinks=True)
+    skipped = check_package(package_root / "diloco", package_limit)
+    try:
+        shutil.copytree(package_root / "diloco", folder / "pkg" / "diloco", ignore=_plain_files_only, symlinks=True)
+    except shutil.Error as exc:  # a file that changed or became unreadable since the check
+        raise Refused(f"cannot read the package to copy it: {exc.args[0][0][2]}") from None
+    except OSError as exc:
+        raise Refused(f"cannot read the package to copy it: {exc.strerror or exc}") from None
     (folder / "bin").mkdir()
     here = Path(__file__).resolve().parent
     for source in [here / "sandbox_worker.py", *sorted(here.glob("wire*.py"))]:
@@ -120,51 +126,83 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
         "mode": launch["mode"], "launch_as": launch["launch_as"], "uid": launch["uid"], "gid": launch["gid"],
         "user": user if os.geteuid() == 0 else None, "packages": list(packages), "disk": int(disk),
         "limits": {**DEFAULT_LIMITS, "fsize": int(disk), **(limits or {})}, "call_timeout": float(call_timeout),
+        "skipped": skipped,
     }
 
 
 def _plain_files_only(directory: str, names: list[str]) -> set[str]:
     """Copy folders and regular files only, each with a single name: a symlink or a hard link
     could point the root grader at a secret it would then copy where the sandbox can read it."""
-    skipped = set()
-    for name in names:
-        path = os.path.join(directory, name)
-        info = os.lstat(path)
-        plain = stat.S_ISDIR(info.st_mode) or (stat.S_ISREG(info.st_mode) and info.st_nlink == 1)
-        if name == "__pycache__" or name.endswith(".pyc") or not plain:
-            skipped.add(name)
-    return skipped
+    return {name for name in names if _not_copied(os.lstat(os.path.join(directory, name)), name)}
 
 
-def check_package(package: Path, limit: int = PACKAGE_LIMIT) -> None:
+def _not_copied(info: os.stat_result, name: str) -> str:
+    """Why the entry ``name`` (its ``lstat``) is not copied, in words; empty when it is."""
+    if name == "__pycache__" or name.endswith(".pyc"):
+        return "cache"
+    if stat.S_ISLNK(info.st_mode):
+        return "a symbolic link"
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        return "a hard link"
+    if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+        return "special"
+    return ""
+
+
+def _listing(folder: str, shown: str) -> list[tuple[str, os.stat_result]]:
+    """``(name, lstat)`` of each entry of ``folder``, sorted; ``Refused`` saying what could not be read."""
+    try:
+        return [(name, os.lstat(os.path.join(folder, name))) for name in sorted(os.listdir(folder))]
+    except OSError as exc:
+        raise Refused(f"cannot read {shown}: {exc.strerror or exc}") from None
+
+
+def check_package(package: Path, limit: int = PACKAGE_LIMIT) -> list[str]:
     """``Refused`` unless what ``prepare`` would copy of ``package`` is at most ``limit`` bytes
-    (sizes as the files claim them) in at most ``PACKAGE_ENTRIES`` entries, with no sparse
-    file (a hole is read as zeros: copied dense) and no FIFO, socket or device, and
-    ``package`` itself no symbolic link (the copy would follow it)."""
+    (sizes as the files claim them) in at most ``PACKAGE_ENTRIES`` entries nested at most
+    ``PACKAGE_DEPTH`` folders deep, every one readable, with no sparse file (a hole is read
+    as zeros: copied dense) and no FIFO, socket or device, and ``package`` itself no symbolic
+    link (the copy would follow it). The walk keeps its own stack (no recursion, whatever
+    the depth). Returns a line for each link not copied (``diloco/adamw.py is a hard link
+    and was not copied``)."""
     if package.is_symlink():
         raise Refused(f"{package.name} is a symbolic link: a submission must hold its own files")
-    total = entries = 0
-    for folder, dirs, names in os.walk(package):  # symbolic links to folders are not entered
-        skipped = _plain_files_only(folder, dirs + names)
-        dirs[:] = [name for name in dirs if name not in skipped]
-        for name in sorted(set(dirs + names) - skipped):
+    total, entries, notes = 0, 0, []
+    stack = [(str(package), 0)]
+    while stack:
+        folder, depth = stack.pop()
+        for name, info in _listing(folder, os.path.relpath(folder, package.parent)):
             path = os.path.join(folder, name)
             shown = os.path.relpath(path, package.parent)
+            why = _not_copied(info, name)
+            if why == "special":
+                raise Refused(f"{shown} is a special file (a FIFO, socket or device)")
+            if why:
+                notes += [f"{shown} is {why} and was not copied"] if why != "cache" else []
+                continue
             entries += 1
             if entries > PACKAGE_ENTRIES:
                 raise Refused(f"the package holds more than {PACKAGE_ENTRIES} files and folders")
-            if name in dirs:
+            if stat.S_ISDIR(info.st_mode):
+                if depth + 1 > PACKAGE_DEPTH:
+                    raise Refused(f"the package nests folders more than {PACKAGE_DEPTH} deep (at {shown})")
+                stack.append((path, depth + 1))
                 continue
-            if _sparse(path):
-                raise Refused(f"{shown} is a sparse file")
-            total += os.lstat(path).st_size
+            total += _file_size(path, shown, info)
             if total > limit:
                 raise Refused(f"the package is larger than {limit >> 20} MiB (at {shown})")
-        for name in sorted(skipped):
-            mode = os.lstat(os.path.join(folder, name)).st_mode
-            if not (stat.S_ISLNK(mode) or stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                raise Refused(f"{os.path.relpath(os.path.join(folder, name), package.parent)} is a special file "
-                              "(a FIFO, socket or device)")
+    return sorted(notes)
+
+
+def _file_size(path: str, shown: str, info: os.stat_result) -> int:
+    """The size of a regular file; ``Refused`` when it is sparse or cannot be read."""
+    try:
+        sparse = _sparse(path)
+    except OSError as exc:
+        raise Refused(f"cannot read {shown}: {exc.strerror or exc}") from None
+    if sparse:
+        raise Refused(f"{shown} is a sparse file")
+    return info.st_size
 
 
 def _sparse(path: str) -> bool:
