@@ -122,7 +122,7 @@ results-transformer: $(VENV)/.installed-dev
 		$(BIN)/python -m diloco.tools.studies.make_results --tier transformer --jobs 2 $(if $(ONLY),--only $(ONLY),)
 
 # Learner workspace: the project with the 30 milestone bodies, and those of the optional exercises
-# x01-x03 (docs/exercises/), as stubs (docs/learner-guide.md).
+# x01-x07 (docs/exercises/), as stubs (docs/learner-guide.md).
 WS ?= workspace
 
 # Nothing to install here: the workspace's own `make grade` installs its small environment, the one install

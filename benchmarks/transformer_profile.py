@@ -30,7 +30,7 @@ import diloco.models.transformer as transformer
 PIECES = [
     (transformer, "affine", "dense products forward, with bias and residual adds"),
     (transformer, "affine_backward", "dense products backward (dX, dW, bias sums)"),
-    (layers, "_masked_scores", "attention scores: q k^T, scale, mask"),
+    (layers, "masked_scores", "attention scores: q k^T, scale, mask"),
     (layers, "causal_softmax", "attention softmax"),
     (transformer, "causal_attention", "attention forward, whole"),
     (transformer, "attention_backward", "attention backward"),

@@ -544,11 +544,15 @@ for name, family in (("DiLoCo", None), ("Streaming P=2", FamilyConfig(fragments=
 display(Markdown("\\n".join(rows)))"""),
     ("md", """## Exercises
 
-Three graded exercises sit outside the course's 30 milestones (`docs/exercises/`): `x01` (the fp4
-E2M1 quantiser with a power-of-two scale per block), `x02` (the streaming fragment schedule) and
-`x03` (top-k with error feedback). In a workspace they are stubs of the library's own functions
-(`diloco.core.quantize`, `diloco.core.schedule`, `diloco.methods.sparse`): `make test M=x01`
-runs one, and `make grade` reports them under the 30 milestones, outside the score."""),
+Seven graded exercises sit outside the course's 30 milestones (`docs/exercises/`): `x01` (the fp4
+E2M1 quantiser with a power-of-two scale per block), `x02` (the streaming fragment schedule),
+`x03` (top-k with error feedback), and `x04`-`x07`, the transformer language model of notebook 01
+(its attention forward and backward, LayerNorm and GELU, the head and the residual stream's
+gradient). In a workspace they are stubs of the library's own functions (`diloco.core.quantize`,
+`diloco.core.schedule`, `diloco.methods.sparse`, `diloco.models.layers`,
+`diloco.models.transformer`): `make test M=x01` runs one, and `make grade` reports them under the
+30 milestones, outside the score. With `x04`-`x07` done, `model="transformer"` trains on your own
+functions."""),
 ]
 
 

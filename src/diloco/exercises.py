@@ -62,6 +62,18 @@ EXERCISES: tuple[Exercise, ...] = (
              "Streaming DiLoCo: which fragment syncs after which inner step"),
     Exercise(3, "topk_error_feedback", (("methods.sparse", "_topk_flat"), ("methods.sparse", "compress_with_feedback")),
              (), "SparseLoCo: top-k per chunk, with what was not sent fed back"),
+    Exercise(4, "causal_attention", (("models.layers", "causal_mask"), ("models.layers", "softmax"),
+                                     ("models.layers", "causal_softmax"), ("models.layers", "masked_scores"),
+                                     ("models.layers", "causal_attention")), (),
+             "the transformer's causal multi-head self-attention, forward"),
+    Exercise(5, "attention_backward", (("models.layers", "attention_backward"),), (),
+             "attention's backward: dq, dk, dv through the softmax"),
+    Exercise(6, "layer_norm_gelu", (("models.layers", "layer_norm"), ("models.layers", "layer_norm_backward"),
+                                    ("models.layers", "gelu"), ("models.layers", "gelu_backward")), (),
+             "LayerNorm and GELU, forward and backward"),
+    Exercise(7, "lm_head", (("models.layers", "cross_entropy"), ("models.layers", "embedding_grad"),
+                            ("models.transformer", "embedding_backward"), ("models.transformer", "block_backward")),
+             (), "the language-model head: cross-entropy, the embeddings' gradients, the residual stream's"),
 )
 
 _BY_CODE = {e.code: e for e in EXERCISES}

@@ -176,7 +176,8 @@ def test_cli_creates_a_workspace(created):
     folder, status, out, err = created
     assert status == 0 and err == ""
     assert "make grade" in out
-    assert "optional: 3 graded exercises beyond the 30 (x01, x02, x03; docs/exercises/)" in out  # make workspace too
+    codes = ", ".join(f"x{n:02d}" for n in range(1, 8))
+    assert f"optional: 7 graded exercises beyond the 30 ({codes}; docs/exercises/)" in out  # make workspace too
     assert (folder / "src/diloco/model.py").is_file()
     assert [p.name for p in folder.parent.iterdir()] == ["workspace"]  # no staging directory left behind
 

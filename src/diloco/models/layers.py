@@ -15,8 +15,8 @@ import numpy as np
 
 __all__ = ["LN_EPS", "GELU_C", "GELU_A", "SAFE_ROW_SUM", "BLOCK_ROWS", "row_sum", "row_dot", "col_sum", "row_mean",
            "affine", "affine_backward", "layer_norm", "layer_norm_backward", "gelu", "gelu_backward", "softmax",
-           "causal_softmax", "causal_mask", "row_blocks", "causal_attention", "attention_backward", "cross_entropy",
-           "embedding_grad"]
+           "causal_softmax", "causal_mask", "masked_scores", "row_blocks", "causal_attention", "attention_backward",
+           "cross_entropy", "embedding_grad"]
 
 LN_EPS = 1e-5  # LayerNorm's epsilon, PyTorch's default
 GELU_C = math.sqrt(2.0 / math.pi)
@@ -85,6 +85,7 @@ def causal_attention(qkv_flat, batch, n_heads):
     probs : tuple of ndarray
         P's row blocks, one per ``row_blocks(T)`` entry, each (B, h, stop - start, stop).
     """
+    # BEGIN EXERCISE x04
     length, d_model = qkv_flat.shape[0] // batch, qkv_flat.shape[1] // 3
     head_dim = d_model // n_heads
     qkv = qkv_flat.reshape(batch, length, 3, n_heads, head_dim).transpose(2, 0, 3, 1, 4)  # (3, B, h, T, d_h)
@@ -92,12 +93,13 @@ def causal_attention(qkv_flat, batch, n_heads):
     heads = out.transpose(0, 2, 1, 3)  # (B, h, T, d_h), written in the concatenated layout
     probs = []
     for start, stop in row_blocks(length):
-        block = causal_softmax(_masked_scores(qkv, start, stop))
+        block = causal_softmax(masked_scores(qkv, start, stop))
         if block is None:  # a score far above its row's diagonal overflowed: the row-wise softmax instead
-            block = softmax(_masked_scores(qkv, start, stop), in_place=True)
+            block = softmax(masked_scores(qkv, start, stop), in_place=True)
         np.matmul(block, qkv[2][:, :, :stop], out=heads[:, :, start:stop])
         probs.append(block)
     return out.reshape(batch * length, d_model), qkv, tuple(probs)
+    # END EXERCISE x04
 
 
 def row_blocks(length):
@@ -112,13 +114,19 @@ def row_blocks(length):
     return ((0, length // 2), (length // 2, length))
 
 
-def _masked_scores(qkv, start, stop):
-    """Rows ``start .. stop - 1`` of ``S = q k^T / sqrt(d_h) + M`` over columns ``< stop``, a new array."""
+def masked_scores(qkv, start, stop):
+    """Rows ``start .. stop - 1`` of ``S = q k^T / sqrt(d_h) + M`` over columns ``< stop``, a new array.
+
+    ``qkv`` is (3, B, h, T, d_h) as ``causal_attention`` splits it; the result is (B, h, stop - start, stop),
+    ``-inf`` where ``causal_mask(stop - start, stop)`` is True.
+    """
+    # BEGIN EXERCISE x04
     q, k, _ = qkv
     scores = q[:, :, start:stop] @ k[:, :, :stop].transpose(0, 1, 3, 2)
     scores *= 1.0 / math.sqrt(q.shape[-1])
     np.copyto(scores, -np.inf, where=causal_mask(stop - start, stop))  # M, broadcast over (B, h)
     return scores
+    # END EXERCISE x04
 
 
 def causal_softmax(scores):
@@ -135,6 +143,7 @@ def causal_softmax(scores):
     above the diagonal in float32, 687 in float64) it returns None, and the caller takes the
     row-wise softmax.
     """
+    # BEGIN EXERCISE x04
     rows, cols = scores.shape[-2:]
     diagonal = np.diagonal(scores, offset=cols - rows, axis1=-2, axis2=-1)[..., None].copy()  # S_tt, (B, h, R, 1)
     scores -= diagonal
@@ -145,6 +154,7 @@ def causal_softmax(scores):
         return None
     exp /= totals
     return exp
+    # END EXERCISE x04
 
 
 def attention_backward(dout, qkv, probs):
@@ -154,6 +164,7 @@ def attention_backward(dout, qkv, probs):
     ``dq = dS k / sqrt(d_h)``, ``dk = dS^T q / sqrt(d_h)`` (masked entries have P = 0, so dS = 0),
     block by block: a block's rows give their own dq, and add to dk and dv of the columns they see.
     """
+    # BEGIN EXERCISE x05
     q, k, v = qkv
     batch, n_heads, length, head_dim = q.shape
     dout = dout.reshape(batch, length, n_heads, head_dim).transpose(0, 2, 1, 3)  # (B, h, T, d_h)
@@ -173,6 +184,7 @@ def attention_backward(dout, qkv, probs):
             dk[:, :, :stop] += dscores.transpose(0, 1, 3, 2) @ q[:, :, start:stop]
             dv[:, :, :stop] += block.transpose(0, 1, 3, 2) @ grad
     return dqkv.reshape(batch * length, 3 * n_heads * head_dim)
+    # END EXERCISE x05
 
 
 def affine(inputs, weight, bias, residual=None):
@@ -196,17 +208,20 @@ def layer_norm(x, gain, bias):
     glibc may hand back to the kernel and fault in again on the next step (see
     ``benchmarks/transformer_step.py``).
     """
+    # BEGIN EXERCISE x06
     x_hat = x - row_mean(x)
     inv_std = 1.0 / np.sqrt(row_dot(x_hat, x_hat) * (1.0 / x.shape[-1]) + LN_EPS)  # (N, 1)
     x_hat *= inv_std
     out = x_hat * gain
     out += bias
     return out, (x_hat, inv_std)
+    # END EXERCISE x06
 
 
 def layer_norm_backward(dy, gain, cache):
     """``dx = inv_std (dx_hat - mean(dx_hat) - x_hat mean(dx_hat x_hat))`` with ``dx_hat = dy g``;
     ``dg = sum_i dy x_hat``, ``db = sum_i dy``."""
+    # BEGIN EXERCISE x06
     x_hat, inv_std = cache
     dx_hat = dy * gain
     dx = x_hat * (row_dot(dx_hat, x_hat) * (1.0 / x_hat.shape[-1]))
@@ -214,6 +229,7 @@ def layer_norm_backward(dy, gain, cache):
     dx -= row_mean(dx_hat)
     dx *= inv_std
     return dx, col_sum(dy * x_hat), col_sum(dy)
+    # END EXERCISE x06
 
 
 def gelu(u):
@@ -225,6 +241,7 @@ def gelu(u):
     this was the forward's costliest step. In place over one scratch array. For ``u`` far below
     zero ``exp(-2 z)`` overflows to inf and ``s`` to 0: GELU's limit, so that overflow is silenced.
     """
+    # BEGIN EXERCISE x06
     s = u * u
     s *= -2.0 * GELU_C * GELU_A
     s -= 2.0 * GELU_C
@@ -234,6 +251,7 @@ def gelu(u):
     s += 1.0
     np.divide(1.0, s, out=s)  # s = sigmoid(2 z) = (1 + tanh z) / 2
     return u * s, s
+    # END EXERCISE x06
 
 
 def gelu_backward(dy, u, s):
@@ -242,6 +260,7 @@ def gelu_backward(dy, u, s):
     (``d s / d u = 2 s (1 - s) dz/du`` and ``dz/du = c (1 + 3 a u^2)``; with ``t = tanh z`` it is
     ``(1 + t)/2 + u/2 (1 - t^2) c (1 + 3 a u^2)``.)
     """
+    # BEGIN EXERCISE x06
     slope = u * u
     slope *= 6.0 * GELU_C * GELU_A
     slope += 2.0 * GELU_C
@@ -251,6 +270,7 @@ def gelu_backward(dy, u, s):
     slope += s
     slope *= dy
     return slope
+    # END EXERCISE x06
 
 
 def softmax(scores, *, in_place=False):
@@ -260,11 +280,13 @@ def softmax(scores, *, in_place=False):
     ``diloco.model.softmax``: that milestone rejects the ``-inf`` of the causal mask (and is
     a stub in a learner's workspace until milestone 04 is done).
     """
+    # BEGIN EXERCISE x04
     exp = scores if in_place else scores.copy()
     exp -= scores.max(axis=-1, keepdims=True)
     np.exp(exp, out=exp)
     exp /= row_sum(exp)
     return exp
+    # END EXERCISE x04
 
 
 @functools.lru_cache(maxsize=16)
@@ -272,19 +294,22 @@ def causal_mask(rows, cols):
     """Where ``M`` is ``-inf`` for rows of positions ``cols - rows .. cols - 1`` against positions ``< cols``:
     True where the column lies after the row's position (t never sees s > t). (rows, cols), read-only, cached.
 
-    ``_masked_scores`` writes ``-inf`` there (``np.copyto(..., where=)``) rather than adding a float
+    ``masked_scores`` writes ``-inf`` there (``np.copyto(..., where=)``) rather than adding a float
     mask of 0 and ``-inf``: the addition reads the 16 kB mask again for every (b, h) in step with
     the writes to the scores, and where the two addresses agree modulo 4 kB (as fresh arrays from
     ``malloc`` often do) the processor stalls each read behind the write it seems to alias: 0.6-0.8
     against 0.25 ms a layer at the default size.
     """
+    # BEGIN EXERCISE x04
     upper = np.triu(np.ones((rows, cols), dtype=bool), k=cols - rows + 1)
     upper.setflags(write=False)
     return upper
+    # END EXERCISE x04
 
 
 def cross_entropy(logits, targets, *, grad=True):
     """Mean CE of ``targets`` (N,) under ``logits`` (N, V) and ``d loss / d logits = (softmax - Y) / N``."""
+    # BEGIN EXERCISE x07
     n = logits.shape[0]
     shifted = logits - logits.max(axis=1, keepdims=True)
     picked = shifted[np.arange(n), targets]
@@ -297,6 +322,7 @@ def cross_entropy(logits, targets, *, grad=True):
     exp[np.arange(n), targets] -= 1.0
     exp *= 1.0 / n
     return loss, exp
+    # END EXERCISE x07
 
 
 def embedding_grad(tokens, dx, vocab_size):
@@ -305,6 +331,8 @@ def embedding_grad(tokens, dx, vocab_size):
     As the product ``onehot(tokens)^T dx`` (V, N) x (N, d): for V = 65 it costs a fifth of
     ``np.add.at``'s scatter.
     """
+    # BEGIN EXERCISE x07
     flat = tokens.reshape(-1)
     onehot = (flat[None, :] == np.arange(vocab_size)[:, None]).astype(dx.dtype)  # (V, N)
     return onehot @ dx.reshape(flat.size, dx.shape[-1])
+    # END EXERCISE x07

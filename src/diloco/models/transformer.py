@@ -93,6 +93,8 @@ __all__ = [
     "transformer_hidden_matrices",
     "transformer_blocks",
     "sequence_targets",
+    "block_backward",
+    "embedding_backward",
 ]
 
 INIT_STD = 0.02  # GPT-2's initialisation: N(0, 0.02^2), residual projections scaled by 1/sqrt(2 n_layers)
@@ -320,7 +322,6 @@ def transformer_backward(params: Params, cache: TransformerCache, targets: np.nd
     """
     if not isinstance(cache, TransformerCache):
         raise TypeError(f"cache must be the TransformerCache of transformer_forward, got {type(cache).__name__}")
-    batch, length = cache.tokens.shape
     _check_targets(targets, cache.tokens.shape, cfg)
     loss, dlogits = cross_entropy(cache.logits, targets.reshape(-1))  # (N, V)
     grads: Params = {}
@@ -329,15 +330,8 @@ def transformer_backward(params: Params, cache: TransformerCache, targets: np.nd
     dx, grads["ln_f.gain"], grads["ln_f.bias"] = layer_norm_backward(dlogits @ head.T, params["ln_f.gain"],
                                                                      cache.ln_f)
     for layer in reversed(range(cfg.n_layers)):
-        dx = _block_backward(params, f"h{layer}.", dx, cache.layers[layer], grads, cfg)
-    dx = dx.reshape(batch, length, cfg.d_model)
-    grads["wte"] = embedding_grad(cache.tokens, dx, cfg.vocab_size)
-    grads["wpe"] = np.zeros_like(params["wpe"])
-    grads["wpe"][:length] = col_sum(dx.reshape(batch, length * cfg.d_model)).reshape(length, cfg.d_model)
-    if cfg.tied:
-        grads["wte"] += head_grad.T
-    else:
-        grads["head"] = head_grad
+        dx = block_backward(params, f"h{layer}.", dx, cache.layers[layer], grads, cfg)
+    grads.update(embedding_backward(cache.tokens, dx, head_grad, cfg))
     return loss, {key: grads[key] for key in params}
 
 
@@ -453,11 +447,36 @@ def _block_forward(params, p, x, batch, cfg):
     return x, LayerCache(ln1, attn_in, qkv, probs, attn_out, ln2, mlp_in, fc_out, gelu_sigmoid, gelu_out)
 
 
-def _block_backward(params, p, dx, cache: LayerCache, grads, cfg):
-    """Gradient through one block; writes its 12 parameter gradients into ``grads``, returns dx_in (N, d).
+def block_backward(params: Params, p: str, dx: np.ndarray, cache: LayerCache, grads: Params,
+                   cfg: TransformerConfig) -> np.ndarray:
+    """Gradient through one block (``_block_forward``'s steps in reverse); writes its 12 parameter
+    gradients into ``grads`` and returns ``dx_in`` (N, d).
 
-    Each residual branch ``x_out = x_in + f(x_in)`` gives ``dx_in = dx_out + J_f^T dx_out``.
+    Each residual branch ``x_out = x_in + f(x_in)`` gives ``dx_in = dx_out + J_f^T dx_out``: the
+    gradient reaching the branch's output also passes the branch by, unchanged. Backwards, the
+    MLP branch first (``mlp.proj``, GELU, ``mlp.fc``, LN_2), plus ``dx`` gives ``dx_mid``; then
+    the attention branch (``attn.proj``, attention, ``attn.qkv``, LN_1), plus ``dx_mid``.
+
+    Parameters
+    ----------
+    params : dict of str -> ndarray
+        The model's parameters; this block's keys start with ``p`` (``"h0."``).
+    p : str
+        The block's key prefix.
+    dx : ndarray of shape (N, d)
+        ``d loss / d x_out``, the gradient at the block's output.
+    cache : LayerCache
+        The block's ``_block_forward`` cache.
+    grads : dict of str -> ndarray
+        Receives ``p + "ln1.gain"`` ... ``p + "mlp.proj_bias"`` (the 12 keys of the block).
+    cfg : TransformerConfig
+
+    Returns
+    -------
+    dx_in : ndarray of shape (N, d)
+        ``d loss / d x_in``.
     """
+    # BEGIN EXERCISE x07
     dgelu, grads[p + "mlp.proj"], grads[p + "mlp.proj_bias"] = affine_backward(dx, cache.gelu_out,
                                                                                params[p + "mlp.proj"])
     dfc = gelu_backward(dgelu, cache.fc_out, cache.gelu_sigmoid)  # (N, m)
@@ -475,6 +494,45 @@ def _block_backward(params, p, dx, cache: LayerCache, grads, cfg):
                                                                              cache.ln1)
     dln1 += dx
     return dln1
+    # END EXERCISE x07
+
+
+def embedding_backward(tokens: np.ndarray, dx: np.ndarray, head_grad: np.ndarray,
+                       cfg: TransformerConfig) -> Params:
+    """The gradients of the embeddings (and of an untied head) from ``dx_0`` and the head's ``dW_head``.
+
+    ``x_0 = wte[tokens] + wpe[:T]``, so ``d wte[v] = sum_{i: token_i = v} dx_0,i``
+    (``embedding_grad``: a token seen twice gets both rows) and ``d wpe[t] = sum_b dx_0,(b, t)``
+    for ``t < T`` (0 for ``T <= t < context``). Tied, ``W_head = wte^T`` is the same matrix
+    used a second time, so its gradient is added: ``d wte += dW_head^T``; untied it is
+    ``d head = dW_head``.
+
+    Parameters
+    ----------
+    tokens : ndarray of shape (B, T), integer
+    dx : ndarray of shape (B T, d)
+        ``d loss / d x_0``, row ``b T + t`` for position t of sequence b.
+    head_grad : ndarray of shape (d, V)
+        ``dW_head = LN_f(x)^T d logits``.
+    cfg : TransformerConfig
+
+    Returns
+    -------
+    grads : dict of str -> ndarray
+        ``wte (V, d)``, ``wpe (context, d)`` and, untied only, ``head (d, V)``, in that order.
+    """
+    # BEGIN EXERCISE x07
+    batch, length = tokens.shape
+    dx = dx.reshape(batch, length, cfg.d_model)
+    grads = {"wte": embedding_grad(tokens, dx, cfg.vocab_size)}
+    grads["wpe"] = np.zeros((cfg.context, cfg.d_model), dtype=dx.dtype)
+    grads["wpe"][:length] = col_sum(dx.reshape(batch, length * cfg.d_model)).reshape(length, cfg.d_model)
+    if cfg.tied:
+        grads["wte"] += head_grad.T
+    else:
+        grads["head"] = head_grad
+    return grads
+    # END EXERCISE x07
 
 
 def _head(params, cfg):

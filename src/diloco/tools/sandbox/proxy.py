@@ -50,7 +50,7 @@ __all__ = ["PROXIED_MODULES", "MAX_STARTS", "SandboxError", "install", "begin", 
 
 PROXIED_MODULES = ("model", "adamw", "params", "sharding", "outer", "loop", "evaluation", "data",
                    # the modules of the optional exercises (diloco.exercises)
-                   "core.quantize", "core.schedule", "methods.sparse")
+                   "core.quantize", "core.schedule", "methods.sparse", "models.layers", "models.transformer")
 MAX_STARTS = 4
 
 
@@ -109,7 +109,8 @@ _session: _Session | None = None
 
 
 def install(config: dict, notify=None) -> None:
-    """Route the public functions of ``PROXIED_MODULES`` (and their re-exports) to the sandbox."""
+    """Route the public functions of ``PROXIED_MODULES`` (and their re-exports) to the sandbox, decorated
+    (cached) ones too."""
     global _session
     import diloco
 
@@ -118,7 +119,8 @@ def install(config: dict, notify=None) -> None:
     for module_name, module in zip(PROXIED_MODULES, modules, strict=True):
         for name in getattr(module, "__all__", ()):
             function = getattr(module, name, None)
-            if inspect.isfunction(function) and id(function) not in proxies:
+            # a function, or one wrapped by a decorator (``functools.lru_cache``: ``models.layers.causal_mask``)
+            if function is not None and inspect.isfunction(inspect.unwrap(function)) and id(function) not in proxies:
                 proxies[id(function)] = (function, _proxy(f"{module_name}.{name}", function))
     for module in [diloco, *modules]:
         for name, value in list(vars(module).items()):

@@ -35,6 +35,8 @@ RECORDS: dict[str, tuple[str, ...] | None] = {
     "methods.sparse.SparseConfig": None,
     "methods.sparse.SparsePayload": None,
     "methods.sparse.ErrorFeedbackState": None,
+    "models.transformer.TransformerConfig": None,
+    "models.transformer.LayerCache": None,
     "data.Dataset": None,
     "data.Standardizer": None,
     "evaluation.CommunicationReport": None,
