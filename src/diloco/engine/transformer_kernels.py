@@ -90,46 +90,47 @@ def layer_norm_backward(dy, gain, x_hat, inv_std, dx, dgain, dbias, accumulate, 
             dx[i, j] = dx[i, j] + value if accumulate else value
 
 
-def gelu_forward(u, bias, out, minus_two_c, gelu_a, one):
-    """``u += bias`` (in place), ``out = GELU(u) = u s``, ``s = 1 / (1 + exp(-2 z)) = (1 + tanh z) / 2``,
-    ``z = c u (1 + a u^2)``. For u far below 0 ``exp`` overflows to inf and s is 0: GELU's limit."""
+def gelu_forward(u, bias, s, out, minus_two_c, gelu_a, one):
+    """``u += bias`` (in place), ``out = GELU(u) = u s``, ``s = 1 / (1 + exp(-2 z)) = (1 + tanh z) / 2``
+    (kept for the backward), ``z = c u (1 + a u^2)``. For u far below 0 ``exp`` overflows to inf and s is 0:
+    GELU's limit."""
     n, m = u.shape
     for i in range(n):
         for j in range(m):
             value = u[i, j] + bias[j]
             u[i, j] = value
-            out[i, j] = value / (one + fast_exp(minus_two_c * value * (one + gelu_a * value * value)))
+            sig = one / (one + fast_exp(minus_two_c * value * (one + gelu_a * value * value)))
+            s[i, j] = sig
+            out[i, j] = value * sig
 
 
-def gelu_backward(dy, u, du, dbias, minus_two_c, gelu_a, three_a, one):
-    """``du = dy [s + u s (1 - s) 2 c (1 + 3 a u^2)]`` (s recomputed from u) and ``dbias = sum_i du``
+def gelu_backward(dy, u, s, du, dbias, minus_two_c, three_a, one):
+    """``du = dy [s + u s (1 - s) 2 c (1 + 3 a u^2)]`` with the forward's s, and ``dbias = sum_i du``
     (overwritten)."""
     n, m = u.shape
     dbias[:] = 0
     for i in range(n):
         for j in range(m):
-            value = u[i, j]
-            square = value * value
-            sig = one / (one + fast_exp(minus_two_c * value * (one + gelu_a * square)))
-            grad = dy[i, j] * (sig - value * sig * (one - sig) * minus_two_c * (one + three_a * square))
+            value, sig = u[i, j], s[i, j]
+            grad = dy[i, j] * (sig - value * sig * (one - sig) * minus_two_c * (one + three_a * value * value))
             du[i, j] = grad
             dbias[j] += grad
 
 
-def attention_softmax(scores, scale, limit, by_max, one):
-    """Causal softmax of scores (B, h, T, T) in place: ``P_ts = exp((S_ts - c_t) scale) / sum_s (...)`` over
-    ``s <= t``, 0 above.
+def attention_softmax(scores, start, scale, limit, by_max, one):
+    """Causal softmax in place of a row block of scores (B, h, R, C): row r is position ``t = start + r``
+    against positions ``s < C``; ``P_ts = exp((S_ts - c_t) scale) / sum_s (...)`` over ``s <= t``, 0 above.
 
     ``c_t`` is the row's diagonal ``S_tt`` (``layers.causal_softmax`` says why: no reduction, and no
     row sum can underflow), or with ``by_max`` its maximum. Returns False, the scores partly overwritten,
     when a row's sum exceeds ``limit`` or is not finite (a score far above its diagonal): the caller makes
     the scores again and calls with ``by_max``.
     """
-    batch, heads, length, _ = scores.shape
+    batch, heads, rows, cols = scores.shape
     for b in range(batch):
         for h in range(heads):
-            for t in range(length):
-                row = scores[b, h, t]
+            for r in range(rows):
+                row, t = scores[b, h, r], start + r
                 shift = row[t]
                 if by_max:
                     for s in range(t):
@@ -144,24 +145,26 @@ def attention_softmax(scores, scale, limit, by_max, one):
                 inv = one / total
                 for s in range(t + 1):
                     row[s] *= inv
-                for s in range(t + 1, length):
+                for s in range(t + 1, cols):
                     row[s] = 0
     return True
 
 
-def attention_score_grad(dprobs, probs, scale, one):
-    """``dS = P (dP - rowsum(dP P)) scale`` in place over ``dprobs`` (B, h, T, T); 0 above the diagonal."""
-    batch, heads, length, _ = probs.shape
+def attention_score_grad(dprobs, probs, start, scale, one):
+    """``dS = P (dP - rowsum(dP P)) scale`` in place over a row block ``dprobs`` (B, h, R, C) (rows as
+    ``attention_softmax``'s); 0 above the diagonal."""
+    batch, heads, rows, cols = probs.shape
     for b in range(batch):
         for h in range(heads):
-            for t in range(length):
+            for r in range(rows):
+                t = start + r
                 total = one - one
                 for s in range(t + 1):
-                    total += dprobs[b, h, t, s] * probs[b, h, t, s]
+                    total += dprobs[b, h, r, s] * probs[b, h, r, s]
                 for s in range(t + 1):
-                    dprobs[b, h, t, s] = probs[b, h, t, s] * (dprobs[b, h, t, s] - total) * scale
-                for s in range(t + 1, length):
-                    dprobs[b, h, t, s] = 0
+                    dprobs[b, h, r, s] = probs[b, h, r, s] * (dprobs[b, h, r, s] - total) * scale
+                for s in range(t + 1, cols):
+                    dprobs[b, h, r, s] = 0
 
 
 def cross_entropy(logits, targets, grad, inv_n, one):

@@ -28,6 +28,7 @@ import math
 import numpy as np
 
 from diloco.engine import transformer_kernels as tk
+from diloco.models.layers import row_blocks
 
 __all__ = ["TransformerStep", "fast_transformer_available"]
 
@@ -57,15 +58,19 @@ class TransformerStep:
             return
         cfg, dt = self.cfg, self.dtype
         n, d, m, heads = batch * length, cfg.d_model, cfg.mlp_ratio * cfg.d_model, cfg.n_heads
+        self.blocks = row_blocks(length)  # P's row blocks: rows start .. stop - 1 against columns < stop
         empty = lambda *shape: np.empty(shape, dtype=dt)  # noqa: E731
         self.layers = [{"xh1": empty(n, d), "inv1": empty(n), "a1": empty(n, d), "qkv": empty(n, 3 * d),
-                        "probs": empty(batch, heads, length, length), "attn": empty(n, d), "xh2": empty(n, d),
-                        "inv2": empty(n), "mlp_in": empty(n, d), "u": empty(n, m), "g": empty(n, m)}
+                        "probs": [empty(batch, heads, stop - start, stop) for start, stop in self.blocks], "attn": empty(n, d), "xh2": empty(n, d),
+                        "inv2": empty(n), "mlp_in": empty(n, d), "u": empty(n, m), "s": empty(n, m),
+                        "g": empty(n, m)}
                        for _ in range(cfg.n_layers)]
         self.x, self.y, self.final, self.xhf, self.invf = empty(n, d), empty(n, d), empty(n, d), empty(n, d), empty(n)
         self.logits = empty(n, cfg.vocab_size)
         self.dx, self.dd, self.dm, self.dfc = empty(n, d), empty(n, d), empty(n, m), empty(n, m)
-        self.dqkv, self.dprobs, self.ones = empty(n, 3 * d), empty(batch, heads, length, length), np.ones(n, dt)
+        self.dqkv, self.ones = empty(n, 3 * d), np.ones(n, dt)
+        self.dprobs = [empty(batch, heads, stop - start, stop) for start, stop in self.blocks]
+        self.partial = empty(batch, heads, self.blocks[0][1], cfg.head_dim)  # an earlier block's part of dk, dv
         self.shape = (batch, length)
         self.inv_d, self.inv_n = dt.type(1.0 / d), dt.type(1.0 / n)
 
@@ -123,17 +128,19 @@ class TransformerStep:
         np.matmul(cache["a1"], params[p + "attn.qkv"], out=qkv)
         qkv += params[p + "attn.qkv_bias"]
         q, key, v = qkv.reshape(batch, length, 3, heads, width).transpose(2, 0, 3, 1, 4)
-        for by_max in (False, True):  # by the diagonal; by the row maximum where a row's sum would overflow
-            np.matmul(q, key.transpose(0, 1, 3, 2), out=probs)
-            if self.k["attention_softmax"](probs, self.scale, self.limit, by_max, self.c["one"]):
-                break
-        np.matmul(probs, v, out=cache["attn"].reshape(batch, length, heads, width).transpose(0, 2, 1, 3))
+        out = cache["attn"].reshape(batch, length, heads, width).transpose(0, 2, 1, 3)
+        for (start, stop), block in zip(self.blocks, probs, strict=True):
+            for by_max in (False, True):  # by the diagonal; by the row maximum where a row's sum would overflow
+                np.matmul(q[:, :, start:stop], key[:, :, :stop].transpose(0, 1, 3, 2), out=block)
+                if self.k["attention_softmax"](block, start, self.scale, self.limit, by_max, self.c["one"]):
+                    break
+            np.matmul(block, v[:, :, :stop], out=out[:, :, start:stop])
 
     def _mlp(self, params: dict, p: str, cache: dict) -> None:
-        """``g = GELU(mlp_in W_fc + b_fc)``, with u (biased) cached; ``y = g W_proj`` (its bias added later)."""
+        """``g = GELU(mlp_in W_fc + b_fc)``, with u (biased) and s cached; ``y = g W_proj`` (its bias added later)."""
         c, u = self.c, cache["u"]
         np.matmul(cache["mlp_in"], params[p + "mlp.fc"], out=u)
-        self.k["gelu_forward"](u, params[p + "mlp.fc_bias"], cache["g"], c["minus_two_c"], c["gelu_a"], c["one"])
+        self.k["gelu_forward"](u, params[p + "mlp.fc_bias"], cache["s"], cache["g"], c["minus_two_c"], c["gelu_a"], c["one"])
         np.matmul(cache["g"], params[p + "mlp.proj"], out=self.y)
 
     def _head(self, params: dict) -> np.ndarray:
@@ -167,7 +174,7 @@ class TransformerStep:
         k, c, dx, dd = self.k, self.c, self.dx, self.dd
         self._dense_backward(dx, cache["g"], params[p + "mlp.proj"], grads[p + "mlp.proj"], grads[p + "mlp.proj_bias"],
                              self.dm)
-        k["gelu_backward"](self.dm, cache["u"], self.dfc, grads[p + "mlp.fc_bias"], c["minus_two_c"], c["gelu_a"],
+        k["gelu_backward"](self.dm, cache["u"], cache["s"], self.dfc, grads[p + "mlp.fc_bias"], c["minus_two_c"],
                            c["three_a"], c["one"])
         self._dense_backward(self.dfc, cache["mlp_in"], params[p + "mlp.fc"], grads[p + "mlp.fc"], None, dd)
         k["layer_norm_backward"](dd, params[p + "ln2.gain"], cache["xh2"], cache["inv2"], dx, grads[p + "ln2.gain"],
@@ -185,12 +192,20 @@ class TransformerStep:
         equations)."""
         batch, length = self.shape
         heads, width = self.cfg.n_heads, self.cfg.head_dim
-        probs, dprobs = cache["probs"], self.dprobs
         q, key, v = cache["qkv"].reshape(batch, length, 3, heads, width).transpose(2, 0, 3, 1, 4)
         dq, dk, dv = self.dqkv.reshape(batch, length, 3, heads, width).transpose(2, 0, 3, 1, 4)
         dout = self.dd.reshape(batch, length, heads, width).transpose(0, 2, 1, 3)
-        np.matmul(dout, v.transpose(0, 1, 3, 2), out=dprobs)
-        self.k["attention_score_grad"](dprobs, probs, self.scale, self.c["one"])
-        np.matmul(dprobs, key, out=dq)
-        np.matmul(dprobs.transpose(0, 1, 3, 2), q, out=dk)
-        np.matmul(probs.transpose(0, 1, 3, 2), dout, out=dv)
+        for (start, stop), block, dblock in reversed(tuple(zip(self.blocks, cache["probs"], self.dprobs, strict=True))):
+            grad = dout[:, :, start:stop]
+            np.matmul(grad, v[:, :, :stop].transpose(0, 1, 3, 2), out=dblock)
+            self.k["attention_score_grad"](dblock, block, start, self.scale, self.c["one"])
+            np.matmul(dblock, key[:, :, :stop], out=dq[:, :, start:stop])
+            if stop == length:  # the last block sees every column: it writes all of dk and dv
+                np.matmul(dblock.transpose(0, 1, 3, 2), q[:, :, start:stop], out=dk)
+                np.matmul(block.transpose(0, 1, 3, 2), grad, out=dv)
+            else:  # an earlier block adds to the columns it sees
+                partial = self.partial[:, :, :stop]
+                np.matmul(dblock.transpose(0, 1, 3, 2), q[:, :, start:stop], out=partial)
+                np.add(dk[:, :, :stop], partial, out=dk[:, :, :stop])
+                np.matmul(block.transpose(0, 1, 3, 2), grad, out=partial)
+                np.add(dv[:, :, :stop], partial, out=dv[:, :, :stop])
