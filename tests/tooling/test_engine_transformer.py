@@ -184,3 +184,23 @@ def test_sequence_targets_of_the_stack_are_the_models():
     want_tokens, want_targets = sequence_targets(windows, next_tokens)
     np.testing.assert_array_equal(stack.tokens, want_tokens)
     np.testing.assert_array_equal(stack.targets, want_targets)
+
+
+def test_the_step_moves_auto_adamw_to_its_compiled_loop(monkeypatch):
+    """numba is loaded for the step, so "auto" AdamW takes its compiled loop (equal to the last bit) at once."""
+    from diloco.engine import optim
+
+    monkeypatch.setattr(optim, "KERNEL", "auto")
+    monkeypatch.setattr(optim, "_values_updated", 0)
+    assert optim.current_kernel() == "numpy"
+    TransformerStep(TransformerConfig(**SMALL))
+    assert optim.current_kernel() == "numba"
+
+
+def test_no_step_where_the_kernels_are_refused(monkeypatch):
+    """``DILOCO_ADAMW_KERNEL=numpy`` (optim.KERNEL) keeps the model's own loss_and_grads."""
+    from diloco.engine import optim
+
+    monkeypatch.setattr(optim, "KERNEL", "numpy")
+    cfg, params, *_ = _problem(dtype="float64")
+    assert ModelStack(TransformerModel(cfg), flat_layout(params), 1, 1, 3, np.float64).step is None

@@ -53,6 +53,8 @@ class ModelStack:
         self.tokens = np.zeros((batch_size, model.config.context), dtype=np.intp)
         self.targets = np.zeros_like(self.tokens)
         self.scratch = np.zeros(layout.size, dtype=dtype) if groups > 1 and self.step is not None else None
+        self.views = [(layer_views(self.params[s], layout), layer_views(self.grads[s], layout)) for s in range(S)]
+        self.scratch_views = None if self.scratch is None else layer_views(self.scratch, layout)
 
     def loss_and_grads(self) -> np.ndarray:
         """Each group's loss on its batch; ``grads[s]`` is the mean of the G groups' gradients.
@@ -80,14 +82,12 @@ class ModelStack:
     def _fast_loss_and_grads(self, losses: np.ndarray) -> np.ndarray:
         """``loss_and_grads`` by ``TransformerStep``: group 0's gradient into the flat row, the others' added."""
         b = self.batch_size
-        for s in range(self.params.shape[0]):
-            params = layer_views(self.params[s], self.layout)
+        for s, (params, grads) in enumerate(self.views):
             for g in range(self.groups):
                 rows = slice(g * b, (g + 1) * b)
                 self._tokens(self.x[s, rows], self.labels[s, rows])
-                out = self.grads[s] if g == 0 else self.scratch
-                grads = layer_views(out, self.layout)
-                losses[s, g] = self.step.loss_and_grads(params, self.tokens, self.targets, grads)
+                out = grads if g == 0 else self.scratch_views
+                losses[s, g] = self.step.loss_and_grads(params, self.tokens, self.targets, out)
                 if g > 0:
                     self.grads[s] += self.scratch
             if self.groups > 1:

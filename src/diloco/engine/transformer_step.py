@@ -28,6 +28,7 @@ import math
 import numpy as np
 
 from diloco.engine import transformer_kernels as tk
+from diloco.engine.optim import numba_loaded
 from diloco.models.layers import row_blocks
 
 __all__ = ["TransformerStep", "fast_transformer_available"]
@@ -35,9 +36,9 @@ __all__ = ["TransformerStep", "fast_transformer_available"]
 
 def fast_transformer_available() -> bool:
     """True where the compiled kernels can run: numba installed and not ``DILOCO_ADAMW_KERNEL=numpy``."""
-    from diloco.engine.optim import KERNEL
+    from diloco.engine import optim
 
-    return KERNEL != "numpy" and tk.available()
+    return optim.KERNEL != "numpy" and tk.available()
 
 
 class TransformerStep:
@@ -47,6 +48,7 @@ class TransformerStep:
         self.cfg = cfg
         self.dtype = np.dtype(cfg.dtype)
         self.k = tk.kernels()
+        numba_loaded()  # the flat AdamW may take its compiled loop from the first step (engine.optim)
         self.c = tk.constants(self.dtype)
         self.scale = self.dtype.type(1.0 / math.sqrt(cfg.head_dim))
         self.limit = self.dtype.type(np.finfo(self.dtype).max / 2.0**32)  # layers.SAFE_ROW_SUM's headroom
@@ -61,10 +63,9 @@ class TransformerStep:
         self.blocks = row_blocks(length)  # P's row blocks: rows start .. stop - 1 against columns < stop
         empty = lambda *shape: np.empty(shape, dtype=dt)  # noqa: E731
         self.layers = [{"xh1": empty(n, d), "inv1": empty(n), "a1": empty(n, d), "qkv": empty(n, 3 * d),
-                        "probs": [empty(batch, heads, stop - start, stop) for start, stop in self.blocks], "attn": empty(n, d), "xh2": empty(n, d),
-                        "inv2": empty(n), "mlp_in": empty(n, d), "u": empty(n, m), "s": empty(n, m),
-                        "g": empty(n, m)}
-                       for _ in range(cfg.n_layers)]
+                        "probs": [empty(batch, heads, stop - start, stop) for start, stop in self.blocks],
+                        "attn": empty(n, d), "xh2": empty(n, d), "inv2": empty(n), "mlp_in": empty(n, d),
+                        "u": empty(n, m), "s": empty(n, m), "g": empty(n, m)} for _ in range(cfg.n_layers)]
         self.x, self.y, self.final, self.xhf, self.invf = empty(n, d), empty(n, d), empty(n, d), empty(n, d), empty(n)
         self.logits = empty(n, cfg.vocab_size)
         self.dx, self.dd, self.dm, self.dfc = empty(n, d), empty(n, d), empty(n, m), empty(n, m)
@@ -140,7 +141,8 @@ class TransformerStep:
         """``g = GELU(mlp_in W_fc + b_fc)``, with u (biased) and s cached; ``y = g W_proj`` (its bias added later)."""
         c, u = self.c, cache["u"]
         np.matmul(cache["mlp_in"], params[p + "mlp.fc"], out=u)
-        self.k["gelu_forward"](u, params[p + "mlp.fc_bias"], cache["s"], cache["g"], c["minus_two_c"], c["gelu_a"], c["one"])
+        self.k["gelu_forward"](u, params[p + "mlp.fc_bias"], cache["s"], cache["g"], c["minus_two_c"], c["gelu_a"],
+                               c["one"])
         np.matmul(cache["g"], params[p + "mlp.proj"], out=self.y)
 
     def _head(self, params: dict) -> np.ndarray:
