@@ -67,12 +67,15 @@ def layer_norm(x, y, y_bias, gain, bias, out, x_hat, inv_std, inv_d, one, eps):
             out[i, j] = x_hat[i, j] * gain[j] + bias[j]
 
 
-def layer_norm_backward(dy, gain, x_hat, inv_std, dx, dgain, dbias, accumulate, inv_d, one):
+def layer_norm_backward(dy, gain, x_hat, inv_std, dx, dgain, dbias, dx_sum, accumulate, inv_d, one):
     """``dx (+)= inv_std (dx_hat - mean(dx_hat) - x_hat mean(dx_hat x_hat))``, ``dx_hat = dy g``;
-    ``dgain = sum_i dy x_hat`` and ``dbias = sum_i dy`` (overwritten). ``accumulate``: add to dx (the residual)."""
+    ``dgain = sum_i dy x_hat`` and ``dbias = sum_i dy`` (overwritten). ``accumulate``: add to dx (the residual).
+    Unless None, ``dx_sum = sum_i dx`` (overwritten): the bias gradient of the branch that adds into x."""
     n, d = dy.shape
     dgain[:] = 0
     dbias[:] = 0
+    if dx_sum is not None:
+        dx_sum[:] = 0
     for i in range(n):
         mean_dxh = one - one
         mean_dxh_xh = one - one
@@ -87,7 +90,10 @@ def layer_norm_backward(dy, gain, x_hat, inv_std, dx, dgain, dbias, accumulate, 
         inv = inv_std[i]
         for j in range(d):
             value = inv * (dy[i, j] * gain[j] - mean_dxh - x_hat[i, j] * mean_dxh_xh)
-            dx[i, j] = dx[i, j] + value if accumulate else value
+            total = dx[i, j] + value if accumulate else value
+            dx[i, j] = total
+            if dx_sum is not None:
+                dx_sum[j] += total
 
 
 def gelu_forward(u, bias, s, out, minus_two_c, gelu_a, one):
@@ -99,7 +105,7 @@ def gelu_forward(u, bias, s, out, minus_two_c, gelu_a, one):
         for j in range(m):
             value = u[i, j] + bias[j]
             u[i, j] = value
-            sig = one / (one + fast_exp(minus_two_c * value * (one + gelu_a * value * value)))
+            sig = one / (one + saturating_exp(minus_two_c * value * (one + gelu_a * value * value)))
             s[i, j] = sig
             out[i, j] = value * sig
 
@@ -224,6 +230,16 @@ def fast_exp(x):
     return math.exp(x)
 
 
+def saturating_exp(x):
+    """``exp(x)`` for callers that only need ``1 / (1 + exp(x))`` (GELU's sigmoid): in compiled float32 code
+    x is clipped to [-86.5, 80] (no branch for inf and NaN, so the loop is shorter): the sigmoid is then within
+    2e-35 of its value, and a NaN x gives a finite exp (GELU's ``u s`` stays NaN through u)."""
+    return math.exp(x)
+
+
+SATURATING_HIGH = 80.0
+
+
 # Cephes' expf: exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 (in two parts), exp(r) a
 # polynomial on |r| <= ln(2) / 2; within 2 ulp of NumPy's float32 exp (tests/tooling/test_engine_transformer.py).
 EXP32_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
@@ -250,36 +266,51 @@ def _exp32_compiled(numba):
 
     f, (p0, p1, p2, p3, p4, p5), (hi, lo), (low, high) = np.float32, EXP32_POLY, EXP32_LN2, EXP32_RANGE
     c = tuple(f(value) for value in (p0, p1, p2, p3, p4, p5, hi, lo, low, high, 1.0 / math.log(2.0), 0.5, 1.0, 2.0,
-                                     np.inf))
+                                     np.inf, SATURATING_HIGH))
+
+    @numba.njit(error_model="numpy", inline="always")
+    def exp32_in_range(x):
+        """exp(x) for x in EXP32_RANGE (not checked)."""
+        n = np.floor(x * c[10] + c[11])
+        r = x - n * c[6] - n * c[7]
+        poly = (((((c[0] * r + c[1]) * r + c[2]) * r + c[3]) * r + c[4]) * r + c[5]) * r * r + r + c[12]
+        return poly * c[13] * bits_to_float32((np.int32(n) + 126) << 23)  # 2 poly 2^(n - 1): no overflow at
+        # n = 128, no denormal at n = -125
 
     @numba.njit(error_model="numpy", inline="always")
     def exp32(x):
-        clipped = min(max(x, c[8]), c[9])
-        n = np.floor(clipped * c[10] + c[11])
-        r = clipped - n * c[6] - n * c[7]
-        poly = (((((c[0] * r + c[1]) * r + c[2]) * r + c[3]) * r + c[4]) * r + c[5]) * r * r + r + c[12]
-        result = poly * c[13] * bits_to_float32((np.int32(n) + 126) << 23)  # 2 poly 2^(n - 1): no overflow at n = 128,
-        # no denormal at n = -125
+        result = exp32_in_range(min(max(x, c[8]), c[9]))
         if x > c[9]:
             result = c[14]
         if x < c[8]:
             result = c[12] - c[12]
         return x if x != x else result
 
-    return exp32
+    @numba.njit(error_model="numpy", inline="always")
+    def exp32_saturating(x):
+        return exp32_in_range(min(max(x, c[8]), c[15]))
+
+    return exp32, exp32_saturating
 
 
 def _register_exp(numba) -> None:
-    """``fast_exp`` in compiled code: ``exp32`` on float32, ``math.exp`` on anything else."""
+    """``fast_exp`` and ``saturating_exp`` in compiled code: ``exp32`` and ``exp32_saturating`` on float32,
+    ``math.exp`` on anything else."""
     from numba import types
     from numba.extending import overload
 
-    exp32 = _exp32_compiled(numba)
+    exp32, exp32_saturating = _exp32_compiled(numba)
 
     @overload(fast_exp, inline="always")
     def _fast_exp(x):
         if x == types.float32:
             return lambda x: exp32(x)
+        return lambda x: math.exp(x)
+
+    @overload(saturating_exp, inline="always")
+    def _saturating_exp(x):
+        if x == types.float32:
+            return lambda x: exp32_saturating(x)
         return lambda x: math.exp(x)
 
 

@@ -151,18 +151,27 @@ class TransformerStep:
     # ------------------------------------------------------------------ backward
 
     def _backward(self, params: dict, tokens: np.ndarray, dlogits: np.ndarray, grads: dict) -> None:
-        k, c, dx = self.k, self.c, self.dx
+        """Every gradient into ``grads``: the head, ``LN_f``, the blocks in reverse, the embeddings. Each
+        LayerNorm's backward also sums the residual stream's new gradient: the bias gradient of the projection
+        that added into it (``mlp.proj_bias`` of the block below, ``attn.proj_bias`` of its own)."""
         if self.cfg.tied:
             np.matmul(dlogits.T, self.final, out=grads["wte"])  # the head's part of d wte, (V, d)
         else:
             np.matmul(self.final.T, dlogits, out=grads["head"])
             grads["wte"][...] = 0
         np.matmul(dlogits, self._head(params).T, out=self.dd)
-        k["layer_norm_backward"](self.dd, params["ln_f.gain"], self.xhf, self.invf, dx, grads["ln_f.gain"],
-                                 grads["ln_f.bias"], False, self.inv_d, c["one"])
+        last = self.cfg.n_layers - 1
+        self._layer_norm_backward(params, grads, "ln_f.", (self.xhf, self.invf), f"h{last}.mlp.proj_bias", False)
         for layer in reversed(range(self.cfg.n_layers)):
             self._block_backward(params, f"h{layer}.", self.layers[layer], grads)
-        k["embed_backward"](dx, tokens, grads["wte"], grads["wpe"])
+        self.k["embed_backward"](self.dx, tokens, grads["wte"], grads["wpe"])
+
+    def _layer_norm_backward(self, params, grads, p: str, cache: tuple, bias_key, accumulate: bool) -> None:
+        """``self.dx (+)=`` the LayerNorm ``p``'s input gradient from ``self.dd``; its gain and bias gradients,
+        and ``grads[bias_key]`` (unless None) the column sums of the new ``self.dx``."""
+        self.k["layer_norm_backward"](self.dd, params[p + "gain"], *cache, self.dx, grads[p + "gain"],
+                                      grads[p + "bias"], None if bias_key is None else grads[bias_key], accumulate,
+                                      self.inv_d, self.c["one"])
 
     def _dense_backward(self, dout, inputs, weight, grad_weight, grad_bias, dinputs) -> None:
         """Of ``out = inputs W + b``: ``dW = inputs^T dout``, ``db = sum_i dout`` (if given), ``dinputs = dout W^T``."""
@@ -174,20 +183,18 @@ class TransformerStep:
     def _block_backward(self, params: dict, p: str, cache: dict, grads: dict) -> None:
         """One block in reverse; ``self.dx`` (the residual stream's gradient) is updated in place."""
         k, c, dx, dd = self.k, self.c, self.dx, self.dd
-        self._dense_backward(dx, cache["g"], params[p + "mlp.proj"], grads[p + "mlp.proj"], grads[p + "mlp.proj_bias"],
-                             self.dm)
+        self._dense_backward(dx, cache["g"], params[p + "mlp.proj"], grads[p + "mlp.proj"], None, self.dm)
         k["gelu_backward"](self.dm, cache["u"], cache["s"], self.dfc, grads[p + "mlp.fc_bias"], c["minus_two_c"],
                            c["three_a"], c["one"])
         self._dense_backward(self.dfc, cache["mlp_in"], params[p + "mlp.fc"], grads[p + "mlp.fc"], None, dd)
-        k["layer_norm_backward"](dd, params[p + "ln2.gain"], cache["xh2"], cache["inv2"], dx, grads[p + "ln2.gain"],
-                                 grads[p + "ln2.bias"], True, self.inv_d, c["one"])
-        self._dense_backward(dx, cache["attn"], params[p + "attn.proj"], grads[p + "attn.proj"],
-                             grads[p + "attn.proj_bias"], dd)
+        self._layer_norm_backward(params, grads, p + "ln2.", (cache["xh2"], cache["inv2"]), p + "attn.proj_bias", True)
+        self._dense_backward(dx, cache["attn"], params[p + "attn.proj"], grads[p + "attn.proj"], None, dd)
         self._attention_backward(cache)
         self._dense_backward(self.dqkv, cache["a1"], params[p + "attn.qkv"], grads[p + "attn.qkv"],
                              grads[p + "attn.qkv_bias"], dd)
-        k["layer_norm_backward"](dd, params[p + "ln1.gain"], cache["xh1"], cache["inv1"], dx, grads[p + "ln1.gain"],
-                                 grads[p + "ln1.bias"], True, self.inv_d, c["one"])
+        layer = int(p[1:-1])
+        below = f"h{layer - 1}.mlp.proj_bias" if layer > 0 else None
+        self._layer_norm_backward(params, grads, p + "ln1.", (cache["xh1"], cache["inv1"]), below, True)
 
     def _attention_backward(self, cache: dict) -> None:
         """``d[q k v]`` into ``self.dqkv`` from ``d attn`` in ``self.dd`` (``layers.attention_backward``'s
