@@ -1,11 +1,13 @@
 """The transformer step's element-wise work as compiled loops (the ``fast`` extra's numba).
 
 Each function here is one pass over rows that ``diloco.models.layers`` takes in several NumPy
-passes, with the same equations (that module's docstrings give them). The transcendental
-``exp`` stays NumPy's (vectorised; numba's is a scalar libm call, five times slower), so a
-softmax or a GELU is two compiled passes around one ``np.exp``. Reductions along a row (a
-LayerNorm's mean, a softmax's sum) may be reassociated (``fastmath={"reassoc", "contract"}``),
-so they vectorise; every result equals the NumPy path to float rounding, not to the bit
+passes, with the same equations (that module's docstrings give them). In float32 ``exp`` is
+``exp32`` here (Cephes' polynomial, within 2 ulp of NumPy's), which vectorises inside a loop:
+numba's own is a scalar libm call, five times slower than NumPy's, and NumPy's would need a
+pass of its own; in float64 it is ``math.exp``. Reductions along a row (a
+LayerNorm's mean, a softmax's sum) may be reassociated and products fused with sums
+(``fastmath={"reassoc", "contract"}``), so they vectorise and polynomials take FMAs (30% off
+the GELU's pass); every result equals the NumPy path to float rounding, not to the bit
 (``tests/tooling/test_engine_transformer.py``).
 
 ``kernels()`` compiles them on first call (numba is imported then, not with this module) and
@@ -314,8 +316,8 @@ def _register_exp(numba) -> None:
         return lambda x: math.exp(x)
 
 
-_PLAIN = (embed, embed_backward, gelu_forward, gelu_backward)
-_REDUCING = (layer_norm, layer_norm_backward, attention_softmax, attention_score_grad, cross_entropy)
+KERNELS = (embed, embed_backward, gelu_forward, gelu_backward, layer_norm, layer_norm_backward, attention_softmax,
+           attention_score_grad, cross_entropy)
 
 
 @functools.cache
@@ -324,6 +326,5 @@ def kernels() -> dict:
     import numba
 
     _register_exp(numba)
-    plain = numba.njit(cache=True, nogil=True, error_model="numpy")
-    reducing = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
-    return {**{f.__name__: plain(f) for f in _PLAIN}, **{f.__name__: reducing(f) for f in _REDUCING}}
+    jit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+    return {f.__name__: jit(f) for f in KERNELS}
