@@ -114,7 +114,7 @@ def gelu_forward(u, bias, s, out, minus_two_c, gelu_a, one):
 
 def gelu_backward(dy, u, s, du, dbias, minus_two_c, three_a, one):
     """``du = dy [s + u s (1 - s) 2 c (1 + 3 a u^2)]`` with the forward's s, and ``dbias = sum_i du``
-    (overwritten)."""
+    (overwritten); du may be dy (in place)."""
     n, m = u.shape
     dbias[:] = 0
     for i in range(n):

@@ -68,7 +68,7 @@ class TransformerStep:
                         "u": empty(n, m), "s": empty(n, m), "g": empty(n, m)} for _ in range(cfg.n_layers)]
         self.x, self.y, self.final, self.xhf, self.invf = empty(n, d), empty(n, d), empty(n, d), empty(n, d), empty(n)
         self.logits = empty(n, cfg.vocab_size)
-        self.dx, self.dd, self.dm, self.dfc = empty(n, d), empty(n, d), empty(n, m), empty(n, m)
+        self.dx, self.dd, self.dm = empty(n, d), empty(n, d), empty(n, m)  # dm: d GELU, then d u in place
         self.dqkv, self.ones = empty(n, 3 * d), np.ones(n, dt)
         self.dprobs = [empty(batch, heads, stop - start, stop) for start, stop in self.blocks]
         self.partial = empty(batch, heads, self.blocks[0][1], cfg.head_dim)  # an earlier block's part of dk, dv
@@ -184,9 +184,9 @@ class TransformerStep:
         """One block in reverse; ``self.dx`` (the residual stream's gradient) is updated in place."""
         k, c, dx, dd = self.k, self.c, self.dx, self.dd
         self._dense_backward(dx, cache["g"], params[p + "mlp.proj"], grads[p + "mlp.proj"], None, self.dm)
-        k["gelu_backward"](self.dm, cache["u"], cache["s"], self.dfc, grads[p + "mlp.fc_bias"], c["minus_two_c"],
+        k["gelu_backward"](self.dm, cache["u"], cache["s"], self.dm, grads[p + "mlp.fc_bias"], c["minus_two_c"],
                            c["three_a"], c["one"])
-        self._dense_backward(self.dfc, cache["mlp_in"], params[p + "mlp.fc"], grads[p + "mlp.fc"], None, dd)
+        self._dense_backward(self.dm, cache["mlp_in"], params[p + "mlp.fc"], grads[p + "mlp.fc"], None, dd)
         self._layer_norm_backward(params, grads, p + "ln2.", (cache["xh2"], cache["inv2"]), p + "attn.proj_bias", True)
         self._dense_backward(dx, cache["attn"], params[p + "attn.proj"], grads[p + "attn.proj"], None, dd)
         self._attention_backward(cache)
