@@ -3,12 +3,11 @@
 Each function here is one pass over rows that ``diloco.models.layers`` takes in several NumPy
 passes, with the same equations (that module's docstrings give them). In float32 ``exp`` is
 ``exp32`` here (Cephes' polynomial, within 2 ulp of NumPy's), which vectorises inside a loop:
-numba's own is a scalar libm call, five times slower than NumPy's, and NumPy's would need a
-pass of its own; in float64 it is ``math.exp``. Reductions along a row (a
-LayerNorm's mean, a softmax's sum) may be reassociated and products fused with sums
-(``fastmath={"reassoc", "contract"}``), so they vectorise and polynomials take FMAs (30% off
-the GELU's pass); every result equals the NumPy path to float rounding, not to the bit
-(``tests/tooling/test_engine_transformer.py``).
+numba's own is a scalar libm call, and NumPy's would need a pass of its own; in float64 it
+is ``math.exp``. Reductions along a row (a LayerNorm's mean, a softmax's sum) may be
+reassociated and products fused with sums (``fastmath={"reassoc", "contract"}``), so they
+vectorise and polynomials take FMAs; every result equals the NumPy path to float rounding,
+not to the bit (``tests/tooling/test_engine_transformer.py``).
 
 ``kernels()`` compiles them on first call (numba is imported then, not with this module) and
 returns them by name; every array argument is C-contiguous, of the model's dtype, and the
