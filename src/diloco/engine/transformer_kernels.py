@@ -97,29 +97,27 @@ def layer_norm_backward(dy, gain, x_hat, inv_std, dx, dgain, dbias, dx_sum, accu
                 dx_sum[j] += total
 
 
-def gelu_forward(u, bias, s, out, minus_two_c, gelu_a, one):
-    """``u += bias`` (in place), ``out = GELU(u) = u s``, ``s = 1 / (1 + exp(-2 z)) = (1 + tanh z) / 2``
-    (kept for the backward), ``z = c u (1 + a u^2)``. For u far below 0 ``exp`` overflows to inf and s is 0:
-    GELU's limit."""
+def gelu_forward(u, bias, out, minus_two_c, gelu_a, three_a, one):
+    """``out = GELU(v) = v s`` of ``v = u + bias``, ``s = 1 / (1 + exp(-2 z)) = (1 + tanh z) / 2``,
+    ``z = c v (1 + a v^2)``; u is overwritten by the slope ``GELU'(v) = s + v s (1 - s) 2 c (1 + 3 a v^2)``,
+    all the backward needs. For v far below 0 s is 0 (``saturating_exp``): GELU's limit."""
     n, m = u.shape
     for i in range(n):
         for j in range(m):
             value = u[i, j] + bias[j]
-            u[i, j] = value
-            sig = one / (one + saturating_exp(minus_two_c * value * (one + gelu_a * value * value)))
-            s[i, j] = sig
+            square = value * value
+            sig = one / (one + saturating_exp(minus_two_c * value * (one + gelu_a * square)))
             out[i, j] = value * sig
+            u[i, j] = sig - value * sig * (one - sig) * minus_two_c * (one + three_a * square)
 
 
-def gelu_backward(dy, u, s, du, dbias, minus_two_c, three_a, one):
-    """``du = dy [s + u s (1 - s) 2 c (1 + 3 a u^2)]`` with the forward's s, and ``dbias = sum_i du``
-    (overwritten); du may be dy (in place)."""
-    n, m = u.shape
+def gelu_backward(dy, slope, du, dbias):
+    """``du = dy GELU'`` with the forward's slope, and ``dbias = sum_i du`` (overwritten); du may be dy."""
+    n, m = dy.shape
     dbias[:] = 0
     for i in range(n):
         for j in range(m):
-            value, sig = u[i, j], s[i, j]
-            grad = dy[i, j] * (sig - value * sig * (one - sig) * minus_two_c * (one + three_a * value * value))
+            grad = dy[i, j] * slope[i, j]
             du[i, j] = grad
             dbias[j] += grad
 

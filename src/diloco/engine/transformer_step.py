@@ -65,7 +65,7 @@ class TransformerStep:
         self.layers = [{"xh1": empty(n, d), "inv1": empty(n), "a1": empty(n, d), "qkv": empty(n, 3 * d),
                         "probs": [empty(batch, heads, stop - start, stop) for start, stop in self.blocks],
                         "attn": empty(n, d), "xh2": empty(n, d), "inv2": empty(n), "mlp_in": empty(n, d),
-                        "u": empty(n, m), "s": empty(n, m), "g": empty(n, m)} for _ in range(cfg.n_layers)]
+                        "slope": empty(n, m), "g": empty(n, m)} for _ in range(cfg.n_layers)]
         self.x, self.y, self.final, self.xhf, self.invf = empty(n, d), empty(n, d), empty(n, d), empty(n, d), empty(n)
         self.logits = empty(n, cfg.vocab_size)
         self.dx, self.dd, self.dm = empty(n, d), empty(n, d), empty(n, m)  # dm: d GELU, then d u in place
@@ -138,11 +138,11 @@ class TransformerStep:
             np.matmul(block, v[:, :, :stop], out=out[:, :, start:stop])
 
     def _mlp(self, params: dict, p: str, cache: dict) -> None:
-        """``g = GELU(mlp_in W_fc + b_fc)``, with u (biased) and s cached; ``y = g W_proj`` (its bias added later)."""
-        c, u = self.c, cache["u"]
-        np.matmul(cache["mlp_in"], params[p + "mlp.fc"], out=u)
-        self.k["gelu_forward"](u, params[p + "mlp.fc_bias"], cache["s"], cache["g"], c["minus_two_c"], c["gelu_a"],
-                               c["one"])
+        """``g = GELU(mlp_in W_fc + b_fc)``, with GELU's slope cached; ``y = g W_proj`` (its bias added later)."""
+        c = self.c
+        np.matmul(cache["mlp_in"], params[p + "mlp.fc"], out=cache["slope"])  # the pre-activation, then its slope
+        self.k["gelu_forward"](cache["slope"], params[p + "mlp.fc_bias"], cache["g"], c["minus_two_c"], c["gelu_a"],
+                               c["three_a"], c["one"])
         np.matmul(cache["g"], params[p + "mlp.proj"], out=self.y)
 
     def _head(self, params: dict) -> np.ndarray:
@@ -182,10 +182,9 @@ class TransformerStep:
 
     def _block_backward(self, params: dict, p: str, cache: dict, grads: dict) -> None:
         """One block in reverse; ``self.dx`` (the residual stream's gradient) is updated in place."""
-        k, c, dx, dd = self.k, self.c, self.dx, self.dd
+        k, dx, dd = self.k, self.dx, self.dd
         self._dense_backward(dx, cache["g"], params[p + "mlp.proj"], grads[p + "mlp.proj"], None, self.dm)
-        k["gelu_backward"](self.dm, cache["u"], cache["s"], self.dm, grads[p + "mlp.fc_bias"], c["minus_two_c"],
-                           c["three_a"], c["one"])
+        k["gelu_backward"](self.dm, cache["slope"], self.dm, grads[p + "mlp.fc_bias"])
         self._dense_backward(self.dm, cache["mlp_in"], params[p + "mlp.fc"], grads[p + "mlp.fc"], None, dd)
         self._layer_norm_backward(params, grads, p + "ln2.", (cache["xh2"], cache["inv2"]), p + "attn.proj_bias", True)
         self._dense_backward(dx, cache["attn"], params[p + "attn.proj"], grads[p + "attn.proj"], None, dd)
