@@ -155,21 +155,19 @@ def attention_softmax(scores, start, scale, limit, by_max, one):
     return True
 
 
-def attention_score_grad(dprobs, probs, start, scale, one):
+def attention_score_grad(dprobs, probs, scale, one):
     """``dS = P (dP - rowsum(dP P)) scale`` in place over a row block ``dprobs`` (B, h, R, C) (rows as
-    ``attention_softmax``'s); 0 above the diagonal."""
+    ``attention_softmax``'s). Over whole rows: above the diagonal P is 0, so its terms add nothing and dS
+    is 0 there, and a loop of the varying length ``t + 1`` would run short rows in scalar code."""
     batch, heads, rows, cols = probs.shape
     for b in range(batch):
         for h in range(heads):
             for r in range(rows):
-                t = start + r
                 total = one - one
-                for s in range(t + 1):
+                for s in range(cols):
                     total += dprobs[b, h, r, s] * probs[b, h, r, s]
-                for s in range(t + 1):
+                for s in range(cols):
                     dprobs[b, h, r, s] = probs[b, h, r, s] * (dprobs[b, h, r, s] - total) * scale
-                for s in range(t + 1, cols):
-                    dprobs[b, h, r, s] = 0
 
 
 def cross_entropy(logits, targets, grad, inv_n, one):

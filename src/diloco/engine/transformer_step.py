@@ -206,7 +206,7 @@ class TransformerStep:
         for (start, stop), block, dblock in reversed(tuple(zip(self.blocks, cache["probs"], self.dprobs, strict=True))):
             grad = dout[:, :, start:stop]
             np.matmul(grad, v[:, :, :stop].transpose(0, 1, 3, 2), out=dblock)
-            self.k["attention_score_grad"](dblock, block, start, self.scale, self.c["one"])
+            self.k["attention_score_grad"](dblock, block, self.scale, self.c["one"])
             np.matmul(dblock, key[:, :, :stop], out=dq[:, :, start:stop])
             if stop == length:  # the last block sees every column: it writes all of dk and dv
                 np.matmul(dblock.transpose(0, 1, 3, 2), q[:, :, start:stop], out=dk)
