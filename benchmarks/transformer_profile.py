@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/transformer_profile.py [--batch 32] [--steps 40] [--dtype float32]
 
 The default ``TransformerConfig`` on ``--batch`` sequences of 64, one BLAS thread, glibc's
-``M_TOP_PAD`` at 64 MiB (as ``transformer_step.py``). Each piece of ``diloco.models`` is
+allocator as it comes (as ``transformer_step.py``). This is the reference path
+(``diloco.models``); the fast engine's step is ``diloco.engine.transformer_step``. Each piece of ``diloco.models`` is
 wrapped in a timer of the thread's CPU time (``time.thread_time``) for ``--steps`` steps after
 three warm-up steps; the figures are milliseconds per step. Attention's forward is split into
 its scores (``q k^T``, the scale and the mask), its softmax and the rest (``P v`` into the
@@ -21,7 +22,7 @@ import time
 from collections import defaultdict
 
 import numpy as np
-from transformer_step import keep_heap_top, matmul_floor
+from transformer_step import matmul_floor
 
 import diloco.models.layers as layers
 import diloco.models.transformer as transformer
@@ -105,7 +106,6 @@ def main(argv=None) -> None:
     for flag in ("batch", "steps"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
-    keep_heap_top(64)
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):

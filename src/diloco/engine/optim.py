@@ -42,8 +42,9 @@ import numpy as np
 
 from diloco.config import AdamWConfig
 
-__all__ = ["CHUNK", "KERNEL", "KERNELS", "SWITCH_VALUES", "kernel_for", "current_kernel", "adamw_scratch",
-           "adamw_update", "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "muon_update", "sgd_update",
+__all__ = ["CHUNK", "KERNEL", "KERNELS", "SWITCH_VALUES", "kernel_for", "current_kernel", "numba_loaded",
+           "adamw_scratch", "adamw_update", "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "muon_update",
+           "sgd_update",
            "FLAT_UPDATES", "flat_updater", "numba_jit"]
 
 # Values per NumPy chunk (256 kB of float64 per array). Smaller chunks fit the L2 cache
@@ -73,6 +74,14 @@ def kernel_for(kernel: str, values_done: int) -> str:
     if kernel == "auto":
         return "numba" if values_done >= SWITCH_VALUES else "numpy"
     return kernel
+
+
+def numba_loaded() -> None:
+    """Say that this process has loaded numba for another compiled loop (the transformer's kernels,
+    ``diloco.engine.transformer_step``): "auto" moves to the compiled AdamW loop now, since its one
+    CPU-second of loading is paid. The two kernels are equal to the last bit, so no result changes."""
+    global _values_updated
+    _values_updated = max(_values_updated, SWITCH_VALUES)
 
 
 def current_kernel() -> str:
