@@ -204,3 +204,28 @@ def test_no_step_where_the_kernels_are_refused(monkeypatch):
     monkeypatch.setattr(optim, "KERNEL", "numpy")
     cfg, params, *_ = _problem(dtype="float64")
     assert ModelStack(TransformerModel(cfg), flat_layout(params), 1, 1, 3, np.float64).step is None
+
+
+@pytest.mark.parametrize("dtype,rel", [("float64", 1e-12), ("float32", 1e-5)])
+def test_fast_held_out_metrics_equal_the_reference_forward(dtype, rel):
+    """The fast engine's evaluation (the forward only, 8 windows a chunk, 37 windows: the last chunk short)
+    against the reference forward over all 37 windows at once: the loss to rounding, the accuracy exactly."""
+    cfg, params, _, _ = _problem(seed=5, dtype=dtype)
+    rng = np.random.default_rng(9)
+    x, y = rng.integers(0, cfg.vocab_size, (37, 20)).astype(np.float32), rng.integers(0, cfg.vocab_size, 37)
+    want = TransformerModel(cfg, eval_chunk=37).metrics(params, x, y)
+    fast = TransformerModel(cfg, eval_chunk=8, engine="fast")
+    loss, accuracy = fast.metrics(params, x, y)
+    assert loss == pytest.approx(want[0], rel=rel)
+    assert accuracy == want[1]
+    assert fast.metrics(params, x, y) == (loss, accuracy)  # the kept step's buffers give the same again
+
+
+def test_model_of_evaluates_on_the_runs_engine():
+    from diloco.config import DiLoCoConfig
+    from diloco.core.model_seam import model_of
+
+    cfg, params, _, _ = _problem()
+    for engine in ("reference", "fast"):
+        model = model_of(DiLoCoConfig(model="transformer", engine=engine, dtype="float32"), params)
+        assert model.engine == engine

@@ -195,16 +195,35 @@ def test_inner_muon_tunes_adamw_on_the_adamw_arm_then_muons_lr_then_each_outer_s
 
     study = PAPER_STUDIES["inner-muon"]
     base = DiLoCoConfig(num_workers=4, inner_steps=10)
-    muon, adamw = study.arms(base, 100)
-    assert muon.changes["inner_optimizer"] == "muon" and "inner_optimizer" not in adamw.changes
-    assert base.replace(**muon.changes).rounds == 10 == base.replace(**adamw.changes).rounds
-    steps = tuning_steps(study, [muon, adamw], (1e-3, 3e-3))
+    arms = study.arms(base, 100)
+    muon, adamw, muon_sync, adamw_sync = arms
+    assert [a.algo for a in arms] == ["diloco", "diloco", "sync", "sync"]
+    assert muon.changes["inner_optimizer"] == "muon" == muon_sync.changes["inner_optimizer"]
+    assert "inner_optimizer" not in adamw.changes and "inner_optimizer" not in adamw_sync.changes
+    assert {base.replace(**a.changes).rounds for a in arms} == {10}
+    assert {base.replace(**a.changes).num_workers for a in arms} == {4}
+    steps = tuning_steps(study, arms, (1e-3, 3e-3))
     assert [s.field for s in steps] == [INNER_LR, MUON_LR, OUTER_STEP, INNER_LR, MUON_LR]
-    assert steps[0].groups == ((adamw.label, (muon.label, adamw.label)),), "Muon's biases take AdamW's lr"
-    assert steps[1].groups == ((muon.label, (muon.label,)),) == steps[4].groups
+    assert steps[0].groups == ((adamw.label, (muon.label, adamw.label)),
+                               (adamw_sync.label, (muon_sync.label, adamw_sync.label))), \
+        "each Muon arm's biases take the AdamW lr of its own method"
+    assert steps[1].groups == ((muon.label, (muon.label,)), (muon_sync.label, (muon_sync.label,)))
+    assert steps[2].groups == ((muon.label, (muon.label,)), (adamw.label, (adamw.label,))), "sync has no outer step"
+    assert steps[4].groups == ((muon.label, (muon.label,)),)
     assert steps[3].groups == ((adamw.label, (adamw.label,)),)
-    claim, = study.claims([muon, adamw])
-    assert (claim.better, claim.worse) == (muon.label, adamw.label)
+    absolute, without, contrast = study.claims(arms)
+    assert (absolute.better, absolute.worse) == (muon.label, adamw.label)
+    assert (without.better, without.worse) == (muon_sync.label, adamw_sync.label)
+    assert (contrast.better, contrast.worse, contrast.better_base, contrast.worse_base) == \
+        (muon.label, adamw.label, muon_sync.label, adamw_sync.label)
+
+
+def test_inner_muons_sync_adamw_arm_is_table2s_k_x_batch_arm():
+    """The same changes, so the run cache trains the K x batch runs once for both studies."""
+    base = DiLoCoConfig(num_workers=4, inner_steps=10)
+    adamw_sync = PAPER_STUDIES["inner-muon"].arms(base, 100)[3]
+    batch = PAPER_STUDIES["table2"].arms(base, 100)[1]
+    assert (adamw_sync.algo, adamw_sync.changes) == (batch.algo, batch.changes)
 
 
 def test_fragments_compares_each_p_with_diloco_and_shares_dilocos_inner_lr():

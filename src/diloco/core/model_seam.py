@@ -36,7 +36,18 @@ def _transformer(config, vocab_size: int, context: int):
     shape = config.transformer
     return TransformerModel(TransformerConfig(
         vocab_size=vocab_size, context=context, d_model=shape.d_model, n_heads=shape.n_heads,
-        n_layers=shape.n_layers, mlp_ratio=shape.mlp_ratio, tied=shape.tied, dtype=config.dtype))
+        n_layers=shape.n_layers, mlp_ratio=shape.mlp_ratio, tied=shape.tied, dtype=config.dtype),
+        engine=_evaluation_engine(config))
+
+
+def _evaluation_engine(config) -> str:
+    """``"fast"`` where the run's engine is the fast one and its compiled transformer step is
+    installed (the held-out metrics then run the forward only in reused buffers), else ``"reference"``."""
+    if config.engine != "fast":
+        return "reference"
+    from diloco.engine.transformer_step import fast_transformer_available  # absent from learner workspaces
+
+    return "fast" if fast_transformer_available() else "reference"
 
 
 def data_model(config, x, encode):

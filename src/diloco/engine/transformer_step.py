@@ -23,6 +23,7 @@ softmax's fallback where a score lies far above its row's diagonal is the same r
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -31,7 +32,9 @@ from diloco.engine import transformer_kernels as tk
 from diloco.engine.optim import numba_loaded
 from diloco.models.layers import row_blocks
 
-__all__ = ["TransformerStep", "fast_transformer_available"]
+__all__ = ["TransformerStep", "fast_transformer_available", "step_metrics", "EVAL_CHUNK"]
+
+EVAL_CHUNK = 32  # windows per forward pass in ``step_metrics`` (its buffers stay in cache)
 
 
 def fast_transformer_available() -> bool:
@@ -79,6 +82,12 @@ class TransformerStep:
         """Mean next-token cross-entropy (the forward only)."""
         self._forward(params, tokens)
         return self._cross_entropy(targets, grad=False)
+
+    def loss_and_correct(self, params: dict, tokens: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
+        """The forward only: the mean cross-entropy and how many positions' largest logit is the target."""
+        self._forward(params, tokens)
+        correct = int(np.count_nonzero(self.logits.argmax(axis=1) == targets.reshape(-1)))
+        return self._cross_entropy(targets, grad=False), correct
 
     def loss_and_grads(self, params: dict, tokens: np.ndarray, targets: np.ndarray, grads: dict) -> float:
         """The loss; every parameter's gradient written into ``grads`` (views, e.g. of a flat row).
@@ -217,3 +226,28 @@ class TransformerStep:
                 np.add(dk[:, :, :stop], partial, out=dk[:, :, :stop])
                 np.matmul(block.transpose(0, 1, 3, 2), grad, out=partial)
                 np.add(dv[:, :, :stop], partial, out=dv[:, :, :stop])
+
+
+@functools.lru_cache(maxsize=4)
+def _eval_step(cfg) -> TransformerStep:
+    """One evaluation step per model config, kept: its buffers are made once per chunk shape."""
+    return TransformerStep(cfg)
+
+
+def step_metrics(cfg, params: dict, tokens: np.ndarray, targets: np.ndarray,
+                 chunk: int = EVAL_CHUNK) -> tuple[float, float]:
+    """``TransformerModel.metrics`` on the fast engine: the forward only, ``chunk`` windows at a time.
+
+    ``tokens`` and ``targets``: ``(n, T)`` ids (``sequence_targets``). The chunks' loss sums
+    are added, so the result is the mean over all ``n T`` predictions; it equals the reference
+    ``metrics`` to float rounding (``tests/tooling/test_engine_transformer.py``).
+    """
+    step, dtype = _eval_step(cfg), np.dtype(cfg.dtype)
+    params = {key: np.ascontiguousarray(value, dtype=dtype) for key, value in params.items()}
+    loss_sum = correct = 0.0
+    for start in range(0, len(tokens), chunk):
+        part, goal = tokens[start:start + chunk], targets[start:start + chunk]
+        loss, hits = step.loss_and_correct(params, part, goal)
+        loss_sum += float(loss) * goal.size
+        correct += hits
+    return loss_sum / targets.size, correct / targets.size

@@ -47,12 +47,18 @@ class TransformerModel:
     config : TransformerConfig
         Its ``context`` must equal the data's window length ``T``; its ``dtype`` the run's.
     eval_chunk : int >= 1
-        Windows per forward pass in ``metrics`` (256 windows of 64: the attention scores of
-        one chunk are 16 MB in float32).
+        Windows per forward pass in ``metrics`` (32 windows of 64: one chunk's activations
+        stay in the CPU's cache).
+    engine : "reference" or "fast"
+        Which forward ``metrics`` runs: the reference functions, or the fast engine's
+        ``TransformerStep`` (``diloco.engine.transformer_step.step_metrics``: the forward only,
+        in reused buffers; equal to float rounding). ``model_of`` sets it from the run's
+        ``config.engine``.
     """
 
     config: TransformerConfig = field(default_factory=TransformerConfig)
-    eval_chunk: int = 256
+    eval_chunk: int = 32
+    engine: str = "reference"
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, TransformerConfig):
@@ -61,6 +67,8 @@ class TransformerModel:
             object.__setattr__(self, "eval_chunk", check_positive_int(self.eval_chunk, "eval_chunk"))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"TransformerModel.{exc}") from None
+        if self.engine not in ("reference", "fast"):
+            raise ValueError(f"TransformerModel.engine must be 'reference' or 'fast', got {self.engine!r}")
 
     def init_params(self, rng: np.random.Generator) -> Params:
         """``init_transformer_params(rng, config)``."""
@@ -96,6 +104,10 @@ class TransformerModel:
         """
         if len(y_eval) == 0 or np.ndim(x_eval) != 2:
             raise ValueError(f"x_eval must be (n, T) windows with n >= 1, got shape {np.shape(x_eval)}")
+        if self.engine == "fast":
+            from diloco.engine.transformer_step import step_metrics  # absent from learner workspaces
+
+            return step_metrics(self.config, params, *sequence_targets(x_eval, y_eval), chunk=self.eval_chunk)
         loss_sum = correct = 0.0
         for start in range(0, len(y_eval), self.eval_chunk):
             tokens, targets = sequence_targets(x_eval[start:start + self.eval_chunk],
