@@ -123,3 +123,26 @@ def test_titles_and_messages_name_the_transformers_flags():
     with pytest.raises(ValueError) as caught:
         TransformerShape(d_model=10)
     assert in_flag_words(str(caught.value)) == "--n-heads must divide d_model (10), got 4"
+
+
+def test_position_losses_average_to_the_held_out_loss_and_each_reads_only_its_prefix():
+    """Position t's loss is the loss of the window's first t + 1 characters' last prediction (the model is
+    causal), computed here window by window on the truncated windows; their mean is ``metrics``' loss."""
+    from diloco.models import TransformerConfig, TransformerModel
+    from diloco.models.transformer import init_transformer_params, transformer_forward
+
+    cfg = TransformerConfig(vocab_size=7, context=6, d_model=8, n_heads=2, n_layers=1, dtype="float64")
+    rng = np.random.default_rng(3)
+    params = init_transformer_params(rng, cfg)
+    x, y = rng.integers(0, 7, (5, 6)).astype(np.float32), rng.integers(0, 7, 5)
+    model = TransformerModel(cfg, eval_chunk=2)
+    got = model.position_losses(params, x, y)
+    targets = np.concatenate([x[:, 1:], y[:, None]], axis=1).astype(int)
+    want = np.zeros(6)
+    for row in range(5):
+        for t in range(6):
+            logits, _ = transformer_forward(params, x[row:row + 1, :t + 1].astype(int), cfg)
+            last = logits[0, -1]
+            want[t] += (np.log(np.exp(last - last.max()).sum()) + last.max() - last[targets[row, t]]) / 5
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert got.mean() == pytest.approx(model.metrics(params, x, y)[0], rel=1e-12)

@@ -108,3 +108,59 @@ def test_the_learners_sources_are_the_milestone_and_exercise_modules(tmp_path, m
         monkeypatch.undo()
     run_cache.learner_sources.cache_clear()
     assert run_cache.learner_sources() == digest
+
+
+def test_a_claimed_run_is_waited_for_not_trained_again(tmp_path, monkeypatch):
+    """Two processes sharing the cache: while one holds a key's claim, the other's claim waits and comes
+    back with the outcome the first stored (threads stand in for the processes; no sleeps to order them)."""
+    import threading
+    import time
+
+    from diloco.tools.studies.run_cache import RunCache
+
+    monkeypatch.setattr(RunCache, "POLL_SECONDS", 0.01)
+    cache = RunCache(tmp_path)
+    holding, waiting, got = threading.Event(), threading.Event(), {}
+
+    real_sleep = time.sleep
+
+    def polling(seconds):  # the second claim found ours and waits
+        waiting.set()
+        real_sleep(seconds)
+
+    monkeypatch.setattr(run_cache.time, "sleep", polling)
+
+    def second():
+        with cache.claim("k") as stored:
+            got["stored"] = stored
+
+    with cache.claim("k") as stored:
+        assert stored is None and (tmp_path / "k.lock").is_file()
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert waiting.wait(10)
+        assert "stored" not in got  # still waiting: the claim is ours
+        cache.put("k", {"eval_loss": 1.5})
+        holding.set()
+    thread.join(10)
+    assert got["stored"]["eval_loss"] == 1.5
+    assert not (tmp_path / "k.lock").exists()
+
+
+def test_a_claim_whose_owner_is_gone_is_taken_over(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from diloco.tools.studies.run_cache import RunCache
+
+    monkeypatch.setattr(RunCache, "POLL_SECONDS", 0.01)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "k.lock").write_text(gone.stdout.strip())  # that process has exited
+    cache = RunCache(tmp_path)
+    with cache.claim("k") as stored:
+        assert stored is None
+        assert (tmp_path / "k.lock").read_text() == str(__import__("os").getpid())
+    assert not (tmp_path / "k.lock").exists()
+    cache.put("k", {"eval_loss": 2.0})
+    with cache.claim("k") as stored:  # stored already: nothing to train, no lock made
+        assert stored["eval_loss"] == 2.0 and not (tmp_path / "k.lock").exists()

@@ -120,6 +120,25 @@ class TransformerModel:
         predictions = len(y_eval) * x_eval.shape[1]
         return loss_sum / predictions, correct / predictions
 
+    def position_losses(self, params: Params, x_eval: np.ndarray, y_eval: np.ndarray) -> np.ndarray:
+        """Held-out mean cross-entropy at each position ``t`` of the windows (``(T,)``): the loss of
+        predicting character ``t + 1`` from the ``t + 1`` characters before it. A model that uses its
+        context has a loss that falls with ``t``; one that reads only the last character, a flat one.
+        The reference forward, ``eval_chunk`` windows at a time; ``metrics``' loss is its mean.
+        """
+        if len(y_eval) == 0 or np.ndim(x_eval) != 2:
+            raise ValueError(f"x_eval must be (n, T) windows with n >= 1, got shape {np.shape(x_eval)}")
+        sums = np.zeros(x_eval.shape[1])
+        for start in range(0, len(y_eval), self.eval_chunk):
+            tokens, targets = sequence_targets(x_eval[start:start + self.eval_chunk],
+                                               y_eval[start:start + self.eval_chunk])
+            logits, _ = transformer_forward(params, tokens, self.config)
+            shifted = logits - logits.max(axis=-1, keepdims=True)
+            log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+            picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+            sums -= picked.sum(axis=0, dtype=np.float64)
+        return sums / len(y_eval)
+
     def muon_keys(self) -> tuple[str, ...]:
         """``transformer_hidden_matrices(config)``: for ``MuonConfig(keys=...)``."""
         return transformer_hidden_matrices(self.config)

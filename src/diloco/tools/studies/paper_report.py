@@ -111,6 +111,8 @@ def summarise_arms(outcomes: list, arms: list) -> list:
         steps = [point[0] for point in runs[0]["curve"]]
         row["curve"] = [[step, float(np.mean([r["curve"][i][1] for r in runs]))] for i, step in enumerate(steps)]
         row["per_seed_curve"] = [[point[1] for point in r["curve"]] for r in runs]  # seed bands of the plots
+        if all(r.get("eval_position_loss") for r in runs):  # the transformer: loss at each window position
+            row["per_seed_eval_position_loss"] = [r["eval_position_loss"] for r in runs]
         rows.append(row)
     return rows
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
+from diloco.core.model_seam import model_of
 from diloco.shard_divergence import run_split_divergence
 from diloco.tools.runs.atomic_files import atomic_write_text, write_json
 from diloco.tools.studies.ablations import fast_engine_available, trainer
@@ -154,7 +155,8 @@ def outcome_of(arm: Arm, seed: int, config: DiLoCoConfig, history: list, seconds
 
 def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on_round=None, cache=None,
             data_key=None) -> dict:
-    """Train ``arm`` with ``seed`` on ``dataset``; return ``outcome_of`` its history.
+    """Train ``arm`` with ``seed`` on ``dataset``; return ``outcome_of`` its history (for the
+    transformer also ``eval_position_loss``: ``TransformerModel.position_losses`` of the final model).
 
     With ``cache`` (a ``RunCache``), a run already in it is not trained again: its stored
     outcome comes back relabelled, with ``"cached": True``. Either way the outcome holds
@@ -169,6 +171,16 @@ def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on
         stored = cache.get(key, RunCache.legacy_key(arm.algo, config, seed, data_key))
         if stored is not None:
             return {**_with_divergence(stored, config, dataset, encode), "arm": arm.label, "cached": True}
+        with cache.claim(key) as stored:  # another process training the same run: its outcome
+            if stored is not None:
+                return {**_with_divergence(stored, config, dataset, encode), "arm": arm.label, "cached": True}
+            return _train_arm(arm, config, seed, dataset, engine, encode, on_round, cache, key)
+    return _train_arm(arm, config, seed, dataset, engine, encode, on_round, cache, key)
+
+
+def _train_arm(arm: Arm, config: DiLoCoConfig, seed: int, dataset, engine: str, encode, on_round, cache,
+               key) -> dict:
+    """``run_arm``'s training, once the cache has no outcome: the outcome, stored under ``key``."""
     train = trainer(arm.algo, engine)
     extra = {} if encode is None else {"encode": encode}
     start = time.perf_counter()
@@ -176,6 +188,10 @@ def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on
                    on_round=on_round, **extra)
     outcome = outcome_of(arm, seed, config, result.history, time.perf_counter() - start, engine)
     outcome = _with_divergence(outcome, config, dataset, encode)
+    model = model_of(config, result.params)
+    if model is not None:  # the transformer: its held-out loss at each position of a window
+        outcome["eval_position_loss"] = [float(v) for v in model.position_losses(result.params, dataset.x_test,
+                                                                                 dataset.y_test)]
     if cache is not None:
         cache.put(key, outcome)
     return outcome

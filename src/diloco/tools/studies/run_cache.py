@@ -20,10 +20,13 @@ its new name.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
+import os
+import time
 from pathlib import Path
 
 from diloco.tools.runs.atomic_files import write_json
@@ -91,9 +94,12 @@ class RunCache:
     """Outcomes on disk, one JSON file per run, named by ``key``.
 
     Two studies asking for the same run get the same file, so it is trained once. The
-    label is not part of the key; a hit is relabelled. Files are written atomically, so two
-    processes sharing the folder at worst train the same run twice.
+    label is not part of the key; a hit is relabelled. Files are written atomically. Two
+    processes sharing the folder (``make results --jobs 2``) train a run once: the first to
+    ``claim`` its key trains it, the other waits for its outcome (``claim``).
     """
+
+    POLL_SECONDS = 2.0  # how often a process waiting on another's run looks for its outcome
 
     def __init__(self, directory) -> None:
         self.directory = Path(directory)
@@ -142,6 +148,63 @@ class RunCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         write_json(self.directory / f"{key}.json", outcome)
 
+    @contextlib.contextmanager
+    def claim(self, key: str):
+        """Hold ``key`` while this process trains it; yields the outcome when another process has
+        stored it meanwhile (then there is nothing to train), else None.
+
+        The claim is a lock file (``<key>.lock``, made with ``O_EXCL``, holding the owner's pid),
+        removed on leaving, whatever happens. A process finding another's live claim waits,
+        polling every ``POLL_SECONDS``, until the outcome is stored or the claim goes; a claim
+        whose owner is no longer running (killed) is taken over.
+        """
+        self.directory.mkdir(parents=True, exist_ok=True)
+        lock = self.directory / f"{key}.lock"
+        while True:
+            stored = self._read(key)
+            if stored is not None:
+                yield stored
+                return
+            if self._take(lock):
+                break
+            time.sleep(self.POLL_SECONDS)
+        try:
+            yield self._read(key)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+
+    @staticmethod
+    def _take(lock: Path) -> bool:
+        """Make ``lock`` ours: create it, or replace it when its owner has stopped; False while another
+        running process holds it."""
+        try:
+            handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                owner = int(lock.read_text(encoding="utf-8") or 0)
+            except (OSError, ValueError):
+                return False  # being written by its owner right now
+            if owner and _running(owner):
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()  # its owner stopped: taken over on the next try
+            return False
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(str(os.getpid()))
+        return True
+
     def count(self) -> int:
         """The runs stored (files in the folder)."""
         return len(list(self.directory.glob("*.json"))) if self.directory.is_dir() else 0
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (``kill(pid, 0)``; one owned by another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
