@@ -216,6 +216,28 @@ def test_a_second_death_after_a_replacement_is_replaced_too(tmp_path, monkeypatc
     same_run(tmp_path, replaced_run(monkeypatch, deaths), deaths)
 
 
+HANGING_FINALIZE = """
+import atexit, time
+from mpi4py import MPI
+import diloco.tools.cli.mpi as backend
+backend.FINALIZE_SECONDS = 1
+if MPI.COMM_WORLD.rank == 0 and MPI.Comm.Get_parent() == MPI.COMM_NULL:  # as Open MPI's, now and then (CI)
+    backend._finalize_without_the_gil = lambda: time.sleep(1e9)
+    atexit.register(time.sleep, 1e9)  # and so the exit that would finalize
+"""
+
+
+def test_a_finalize_that_never_returns_does_not_hang_the_finished_job(tmp_path):
+    """Rank 0 writes the outputs, then its MPI_Finalize never returns: it exits anyway, with its code."""
+    prefix = open_mpi()
+    wrapper = WRAPPER.replace("sys.exit(backend.main", HANGING_FINALIZE + "sys.exit(backend.main")
+    (tmp_path / "dies.py").write_text(wrapper)
+    done = run_job(prefix, tmp_path, sys.executable, "dies.py", f"1:{ROUND}", *FLAGS, "--survive-failures",
+                   "--replace-failed", "--json", "run.json", timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((tmp_path / "run.json").read_text())["history"][-1]["round"] == 10
+
+
 def test_a_worker_lost_in_the_last_round_is_not_replaced(tmp_path):
     prefix = open_mpi()
     (tmp_path / "dies.py").write_text(WRAPPER)

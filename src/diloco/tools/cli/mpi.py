@@ -283,9 +283,60 @@ def main(argv=None) -> int:
     except BaseException as exc:  # noqa: BLE001 - any fault on one rank must end every rank, never hang them
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return _fail(comm, worker, f"rank {worker} failed: {reason}; aborting the job", 1)
+    code = 0
     if worker == _first_alive(result.history[-1], config.num_workers):  # worker 0, or the first one alive
-        return _write_outputs(args, config, result, time.perf_counter() - begun)
-    return 0
+        code = _write_outputs(args, config, result, time.perf_counter() - begun)
+    if args.survive_failures:
+        _finalize_within(FINALIZE_SECONDS, code)
+    return code
+
+
+# After a rank's death, Open MPI 5's MPI_Finalize (ULFM) now and then never returns: the first rank
+# alive sleeps in ompi_mpi_finalize's wait loop after everything is written (seen in 2 of 25 runs of
+# tests/tooling/test_mpi_ulfm.py's second death beside three CPU hogs, and in CI).
+FINALIZE_SECONDS = 20.0
+
+
+def _finalize_within(seconds: float, code: int) -> None:
+    """``MPI_Finalize``; if it has not returned after ``seconds``, the process exits with ``code``
+    (its outputs are written and flushed by then), so that a finished job never hangs.
+
+    mpi4py's ``MPI.Finalize`` keeps the GIL, so a timer thread could not run: the call goes through
+    ctypes, which lets it go (mpi4py's own finalize at exit then sees MPI finalized and skips).
+    """
+    import os
+    import threading
+
+    def leave() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    timer = threading.Timer(seconds, leave)
+    timer.daemon = True
+    timer.start()
+    _finalize_without_the_gil()
+    timer.cancel()
+
+
+def _finalize_without_the_gil() -> None:
+    """``MPI_Finalize`` of the library this process loaded (found in /proc/self/maps), through
+    ctypes; mpi4py's, which keeps the GIL, where that library cannot be found."""
+    import ctypes
+
+    from mpi4py import MPI
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "/libmpi.so" in line}
+    except OSError:
+        paths = set()
+    if len(paths) != 1:
+        MPI.Finalize()
+        return
+    ctypes.CDLL(paths.pop()).MPI_Finalize()
 
 
 if __name__ == "__main__":
