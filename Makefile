@@ -114,9 +114,10 @@ results: $(VENV)/.installed-dev
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
 		$(BIN)/python -m diloco.tools.studies.make_results --jobs 2 $(if $(ONLY),--only $(ONLY),)
 
-# docs/results-transformer.md: Table 2, Fig. 9, the splits, Muon against AdamW and Streaming at
-# P = 2 on the transformer language model, 5 seeds each, every arm tuned; within 2 hours on
-# 2 cores from an empty cache (the page gives the measured time).
+# docs/results-transformer.md: Table 2, Fig. 9, the splits, Muon against AdamW (with and without
+# DiLoCo) and Streaming at P = 2 on the transformer language model at a scale where it learns beyond
+# the n-grams, 5 seeds each; within 3 hours on 2 cores from an empty cache, in five cached commands
+# (ONLY=table2-transformer,... runs some; the page gives the measured time).
 results-transformer: $(VENV)/.installed-dev
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
 		$(BIN)/python -m diloco.tools.studies.make_results --tier transformer --jobs 2 $(if $(ONLY),--only $(ONLY),)

@@ -417,3 +417,17 @@ def test_momentum_zero_is_not_extended_and_each_direction_stops_at_its_limit():
     assert (changes["outer_lr"], changes["outer_momentum"]) == (0.1, 0.0)
     _, as_it_is = _outer_records((0.0, -1.0), extend=0)
     assert len(as_it_is) == 12
+
+
+def test_make_results_pieces_side_by_side_keep_each_others_times(tmp_path):
+    """Two ``--only`` pieces read the record at their start; the one that ends last must not drop the
+    other's entry (it rereads the file and replaces only its own jobs)."""
+    from diloco.tools.studies.make_results import Job, _merged
+
+    path = tmp_path / "make-results.json"
+    path.write_text(json.dumps({"jobs": {"a": {"seconds": 1}, "b": {"seconds": 2}}}))
+    stale_b = {"jobs": {"a": {"seconds": 1}, "b": {"seconds": 20}}}  # piece b read the file, then ran b
+    path.write_text(json.dumps({"jobs": {"a": {"seconds": 10}, "b": {"seconds": 2}}}))  # piece a wrote first
+    merged = _merged(path, stale_b, [Job("b", "")])
+    assert merged["jobs"] == {"a": {"seconds": 10}, "b": {"seconds": 20}}
+    assert "last_run" not in merged

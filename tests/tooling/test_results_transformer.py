@@ -3,7 +3,7 @@
 Its blocks are rendered from ``docs/assets/results/transformer/`` (``results_page``); the
 commands beside them are exactly ``make_results.TRANSFORMER_JOBS``; every headline claim
 has its plot against tokens (``claim_curves``); and the recorded whole run finished within
-the two hours the target promises. ``claim_curves``' arithmetic is checked by hand.
+the three hours the target promises. ``claim_curves``' arithmetic is checked by hand.
 """
 
 from __future__ import annotations
@@ -78,10 +78,10 @@ def test_every_headline_claim_has_its_plot_on_the_page(page, summaries):
         assert (RESULTS / name).exists() and f"assets/results/transformer/{name}" in page
 
 
-def test_the_whole_run_is_recorded_and_took_under_two_hours(summaries):
+def test_the_whole_run_is_recorded_and_took_under_three_hours(summaries):
     last = summaries["make-results"]["last_run"]
     assert sorted(last["jobs"]) == sorted(COMMANDS) and last["parallel"] == 2
-    assert last["seconds"] < 2 * 3600
+    assert last["seconds"] < 3 * 3600
 
 
 def test_every_number_in_the_prose_is_one_the_tables_show(page):
@@ -96,10 +96,12 @@ def test_every_number_in_the_prose_is_one_the_tables_show(page):
 def _summary(model: str, data: dict | None = None) -> dict:
     curve = [[10, 4.0], [20, 3.0]]
     rows = [{"arm": "A", "algo": "diloco", "changes": {"num_workers": 4}, "seeds": [0, 1], "num_workers": 4,
-             "steps_per_worker": 20, "all_reduces": 2, "bytes_sent": 1_500_000, "curve": curve,
+             "steps_per_worker": 20, "inner_steps": 10, "rounds": 2, "all_reduces": 2, "bytes_sent": 1_500_000,
+             "curve": curve,
              "per_seed_curve": [[4.5, 3.5], [3.5, 2.5]]},
             {"arm": "B", "algo": "sync", "changes": {"num_workers": 1, "batch_size": 2}, "seeds": [0, 1],
-             "num_workers": 1, "steps_per_worker": 20, "all_reduces": 20, "bytes_sent": 0, "curve": curve,
+             "num_workers": 1, "steps_per_worker": 20, "inner_steps": 10, "rounds": 2, "all_reduces": 20,
+             "bytes_sent": 0, "curve": curve,
              "per_seed_curve": [[4.2, 3.2], [4.0, 3.0]]}]
     claims = [{"text": "A beats B", "better": "A", "worse": "B", "verdict": "holds"}]
     return {"config": {"model": model, "batch_size": 8}, "data": {"context": 64} if data is None else data,
@@ -160,3 +162,98 @@ def test_the_claim_plot_draws_the_mean_and_a_band_from_the_lowest_to_the_highest
     assert np.allclose(x_b, [10 * 128, 20 * 128]) and np.allclose(y_b, [4.1, 3.1])
     band = ax.collections[0].get_paths()[0].vertices[:, 1]
     assert np.isclose(band.min(), 2.5) and np.isclose(band.max(), 4.5)
+
+
+# Issue 38: the tier learns language. Every arm a headline claim compares ends below this (the trigram of
+# the same held-out text is 2.05 nats/char: diloco.ngram, shown on the page), on >= 1024 held-out windows,
+# 5 seeds, DiLoCo with >= 100 outer steps of H >= 20, tuned on a seed that is not evaluated.
+LEARNING_LOSS = 1.90
+MIN_EVAL_WINDOWS = 1024
+
+
+def _headline_rows(summaries):
+    for study, start in TRANSFORMER_HEADLINE:
+        summary = summaries[(study, "shakespeare")]
+        claim = summary["claims"][claim_index(summary, start)]
+        by_arm = {row["arm"]: row for row in summary["rows"]}
+        labels = [claim["better"], claim["worse"], claim.get("better_base"), claim.get("worse_base")]
+        yield study, summary, [by_arm[label] for label in labels if label]
+
+
+def test_every_headline_arm_has_learnt_beyond_the_trigram_at_the_promised_scale(summaries):
+    for study, summary, rows in _headline_rows(summaries):
+        assert summary["data"]["eval_windows"] >= MIN_EVAL_WINDOWS, f"{study}: fewer than 1024 held-out windows"
+        assert summary["data"]["num_test"] == summary["data"]["eval_windows"]
+        assert summary["data"]["test_fraction"] == 0.1, f"{study}: the split recorded is not the one used"
+        assert len(summary["seeds"]) == 5 and not set(summary["tune_seeds"]) & set(summary["seeds"]), \
+            f"{study}: 5 evaluated seeds, none of them a tuning seed"
+        for row in rows:
+            seeds = row["per_seed_eval_loss"]
+            assert row["seeds"] == summary["seeds"] and len(seeds) == 5
+            assert row["eval_loss"]["mean"] == pytest.approx(np.mean(seeds), rel=1e-12), \
+                f"{study} / {row['arm']}: the mean is not its seeds'"
+            assert row["eval_loss"]["mean"] <= LEARNING_LOSS, \
+                f"{study} / {row['arm']}: {row['eval_loss']['mean']:.4f} nats, above {LEARNING_LOSS}"
+            if row["algo"] == "diloco":
+                assert row["rounds"] >= 100 and row["inner_steps"] >= 20, f"{study} / {row['arm']}: too few outer steps"
+
+
+def test_each_claims_differences_are_its_arms_seeds(summaries):
+    """An exported per-seed loss edited alone no longer agrees with the claims' paired differences."""
+    for study, summary, rows in _headline_rows(summaries):
+        claim = summary["claims"][claim_index(summary, dict(TRANSFORMER_HEADLINE)[study])]
+        if claim.get("better_base"):
+            continue
+        better, worse = rows[0]["per_seed_eval_loss"], rows[1]["per_seed_eval_loss"]
+        want = np.mean(np.subtract(worse, better))
+        assert claim["loss_difference"]["mean"] == pytest.approx(want, rel=1e-9, abs=1e-12), study
+
+
+def test_positions_table_is_each_runs_seed_mean_at_its_context_lengths():
+    from diloco.tools.studies.results_page import render_positions
+
+    losses = [[3.0, 2.0, 1.0, 1.0], [1.0, 2.0, 3.0, 1.0]]  # two seeds, windows of 4
+    a = {"arm": "A", "per_seed_eval_loss": [1.75, 1.75], "per_seed_eval_position_loss": losses}
+    other = {"arm": "C", "per_seed_eval_loss": [1.0, 2.0], "per_seed_eval_position_loss": [[1.0] * 4, [2.0] * 4]}
+    table = render_positions([{"rows": [a, {"arm": "B"}]}, {"rows": [{**a, "arm": "A2"}, other]}, None])
+    assert table.splitlines() == ["| arm | 1 chars | 2 chars | 3 chars | 4 chars | all positions |",
+                                  "|---|---:|---:|---:|---:|---:|",
+                                  "| A = A2 | 2.0000 | 2.0000 | 2.0000 | 1.0000 | 1.7500 |",
+                                  "| C | 1.5000 | 1.5000 | 1.5000 | 1.5000 | 1.5000 |"]
+    assert render_positions(None).startswith("*Not run")
+
+
+def test_the_transformer_uses_its_context(summaries):
+    """Past 8 characters of context every table2 arm predicts below the trigram (2.05 nats/char), which
+    sees 2; with one character it is near the bigram (2.49): the loss falls as the context grows."""
+    rows = [r for r in summaries[("table2", "shakespeare")]["rows"] if r.get("per_seed_eval_position_loss")]
+    assert rows, "table2's export has no per-position losses"
+    for row in rows:
+        mean = np.mean(np.array(row["per_seed_eval_position_loss"]), axis=0)
+        assert mean[7:].mean() < 2.05 < mean[0], row["arm"]
+
+
+def test_the_position_losses_average_to_the_held_out_loss(summaries):
+    """Two paths: the reference forward per position (``position_losses``) and the fast engine's own
+    evaluation step agree to float32 rounding on every arm's mean held-out loss."""
+    for study in TRANSFORMER_ORDER:
+        for row in summaries[(study, "shakespeare")]["rows"]:
+            per_position = np.mean(np.array(row["per_seed_eval_position_loss"]), axis=0).mean()
+            assert per_position == pytest.approx(row["eval_loss"]["mean"], rel=1e-7), (study, row["arm"])
+
+
+def test_the_clock_table_by_hand():
+    """One worker-step 1 s, 8 Mbit/s (1 MB a second), no latency. A: 4 workers, 2 rounds of 10 steps,
+    one all-reduce of 1 MB a round: 10 + 1 s a round. B: synchronous, an all-reduce of 0.1 MB after
+    every step: 10 x (1 + 0.1) s a round. The loss both reach is B's last, 3.2."""
+    from diloco.tools.studies.claim_curves import Clock, first_reaching, render_claim_clock
+
+    summary = _summary("transformer")
+    a, b = summary["rows"]
+    a.update(inner_steps=10, rounds=2, all_reduces=2, bytes_sent=2_000_000, curve=[[10, 4.0], [20, 3.0]])
+    b.update(num_workers=4, inner_steps=10, rounds=2, all_reduces=20, bytes_sent=2_000_000,
+             curve=[[10, 3.1], [20, 3.2]])
+    table = render_claim_clock([("s", summary, 0)], Clock(step_time=1.0, bandwidth=8e6, latency=0.0))
+    assert "| A beats B | A | 3.0000 | 22.0 | 3.2000 | 22.0 |" in table
+    assert "|  | B | 3.2000 | 22.0 | 3.2000 | 11.0 |" in table
+    assert first_reaching([1, 2, 3], [5.0, 4.0, 3.0], 3.5) == 3 and first_reaching([1], [5.0], 1.0) is None

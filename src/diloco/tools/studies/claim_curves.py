@@ -25,12 +25,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
+from diloco.core.netsim import all_reduce_seconds
 from diloco.tools.studies.summaries import TASKS, load_summaries
 
-__all__ = ["TRANSFORMER_HEADLINE", "MLP_HEADLINE", "TIERS", "token_unit", "tokens_per_step", "arm_tokens",
+__all__ = ["render_claim_clock", "first_reaching", "TRANSFORMER_HEADLINE", "MLP_HEADLINE", "TIERS", "CLOCKS", "Clock",
+           "arm_costs", "token_unit", "tokens_per_step", "arm_tokens",
            "claim_index", "every_claim", "headline_claims", "plot_claim", "render_claim_costs", "write_plots",
            "main"]
 
@@ -44,6 +47,26 @@ MLP_HEADLINE = (("table2", "DiLoCo beats the 8x-batch"), ("table2", "DiLoCo beat
                 ("fig9", "DiLoCo with one worker"), ("fig8", "IID, a dropped worker carries on"),
                 ("splits", "non-IID label skew a=0.1:"))
 TIERS = {"mlp": (MLP_HEADLINE, tuple(TASKS)), "transformer": (TRANSFORMER_HEADLINE, ("shakespeare",))}
+
+
+class Clock(NamedTuple):
+    """A simulated cluster for the wall-clock panel (``diloco.core.netsim``'s alpha-beta model): one
+    worker-step takes ``step_time`` seconds; an all-reduce in which each worker sends ``b`` bytes takes
+    ``all_reduce_seconds(b, K, bandwidth, latency)``, with nothing overlapped."""
+
+    step_time: float  # seconds per worker-step
+    bandwidth: float  # bits per second
+    latency: float  # seconds per message
+
+    def describe(self) -> str:
+        return (f"{self.step_time * 1e3:g} ms a worker-step, {self.bandwidth / 1e6:g} Mbit/s, "
+                f"{self.latency * 1e3:g} ms latency")
+
+
+# The transformer tier's clock: the fast engine's worker-step at batch 16 (10.7 ms, make bench-transformer,
+# benchmarks/results.md) and workers joined by a wide-area link (100 Mbit/s, 10 ms), where the paper places
+# DiLoCo. The MLP pages keep their one panel (against tokens).
+CLOCKS = {"transformer": Clock(step_time=0.0107, bandwidth=100e6, latency=0.010)}
 
 
 def token_unit(summary: dict) -> str:
@@ -70,37 +93,72 @@ def _claim_rows(summary: dict, index: int) -> tuple[dict, dict, dict]:
     return claim, rows[claim["better"]], rows[claim["worse"]]
 
 
-def plot_claim(summary: dict, index: int):
-    """The claim's two arms: mean held-out loss against tokens, band from lowest to highest seed.
+def arm_costs(summary: dict, row: dict, clock: Clock | None = None) -> dict:
+    """After each round of ``row``'s curve: the ``tokens`` all workers have trained on, the ``bytes``
+    each worker has sent and (with ``clock``) the simulated ``seconds`` since the start. The bytes and
+    all-reduces of a round are the run's totals over its rounds (every round of these arms is alike)."""
+    steps = np.array([point[0] for point in row["curve"]], dtype=float)
+    rounds = steps / row["inner_steps"]
+    out = {"tokens": steps * row["num_workers"] * tokens_per_step(summary, row),
+           "bytes": rounds * row["bytes_sent"] / row["rounds"]}
+    if clock is not None:
+        reduces = row["all_reduces"] / row["rounds"]
+        each = all_reduce_seconds(row["bytes_sent"] / max(row["all_reduces"], 1), row["num_workers"],
+                                  clock.bandwidth, clock.latency)
+        out["seconds"] = rounds * (row["inner_steps"] * clock.step_time + reduces * each)
+    return out
+
+
+def plot_claim(summary: dict, index: int, clock: Clock | None = None):
+    """The claim's two arms: mean held-out loss against tokens, band from lowest to highest seed; with
+    ``clock``, two more panels: against the bytes each worker sent and against simulated wall-clock.
 
     Raises ``ValueError`` when an arm has no ``per_seed_curve`` (a summary written before it was recorded).
     """
     from matplotlib.figure import Figure
-
-    from diloco.tools.studies.plots import log_where_decades
 
     claim, better, worse = _claim_rows(summary, index)
     missing = [row["arm"] for row in (better, worse) if not row.get("per_seed_curve")]
     if missing:
         raise ValueError(f"claim {claim['text']!r}: arm(s) {missing} have no per_seed_curve; rerun the study")
     unit = token_unit(summary)
-    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
-    ax = fig.add_subplot()
-    drawn = []
-    for row, role in ((better, "the paper's better arm"), (worse, "its worse arm")):
-        steps = np.array([point[0] for point in row["curve"]], dtype=float)
-        tokens = steps * row["num_workers"] * tokens_per_step(summary, row)
-        seeds = np.array(row["per_seed_curve"], dtype=float)
-        line, = ax.plot(tokens, seeds.mean(axis=0), label=f"{row['arm']} ({role})")
-        ax.fill_between(tokens, seeds.min(axis=0), seeds.max(axis=0), color=line.get_color(), alpha=0.2)
-        drawn.extend(tokens)
-    log_where_decades(ax, "x", drawn, at_least=0.0, formatter=lambda count: f"{count:,.0f}")
-    ax.set_xlabel(f"{unit}s trained on, all workers (log scale)")
-    ax.set_ylabel(f"held-out loss (nats per {unit})")
-    ax.legend(fontsize=7)
-    ax.set_title(f"{claim['text']}\nmean of {len(better['seeds'])} seeds; band: lowest to highest seed; "
-                 f"verdict: {claim['verdict']}", fontsize=8)
+    panels = [("tokens", f"{unit}s trained on, all workers")]
+    if clock is not None:
+        panels += [("bytes", "bytes sent per worker"), ("seconds", "simulated wall-clock seconds")]
+    fig = Figure(figsize=(6.4 if clock is None else 13.5, 4.0), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (name, label) in zip(axes, panels, strict=True):
+        _panel(ax, summary, (better, worse), name, clock)
+        ax.set_xlabel(f"{label} (log scale)" if ax.get_xscale() == "log" else label)
+        ax.set_ylabel(f"held-out loss (nats per {unit})")
+    axes[0].legend(fontsize=7)
+    clocked = "" if clock is None else f"\nsimulated cluster: {clock.describe()}"
+    fig.suptitle(f"{claim['text']}\nmean of {len(better['seeds'])} seeds; band: lowest to highest seed; "
+                 f"verdict: {claim['verdict']}{clocked}", fontsize=8)
     return fig
+
+
+def _panel(ax, summary: dict, rows, name: str, clock: Clock | None) -> None:
+    """One panel: each arm's mean and seed band against ``name`` (``arm_costs``); an arm that sends
+    nothing has no place on the bytes axis and is named in the panel instead."""
+    from diloco.tools.studies.plots import log_where_decades
+
+    drawn, silent = [], []
+    for row, role in zip(rows, ("the paper's better arm", "its worse arm"), strict=True):
+        x = arm_costs(summary, row, clock)[name]
+        seeds = np.array(row["per_seed_curve"], dtype=float)
+        if name == "bytes" and not x.any():
+            silent.append(row["arm"])
+            ax.plot([], [])  # keeps each arm's colour across the panels
+            continue
+        line, = ax.plot(x, seeds.mean(axis=0), label=f"{row['arm']} ({role})")
+        ax.fill_between(x, seeds.min(axis=0), seeds.max(axis=0), color=line.get_color(), alpha=0.2)
+        drawn.extend(x)
+    if silent:
+        ax.text(0.02, 0.02, "sends nothing: " + "; ".join(silent), transform=ax.transAxes, fontsize=7)
+    if drawn:
+        log_where_decades(ax, "x", [v for v in drawn if v > 0], at_least=0.0,
+                          formatter=lambda count: f"{count:,.0f}" if count >= 1 else f"{count:g}")
 
 
 def render_claim_costs(places: list) -> str:
@@ -116,6 +174,30 @@ def render_claim_costs(places: list) -> str:
             lines.append(f"| {text} | {row['arm']} | {row['steps_per_worker'] * row['num_workers']:,} "
                          f"| {arm_tokens(summary, row):,} | {row['all_reduces']:,} "
                          f"| {_bytes(row['bytes_sent'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def first_reaching(values, losses, target: float) -> float | None:
+    """The first of ``values`` (tokens, bytes or seconds after each round) at which ``losses`` (the
+    mean curve, same rounds) is at or below ``target``; None when it never is."""
+    where = np.flatnonzero(np.asarray(losses, dtype=float) <= target)
+    return float(np.asarray(values, dtype=float)[where[0]]) if where.size else None
+
+
+def render_claim_clock(places: list, clock: Clock) -> str:
+    """Per claim, per arm, on ``clock``: the simulated seconds of the whole run, and those until the
+    arm's mean curve first reaches the loss both arms reach (the higher of their last mean losses)."""
+    lines = [f"Simulated cluster: {clock.describe()}, nothing overlapped (`claim_curves.CLOCKS`).", "",
+             "| claim | arm | last held-out loss | simulated seconds, whole run | loss both reach | "
+             "simulated seconds to reach it |", "|---|---|---:|---:|---:|---:|"]
+    for _study, summary, index in places:
+        claim, *rows = _claim_rows(summary, index)
+        target = max(row["curve"][-1][1] for row in rows)
+        for role, row in zip(("better", "worse"), rows, strict=True):
+            seconds = arm_costs(summary, row, clock)["seconds"]
+            reached = first_reaching(seconds, [point[1] for point in row["curve"]], target)
+            lines.append(f"| {claim['text'] if role == 'better' else ''} | {row['arm']} | {row['curve'][-1][1]:.4f} "
+                         f"| {seconds[-1]:,.1f} | {target:.4f} | {reached:,.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -148,9 +230,10 @@ def headline_claims(summaries: dict, claims, task: str) -> list:
     return places
 
 
-def write_plots(folder, claims, tasks) -> list[Path]:
+def write_plots(folder, claims, tasks, clock: Clock | None = None) -> list[Path]:
     """``folder/<study>-<task>-claim<i>.png`` for each of ``claims`` on each of ``tasks`` whose
-    summary is there; one without ``per_seed_curve`` is skipped with a note on stderr."""
+    summary is there (``plot_claim``, with ``clock``); one without ``per_seed_curve`` is skipped
+    with a note on stderr."""
     from diloco.tools.studies.plots import save_figure
 
     summaries = load_summaries(folder)
@@ -158,7 +241,7 @@ def write_plots(folder, claims, tasks) -> list[Path]:
     for task in tasks:
         for study, summary, index in headline_claims(summaries, claims, task):
             try:
-                figure = plot_claim(summary, index)
+                figure = plot_claim(summary, index, clock)
             except ValueError as error:
                 print(f"claim_curves: {study}-{task}: skipped: {error}", file=sys.stderr)
                 continue
@@ -176,7 +259,7 @@ def main(argv=None) -> int:
     if not Path(args.folder).is_dir():
         print(f"claim_curves: {args.folder} is not a folder", file=sys.stderr)
         return 2
-    for path in write_plots(args.folder, *TIERS[args.tier]):
+    for path in write_plots(args.folder, *TIERS[args.tier], CLOCKS.get(args.tier)):
         print(path)
     return 0
 

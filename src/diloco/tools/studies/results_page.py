@@ -31,6 +31,8 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from diloco.tools.runs.folders import atomic_write_text
 from diloco.tools.studies.paper_report import (
     interval_text,
@@ -126,6 +128,31 @@ def _family_compute(summaries: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+POSITIONS = (1, 2, 3, 4, 8, 16, 32, 64)  # characters of context a prediction has
+
+
+def render_positions(summaries) -> str:
+    """Per run of ``summaries`` (one summary or several), the held-out loss of the predictions
+    made from ``t`` characters of context (a window's position ``t``), mean over the seeds
+    (``per_seed_eval_position_loss``, ``TransformerModel.position_losses``). An arm that is another
+    study's run under a new name (the same per-seed losses) shares its line: ``A = B``."""
+    summaries = [summaries] if isinstance(summaries, dict) or summaries is None else summaries
+    runs: dict = {}
+    for row in (r for s in summaries for r in (s or {}).get("rows", []) if r.get("per_seed_eval_position_loss")):
+        runs.setdefault(tuple(row.get("per_seed_eval_loss") or ()) or row["arm"], []).append(row)
+    if not runs:
+        return "*Not run: no summary with per-position losses.*\n"
+    width = len(next(iter(runs.values()))[0]["per_seed_eval_position_loss"][0])
+    shown = [t for t in POSITIONS if t <= width]
+    lines = ["| arm | " + " | ".join(f"{t} chars" for t in shown) + " | all positions |",
+             "|---|" + "---:|" * (len(shown) + 1)]
+    for rows in runs.values():
+        mean = np.mean(np.array(rows[0]["per_seed_eval_position_loss"], dtype=float), axis=0)
+        names = " = ".join(dict.fromkeys(row["arm"] for row in rows))
+        lines.append(f"| {names} | " + " | ".join(f"{mean[t - 1]:.4f}" for t in shown) + f" | {mean.mean():.4f} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_block(name: str, summaries: dict) -> str:
     """The Markdown of block ``name`` (see the module docstring)."""
     if name == "paper":
@@ -144,6 +171,13 @@ def render_block(name: str, summaries: dict) -> str:
         from diloco.tools.studies.claim_curves import MLP_HEADLINE, headline_claims, render_claim_costs
 
         return render_claim_costs(headline_claims(summaries, MLP_HEADLINE, name.partition("-")[2]))
+    if name == "clock-transformer":
+        from diloco.tools.studies.claim_curves import CLOCKS, TRANSFORMER_HEADLINE, headline_claims, render_claim_clock
+
+        claims = headline_claims(summaries, TRANSFORMER_HEADLINE, "shakespeare")
+        return render_claim_clock(claims, CLOCKS["transformer"])
+    if name == "positions-transformer":
+        return render_positions([summaries.get((study, "shakespeare")) for study in TRANSFORMER_ORDER])
     if name == "paper-transformer":
         return render_paper_table({k: v for k, v in summaries.items() if isinstance(k, tuple)}, TRANSFORMER_ORDER,
                                   (("shakespeare", "transformer char-LM: perplexity"),))
