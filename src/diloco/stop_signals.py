@@ -14,6 +14,13 @@ Standard library only, so it can be installed before NumPy is imported: the firs
 * once one signal has been raised, later ones are ignored, so the clean-up that writes
   ``summary.json`` is not cut short by a second Ctrl-C (SIGKILL still ends the process).
 
+``signal_first()`` keeps a signal from being masked: a ``Stopped`` lands between any two bytecodes, and
+library code is not always safe against that. A clean-up can then fail half-way, and its error
+replaces the signal. NumPy's ``savez``, stopped between ``zipfile``'s ``_writing = True`` and the
+writer it returns, closes its archive with ``ValueError: Can't close the ZIP file while there is an
+open writing handle on it``. Once a signal has been raised, any exception that reaches
+``signal_first`` is that signal again.
+
 ``deferred()`` holds a signal back for a few steps that must happen together: a signal
 landing inside waits, and is raised as the block ends (the round's ``history.jsonl`` line and
 the copy of that round kept for the interrupt's checkpoint, ``diloco.tools.runs.training``,
@@ -28,7 +35,7 @@ import _signal
 import os
 
 __all__ = ["SIGNALS", "NAMES", "Stopped", "Terminated", "install", "install_if_cli", "session", "deferred",
-           "exit_status"]
+           "signal_first", "signal_behind", "exit_status"]
 
 NAMES = {getattr(_signal, name): name for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(_signal, name)}
 SIGNALS = tuple(NAMES)
@@ -149,6 +156,33 @@ class deferred:
             _state["raised"] = pending
             raise _stop(pending)
         return False
+
+
+def signal_behind(exc: BaseException):
+    """The stop signal ``exc`` stands for: ``exc`` itself if it is a ``Stopped``. If a signal has
+    already been raised in this session, any other exception came from a clean-up it cut short,
+    so the result is a ``Stopped`` for that signal, caused by ``exc``. Otherwise None."""
+    if isinstance(exc, KeyboardInterrupt):
+        return exc
+    if _state["raised"] is None or not isinstance(exc, Exception):
+        return None
+    stop = _stop(_state["raised"])
+    stop.__cause__ = exc
+    return stop
+
+
+class signal_first:
+    """Inside (``with signal_first():``): an exception raised after a stop signal was raised is
+    that signal (``signal_behind``), never an error of its own."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, traceback):
+        stop = None if exc is None else signal_behind(exc)
+        if stop is None or stop is exc:
+            return False
+        raise stop
 
 
 install_if_cli()  # at import: diloco/__init__.py imports this module before NumPy

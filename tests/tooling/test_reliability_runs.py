@@ -124,7 +124,7 @@ def test_a_signal_mid_run_is_interrupted_with_the_resume_command_that_finishes_i
     else:
         pytest.skip("the run finished before the signal, three times")
     name = signal.Signals(sig).name
-    assert proc.returncode == 128 + sig
+    assert proc.returncode == 128 + sig, (err, (run_dir / "summary.json").read_text())
     line, = err.strip().splitlines()
     # the round named is the newest checkpoint's; history.jsonl may hold one round more when the
     # signal lands between its append and the checkpoint (--resume cuts it back, tested below)

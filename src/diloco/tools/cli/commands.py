@@ -24,7 +24,6 @@ made (``diloco.tools.cli.preflight``); after that, every early end leaves a trut
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import sys
 import time
@@ -64,7 +63,7 @@ from diloco.tools.cli.run_setup import (
     thread_limit,
 )
 from diloco.tools.runs.faults import late_step, quiet_numpy, run_outcome
-from diloco.tools.runs.folders import HistoryWriter, atomic_write_bytes, read_json, write_json
+from diloco.tools.runs.folders import HistoryWriter, atomic_write_bytes, npz_bytes, read_json, write_json
 from diloco.tools.runs.resume import CHECKPOINT_DIR, plan_resume, record_code_change
 from diloco.tools.runs.training import train_resumable
 from diloco.tools.studies.ablations import STUDIES, TRAINERS, format_bytes
@@ -182,9 +181,7 @@ def _train_one(algo: str, config: DiLoCoConfig, data: Dataset, history: HistoryW
     finally:
         if bar is not None:
             bar.close()
-    buffer = io.BytesIO()
-    np.savez(buffer, **result.params)
-    atomic_write_bytes(run_dir / f"params-{algo}.npz", buffer.getvalue())
+    atomic_write_bytes(run_dir / f"params-{algo}.npz", npz_bytes(result.params))
     return result, time.perf_counter() - clock
 
 

@@ -5,20 +5,36 @@
 A failure (disk full, a kill) leaves either the old file or the new one, never half of
 one, and never a stray temporary file when Python is still running to remove it; the
 error names the file the caller asked for. ``write_json`` writes strict JSON this way
-(NaN/Inf become null); ``read_json`` names the file it cannot parse. Re-exported by
+(NaN/Inf become null); ``read_json`` names the file it cannot parse. ``npz_bytes`` is an
+``.npz`` archive of arrays in memory, made whole before a stop signal is let through. Re-exported by
 ``diloco.tools.runs.folders``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "write_json", "read_json"]
+import numpy as np
+
+from diloco import stop_signals
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "write_json", "read_json", "npz_bytes"]
+
+
+def npz_bytes(arrays: dict) -> bytes:
+    """``np.savez`` of ``arrays`` into memory. A stop signal landing inside waits until the archive
+    is whole (``stop_signals.deferred``): ``zipfile`` stopped between ``_writing = True`` and the
+    writer it returns cannot close its archive, and its ``ValueError`` would replace the signal."""
+    buffer = io.BytesIO()
+    with stop_signals.deferred():
+        np.savez(buffer, **arrays)
+    return buffer.getvalue()
 
 
 def _fsync_dir(directory: Path) -> None:

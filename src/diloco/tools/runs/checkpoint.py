@@ -38,7 +38,6 @@ it never changes a file.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import re
 from datetime import datetime
@@ -63,7 +62,7 @@ from diloco.tools.runs.checkpoint_verify import (
     read_arrays,
     read_manifest,
 )
-from diloco.tools.runs.folders import atomic_write_bytes, atomic_write_text
+from diloco.tools.runs.folders import atomic_write_bytes, atomic_write_text, npz_bytes
 
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint",
@@ -175,9 +174,7 @@ SHA-256 besides the ``.npz``'s; only then are older
         arrays.update({f"start{worker}.{key}": value for key, value in start.items()})
     extra_arrays, extra_meta = pack_extra(extra or {})
     arrays.update(extra_arrays)
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    blob = buffer.getvalue()
+    blob = npz_bytes(arrays)
     stem = _stem(algo, round_index)
     manifest = {
         "format": FORMAT, "version": FORMAT_VERSION, "algo": algo, "round": int(round_index),

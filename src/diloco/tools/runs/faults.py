@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from diloco import stop_signals
 from diloco.stop_signals import Stopped, Terminated, exit_status
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.invocation import command, shown_path
@@ -183,7 +184,8 @@ def run_outcome(write_summary):
             write_summary(status, reason, extra or {})
 
     try:
-        yield
+        with stop_signals.signal_first():  # an error from a clean-up a signal cut short is the signal
+            yield
     except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP (diloco.stop_signals)
         _, name = _signal_of(exc)
         record("interrupted", f"stopped by {name}", {"signal": name})

@@ -214,7 +214,7 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
                                                                    keep_starts=keeps_worker_starts(algo, config))
     hooks.append(RoundEnd(None if on_round is None else Callback(on_round), checkpoints))
     try:
-        with guard.watch():  # a non-finite pseudo-gradient mid-round is divergence too
+        with stop_signals.signal_first(), guard.watch():  # a non-finite pseudo-gradient mid-round is divergence too
             return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode,
                          executor=executor_of(config), hooks=hooks, start=start)
     except KeyboardInterrupt:  # a signal mid-round: the last finished round goes to disk, then the signal goes on

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from diloco import stop_signals
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.run_setup import progress_factory, start_run, thread_limit
 from diloco.tools.runs.faults import quiet_numpy, run_outcome
@@ -244,7 +245,8 @@ def run_spec(spec: StudySpec, args) -> int:
     try:
         with run_outcome(stopped), quiet_numpy(), limit:
             try:
-                arms, tuning = _train_all(spec, plan, cached(plan, cache), progress, history)
+                with stop_signals.signal_first():
+                    arms, tuning = _train_all(spec, plan, cached(plan, cache), progress, history)
             except (TypeError, ValueError) as exc:
                 raise CliError(f"study {plan.name}: {exc}") from None
             except KeyboardInterrupt as exc:
