@@ -107,20 +107,25 @@ bench-transformer: $(VENV)/.installed-bench
 
 # Every study of docs/results.md and docs/results-family.md at its documented size, two commands
 # at a time, then both pages rendered from docs/assets/results/ and the time taken reported
-# (diloco.tools.studies.make_results; the pages give the measured time). ONLY=name,... runs some.
+# (diloco.tools.studies.make_results; the pages give the measured time). ONLY=name,... runs some;
+# MINUTES=60 a piece of at most an hour (the same command again goes on from the run cache).
 ONLY ?=
+MINUTES ?=
 
 results: $(VENV)/.installed-dev
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
-		$(BIN)/python -m diloco.tools.studies.make_results --jobs 2 $(if $(ONLY),--only $(ONLY),)
+		$(BIN)/python -m diloco.tools.studies.make_results --jobs 2 $(if $(ONLY),--only $(ONLY),) \
+		$(if $(MINUTES),--minutes $(MINUTES),)
 
 # docs/results-transformer.md: Table 2, Fig. 9, the splits, Muon against AdamW (with and without
 # DiLoCo) and Streaming at P = 2 on the transformer language model at a scale where it learns beyond
 # the n-grams, 5 seeds each; within 3 hours on 2 cores from an empty cache, in five cached commands
-# (ONLY=table2-transformer,... runs some; the page gives the measured time).
+# (ONLY=table2-transformer,... runs some; MINUTES=60 runs a piece of at most an hour, and the same
+# command again goes on from the run cache; the page gives the measured time).
 results-transformer: $(VENV)/.installed-dev
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
-		$(BIN)/python -m diloco.tools.studies.make_results --tier transformer --jobs 2 $(if $(ONLY),--only $(ONLY),)
+		$(BIN)/python -m diloco.tools.studies.make_results --tier transformer --jobs 2 $(if $(ONLY),--only $(ONLY),) \
+		$(if $(MINUTES),--minutes $(MINUTES),)
 
 # Learner workspace: the project with the 30 milestone bodies, and those of the optional exercises
 # x01-x07 (docs/exercises/), as stubs (docs/learner-guide.md).

@@ -431,3 +431,48 @@ def test_make_results_pieces_side_by_side_keep_each_others_times(tmp_path):
     merged = _merged(path, stale_b, [Job("b", "")])
     assert merged["jobs"] == {"a": {"seconds": 10}, "b": {"seconds": 20}}
     assert "last_run" not in merged
+
+
+def test_make_results_minutes_runs_a_piece_and_the_next_piece_goes_on(tmp_path, monkeypatch, capsys):
+    """``--minutes``: past the budget nothing more starts and the running commands get SIGINT (each
+    fake study here ends 130 on it, as a study does, its runs kept); nothing is rendered (exit 3).
+    The same command again runs the rest, and the whole run's seconds add up over the pieces."""
+    import subprocess
+    import sys
+
+    from diloco.tools.studies import claim_curves, results_page
+    from diloco.tools.studies import make_results as mr
+
+    jobs = (mr.Job("slow", "1.5"), mr.Job("later", "0"), mr.Job("last", "0"))
+    monkeypatch.setattr(mr, "TIERS", {"mlp": (jobs, str(tmp_path))})
+    monkeypatch.setattr(mr, "LOGS", str(tmp_path / "logs"))
+    monkeypatch.setattr(mr, "POLL_SECONDS", 0.1)
+    rendered = []
+    done = tmp_path / "done"
+    script = ("import pathlib, signal, sys, time\n"
+              "signal.signal(signal.SIGINT, lambda *a: sys.exit(130))\n"
+              f"done = pathlib.Path({str(done)!r}) / sys.argv[2]\n"
+              "time.sleep(0 if done.exists() else float(sys.argv[1]) * 60)\n"
+              "done.touch()\n")
+    done.mkdir()
+
+    def fake_run(job, logs, env):
+        log = open(logs / f"{job.name}.log", "w", encoding="utf-8")  # noqa: SIM115
+        return subprocess.Popen([sys.executable, "-c", script, job.args, job.name], stdout=log), log
+
+    monkeypatch.setattr(mr, "_run", fake_run)
+    monkeypatch.setattr(claim_curves, "main", lambda argv: rendered.append(argv))
+    monkeypatch.setattr(results_page, "main", lambda argv: rendered.append(argv))
+    assert mr.main(["--jobs", "1", "--minutes", "0.05"]) == 3  # 3 s: "slow" (90 s) is stopped, the rest wait
+    record = json.loads((tmp_path / "make-results.json").read_text())
+    assert record["jobs"]["slow"]["status"] == mr.STOPPED and set(record["jobs"]) == {"slow"}
+    assert rendered == [] and "unfinished: ['slow', 'later', 'last']" in capsys.readouterr().out
+    assert record["unfinished_run"]["pieces"] == 1 and "last_run" not in record
+    (done / "slow").touch()  # the study's runs are in the cache now: it ends at once
+    assert mr.main(["--jobs", "1", "--minutes", "5"]) == 0
+    record = json.loads((tmp_path / "make-results.json").read_text())
+    assert {r["status"] for r in record["jobs"].values()} == {"ok"} and "unfinished_run" not in record
+    assert record["last_run"]["pieces"] == 2 and record["last_run"]["seconds"] >= 3
+    assert record["jobs"]["slow"]["seconds"] >= 3  # the stopped piece's time is carried
+    assert len(rendered) == 2  # the plots and the one page
+    assert mr.main(["--minutes", "0"]) == 2

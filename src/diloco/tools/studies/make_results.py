@@ -19,7 +19,13 @@ from an empty cache), exported to
 ``docs/assets/results/transformer/`` with its own ``make-results.json``, for
 ``docs/results-transformer.md``.
 
-``python -m diloco.tools.studies.make_results [--tier mlp|transformer] [--jobs N] [--only NAME,...] [--dry-run]``.
+``--minutes M`` runs a piece: after M minutes nothing more starts and the running studies get
+SIGINT, so each keeps its finished runs in the run cache; the record notes them as stopped and the
+pages are not rendered (exit 3). The same command again goes on from the cache, and the record's
+seconds add up over the pieces (``unfinished_run``, then ``last_run`` with its ``pieces``).
+
+``python -m diloco.tools.studies.make_results [--tier mlp|transformer] [--jobs N] [--only NAME,...]
+[--minutes M] [--dry-run]``.
 """
 
 from __future__ import annotations
@@ -134,24 +140,45 @@ def _stop(signum, frame):
     raise SystemExit(143)
 
 
-def _loop(pending: list, running: dict, parallel: int, logs: Path, env: dict, record: dict) -> None:
-    """Start ``pending`` jobs, ``parallel`` at a time, until all have finished; note each in ``record``."""
+STOPPED = "stopped at the time budget"
+POLL_SECONDS = 2.0
+
+
+def _loop(pending: list, running: dict, parallel: int, logs: Path, env: dict, record: dict,
+          deadline: float | None = None) -> None:
+    """Start ``pending`` jobs, ``parallel`` at a time, until all have finished; note each in ``record``.
+    Past ``deadline`` (``--minutes``) nothing more starts, and the running commands get SIGINT: a study
+    keeps its finished runs in the run cache, so running the same command again goes on from there."""
+    stopping = False
     while pending or running:
-        while pending and len(running) < parallel:
+        while pending and len(running) < parallel and not stopping:
             job = pending.pop(0)
             process, log = _run(job, logs, env)
             running[job.name] = (job, process, log, time.time())
             print(f"[{time.strftime('%H:%M:%S')}] started {job.name}", flush=True)
-        time.sleep(2)
-        for name, (job, process, log, start) in list(running.items()):
-            if process.poll() is None:
-                continue
-            log.close()
-            del running[name]
-            seconds = time.time() - start
-            status = "ok" if process.returncode == 0 else f"failed ({process.returncode})"
-            record["jobs"][name] = {"command": command_of(job), "seconds": round(seconds, 1), "status": status}
-            print(f"[{time.strftime('%H:%M:%S')}] {name}: {status} in {seconds / 60:.1f} min", flush=True)
+        if not running:
+            return
+        time.sleep(POLL_SECONDS)
+        if deadline is not None and not stopping and time.time() >= deadline:
+            stopping = True
+            for _job, process, _log, _start in running.values():
+                process.send_signal(signal.SIGINT)
+        for name in [n for n, (_j, process, _l, _s) in running.items() if process.poll() is not None]:
+            _ended(record, *running.pop(name), stopping)
+
+
+def _ended(record: dict, job: Job, process, log, start: float, stopping: bool) -> None:
+    """Note a finished command: its status and its seconds, added to the seconds of the pieces of it
+    that an earlier ``--minutes`` stopped."""
+    log.close()
+    earlier = record["jobs"].get(job.name, {})
+    seconds = time.time() - start + (earlier.get("seconds", 0.0) if earlier.get("status") == STOPPED else 0.0)
+    if process.returncode == 0:
+        status = "ok"
+    else:
+        status = STOPPED if stopping else f"failed ({process.returncode})"
+    record["jobs"][job.name] = {"command": command_of(job), "seconds": round(seconds, 1), "status": status}
+    print(f"[{time.strftime('%H:%M:%S')}] {job.name}: {status} in {seconds / 60:.1f} min", flush=True)
 
 
 def _merged(record_path: Path, record: dict, jobs: list) -> dict:
@@ -160,12 +187,15 @@ def _merged(record_path: Path, record: dict, jobs: list) -> dict:
     current = json.loads(record_path.read_text(encoding="utf-8")) if record_path.is_file() else {"jobs": {}}
     names = {job.name for job in jobs}
     current["jobs"] = {**current.get("jobs", {}), **{n: r for n, r in record["jobs"].items() if n in names}}
-    if "last_run" in record:
-        current["last_run"] = record["last_run"]
+    for key in ("last_run", "unfinished_run"):  # None: the key goes
+        if key in record:
+            current[key] = record[key]
+            if record[key] is None:
+                del current[key]
     return current
 
 
-def main(argv=None) -> int:
+def _arguments(argv):
     parser = argparse.ArgumentParser(prog="python -m diloco.tools.studies.make_results",
                                      description="run every study of docs/results*.md, then render the pages")
     parser.add_argument("--tier", choices=sorted(TIERS), default="mlp",
@@ -173,46 +203,86 @@ def main(argv=None) -> int:
                              "docs/results-transformer.md")
     parser.add_argument("--jobs", type=int, default=2, help="commands run at once (2)")
     parser.add_argument("--only", help="comma-separated job names (default: all)")
+    parser.add_argument("--minutes", type=float,
+                        help="a piece: stop after this many minutes, keeping every finished run in the cache; "
+                             "the same command again goes on from there (exit 3 until all is done)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and stop")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _jobs(args) -> list | str:
+    """The jobs to run, or the one-line error."""
     if args.jobs < 1:
-        print("make_results: --jobs must be at least 1", file=sys.stderr)
+        return "--jobs must be at least 1"
+    if args.minutes is not None and not args.minutes > 0:
+        return f"--minutes must be a positive number of minutes, got {args.minutes}"
+    tier = TIERS[args.tier][0]
+    if not args.only:
+        return list(tier)
+    names = args.only.split(",")
+    unknown = sorted(set(names) - {j.name for j in tier})
+    if unknown:
+        return f"unknown job(s) {unknown}; known: {[j.name for j in tier]}"
+    return [j for j in tier if j.name in names]
+
+
+def _whole_run(record: dict, jobs: list, tier: tuple, parallel: int, seconds: float, done: bool) -> None:
+    """The whole-run line (all of the tier's jobs): ``last_run`` once every piece has finished, its
+    seconds summed over the pieces; ``unfinished_run`` in between. A run of some jobs keeps both."""
+    if {j.name for j in jobs} != {j.name for j in tier}:
+        return
+    earlier = record.get("unfinished_run") or {"seconds": 0.0, "pieces": 0}
+    so_far = {"seconds": round(earlier["seconds"] + seconds, 1), "pieces": earlier["pieces"] + 1}
+    if not done:
+        record["unfinished_run"] = so_far
+        return
+    record.update(unfinished_run=None, last_run={
+        "jobs": [j.name for j in jobs], "parallel": parallel, **so_far,
+        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+
+
+def main(argv=None) -> int:
+    args = _arguments(argv)
+    jobs = _jobs(args)
+    if isinstance(jobs, str):
+        print(f"make_results: {jobs}", file=sys.stderr)
         return 2
-    tier, export = TIERS[args.tier]
-    jobs = list(tier)
-    if args.only:
-        names = args.only.split(",")
-        unknown = sorted(set(names) - {j.name for j in tier})
-        if unknown:
-            print(f"make_results: unknown job(s) {unknown}; known: {[j.name for j in tier]}", file=sys.stderr)
-            return 2
-        jobs = [j for j in tier if j.name in names]
     if args.dry_run:
         for job in jobs:
             print(command_of(job))
         return 0
+    tier, export = TIERS[args.tier]
     logs = Path(LOGS)
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     record_path = Path(export) / "make-results.json"
     record = json.loads(record_path.read_text(encoding="utf-8")) if record_path.is_file() else {"jobs": {}}
     started, pending, running = time.time(), list(jobs), {}
+    deadline = None if args.minutes is None else started + 60 * args.minutes
     signal.signal(signal.SIGTERM, _stop)
     try:
-        _loop(pending, running, args.jobs, logs, env, record)
+        _loop(pending, running, args.jobs, logs, env, record, deadline)
     finally:
         for _job, process, log, _ in running.values():  # stopped early: stop the commands too
             process.terminate()
             log.close()
     total = time.time() - started
+    unfinished = [j.name for j in jobs if record["jobs"].get(j.name, {}).get("status") == STOPPED or j in pending]
+    _whole_run(record, jobs, tier, args.jobs, total, done=not unfinished)
+    return _finish(args, record_path, record, jobs, total, unfinished)
 
-    if {j.name for j in jobs} == {j.name for j in tier}:  # the whole-run line; a partial run keeps the last one
-        record.update(last_run={"jobs": [j.name for j in jobs], "parallel": args.jobs, "seconds": round(total, 1),
-                                "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+
+def _finish(args, record_path: Path, record: dict, jobs: list, total: float, unfinished: list) -> int:
+    """Write the record; render the pages and plots unless a piece left jobs unfinished."""
     from diloco.tools.runs.atomic_files import write_json
     from diloco.tools.studies import claim_curves, results_page
 
     write_json(record_path, _merged(record_path, record, jobs))
+    if unfinished:
+        print(f"make results: stopped after {total / 60:.1f} min (--minutes {args.minutes:g}); unfinished: "
+              f"{unfinished}; their finished runs are in {CACHE}: run the same command again to go on")
+        return 3
+    tier, export = TIERS[args.tier]
     claim_curves.main([export, "--tier", args.tier])  # one plot per headline claim, against tokens, seed bands
     for page in sorted({j.page for j in tier}):
         results_page.main([page, export])

@@ -90,7 +90,8 @@ def _compute(summaries: dict, record: dict | None = None, order: list = ORDER, t
     lines.append(f"| all, one after another | | | | | {total / 60:.1f} min |")
     last = (record or {}).get("last_run")
     if last:
-        lines.append(f"| `{target}` ({len(last['jobs'])} commands, {last['parallel']} at a time, "
+        pieces = f", in {last['pieces']} pieces (`--minutes`)" if last.get("pieces", 1) > 1 else ""
+        lines.append(f"| `{target}` ({len(last['jobs'])} commands, {last['parallel']} at a time{pieces}, "
                      f"finished {last['finished']}) | | | | | {last['seconds'] / 60:.1f} min |")
     return "\n".join(lines) + "\n"
 
