@@ -34,6 +34,7 @@ import numpy as np
 
 from diloco.config import DiLoCoConfig
 from diloco.core.driver import baseline_config
+from diloco.core.model_seam import model_kind
 from diloco.data import Dataset
 from diloco.evaluation import communication_savings
 from diloco.loop import num_values
@@ -350,7 +351,7 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
     _print_table(summary, savings["savings_factor"])
     if data.encode is not None:  # the char-LM: what character statistics alone reach on the same held-out text
         print(baseline_sentence(dataset_baselines(data, data.encode.vocab_size,
-                                                  every_position=config.model == "transformer")))
+                                                  every_position=model_kind(config).sequence_model)))
     print_family(family_extra)
     if "diloco" in algos:
         print(savings_sentence(_measured(savings, summary["algorithms"])))
