@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 from diloco.tools.cli.errors import CliError
+from diloco.tools.runs.atomic_files import read_json
 
-__all__ = ["RUN_FILE_KEYS", "STUDY_FILE_KEYS", "DATA_FILE_KEYS", "read_run_file", "read_config_file",
+__all__ = ["RUN_FILE_KEYS", "STUDY_FILE_KEYS", "DATA_FILE_KEYS", "read_run_file", "read_config_file", "read_run_config",
            "run_file_settings", "data_flags", "same_data", "with_run_data", "check_sizes", "run_data_name"]
 
 DEFAULT_DATA = "digits"
@@ -84,6 +85,22 @@ def read_run_file(path: str | None) -> dict | None:
 def read_config_file(path: str) -> dict:
     run = read_run_file(path)
     return run["config"] if run is not None else _read_json_object(path)
+
+
+def read_run_config(run_dir: Path, *, prefix: str = "", missing: str) -> dict:
+    """The ``config.json`` of the run folder ``run_dir``, as it was written (any JSON value).
+
+    Raises ``CliError``, its line after ``prefix``: no such folder, no ``config.json``
+    (``missing`` says what to do instead), or a ``config.json`` that cannot be read.
+    """
+    if not run_dir.is_dir():
+        raise CliError(f"{prefix}no run folder {run_dir}")
+    if not (run_dir / "config.json").is_file():
+        raise CliError(f"{prefix}{run_dir} is not a run folder (no config.json): {missing}")
+    try:
+        return read_json(run_dir / "config.json")
+    except (OSError, ValueError) as exc:
+        raise CliError(f"{prefix}{exc}") from None
 
 
 def run_file_settings(args, command: str) -> dict:

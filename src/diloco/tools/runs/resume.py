@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
 from diloco.data import Dataset
-from diloco.tools.cli.config_file import data_flags, same_data
+from diloco.tools.cli.config_file import data_flags, read_run_config, same_data
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, load_dataset
 from diloco.tools.cli.invocation import command as cli_command
@@ -111,15 +111,8 @@ def record_code_change(plan: ResumePlan, history) -> None:
 
 
 def _saved_run(run_dir: Path, command: str) -> dict:
-    if not run_dir.is_dir():
-        raise CliError(f"--resume: no run folder {run_dir}")
-    if not (run_dir / "config.json").is_file():
-        raise CliError(f"--resume: {run_dir} is not a run folder (no config.json; a run stopped while its folder "
-                       f"was being made saved nothing: start it again with the command that made it)")
-    try:
-        saved = read_json(run_dir / "config.json")
-    except (OSError, ValueError) as exc:
-        raise CliError(f"--resume: {exc}") from None
+    saved = read_run_config(run_dir, prefix="--resume: ", missing="a run stopped while its folder was being made "
+                            "saved nothing; start it again with the command that made it")
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict) or not saved.get("algorithms"):
         raise CliError(f"--resume: {run_dir / 'config.json'} is not a train or compare run's config.json")
     if saved.get("command") != command:
