@@ -1,4 +1,5 @@
-"""``plan_resume`` on a finished run whose files were then damaged: what it keeps and says."""
+"""``plan_resume`` on a finished run whose files were then damaged: what it keeps and says; and where
+``train_resumable`` writes the checkpoints of a resumed run."""
 
 from __future__ import annotations
 
@@ -49,3 +50,21 @@ def test_an_algorithm_without_a_checkpoint_starts_again_and_says_so(tmp_path, ca
     shutil.rmtree(run_dir / CHECKPOINT_DIR)
     notes = _plan(run_dir).notes  # in the run's own order of algorithms
     assert notes == [f"{algo}: no checkpoint, starting it from round 0" for algo in ("diloco", "sync")], notes
+
+
+def test_a_resumed_run_checkpoints_into_the_folder_it_was_resumed_from(tmp_path):
+    from diloco import DiLoCoConfig
+    from diloco.data import load_digits_split
+    from diloco.tools.runs.checkpoint import latest_checkpoint, list_checkpoints
+    from diloco.tools.runs.training import train_resumable
+
+    data = load_digits_split(seed=0)
+    config = DiLoCoConfig(num_workers=2, inner_steps=2, rounds=3, hidden_sizes=(4,), batch_size=8)
+    folder = tmp_path / "checkpoints"
+    train_resumable("diloco", data.x_train, data.y_train, config, checkpoint_dir=folder, checkpoint_every=1)
+    newest = list_checkpoints(folder, "diloco")[-1]
+    newest.unlink()  # as if the run had stopped after round 2
+    newest.with_suffix(".npz").unlink()
+    assert latest_checkpoint(folder, "diloco").name == "diloco-round000002.json"
+    train_resumable("diloco", data.x_train, data.y_train, config, resume_from=folder)  # no checkpoint_dir
+    assert latest_checkpoint(folder, "diloco").name == "diloco-round000003.json"
