@@ -1,13 +1,17 @@
 """``build_config``'s layers: the defaults (or a study's base), ``--config FILE`` over them
-section by section, and the flags over both."""
+section by section, and the flags over both; what a run file sets beside its config."""
 
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from diloco import DiLoCoConfig
+from diloco.tools.cli.config_file import run_file_settings
 from diloco.tools.cli.config_flags import add_config_flags, add_data_flags
-from diloco.tools.cli.errors import Parser
+from diloco.tools.cli.errors import CliError, Parser
 from diloco.tools.cli.flags import build_config
 
 
@@ -42,3 +46,23 @@ def test_flags_override_the_file_and_the_base(tmp_path):
                           base=DiLoCoConfig.from_dict({"inner": {"beta1": 0.8}, "hidden_sizes": [4, 4]}))
     mine = (config.inner.lr, config.inner.beta1, config.num_workers, config.family.fragments)
     assert mine == (0.25, 0.8, 2, 2), f"mine {mine}, expected (0.25, 0.8, 2, 2)"
+
+
+def _run_file(tmp_path, **top) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"command": "train", "config": {}, **top}))
+    return str(path)
+
+
+def test_a_run_files_settings_beside_the_config(tmp_path):
+    args = _args("--config", _run_file(tmp_path, algorithms=["sync"], max_loss=5, checkpoint_every=2))
+    assert run_file_settings(args, "train") == {"max_loss": 5, "checkpoint_every": 2, "algo": "sync"}
+    assert run_file_settings(args, "compare") == {"max_loss": 5, "checkpoint_every": 2}  # only train takes its algo
+    bad = [({"max_loss": 0}, "max_loss must be a positive number or null, got 0"),
+           ({"max_loss": True}, "max_loss must be a positive number or null, got True"),
+           ({"checkpoint_every": 1.5}, "checkpoint_every must be a positive int or null, got 1.5"),
+           ({"algorithms": ["diloco", "sync"]},
+            "algorithms must be [\"diloco\"] or [\"sync\"], got ['diloco', 'sync']")]
+    for top, message in bad:
+        with pytest.raises(CliError, match=re.escape(message)):
+            run_file_settings(_args("--config", _run_file(tmp_path, **top)), "train")

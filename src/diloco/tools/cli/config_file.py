@@ -110,18 +110,28 @@ def run_file_settings(args, command: str) -> dict:
     if run is None:
         return {}
     settings = {name: run[name] for name in ("max_loss", "checkpoint_every") if name in run}
+    _check_run_settings(args.config, settings)
+    algo = _trained_algo(args.config, run) if command == "train" else None
+    return settings if algo is None else {**settings, "algo": algo}
+
+
+def _check_run_settings(path: str, settings: dict) -> None:
     max_loss, every = settings.get("max_loss"), settings.get("checkpoint_every")
     if max_loss is not None and (isinstance(max_loss, bool) or not isinstance(max_loss, (int, float))
                                  or not max_loss > 0):
-        raise CliError(f"config file {args.config}: max_loss must be a positive number or null, got {max_loss!r}")
+        raise CliError(f"config file {path}: max_loss must be a positive number or null, got {max_loss!r}")
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise CliError(f"config file {args.config}: checkpoint_every must be a positive int or null, got {every!r}")
+        raise CliError(f"config file {path}: checkpoint_every must be a positive int or null, got {every!r}")
+
+
+def _trained_algo(path: str, run: dict) -> str | None:
+    """The algorithm a ``train`` run trained (``--algo`` of a ``train --config`` of it), or None."""
     algos = run.get("algorithms")
-    if command == "train" and run.get("command") == "train" and algos is not None:
-        if not (isinstance(algos, list) and len(algos) == 1 and algos[0] in ("diloco", "sync")):
-            raise CliError(f"config file {args.config}: algorithms must be [\"diloco\"] or [\"sync\"], got {algos!r}")
-        settings["algo"] = algos[0]
-    return settings
+    if run.get("command") != "train" or algos is None:
+        return None
+    if not (isinstance(algos, list) and len(algos) == 1 and algos[0] in ("diloco", "sync")):
+        raise CliError(f"config file {path}: algorithms must be [\"diloco\"] or [\"sync\"], got {algos!r}")
+    return algos[0]
 
 
 def data_flags(info: dict) -> dict:
