@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from diloco.core.model_seam import model_kind
+
 __all__ = ["shard_divergence", "joint_divergence", "position_counts", "split_divergence", "run_split_divergence",
            "split_report", "split_sentence", "GIVEN"]
 
@@ -153,12 +155,12 @@ def split_divergence(shards, *, text: bool, every_position: bool = False) -> flo
 def run_split_divergence(x, y, config, *, text: bool) -> float:
     """``split_divergence`` of the shards a run of ``config`` starts from: those of
     ``diloco.run_records.shard_dataset`` with ``default_rng(config.seed)``, whose first
-    draws they are in ``prepare_training``. A transformer (``config.model``) trains on
+    draws they are in ``prepare_training``. A sequence model (a transformer, ``model_kind``) trains on
     every position of a window, so its shards are measured there (``every_position``)."""
     from diloco.run_records import shard_dataset
 
     shards = shard_dataset(x, y, config, np.random.default_rng(config.seed))
-    return split_divergence(shards, text=text, every_position=text and config.model == "transformer")
+    return split_divergence(shards, text=text, every_position=text and model_kind(config).sequence_model)
 
 
 # What a split's divergence is conditioned on, by (character-level task, measured at every position).
@@ -187,7 +189,7 @@ def split_report(x, y, config, *, text: bool) -> dict:
     split = "iid" if config.iid else config.noniid_split
     return {"split": split, "alpha": None if split in ("iid", "speaker") else config.alpha,
             "num_workers": config.num_workers, "divergence": divergence, "iid_divergence": iid,
-            "given": GIVEN[(text, text and config.model == "transformer")]}
+            "given": GIVEN[(text, text and model_kind(config).sequence_model)]}
 
 
 

@@ -215,6 +215,12 @@ def _huge_header(path: Path) -> None:
     _write_forged(path, manifest)
 
 
+def _rewrite_declared(manifest_path: Path, arrays: dict) -> None:
+    """Replace the .npz by ``arrays`` and declare them in the manifest, so only the deeper checks see it."""
+    declared = {name: {"shape": list(value.shape), "dtype": str(value.dtype)} for name, value in arrays.items()}
+    _rewrite_npz(manifest_path, arrays, declared)
+
+
 DAMAGE = {
     "truncated npz": (lambda p: p.with_suffix(".npz").write_bytes(p.with_suffix(".npz").read_bytes()[:-100]),
                       "truncated: diloco-round000002.npz holds"),
@@ -232,6 +238,20 @@ DAMAGE = {
     "round past the end": (lambda p: _edit_manifest(p, round=99), "round 99 outside 1..5"),
     "bad steps": (lambda p: _edit_manifest(p, worker_steps=[1]), "worker_steps must be 2 non-negative ints"),
     "short history": (lambda p: _edit_manifest(p, history=[]), "the history must hold 2 records"),
+    "history of numbers": (lambda p: _edit_manifest(p, history=[1, 2]), "the history must hold 2 records"),
+    "negative step": (lambda p: _edit_manifest(p, worker_steps=[1, -1]), "worker_steps must be 2 non-negative ints"),
+    "a step that is a bool": (lambda p: _edit_manifest(p, worker_steps=[True, 1]),
+                              "worker_steps must be 2 non-negative ints"),
+    "negative outer step": (lambda p: _edit_manifest(p, outer_step=-1), "outer_step must be a non-negative int"),
+    "bad family state": (lambda p: _edit_manifest(p, extra={"pending": [{"step": 1}]}),
+                         "the family's state cannot be read"),
+    "params of another layout": (lambda p: _rewrite_declared(
+        p, {k: v for k, v in _npz_arrays(p).items() if not k.endswith(".b2")}), "the params must be"),
+    "a state of another shape": (lambda p: _rewrite_declared(p, {**_npz_arrays(p), "worker1.m.W1": np.zeros((2, 2))}),
+                                 "an optimizer state's keys or shapes do not match the params'"),
+    "an outer state without a key": (lambda p: _rewrite_declared(
+        p, {k: v for k, v in _npz_arrays(p).items() if k != "outer.momentum.b1"}),
+        "an optimizer state's keys or shapes do not match the params'"),
     "bad config": (lambda p: _edit_manifest(p, config={"rounds": -1}), "invalid config"),
     "escaping path": (lambda p: _edit_manifest(p, npz="../elsewhere.npz"), "data file name '../elsewhere.npz'"),
     "bad generator": (lambda p: _edit_manifest(p, rng={"bit_generator": "os.system"}),

@@ -128,6 +128,7 @@ def test_compare_with_h_1_prints_as_often(tmp_path, capsys):
     (["--async", "--step-times", "1,0"], "--step-times (value 2) must be > 0.0, got 0.0"),
     (["--hidden-sizes", "64,,32"], "--hidden-sizes has an empty width in '64,,32'"),
     (["--hidden-sizes", "64,"], "--hidden-sizes has an empty width in '64,'"),
+    (["--fragments", "0"], "--fragments must be a positive int, got 0"),
 ])
 def test_a_bad_value_is_named_by_its_flag_not_the_config_field(argv, line, tmp_path, capsys):
     status, _, err = run_cli(["train", *argv, "--runs-dir", tmp_path], capsys)

@@ -86,8 +86,18 @@ def _cases(tmp_path) -> list:
         (["train", *QUICK, "--data", _npz(tmp_path, "big-label.npz", x=x, y=np.arange(40) % 2 * 10**9)],
          "memory", "GB of memory"),
         (["train", *QUICK, "--resume", tmp_path / "nowhere"], "--resume", "no run folder"),
+        (["train", *QUICK, "--resume", _folder(tmp_path / "empty")], "--resume: ",
+         "is not a run folder (no config.json)", "start it again"),
+        (["train", *QUICK, "--resume", _folder(tmp_path / "torn", config="{")], "--resume: ", "is not valid JSON"),
         (["study", "workers", "--values", "1,5000", "--seeds", "1", *QUICK], "variant K=5000", "1438 training"),
     ]
+
+
+def _folder(path, **files):
+    path.mkdir()
+    for stem, text in files.items():
+        (path / f"{stem}.json").write_text(text)
+    return path
 
 
 def test_refused_before_the_run_folder_is_made(tmp_path, capsys):

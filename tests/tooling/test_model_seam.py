@@ -146,3 +146,13 @@ def test_position_losses_average_to_the_held_out_loss_and_each_reads_only_its_pr
             want[t] += (np.log(np.exp(last - last.max()).sum()) + last.max() - last[targets[row, t]]) / 5
     np.testing.assert_allclose(got, want, rtol=1e-12)
     assert got.mean() == pytest.approx(model.metrics(params, x, y)[0], rel=1e-12)
+
+
+def test_every_model_the_config_accepts_has_a_kind():
+    """Code outside the model classes asks ``model_kind(config)`` what a model does, never its name."""
+    from diloco.config_sections import MODELS
+    from diloco.core.model_seam import MODEL_KINDS, model_kind
+
+    assert set(MODEL_KINDS) == set(MODELS)
+    mine = {name: model_kind(DiLoCoConfig(model=name)).sequence_model for name in MODELS}
+    assert mine == {"mlp": False, "transformer": True}, f"sequence models: mine {mine}"

@@ -74,7 +74,7 @@ def test_a_study_folder_is_plotted(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda d: d / "missing", "no folder"),
+    (lambda d: d / "missing", "no run folder"),
     (lambda d: d, "is not a run folder (no config.json)"),
 ])
 def test_a_wrong_folder_is_one_line(make, message, tmp_path, capsys):

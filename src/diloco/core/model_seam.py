@@ -19,15 +19,44 @@ The calls::
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from diloco.model import Params
 
-__all__ = ["model_of", "data_model", "fragment_units", "with_model_defaults", "parameter_count", "parameter_keys",
+__all__ = ["ModelKind", "MODEL_KINDS", "model_kind", "model_of", "data_model", "fragment_units", "with_model_defaults",
+           "parameter_count", "parameter_keys",
            "parameter_shapes",
            "TRANSFORMER_CONTEXT"]
 
 TRANSFORMER_CONTEXT = 64  # the transformer's default window (docs/transformer.md); the MLP's is 6
+
+
+class ModelKind(NamedTuple):
+    """What code outside the model classes may ask of a kind of model: what it does, not its name.
+
+    Attributes
+    ----------
+    name : str
+        ``DiLoCoConfig.model``.
+    sequence_model : bool
+        True where the model reads index windows of characters and is trained and scored at
+        every position of a window (the transformer); False where each input has one label
+        (the MLP, which reads a character window's one-hot columns and predicts the next one).
+    """
+
+    name: str
+    sequence_model: bool
+
+
+MODEL_KINDS = {"mlp": ModelKind("mlp", sequence_model=False),
+               "transformer": ModelKind("transformer", sequence_model=True)}
+
+
+def model_kind(config) -> ModelKind:
+    """The ``ModelKind`` of ``config.model``."""
+    return MODEL_KINDS[config.model]
 
 
 def _transformer(config, vocab_size: int, context: int):

@@ -36,7 +36,7 @@ import numpy as np
 from diloco.adamw import AdamWState
 from diloco.core import progress
 from diloco.core.inner import inner_optimizer
-from diloco.core.model_seam import model_of
+from diloco.core.model_seam import model_kind, model_of
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.layout import choose_layout
 from diloco.engine.model_stack import ModelStack
@@ -67,7 +67,7 @@ class FastExecutor:
         # A one-hot encoder (``OneHot``: ``columns`` and ``first_layer``): each shard's windows become their
         # one-hot columns once, checked once, and the stack gathers its first layer from a batch's columns.
         self.context = getattr(encode, "context", None) if hasattr(encode, "first_layer") else None
-        if config.model != "mlp":  # the transformer reads the index windows themselves
+        if model_kind(config).sequence_model:  # the transformer reads the index windows themselves
             self.context = encode = None
         self.encode = None if self.context is not None else encode  # any other encoder: called per batch
         self.shards = [(self._inputs(x_k, encode), np.ascontiguousarray(y_k, dtype=np.intp)) for x_k, y_k in shards]

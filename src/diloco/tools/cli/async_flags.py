@@ -1,19 +1,15 @@
 """Flags of asynchronous DiLoCo with heterogeneous workers (``DiLoCoConfig.asynchrony``).
 
-``add_config_flags`` (``diloco.tools.cli.flags``) calls ``add_async_flags``, so train,
-compare and study take them; ``build_async`` turns them into an ``AsyncConfig`` over the
-config's own (``CliError``: one line, exit status 2).
+``add_config_flags`` (``diloco.tools.cli.config_flags``) calls ``add_async_flags``, so train,
+compare and study take them; ``build_async`` (``diloco.tools.cli.flags``) turns them into an
+``AsyncConfig`` over the config's own (``CliError``: one line, exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from diloco.config_sections import AsyncConfig
-from diloco.tools.cli.errors import CliError
-from diloco.tools.cli.flag_names import in_flag_words
-
-__all__ = ["add_async_flags", "build_async"]
+__all__ = ["add_async_flags"]
 
 
 def add_async_flags(parser: argparse.ArgumentParser) -> None:
@@ -31,25 +27,3 @@ def add_async_flags(parser: argparse.ArgumentParser) -> None:
                        help="delayed Nesterov: the outer momentum step every N arrivals (needs --async)")
     group.add_argument("--dynamic-local-steps", action="store_true", default=None,
                        help="dynamic local updates: H_k in proportion to worker k's speed (needs --async)")
-
-
-def _times(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(part) for part in str(text).split(","))
-    except ValueError:
-        raise CliError(f"--step-times must be comma-separated seconds per step, e.g. 1,1,2,4, got {text!r}") from None
-
-
-def build_async(args, defaults: dict | None = None) -> AsyncConfig:
-    """The ``AsyncConfig`` of the parsed flags (over ``defaults``, a ``to_dict()``)."""
-    changes = dict(defaults or {})
-    for name in ("asynchronous", "speed_spread", "straggler", "straggler_factor", "delayed_nesterov",
-                 "dynamic_local_steps"):
-        if getattr(args, name, None) is not None:
-            changes[name] = getattr(args, name)
-    if getattr(args, "step_times", None) is not None:
-        changes["step_times"] = _times(args.step_times)
-    try:
-        return AsyncConfig.from_dict(changes)
-    except (TypeError, ValueError) as exc:
-        raise CliError(in_flag_words(str(exc))) from None

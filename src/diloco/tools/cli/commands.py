@@ -33,6 +33,7 @@ import numpy as np
 
 from diloco.config import DiLoCoConfig
 from diloco.core.driver import baseline_config
+from diloco.core.model_seam import model_kind
 from diloco.data import Dataset
 from diloco.evaluation import communication_savings
 from diloco.loop import num_values
@@ -308,11 +309,7 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
                                                                    "history"))
     algos = run["algos"]
     if not args.quiet:
-        print(f"{data_info['name']}: {data_info['num_train']} train / {data_info['num_test']} held-out examples; "
-              f"K={config.num_workers} workers, H={config.inner_steps} inner steps, {config.rounds} rounds "
-              f"({config.total_steps} steps per worker, batch {config.batch_size})")
-        if run["split"] is not None:  # None: a run folder from before the split was measured
-            print(split_sentence(run["split"]))
+        _print_setup(data_info, config, run["split"])
     results, seconds = {}, {}
 
     def stopped(status: str, reason: str, extra: dict) -> None:
@@ -325,34 +322,53 @@ def _run_algorithms(args, command: str, algos: tuple) -> int:
                 checkpoint_every=run["checkpoint_every"], max_loss=run["max_loss"], family=run["family"],
                 quiet=args.quiet, following=len(algos) - 1 - algos.index(algo))
         history.verify()  # the file holds every round: a lost history is a failure, never "completed"
-        num_params = num_values(next(iter(results.values())).params)
-        savings = _savings(config, num_params)
-        family_extra, savings = family_summary(run["family"], config, {a: history.for_algo(a) for a in algos},
-                                               num_params, savings)
-        summary = {
-            "command": command, "status": "completed", "data": data_info,
-            "algorithms": {algo: _algo_summary(algo, history.for_algo(algo), seconds[algo], num_params)
-                           for algo in algos},
-            "communication": savings,
-            "split": run["split"],
-            "params": {algo: f"params-{algo}.npz" for algo in algos},
-            **family_extra,
-        }
+        summary, savings, family_extra = _completed_summary(command, run, results, seconds)
         write_json(run_dir / "summary.json", summary)
         plots = []
         if not args.no_plots:  # the same pictures as `diloco plot RUN_DIR` (diloco.tools.cli.plot_command)
             with late_step(run_dir / "summary.json", summary, "plots"):  # stays "completed", says "plots": failed
                 plots = save_run_pictures({algo: history.for_algo(algo) for algo in algos}, run_dir, config,
                                           data_info)
+    _print_results(summary, savings, family_extra, data, config)
+    print(f"run folder: {run_dir}" + (f" ({', '.join(p.name for p in plots)})" if plots else ""))
+    return 0
+
+
+def _print_setup(data_info: dict, config: DiLoCoConfig, split: dict | None) -> None:
+    print(f"{data_info['name']}: {data_info['num_train']} train / {data_info['num_test']} held-out examples; "
+          f"K={config.num_workers} workers, H={config.inner_steps} inner steps, {config.rounds} rounds "
+          f"({config.total_steps} steps per worker, batch {config.batch_size})")
+    if split is not None:  # None: a run folder from before the split was measured
+        print(split_sentence(split))
+
+
+def _completed_summary(command: str, run: dict, results: dict, seconds: dict) -> tuple[dict, dict, dict]:
+    """summary.json of a completed run, its communication savings and the family's part of it."""
+    config, history, algos = run["config"], run["history"], run["algos"]
+    num_params = num_values(next(iter(results.values())).params)
+    family_extra, savings = family_summary(run["family"], config, {a: history.for_algo(a) for a in algos},
+                                           num_params, _savings(config, num_params))
+    summary = {
+        "command": command, "status": "completed", "data": run["data_info"],
+        "algorithms": {algo: _algo_summary(algo, history.for_algo(algo), seconds[algo], num_params)
+                       for algo in algos},
+        "communication": savings,
+        "split": run["split"],
+        "params": {algo: f"params-{algo}.npz" for algo in algos},
+        **family_extra,
+    }
+    return summary, savings, family_extra
+
+
+def _print_results(summary: dict, savings: dict, family_extra: dict, data: Dataset, config: DiLoCoConfig) -> None:
+    """The table, the n-gram baselines of a character-level task, the family's lines, the savings."""
     _print_table(summary, savings["savings_factor"])
     if data.encode is not None:  # the char-LM: what character statistics alone reach on the same held-out text
         print(baseline_sentence(dataset_baselines(data, data.encode.vocab_size,
-                                                  every_position=config.model == "transformer")))
+                                                  every_position=model_kind(config).sequence_model)))
     print_family(family_extra)
-    if "diloco" in algos:
+    if "diloco" in summary["algorithms"]:
         print(savings_sentence(_measured(savings, summary["algorithms"])))
-    print(f"run folder: {run_dir}" + (f" ({', '.join(p.name for p in plots)})" if plots else ""))
-    return 0
 
 
 def _measured(savings: dict, algorithms: dict) -> dict:

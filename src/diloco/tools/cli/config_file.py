@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 from diloco.tools.cli.errors import CliError
+from diloco.tools.runs.atomic_files import read_json
 
-__all__ = ["RUN_FILE_KEYS", "STUDY_FILE_KEYS", "DATA_FILE_KEYS", "read_run_file", "read_config_file",
+__all__ = ["RUN_FILE_KEYS", "STUDY_FILE_KEYS", "DATA_FILE_KEYS", "read_run_file", "read_config_file", "read_run_config",
            "run_file_settings", "data_flags", "same_data", "with_run_data", "check_sizes", "run_data_name"]
 
 DEFAULT_DATA = "digits"
@@ -86,6 +87,22 @@ def read_config_file(path: str) -> dict:
     return run["config"] if run is not None else _read_json_object(path)
 
 
+def read_run_config(run_dir: Path, *, prefix: str = "", missing: str) -> dict:
+    """The ``config.json`` of the run folder ``run_dir``, as it was written (any JSON value).
+
+    Raises ``CliError``, its line after ``prefix``: no such folder, no ``config.json``
+    (``missing`` says what to do instead), or a ``config.json`` that cannot be read.
+    """
+    if not run_dir.is_dir():
+        raise CliError(f"{prefix}no run folder {run_dir}")
+    if not (run_dir / "config.json").is_file():
+        raise CliError(f"{prefix}{run_dir} is not a run folder (no config.json): {missing}")
+    try:
+        return read_json(run_dir / "config.json")
+    except (OSError, ValueError) as exc:
+        raise CliError(f"{prefix}{exc}") from None
+
+
 def run_file_settings(args, command: str) -> dict:
     """What a ``--config`` run folder's config.json sets beside the config and the data: ``max_loss``
     and ``checkpoint_every``, and for ``train`` from a ``train`` run its ``algo``. Empty for a bare config."""
@@ -93,18 +110,28 @@ def run_file_settings(args, command: str) -> dict:
     if run is None:
         return {}
     settings = {name: run[name] for name in ("max_loss", "checkpoint_every") if name in run}
+    _check_run_settings(args.config, settings)
+    algo = _trained_algo(args.config, run) if command == "train" else None
+    return settings if algo is None else {**settings, "algo": algo}
+
+
+def _check_run_settings(path: str, settings: dict) -> None:
     max_loss, every = settings.get("max_loss"), settings.get("checkpoint_every")
     if max_loss is not None and (isinstance(max_loss, bool) or not isinstance(max_loss, (int, float))
                                  or not max_loss > 0):
-        raise CliError(f"config file {args.config}: max_loss must be a positive number or null, got {max_loss!r}")
+        raise CliError(f"config file {path}: max_loss must be a positive number or null, got {max_loss!r}")
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise CliError(f"config file {args.config}: checkpoint_every must be a positive int or null, got {every!r}")
+        raise CliError(f"config file {path}: checkpoint_every must be a positive int or null, got {every!r}")
+
+
+def _trained_algo(path: str, run: dict) -> str | None:
+    """The algorithm a ``train`` run trained (``--algo`` of a ``train --config`` of it), or None."""
     algos = run.get("algorithms")
-    if command == "train" and run.get("command") == "train" and algos is not None:
-        if not (isinstance(algos, list) and len(algos) == 1 and algos[0] in ("diloco", "sync")):
-            raise CliError(f"config file {args.config}: algorithms must be [\"diloco\"] or [\"sync\"], got {algos!r}")
-        settings["algo"] = algos[0]
-    return settings
+    if run.get("command") != "train" or algos is None:
+        return None
+    if not (isinstance(algos, list) and len(algos) == 1 and algos[0] in ("diloco", "sync")):
+        raise CliError(f"config file {path}: algorithms must be [\"diloco\"] or [\"sync\"], got {algos!r}")
+    return algos[0]
 
 
 def data_flags(info: dict) -> dict:

@@ -1,24 +1,19 @@
 """Flags of the DiLoCo family (``DiLoCoConfig.family``), shared by train, compare, study and MPI.
 
-``add_config_flags`` (``diloco.tools.cli.flags``) calls ``add_family_flags``, so every
-command that takes the experiment's flags takes these too; ``build_family`` turns them
-into a ``FamilyConfig`` (``CliError`` for a user error: one line, exit status 2), which
-``diloco.tools.cli.flags.build_config`` puts in ``DiLoCoConfig.family``.
+``add_config_flags`` (``diloco.tools.cli.config_flags``) calls ``add_family_flags``, so every
+command that takes the experiment's flags takes these too; ``build_family``
+(``diloco.tools.cli.flags``) turns them into a ``FamilyConfig`` (``CliError`` for a user
+error: one line, exit status 2), which ``build_config`` puts in ``DiLoCoConfig.family``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from diloco.config_sections import PATTERNS, TRANSFORMS, WIRE_FIELDS, FamilyConfig
-from diloco.core.netsim import parse_bandwidth, parse_duration
+from diloco.config_sections import PATTERNS, TRANSFORMS
 from diloco.core.quantize import FORMATS
-from diloco.tools.cli.errors import CliError
-from diloco.tools.cli.flag_names import in_flag_words
 
-__all__ = ["add_family_flags", "build_family"]
-
-
+__all__ = ["add_family_flags"]
 
 def add_family_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("beyond the 2023 paper (DiLoCoConfig.family; docs/concepts/family.md)")
@@ -57,24 +52,3 @@ def add_family_flags(parser: argparse.ArgumentParser) -> None:
                        help="simulated latency per message, e.g. 50ms (0)")
     group.add_argument("--step-time", default=None, metavar="TIME",
                        help="simulated compute time per inner step, e.g. 10ms (default: measured)")
-
-
-def build_family(args, defaults: dict | None = None) -> FamilyConfig:
-    """The ``FamilyConfig`` of the parsed flags (over ``defaults``)."""
-    changes = dict(defaults or {})
-    for name in WIRE_FIELDS + ("fragments", "pattern", "overlap", "mix", "eager"):
-        if getattr(args, name, None) is not None:
-            changes[name] = getattr(args, name)
-    try:
-        if getattr(args, "bandwidth", None) is not None:
-            changes["bandwidth"] = parse_bandwidth(args.bandwidth)
-        if getattr(args, "latency", None) is not None:
-            changes["latency"] = parse_duration(args.latency)
-        if getattr(args, "step_time", None) is not None:
-            changes["step_time"] = parse_duration(args.step_time)
-        family = FamilyConfig(**changes)
-    except (TypeError, ValueError) as exc:
-        raise CliError(in_flag_words(str(exc))) from None
-    if not family.simulates_network and (family.latency or family.step_time):
-        raise CliError("--latency and --step-time need --bandwidth (they configure the simulated network)")
-    return family

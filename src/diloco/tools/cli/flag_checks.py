@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diloco.core.model_seam import data_model, parameter_shapes
+from diloco.core.model_seam import data_model, model_kind, parameter_shapes
 from diloco.tools.cli.config_file import run_data_name
 from diloco.tools.cli.errors import CliError
 
@@ -117,8 +117,9 @@ def _check_data_flags(args, config, data) -> None:
         if windows is not None and windows > len(data.y_test):
             raise CliError(f"--eval-windows {windows} is more than the {len(data.y_test):,} held-out windows the "
                            f"text has; it would be cut to them (use at most {len(data.y_test):,})")
-    if name != "shakespeare" and config.model == "transformer":
-        raise CliError(f"--model transformer needs --data shakespeare (it reads character windows), got --data {name}")
+    if name != "shakespeare" and model_kind(config).sequence_model:
+        raise CliError(f"--model {config.model} needs --data shakespeare (it reads character windows), "
+                       f"got --data {name}")
     if name != "mnist1d" and _given(args, "num_samples") is not None:
         raise CliError(f"--num-samples has no effect with --data {name}: it sets how many MNIST-1D examples are "
                        f"generated (use it with --data mnist1d)")

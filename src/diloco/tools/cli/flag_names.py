@@ -3,7 +3,7 @@
 The library's checks name fields as the code does (``DiLoCoConfig.num_workers must be a
 positive int``); a person at the command line typed a flag. ``flag_of(field)`` is the flag
 of a config field, read from the parser itself (every ``DiLoCoConfig`` field has one, see
-``diloco.tools.cli.flags``), so a renamed flag cannot go stale here. ``in_flag_words``
+``diloco.tools.cli.config_flags``), so a renamed flag cannot go stale here. ``in_flag_words``
 rewrites a library message in those words, and ``config_differences`` lists a config's
 departures from the defaults as the flags that would give them (``--comm-dtype fp4``,
 ``--async``), for plot titles and legends.
@@ -29,8 +29,8 @@ _FIELD = re.compile(r"\b(?P<cls>" + "|".join(_SECTIONS) + r")\.(?P<field>[a-z_0-
 @functools.lru_cache(maxsize=1)
 def _flags_by_dest() -> dict:
     """dest -> (short flag or None, long flag), from ``diloco train``'s parser."""
+    from diloco.tools.cli.config_flags import add_config_flags, add_data_flags
     from diloco.tools.cli.errors import Parser
-    from diloco.tools.cli.flags import add_config_flags, add_data_flags
 
     parser = Parser(prog="diloco train")
     add_config_flags(parser)

@@ -18,7 +18,7 @@ import sys
 from diloco import stop_signals
 from diloco.tools.cli import commands, plot_command
 from diloco.tools.cli.errors import CliError, Parser
-from diloco.tools.grading import grader as grading
+from diloco.tools.grading import grade_command as grading
 from diloco.tools.runs.faults import describe_os_error, settle_runs, shorten, stop_message
 from diloco.tools.runs.run_lock import release_runs
 from diloco.tools.workspace import create as workspace

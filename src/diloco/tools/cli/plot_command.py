@@ -22,6 +22,7 @@ import time
 import warnings
 from pathlib import Path
 
+from diloco.tools.cli.config_file import read_run_config
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flag_names import config_differences
 
@@ -109,18 +110,8 @@ def _plot_study(run_dir: Path, saved: dict) -> list[Path]:
 
 def plot_folder(run_dir) -> list[Path]:
     """Draw the pictures of a run or study folder from its files; return them (none yet: [])."""
-    from diloco.tools.runs.folders import read_json
-
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise CliError(f"no folder {run_dir}")
-    if not (run_dir / "config.json").is_file():
-        raise CliError(f"{run_dir} is not a run folder (no config.json): give a folder made by train, compare "
-                       f"or study")
-    try:
-        saved = read_json(run_dir / "config.json")
-    except (OSError, ValueError) as exc:
-        raise CliError(str(exc)) from None
+    saved = read_run_config(run_dir, missing="give a folder made by train, compare or study")
     try:
         if isinstance(saved, dict) and saved.get("command") in ("train", "compare") and saved.get("algorithms"):
             return _plot_run(run_dir, saved)

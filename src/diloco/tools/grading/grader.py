@@ -80,7 +80,7 @@ __all__ = [
     "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
     "MilestoneResult", "GradeReport", "GradingError",
     "find_package_root", "default_tests_dir", "grade", "format_table",
-    "to_gradescope", "to_junit_xml", "add_parsers", "main",
+    "to_gradescope", "to_junit_xml",
 ]
 
 
@@ -293,21 +293,9 @@ def _run_waves(tests_dir: Path, workdir, python: str, timeout: float, on_wave, i
     return status, done
 
 
-# The command line (``diloco grade``, and this file run as a script) lives in grade_command,
-# which imports this module: these two entry points import it when called.
-def add_parsers(subparsers) -> None:
-    """Register ``diloco grade`` (see ``diloco.tools.grading.grade_command``)."""
-    from diloco.tools.grading.grade_command import add_parsers as register
-
-    register(subparsers)
-
-
-def main(argv=None) -> int:
-    """``python src/diloco/tools/grading/grader.py``: the grade command alone, without importing the graded package."""
-    from diloco.tools.grading.grade_command import main as run
-
-    return run(argv)
-
-
+# The command line (``diloco grade``) lives in grade_command, which imports this module. Run as a
+# script, this file is ``__main__``, not this module, so importing grade_command here is no circle.
 if __name__ == "__main__":
+    from diloco.tools.grading.grade_command import main
+
     raise SystemExit(main())

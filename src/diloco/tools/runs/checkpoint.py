@@ -161,17 +161,7 @@ SHA-256 besides the ``.npz``'s; only then are older
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _check_algo(algo)
-    arrays = {f"params.{key}": value for key, value in params.items()}
-    if outer_state is not None:
-        arrays.update({f"outer.momentum.{key}": value for key, value in outer_state.momentum.items()})
-        if outer_state.second_moment is not None:
-            arrays.update({f"outer.second_moment.{key}": value for key, value in outer_state.second_moment.items()})
-    for worker, state in enumerate(worker_states):
-        state = inner_optimizer(config).to_moments(state, params)  # the stored form (AdamW's own state)
-        arrays.update({f"worker{worker}.m.{key}": value for key, value in state.m.items()})
-        arrays.update({f"worker{worker}.v.{key}": value for key, value in state.v.items()})
-    for worker, start in enumerate(worker_starts or []):
-        arrays.update({f"start{worker}.{key}": value for key, value in start.items()})
+    arrays = _state_arrays(config, params, outer_state, worker_states, worker_starts)
     extra_arrays, extra_meta = pack_extra(extra or {})
     arrays.update(extra_arrays)
     blob = npz_bytes(arrays)
@@ -197,6 +187,26 @@ SHA-256 besides the ``.npz``'s; only then are older
     _write_pair(directory / f"{stem}.npz", blob, manifest_path, text)
     _prune(directory, algo, keep)
     return manifest_path
+
+
+def _prefixed(prefix: str, group: dict) -> dict:
+    return {f"{prefix}{key}": value for key, value in group.items()}
+
+
+def _state_arrays(config: DiLoCoConfig, params: dict, outer_state, worker_states, worker_starts) -> dict:
+    """The ``.npz`` entries: params, outer state, each worker's stored ``(m, v)`` and start."""
+    arrays = _prefixed("params.", params)
+    if outer_state is not None:
+        arrays.update(_prefixed("outer.momentum.", outer_state.momentum))
+        if outer_state.second_moment is not None:
+            arrays.update(_prefixed("outer.second_moment.", outer_state.second_moment))
+    for worker, state in enumerate(worker_states):
+        state = inner_optimizer(config).to_moments(state, params)  # the stored form (AdamW's own state)
+        arrays.update(_prefixed(f"worker{worker}.m.", state.m))
+        arrays.update(_prefixed(f"worker{worker}.v.", state.v))
+    for worker, start in enumerate(worker_starts or []):
+        arrays.update(_prefixed(f"start{worker}.", start))
+    return arrays
 
 
 def _write_pair(npz_path: Path, blob: bytes, manifest_path: Path, text: str) -> None:
@@ -252,19 +262,39 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
         algorithm, config or data; the message names the file and says why. Nothing is
         changed on disk.
     """
-    path = Path(path)
-    if path.is_dir():
-        if algo is None:
-            raise ValueError("algo is required to pick a checkpoint from a folder")
-        found = latest_checkpoint(path, algo)
-        if found is None:
-            raise CheckpointError(f"no {algo} checkpoint in {path}")
-        path = found
+    path = _manifest_path(Path(path), algo)
+    refuse = _refuser(path)
+    manifest = read_manifest(path)
+    saved_config = _check_origin(manifest, refuse, algo, config, fingerprint)
+    arrays = _read_data_file(path, manifest, saved_config, refuse)
+    _check_counts(manifest, saved_config, refuse)
+    params = _group(arrays, "params.")
+    worker_states, outer_state, worker_starts = _read_states(arrays, manifest, params, saved_config, refuse)
+    rng, extra = _read_run_state(arrays, manifest, refuse)
+    return Checkpoint(manifest["algo"], manifest["round"], saved_config, params, outer_state, worker_states,
+                      worker_starts, rng, manifest["history"], manifest["data_fingerprint"], path, extra)
 
+
+def _manifest_path(path: Path, algo: str | None) -> Path:
+    """``path`` itself, or the newest manifest of ``algo`` when ``path`` is a folder."""
+    if not path.is_dir():
+        return path
+    if algo is None:
+        raise ValueError("algo is required to pick a checkpoint from a folder")
+    found = latest_checkpoint(path, algo)
+    if found is None:
+        raise CheckpointError(f"no {algo} checkpoint in {path}")
+    return found
+
+
+def _refuser(path: Path):
     def refuse(why: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {path} refused: {why}")
+    return refuse
 
-    manifest = read_manifest(path)
+
+def _check_origin(manifest: dict, refuse, algo, config, fingerprint) -> DiLoCoConfig:
+    """The saved config, once the algorithm, config and data are the ones the caller asks for."""
     if algo is not None and manifest["algo"] != algo:
         raise refuse(f"it is a {manifest['algo']!r} checkpoint, not {algo!r}")
     _check_algo(manifest["algo"])
@@ -278,6 +308,11 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
             raise refuse("made with another config (checkpoint -> this run): " + "; ".join(changes))
     if fingerprint is not None and manifest["data_fingerprint"] != fingerprint:
         raise refuse("made on other data (the data fingerprint differs)")
+    return saved_config
+
+
+def _read_data_file(path: Path, manifest: dict, saved_config: DiLoCoConfig, refuse) -> dict:
+    """The ``.npz``'s arrays, once the file is there whole: its size and SHA-256 the manifest's."""
     npz_path = path.with_name(manifest["npz"])
     if not npz_path.is_file():
         raise refuse(f"truncated: its data file {npz_path.name} is missing")
@@ -286,26 +321,35 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
         raise refuse(f"truncated: {npz_path.name} holds {len(blob)} bytes, the manifest says {manifest['npz_bytes']}")
     if hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
         raise refuse(f"corrupted: the SHA-256 of {npz_path.name} does not match the manifest")
-    arrays = read_arrays(npz_path, manifest, saved_config.dtype, refuse)
+    return read_arrays(npz_path, manifest, saved_config.dtype, refuse)
 
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_counts(manifest: dict, saved_config: DiLoCoConfig, refuse) -> None:
+    """The round, the step counts and the history agree with each other and the config."""
     round_index, steps = manifest["round"], manifest["worker_steps"]
     num_states = saved_config.num_workers if manifest["algo"] == "diloco" else 1
     if not 0 < round_index <= saved_config.rounds:
         raise refuse(f"corrupted manifest: round {round_index} outside 1..{saved_config.rounds}")
-    if len(steps) != num_states or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
+    if len(steps) != num_states or not all(_is_count(step) for step in steps):
         raise refuse(f"corrupted manifest: worker_steps must be {num_states} non-negative ints")
     if manifest["outer_step"] < 0:
         raise refuse("corrupted manifest: outer_step must be a non-negative int")
     if len(manifest["history"]) != round_index or not all(isinstance(r, dict) for r in manifest["history"]):
         raise refuse(f"corrupted manifest: the history must hold {round_index} records")
-    params = _group(arrays, "params.")
+
+
+def _read_states(arrays: dict, manifest: dict, params: dict, saved_config: DiLoCoConfig, refuse):
+    """The workers' inner states, the outer state and the workers' starts, each laid out as the params."""
     layout = parameter_keys(saved_config)
     if list(params) != layout:
         raise refuse(f"the params must be {layout}, got {list(params)}")
-    worker_states = []
-    for worker, step in enumerate(steps):
-        worker_states.append(AdamWState(step, _group(arrays, f"worker{worker}.m."),
-                                        _group(arrays, f"worker{worker}.v.")))
+    steps = manifest["worker_steps"]
+    worker_states = [AdamWState(step, _group(arrays, f"worker{worker}.m."), _group(arrays, f"worker{worker}.v."))
+                     for worker, step in enumerate(steps)]
     groups = [s.m for s in worker_states] + [s.v for s in worker_states]
     outer_state = None
     if manifest["has_outer_state"]:
@@ -316,14 +360,28 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
     if manifest["has_worker_starts"]:
         worker_starts = [_group(arrays, f"start{worker}.") for worker in range(len(steps))]
         groups += worker_starts
+    _check_layout(groups, params, layout, refuse)
+    return _inner_states(saved_config, params, worker_states, refuse), outer_state, worker_starts
+
+
+def _check_layout(groups: list, params: dict, layout: list, refuse) -> None:
+    """Every state group has the params' keys, in their order, and their shapes."""
     for group in groups:
         if list(group) != layout or any(group[key].shape != params[key].shape for key in layout):
             raise refuse("an optimizer state's keys or shapes do not match the params'")
+
+
+def _inner_states(saved_config: DiLoCoConfig, params: dict, stored: list, refuse) -> list:
+    """The stored ``(m, v)`` form back into the inner optimizer's own states."""
     try:
         fixed = with_model_defaults(saved_config, params)  # as prepare_training fixes it (Muon's matrices)
-        worker_states = [inner_optimizer(fixed).from_moments(state, fixed) for state in worker_states]
+        return [inner_optimizer(fixed).from_moments(state, fixed) for state in stored]
     except ValueError as exc:
         raise refuse(f"the {saved_config.inner_optimizer} states do not fit the params ({exc})") from None
+
+
+def _read_run_state(arrays: dict, manifest: dict, refuse):
+    """The run generator, positioned for the next round, and the family's state."""
     try:
         rng = restore_generator(manifest["rng"])
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -332,5 +390,4 @@ def load_checkpoint(path, *, algo: str | None = None, config: DiLoCoConfig | Non
         extra = unpack_extra(arrays, manifest.get("extra"))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise refuse(f"corrupted manifest: the family's state cannot be read ({exc})") from None
-    return Checkpoint(manifest["algo"], round_index, saved_config, params, outer_state, worker_states, worker_starts,
-                      rng, manifest["history"], manifest["data_fingerprint"], path, extra)
+    return rng, extra

@@ -32,36 +32,45 @@ def pack_extra(extra: dict) -> tuple[dict, dict]:
     for i, (step, received, targets) in enumerate(extra.get("pending", [])):
         meta["pending"].append({"step": int(step), "targets": [int(t) for t in targets]})
         _put(arrays, f"extra.pending{i}", received)
-    eager = extra.get("eager")
-    if eager is not None:
-        meta["eager"] = {"workers": sorted(int(k) for k in eager["thetas"]),
-                         "outer_steps": {str(k): int(s.step) for k, s in eager["outer"].items()},
-                         "second_moment": any(s.second_moment is not None for s in eager["outer"].values()),
-                         "previous": sorted(int(k) for k in eager["previous_local"]),
-                         "has_global": eager["previous_global"] is not None}
-        for k in eager["thetas"]:
-            _put(arrays, f"extra.theta{k}", eager["thetas"][k])
-            _put(arrays, f"extra.outer{k}.m", eager["outer"][k].momentum)
-            if eager["outer"][k].second_moment is not None:
-                _put(arrays, f"extra.outer{k}.v", eager["outer"][k].second_moment)
-        for k, delta in eager["previous_local"].items():
-            _put(arrays, f"extra.previous{k}", delta)
-        if eager["previous_global"] is not None:
-            _put(arrays, "extra.previous_global", eager["previous_global"])
-    clock = extra.get("async")  # asynchronous DiLoCo: each worker's start snapshot, the clock, delayed Nesterov
-    if clock is not None:
-        meta["async"] = {"versions": {str(k): int(v) for k, (v, _) in clock["starts"].items()},
-                         "version": int(clock["version"]), "now": float(clock["now"]), "delayed": None}
-        for k, (_, start) in clock["starts"].items():
-            _put(arrays, f"extra.start{k}", start)
-        delayed = clock["delayed"]
-        if delayed is not None:
-            meta["async"]["delayed"] = {"arrivals": int(delayed["arrivals"]),
-                                        "counts": [int(c) for c, _ in delayed["pending"]]}
-            _put(arrays, "extra.anchor", delayed["anchor"])
-            for i, (_, delta) in enumerate(delayed["pending"]):
-                _put(arrays, f"extra.held{i}", delta)
+    if extra.get("eager") is not None:
+        meta["eager"] = _pack_eager(extra["eager"], arrays)
+    if extra.get("async") is not None:  # asynchronous DiLoCo: each worker's start snapshot, the clock, delayed Nesterov
+        meta["async"] = _pack_async(extra["async"], arrays)
     return arrays, meta
+
+
+def _pack_eager(eager: dict, arrays: dict) -> dict:
+    """Eager updates: each worker's params and outer state, the previous local and global deltas."""
+    meta = {"workers": sorted(int(k) for k in eager["thetas"]),
+            "outer_steps": {str(k): int(s.step) for k, s in eager["outer"].items()},
+            "second_moment": any(s.second_moment is not None for s in eager["outer"].values()),
+            "previous": sorted(int(k) for k in eager["previous_local"]),
+            "has_global": eager["previous_global"] is not None}
+    for k in eager["thetas"]:
+        _put(arrays, f"extra.theta{k}", eager["thetas"][k])
+        _put(arrays, f"extra.outer{k}.m", eager["outer"][k].momentum)
+        if eager["outer"][k].second_moment is not None:
+            _put(arrays, f"extra.outer{k}.v", eager["outer"][k].second_moment)
+    for k, delta in eager["previous_local"].items():
+        _put(arrays, f"extra.previous{k}", delta)
+    if eager["previous_global"] is not None:
+        _put(arrays, "extra.previous_global", eager["previous_global"])
+    return meta
+
+
+def _pack_async(clock: dict, arrays: dict) -> dict:
+    """Asynchronous DiLoCo: each worker's start snapshot and version, the clock, delayed Nesterov's held deltas."""
+    meta = {"versions": {str(k): int(v) for k, (v, _) in clock["starts"].items()},
+            "version": int(clock["version"]), "now": float(clock["now"]), "delayed": None}
+    for k, (_, start) in clock["starts"].items():
+        _put(arrays, f"extra.start{k}", start)
+    delayed = clock["delayed"]
+    if delayed is not None:
+        meta["delayed"] = {"arrivals": int(delayed["arrivals"]), "counts": [int(c) for c, _ in delayed["pending"]]}
+        _put(arrays, "extra.anchor", delayed["anchor"])
+        for i, (_, delta) in enumerate(delayed["pending"]):
+            _put(arrays, f"extra.held{i}", delta)
+    return meta
 
 
 def unpack_extra(arrays: dict, meta: dict | None) -> dict:

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
 from diloco.data import Dataset
-from diloco.tools.cli.config_file import data_flags, same_data
+from diloco.tools.cli.config_file import data_flags, read_run_config, same_data
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, load_dataset
 from diloco.tools.cli.invocation import command as cli_command
@@ -111,15 +111,8 @@ def record_code_change(plan: ResumePlan, history) -> None:
 
 
 def _saved_run(run_dir: Path, command: str) -> dict:
-    if not run_dir.is_dir():
-        raise CliError(f"--resume: no run folder {run_dir}")
-    if not (run_dir / "config.json").is_file():
-        raise CliError(f"--resume: {run_dir} is not a run folder (no config.json; a run stopped while its folder "
-                       f"was being made saved nothing: start it again with the command that made it)")
-    try:
-        saved = read_json(run_dir / "config.json")
-    except (OSError, ValueError) as exc:
-        raise CliError(f"--resume: {exc}") from None
+    saved = read_run_config(run_dir, prefix="--resume: ", missing="a run stopped while its folder was being made "
+                            "saved nothing; start it again with the command that made it")
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict) or not saved.get("algorithms"):
         raise CliError(f"--resume: {run_dir / 'config.json'} is not a train or compare run's config.json")
     if saved.get("command") != command:
@@ -155,15 +148,31 @@ def plan_resume(args, command: str, algos: tuple) -> ResumePlan:
     """Check that ``args.resume`` can be continued; see the module docstring. Writes nothing."""
     run_dir = Path(args.resume)
     saved = _saved_run(run_dir, command)
+    _lock(run_dir, command)
+    saved_algos = tuple(saved["algorithms"])
+    _refuse_if_nothing_saved(run_dir, command, saved_algos)
+    code_change = _code_change(run_dir, args)
+    config = _resumed_config(args, run_dir, saved, command)
+    data, data_info = _resumed_data(args, saved, config)
+    fingerprint = data_fingerprint(data.x_train, data.y_train, data.x_test, data.y_test)
+    notes = []
+    starts = {algo: _latest_start(run_dir, algo, config, fingerprint, notes) for algo in saved_algos}
+    kept = _kept_records(run_dir / "history.jsonl", saved_algos, starts, notes)
+    return ResumePlan(run_dir, saved, config, data, data_info, saved_algos, starts, kept, notes, code_change)
+
+
+def _lock(run_dir: Path, command: str) -> None:
     try:
         lock_run_dir(run_dir, command)  # one writer: a second resume of the same run is refused here
     except RunLocked as exc:
         raise CliError(f"--resume: {exc.strerror}") from None
     except OSError as exc:
         raise CliError(f"--resume: cannot lock {run_dir}: {exc.strerror or exc}") from None
+
+
+def _resumed_config(args, run_dir: Path, saved: dict, command: str) -> DiLoCoConfig:
+    """The run's own config, once the flags neither pick another algorithm nor change it."""
     saved_algos = tuple(saved["algorithms"])
-    _refuse_if_nothing_saved(run_dir, command, saved_algos)
-    code_change = _code_change(run_dir, args)
     if command == "train" and getattr(args, "algo", None) not in (None, *saved_algos):
         raise CliError(f"--resume: {run_dir} trained --algo {saved_algos[0]}, not {args.algo}")
     if getattr(args, "config", None):
@@ -175,22 +184,26 @@ def plan_resume(args, command: str, algos: tuple) -> ResumePlan:
     changes = config_changes(config, build_config(args, base=config))
     if changes:
         raise CliError(f"--resume: a resumed run keeps its config, but the flags change {'; '.join(changes)}")
-    data, data_info = _resumed_data(args, saved, config)
-    fingerprint = data_fingerprint(data.x_train, data.y_train, data.x_test, data.y_test)
-    starts, notes = {}, []
-    for algo in saved_algos:
-        manifest = latest_checkpoint(run_dir / CHECKPOINT_DIR, algo)
-        if manifest is None:
-            starts[algo] = None
-            notes.append(f"{algo}: no checkpoint, starting it from round 0")
-            continue
-        try:
-            starts[algo] = load_checkpoint(manifest, algo=algo, config=config, fingerprint=fingerprint)
-        except CheckpointError as exc:
-            older = [p.name for p in sorted((run_dir / CHECKPOINT_DIR).glob(f"{algo}-round*.json")) if p != manifest]
-            hint = f"; an older one exists: delete {manifest.name} and its .npz to resume from it" if older else ""
-            raise CliError(f"--resume: {exc}; nothing was changed{hint}") from None
-    history_path = run_dir / "history.jsonl"
+    return config
+
+
+def _latest_start(run_dir: Path, algo: str, config: DiLoCoConfig, fingerprint: str, notes: list):
+    """``algo``'s newest checkpoint, or None (noted) where it has none; a damaged one is refused."""
+    manifest = latest_checkpoint(run_dir / CHECKPOINT_DIR, algo)
+    if manifest is None:
+        notes.append(f"{algo}: no checkpoint, starting it from round 0")
+        return None
+    try:
+        return load_checkpoint(manifest, algo=algo, config=config, fingerprint=fingerprint)
+    except CheckpointError as exc:
+        older = [p.name for p in sorted((run_dir / CHECKPOINT_DIR).glob(f"{algo}-round*.json")) if p != manifest]
+        hint = f"; an older one exists: delete {manifest.name} and its .npz to resume from it" if older else ""
+        raise CliError(f"--resume: {exc}; nothing was changed{hint}") from None
+
+
+def _kept_records(history_path: Path, algos: tuple, starts: dict, notes: list) -> list[dict]:
+    """Each algorithm's history records up to its checkpoint's round (a torn last line repaired,
+    noted); a record the checkpoint has but the file lost comes from the checkpoint."""
     records = []
     if history_path.is_file():
         try:
@@ -201,9 +214,9 @@ def plan_resume(args, command: str, algos: tuple) -> ResumePlan:
         if note:
             notes.append(note)
     kept = []
-    for algo in saved_algos:
+    for algo in algos:
         done = starts[algo].round if starts[algo] is not None else 0
         mine = {r.get("round"): r for r in records if r.get("algo") == algo and r.get("round", 0) <= done}
-        for round_index in range(1, done + 1):  # a record the checkpoint has but the file lost: from the checkpoint
+        for round_index in range(1, done + 1):
             kept.append(mine.get(round_index) or {"algo": algo, **starts[algo].history[round_index - 1], "time": None})
-    return ResumePlan(run_dir, saved, config, data, data_info, saved_algos, starts, kept, notes, code_change)
+    return kept

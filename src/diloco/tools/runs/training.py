@@ -176,43 +176,14 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
     TypeError, ValueError
         Bad data or config, as for ``train_diloco``.
     """
-    if algo not in ("diloco", "sync"):
-        raise ValueError(f"algo must be 'diloco' or 'sync', got {algo!r}")
-    if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
-                                         or checkpoint_every < 1):
-        raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
-    if max_loss is not None and not (isinstance(max_loss, (int, float)) and math.isfinite(max_loss) and max_loss > 0):
-        raise ValueError(f"max_loss must be a positive finite number, got {max_loss!r}")
-    for name, hook in (("on_round", on_round), ("on_checkpoint", on_checkpoint)):
-        if hook is not None and not callable(hook):
-            raise TypeError(f"{name} must be callable, got {type(hook).__name__}")
+    _check_options(algo, checkpoint_every, max_loss, on_round=on_round, on_checkpoint=on_checkpoint)
     fingerprint = data_fingerprint(x, y, x_eval, y_eval)
-    start = None
-    if resume_from is not None:
-        if isinstance(resume_from, Checkpoint):  # loaded already: read it again, verified against this run
-            resume_from = resume_from.path
-        checkpoint = load_checkpoint(resume_from, algo=algo, config=config, fingerprint=fingerprint)
-        start = state_of_checkpoint(checkpoint)
-        if checkpoint_dir is None:
-            checkpoint_dir = checkpoint.path.parent
-
-    def due(round_index) -> bool:  # every checkpoint_every rounds, and the last
-        return round_index == config.rounds or (checkpoint_every is not None and round_index % checkpoint_every == 0)
-
-    def save(round_index, state: RunState) -> None:
-        starts = None if state.worker_params is None else [state.worker_params[k] for k in range(config.num_workers)]
-        path = save_checkpoint(Path(checkpoint_dir), algo, round_index, config, state.global_params,
-                               state.outer_state, [state.worker_states[k] for k in sorted(state.worker_states)],
-                               state.rng, state.history, fingerprint, worker_starts=starts, extra=state.extra)
-        if on_checkpoint is not None:
-            on_checkpoint(path, round_index)
-
-    hooks = [NetworkTimer(config)] if config.family.simulates_network else []
+    start, checkpoint_dir = _resumed(resume_from, algo, config, fingerprint, checkpoint_dir)
+    checkpoints = None if checkpoint_dir is None else _checkpointer(
+        algo, config, Path(checkpoint_dir), checkpoint_every, fingerprint, on_checkpoint)
     guard = Guard(algo, max_loss, start.round if start is not None else 0)
-    hooks.append(guard)
-    checkpoints = None if checkpoint_dir is None else KeepLastRound(due, save,
-                                                                   keep_starts=keeps_worker_starts(algo, config))
-    hooks.append(RoundEnd(None if on_round is None else Callback(on_round), checkpoints))
+    hooks = [NetworkTimer(config)] if config.family.simulates_network else []
+    hooks += [guard, RoundEnd(None if on_round is None else Callback(on_round), checkpoints)]
     try:
         with stop_signals.signal_first(), guard.watch():  # a non-finite pseudo-gradient mid-round is divergence too
             return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode,
@@ -221,3 +192,44 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
         if checkpoints is not None:
             checkpoints.save_last()
         raise
+
+
+def _check_options(algo, checkpoint_every, max_loss, **hooks) -> None:
+    if algo not in ("diloco", "sync"):
+        raise ValueError(f"algo must be 'diloco' or 'sync', got {algo!r}")
+    if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
+                                         or checkpoint_every < 1):
+        raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
+    if max_loss is not None and not (isinstance(max_loss, (int, float)) and math.isfinite(max_loss) and max_loss > 0):
+        raise ValueError(f"max_loss must be a positive finite number, got {max_loss!r}")
+    for name, hook in hooks.items():
+        if hook is not None and not callable(hook):
+            raise TypeError(f"{name} must be callable, got {type(hook).__name__}")
+
+
+def _resumed(resume_from, algo: str, config, fingerprint: str, checkpoint_dir):
+    """The state to continue from (None: round 0) and the checkpoint folder (the resumed one's by default)."""
+    if resume_from is None:
+        return None, checkpoint_dir
+    if isinstance(resume_from, Checkpoint):  # loaded already: read it again, verified against this run
+        resume_from = resume_from.path
+    checkpoint = load_checkpoint(resume_from, algo=algo, config=config, fingerprint=fingerprint)
+    return state_of_checkpoint(checkpoint), checkpoint.path.parent if checkpoint_dir is None else checkpoint_dir
+
+
+def _checkpointer(algo: str, config, checkpoint_dir: Path, checkpoint_every, fingerprint: str,
+                  on_checkpoint) -> KeepLastRound:
+    """The hook that writes a checkpoint every ``checkpoint_every`` rounds and after the last."""
+
+    def due(round_index) -> bool:
+        return round_index == config.rounds or (checkpoint_every is not None and round_index % checkpoint_every == 0)
+
+    def save(round_index, state: RunState) -> None:
+        starts = None if state.worker_params is None else [state.worker_params[k] for k in range(config.num_workers)]
+        path = save_checkpoint(checkpoint_dir, algo, round_index, config, state.global_params,
+                               state.outer_state, [state.worker_states[k] for k in sorted(state.worker_states)],
+                               state.rng, state.history, fingerprint, worker_starts=starts, extra=state.extra)
+        if on_checkpoint is not None:
+            on_checkpoint(path, round_index)
+
+    return KeepLastRound(due, save, keep_starts=keeps_worker_starts(algo, config))

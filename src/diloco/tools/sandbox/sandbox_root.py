@@ -209,6 +209,23 @@ class _Root:
         if os.path.exists(path) and not self.bound(path):
             self.binds = [b for b in self.binds if not _under(b, [path])] + [path]
 
+    def add_file(self, path: str) -> None:
+        """Bind a file the process mapped (a system library's whole folder), with the links naming it."""
+        if self.bound(path):
+            return
+        library = _LIBRARY_FOLDER.match(os.path.dirname(path) + "/")
+        if library:
+            self.bind(library.group(1))
+            return
+        self.bind(path)
+        folder = os.path.dirname(path)
+        try:  # the names the loader looks for (libfoo.so.1 -> libfoo.so.1.2.3)
+            names = [e.path for e in os.scandir(folder) if e.is_symlink() and os.path.realpath(e.path) == path]
+        except OSError:
+            names = []
+        for name in names:
+            self.links.setdefault(name, os.readlink(name))
+
     def access(self, path: str, depth: int = 0) -> None:
         """Make ``path`` reachable as spelled: bind what it resolves to, recreate each link on the way."""
         current, parts = "/", [p for p in path.split("/") if p]
@@ -232,6 +249,18 @@ def bind_arguments(found: dict, hide=()) -> tuple[list[str], list[str]]:
     Each folder of ``hide`` that would be visible (inside a bound folder) is covered by an
     empty, unreadable one.
     """
+    root = _root_of(found)
+    covers = _covered(root, found, hide)
+    links = [where for where in sorted(root.links) if not root.bound(where) and not _under(where, covers)]
+    args = _parent_folders(root) + [arg for path in _by_depth(root.binds) for arg in ("--ro-bind", path, path)]
+    args += _cover_arguments(covers, found["folders"])
+    args += [arg for where in links for arg in ("--symlink", root.links[where], where)]
+    return args, sorted(root.binds) + links
+
+
+def _root_of(found: dict) -> _Root:
+    """The paths ``found`` needs: its folders, its files (a system library's folder whole), the
+    top-level links, and the executable, its loader and the loader's cache as spelled."""
     root = _Root()
     for folder in [*found["stdlib"], *found["folders"]]:
         root.bind(folder)
@@ -239,40 +268,37 @@ def bind_arguments(found: dict, hide=()) -> tuple[list[str], list[str]]:
         if os.path.islink(link):
             root.links[link] = os.readlink(link)
     for path in found["files"]:
-        if root.bound(path):
-            continue
-        library = _LIBRARY_FOLDER.match(os.path.dirname(path) + "/")
-        if library:
-            root.bind(library.group(1))
-            continue
-        root.bind(path)
-        folder = os.path.dirname(path)
-        try:  # the names the loader looks for (libfoo.so.1 -> libfoo.so.1.2.3)
-            names = [e.path for e in os.scandir(folder) if e.is_symlink() and os.path.realpath(e.path) == path]
-        except OSError:
-            names = []
-        for name in names:
-            root.links.setdefault(name, os.readlink(name))
+        root.add_file(path)
     for path in (found["executable"], found.get("interpreter"), "/etc/ld.so.cache"):
         if path:
             root.access(path)
-    args: list[str] = []
+    return root
+
+
+def _covered(root: _Root, found: dict, hide) -> list[str]:
+    """The folders to hide that the root would show: the standard library's ``site-packages``
+    (unless a package folder is it) and each of ``hide``."""
+    covers = [s for s in found["sites"] if root.bound(s) and not _under(s, found["folders"])]
+    return covers + [os.path.realpath(h) for h in hide if root.bound(os.path.realpath(str(h)))]
+
+
+def _by_depth(paths) -> list[str]:
+    return sorted(paths, key=lambda p: (p.count("/"), p))
+
+
+def _parent_folders(root: _Root) -> list[str]:
+    """The folders above the bound paths and links that nothing binds, made passable."""
     parents = {os.path.dirname(p) for p in [*root.binds, *root.links]}
     ancestors = {a for p in parents for a in _ancestors(p)} - {"/"}
-    for path in sorted((a for a in ancestors if not root.bound(a)), key=lambda p: (p.count("/"), p)):
-        args += ["--perms", "0755", "--dir", path]  # passable by the sandbox user (bwrap's default is 0700)
-    for path in sorted(root.binds, key=lambda p: (p.count("/"), p)):
-        args += ["--ro-bind", path, path]
-    covers = [s for s in found["sites"] if root.bound(s) and not _under(s, found["folders"])]
-    covers += [os.path.realpath(h) for h in hide if root.bound(os.path.realpath(str(h)))]
-    for path in covers:
-        args += ["--perms", "0755", "--size", "4096", "--tmpfs", path]
-    for path in sorted(found["folders"], key=lambda p: (p.count("/"), p)):
+    # passable by the sandbox user (bwrap's default is 0700)
+    return [arg for path in _by_depth(a for a in ancestors if not root.bound(a))
+            for arg in ("--perms", "0755", "--dir", path)]
+
+
+def _cover_arguments(covers: list[str], folders) -> list[str]:
+    """Each covered folder an empty read-only tmpfs, with the packages inside it bound again on top."""
+    args = [arg for path in covers for arg in ("--perms", "0755", "--size", "4096", "--tmpfs", path)]
+    for path in _by_depth(folders):
         if _under(path, covers):  # numpy inside a covered site-packages: bound again on top
             args += ["--ro-bind", path, path]
-    for path in covers:
-        args += ["--remount-ro", path]
-    links = [where for where in sorted(root.links) if not root.bound(where) and not _under(where, covers)]
-    for where in links:
-        args += ["--symlink", root.links[where], where]
-    return args, sorted(root.binds) + links
+    return args + [arg for path in covers for arg in ("--remount-ro", path)]

@@ -41,8 +41,7 @@ from diloco.core.divergence import Diverged
 from diloco.core.netsim import parse_bandwidth
 from diloco.core.trainers import family_trainer
 from diloco.tools.cli.errors import CliError
-from diloco.tools.cli.family_flags import build_family
-from diloco.tools.cli.flags import build_config, load_dataset
+from diloco.tools.cli.flags import build_config, build_family, load_dataset
 from diloco.tools.cli.run_setup import check_plotting, max_loss_flag, study_values
 from diloco.tools.studies.ablations import Study, default_engine, mean_curves, summarise
 from diloco.tools.studies.family_report import family_claims, judge_family_claims, render_family_block
