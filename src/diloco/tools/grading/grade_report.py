@@ -63,7 +63,8 @@ class GradeReport(NamedTuple):
     empty when it ran inside the test process (local mode, ``--trust-submission``).
     ``exercises`` holds the verdicts on the optional exercises, outside ``score``; ``notes``
     a line for each file of the package the sandbox did not get (``diloco/adamw.py is a hard
-    link and was not copied``).
+    link and was not copied``), and ``box.full_note`` when the graded code filled its folder's
+    file count.
     """
 
     results: tuple[MilestoneResult, ...]
@@ -73,7 +74,7 @@ class GradeReport(NamedTuple):
     duration: float
     sandbox: str = ""
     exercises: tuple[MilestoneResult, ...] = ()
-    notes: tuple[str, ...] = ()  # files of the package not copied for the sandbox, and why
+    notes: tuple[str, ...] = ()  # files of the package not copied for the sandbox, and why; its folder full
 
     @property
     def mode_line(self) -> str:
