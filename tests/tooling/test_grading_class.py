@@ -12,6 +12,7 @@ import csv
 import json
 import shutil
 import time
+import xml.etree.ElementTree as ET
 
 import pytest
 from test_exploits import REPO, hidden_suite, stub_workspace  # noqa: F401  (a fixture)
@@ -66,6 +67,11 @@ def test_each_learner_gets_a_report_and_a_row_of_the_csv(graded):
         assert results["score"] == float(rows[name]["score"])
         assert len(results["tests"]) == len(MILESTONES) + len(EXERCISES)
         assert (out / "learners" / name / "report.txt").read_text().strip()
+        xml = ET.parse(out / "learners" / name / "results.xml").getroot()  # graded or not, as the guide says
+        assert xml.get("tests") == str(len(MILESTONES))
+        if rows[name]["status"] == "error":
+            reason = rows[name]["error"].split("error: ", 1)[1][:40]
+            assert xml.get("errors") == str(len(MILESTONES)) and reason in ET.tostring(xml, encoding="unicode")
     assert "3/30 passed" in (out / "learners" / "bob" / "report.txt").read_text()
     assert (out / "learners" / "bob" / "results.xml").read_text().startswith("<?xml")
 

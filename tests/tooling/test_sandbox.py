@@ -5,7 +5,7 @@ milestone tests rely on (in-place changes, memory sharing, Generator state, errs
 exceptions, warnings, callbacks), and anything else the sandboxed code does (die, hang,
 write garbage or a pickle, return what may not cross) must fail the call, never pass it.
 The confinement is checked for real: the allow-list root (what the sandbox can list, read
-and write), the disk quota, the per-call limit with callbacks, the per-milestone restart
+and write), the disk quota and file count, the per-call limit with callbacks, the per-milestone restart
 budget; as root (as the grader runs on Gradescope) and, where the system's own Python can
 run NumPy, with bubblewrap started as an unprivileged user in a user namespace.
 """
@@ -120,6 +120,15 @@ def fill():
     except OSError as exc:
         return written, type(exc).__name__
     return written, None
+def many(count):
+    made = 0
+    try:
+        for n in range(count):  # empty files: no byte of the quota, one inode each
+            open(f"empty-{n}", "wb").close()
+            made += 1
+    except OSError as exc:
+        return made, exc.errno
+    return made, None
 def loop(callback):
     while True:
         callback()
@@ -462,6 +471,30 @@ def test_the_sandbox_writes_only_its_tmpfs_up_to_its_quota(session, config, tmp_
     assert not (tmp_path / "x").exists() and not Path(f"/tmp/{TOKEN}").exists()
 
 
+def test_the_sandbox_creates_at_most_its_file_count_and_says_so(session, config, monkeypatch):
+    """Empty files take no byte of the quota, but each an inode of the host's kernel memory:
+    300,000 of them stop at the tmpfs's ``nr_inodes`` (ENOSPC), and the grader is told once."""
+    import errno
+
+    notes = []
+    monkeypatch.setattr(session, "notify", notes.append)
+    made, error = call("many", 300_000)
+    assert error == errno.ENOSPC and config["files"] - 10 <= made < config["files"], (made, error)
+    assert session.hello["files"] == config["files"] == sandbox.DEFAULT_FILES
+    assert session.hello["capabilities"] == 0, "the worker kept a capability"
+    call("many", 10)
+    assert [n for n in notes if n["kind"] == "note"] == [{"kind": "note", "text": sandbox.full_note(config)}]
+    assert "10000 files and folders" in sandbox.full_note(config)
+
+
+def test_a_worker_without_its_file_count_or_with_a_capability_is_not_sandboxed(config):
+    hello = {"root": ["dev", "proc", "sandbox"], "network": ["lo"], "uid": config["uid"], "userns": True,
+             "limits": config["limits"], "limits_refused": [], "files": config["files"], "capabilities": 0}
+    assert not any("file count" in gap or "capabilit" in gap for gap in sandbox.missing(config, hello))
+    assert any("a file count" in gap for gap in sandbox.missing(config, {**hello, "files": 3_000_000}))
+    assert any("no capabilities" in gap for gap in sandbox.missing(config, {**hello, "capabilities": 1 << 21}))
+
+
 @pytest.mark.parametrize("ignore", [False, True])
 def test_a_flood_of_output_stops_at_the_disk_quota(session, config, ignore):
     """stdout and stderr go to one file of the grader's: it never grows past the quota, whether
@@ -506,7 +539,7 @@ def test_protections_are_reported(session, config):
     call("ident", 1)
     text = sandbox.protections(config, session.hello)
     assert text.startswith("separate process, own session, allow-list root (the interpreter, its standard library, "
-                           "numpy, the submission read-only, a 8 MiB tmpfs")
+                           "numpy, the submission read-only, a tmpfs of 8 MiB and 10000 files")
     assert "no network" in text and "10 s per call (callbacks included)" in text and "NOT in force" not in text
     assert ("user nobody (uid 65534)" if ROOT else "a user namespace") in text
 
@@ -514,7 +547,7 @@ def test_protections_are_reported(session, config):
 def _hello(config, **changes):
     top = sorted({p.strip("/").split("/")[0] for p in config["shown"]} | {"sandbox", "dev", "proc"})
     return {"root": top, "network": ["lo"], "uid": config["uid"], "userns": config["mode"] != "root",
-            "limits": config["limits"], "limits_refused": []} | changes
+            "limits": config["limits"], "limits_refused": [], "files": config["files"], "capabilities": 0} | changes
 
 
 @pytest.mark.parametrize("changes, gap", [
@@ -588,6 +621,8 @@ def test_started_by_an_unprivileged_user_it_is_as_confined(monkeypatch, tmp_path
             assert call("read", str(CHECKOUT / "pyproject.toml")) == "FileNotFoundError"
             assert call("write", str(folder / "x")) in ("OSError", "FileNotFoundError")
             assert call("write", "inside") == "written" and call("fill")[0] <= DISK
+            assert call("many", 300_000)[0] < config["files"] and state.hello["files"] == config["files"]
+            assert state.hello["capabilities"] == 0
         finally:
             if state.box is not None:
                 state.box.close()

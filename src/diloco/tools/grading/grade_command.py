@@ -14,7 +14,13 @@ import sys
 from pathlib import Path
 
 from diloco.tools.cli.errors import CliError
-from diloco.tools.grading.grade_report import error_report, format_table, to_gradescope, to_junit_xml
+from diloco.tools.grading.grade_report import (
+    error_junit_xml,
+    error_report,
+    format_table,
+    to_gradescope,
+    to_junit_xml,
+)
 from diloco.tools.grading.grade_text import LINE_LIMIT, safe_text
 from diloco.tools.grading.grade_verdicts import HIDDEN_LEVELS
 from diloco.tools.grading.grader import GradingError, grade
@@ -91,6 +97,8 @@ def _cmd_grade(args) -> int:
         message = str(exc) if isinstance(exc, GradingError) else _unforeseen(exc)
         if args.json:
             _write(args.json, json.dumps(error_report(impl, message), indent=2) + "\n")
+        if args.junit:
+            _write(args.junit, error_junit_xml(message))
         raise CliError(safe_text(message, LINE_LIMIT * 4, one_line=True)) from None
     print(format_table(report))
     if args.json:

@@ -24,7 +24,7 @@ from diloco.tools.grading.lessons import mistakes_link
 __all__ = [
     "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
     "MilestoneResult", "GradeReport", "format_table", "failure_lines", "rerun_command", "to_gradescope",
-    "to_junit_xml", "error_report",
+    "to_junit_xml", "error_report", "error_junit_xml",
 ]
 
 PASSED, NOT_STARTED, FAILED, LOCKED, ERROR = "passed", "not started", "failed", "locked", "error"
@@ -63,7 +63,8 @@ class GradeReport(NamedTuple):
     empty when it ran inside the test process (local mode, ``--trust-submission``).
     ``exercises`` holds the verdicts on the optional exercises, outside ``score``; ``notes``
     a line for each file of the package the sandbox did not get (``diloco/adamw.py is a hard
-    link and was not copied``).
+    link and was not copied``), and ``box.full_note`` when the graded code filled its folder's
+    file count.
     """
 
     results: tuple[MilestoneResult, ...]
@@ -73,7 +74,7 @@ class GradeReport(NamedTuple):
     duration: float
     sandbox: str = ""
     exercises: tuple[MilestoneResult, ...] = ()
-    notes: tuple[str, ...] = ()  # files of the package not copied for the sandbox, and why
+    notes: tuple[str, ...] = ()  # files of the package not copied for the sandbox, and why; its folder full
 
     @property
     def mode_line(self) -> str:
@@ -327,6 +328,25 @@ def to_junit_xml(report: GradeReport) -> str:
         element.attrib = {key: safe_text(value, LINE_LIMIT, one_line=True) for key, value in element.attrib.items()}
         if element.text:
             element.text = safe_text(element.text)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def error_junit_xml(message: str) -> str:
+    """JUnit XML for a submission that cannot be graded: every milestone and exercise an error
+    with ``message``, as ``error_report`` is for ``results.json``."""
+    line = safe_text(f"error: {message}", LINE_LIMIT, one_line=True)
+    counts = dict(failures="0", skipped="0", time="0.000")
+    suites = ET.Element("testsuites", name="diloco-milestones", tests=str(len(MILESTONES)),
+                        errors=str(len(MILESTONES)), **counts)
+    for name, units, classname in (("diloco-milestones", MILESTONES, "diloco.milestones"),
+                                   ("diloco-exercises", EXERCISES, "diloco.exercises")):
+        suite = ET.SubElement(suites, "testsuite", name=name, tests=str(len(units)), errors=str(len(units)), **counts)
+        ET.SubElement(ET.SubElement(suite, "properties"), "property", name="grading", value="not graded")
+        for unit in units:
+            case = ET.SubElement(suite, "testcase", classname=classname, name=f"{unit.marker} {unit.name}",
+                                 time="0.000")
+            ET.SubElement(case, "error", message=line, type="Error").text = line
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from diloco.tools.sandbox.box import Sandbox, SandboxError, missing, protections
+from diloco.tools.sandbox.box import Sandbox, SandboxError, full_note, missing, protections
 
 __all__ = ["GRADER_ROOT", "GradingError", "Workdir", "grader_folders", "kill_leftovers", "make_workdir",
            "probe_import", "probe_sandbox", "run_wave", "unreported", "STARTUP_LIMIT", "WALL_FACTOR", "tree_cpu",
@@ -105,7 +105,8 @@ def probe_sandbox(config: dict, package_root: Path) -> tuple[str, str]:
         box.close()
     if "error" in hello:
         where = f" ({hello['where']})" if hello.get("where") else ""
-        raise GradingError(f"the diloco package in {package_root} does not import: {hello['error']}{where}")
+        full = f"; {full_note(config)}" if hello.get("full") is True else ""
+        raise GradingError(f"the diloco package in {package_root} does not import: {hello['error']}{where}{full}")
     copy = PurePosixPath(config["package_root"])
     if copy not in PurePosixPath(str(hello.get("file"))).parents:
         raise GradingError(f"the sandbox imported diloco from {hello.get('file')}, not the package in {package_root}")

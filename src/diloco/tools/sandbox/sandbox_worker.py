@@ -8,9 +8,12 @@ still trusted it locks itself in, in this order:
 
 1. the folders of the packages the graded code may import (NumPy) on ``sys.path``;
 2. resource limits: CPU seconds, address space, processes, file size, open files, no core;
-3. its working folder (the tmpfs ``/sandbox/work``) as cwd and ``HOME``;
-4. when bubblewrap ran as root (keeping only ``CAP_SETUID``/``CAP_SETGID``): drop to the
-   sandbox user's uid and gid, and make sure it cannot become root again; no new privileges.
+3. its working folder: a tmpfs of its own, of ``disk`` bytes and ``files`` files and folders
+   (``nr_inodes``, which bubblewrap cannot set), mounted over ``/sandbox/work`` in a mount
+   namespace of its own (``CAP_SYS_ADMIN``, which bubblewrap kept for this); cwd and ``HOME``;
+4. when bubblewrap ran as root (keeping only ``CAP_SETUID``/``CAP_SETGID``/``CAP_SYS_ADMIN``):
+   drop to the sandbox user's uid and gid, and make sure it cannot become root again; then
+   drop every capability left (those of a user namespace); no new privileges.
 
 Only then does it import the graded package and answer requests: ``hello`` (did it
 import, and what it found in force: its uid, whether it is in a user namespace, the top of
@@ -28,6 +31,10 @@ import types
 import warnings
 
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV = 2, 4
+_CAPABILITY_VERSION_3 = 0x20080522
 _ERR_MODES = {"ignore", "warn", "raise", "print"}
 
 
@@ -66,7 +73,43 @@ def _drop_privileges(uid: int, gid: int) -> None:
     os._exit(70)  # still able to become root: never run the submission like that
 
 
-def _found() -> dict:
+def _own_tmpfs(work: str, disk: int, files: int) -> None:
+    """Mount a tmpfs of ``disk`` bytes and ``files`` inodes over ``work``, in a mount namespace
+    of this process's own (so it needs only the capabilities of the namespace it is in). On
+    failure ``work`` stays bubblewrap's tmpfs, and the hello's ``files`` shows it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"size={int(disk)},nr_inodes={int(files)},mode=1777".encode()
+    if libc.unshare(_CLONE_NEWNS) == 0:
+        libc.mount(b"tmpfs", work.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options)
+
+
+def _drop_capabilities() -> None:
+    """No capability left, ambient, effective, permitted or inheritable (``capset``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    libc.capset(header, (ctypes.c_uint32 * 6)())
+
+
+def _capabilities() -> int | None:
+    """The effective and permitted capabilities of this process, as one mask (``None``: unknown)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
+        return int(fields["CapEff"], 16) | int(fields["CapPrm"], 16) | int(fields["CapAmb"], 16)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def full(work: str) -> bool:
+    """The working folder can take no more files or folders (its ``nr_inodes`` is used up)."""
+    try:
+        return os.statvfs(work).f_ffree == 0
+    except OSError:
+        return False
+
+
+def _found(work: str) -> dict:
     """What this process can see of its own confinement, for the grader to check."""
     import socket
 
@@ -79,8 +122,12 @@ def _found() -> dict:
         network = sorted(name for _, name in socket.if_nameindex())
     except OSError:
         network = []
+    try:
+        files = os.statvfs(work).f_files
+    except OSError:
+        files = None
     return {"uid": os.getuid(), "gid": os.getgid(), "userns": not identity, "root": sorted(os.listdir("/")),
-            "network": network}
+            "network": network, "files": files, "capabilities": _capabilities()}
 
 
 class Worker:
@@ -90,6 +137,7 @@ class Worker:
         self.wire, self.values = wire, values
         self.fd_in, self.fd_out = wire.Reader(config["fd_in"]), config["fd_out"]
         self.package_dir = os.path.join(os.path.realpath(config["package_root"]), "diloco")
+        self.work = os.path.realpath(config["work"])
         self.registry = wire.Registry(config["prefix"])
         self.pid = os.getpid()
         self.names = None
@@ -99,6 +147,8 @@ class Worker:
     def send(self, header: dict, blobs=()) -> None:
         if os.getpid() != self.pid:  # a child the submission forked never speaks for the sandbox
             os._exit(0)
+        if header.get("kind") != "callback" and full(self.work):  # the grader's report says so
+            header = {**header, "full": True}
         self.wire.write_frame(self.fd_out, header, list(blobs))
 
     def hello(self, facts: dict) -> bool:
@@ -225,16 +275,15 @@ def main(argv) -> None:
     work = os.path.realpath(config["work"])
     facts = {"pid": os.getpid(), "limits": config["limits"]}
     facts["limits_refused"] = _set_limits(config["limits"])
+    _own_tmpfs(work, config["disk"], config["files"])
     os.chdir(work)
     os.environ["HOME"] = os.environ["TMPDIR"] = work
     os.umask(0o077)
     if config.get("drop_to"):
         _drop_privileges(*config["drop_to"])
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    except AttributeError:  # not Linux
-        pass
-    facts.update(_found())
+    _drop_capabilities()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    facts.update(_found(work))
     worker = Worker(config, wire, values)
     if worker.hello(facts):
         worker.serve()
