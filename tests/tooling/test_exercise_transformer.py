@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,24 @@ def test_the_workspace_model_is_the_learners_functions(workspace, tmp_path):
     assert ("exercise x07 lm_head: block_backward is not implemented yet (see docs/exercises/x07-lm-head.md)"
             in result.stderr), result.stderr
     assert "Traceback" not in result.stderr, result.stderr
+
+
+def lesson_train_command(ws: Path) -> list[str]:
+    """The one ``diloco train --model transformer`` command of the x07 lesson's "Prove it works"."""
+    lesson = (ws / "docs" / "exercises" / "x07-lm-head.md").read_text().split("## Prove it works", 1)[1]
+    (line,) = [line for line in lesson.splitlines() if line.startswith(".venv/bin/diloco train --model transformer")]
+    return shlex.split(line.removeprefix(".venv/bin/diloco "))
+
+
+def test_the_lessons_train_command_runs_in_the_workspaces_own_environment(workspace, tmp_path):
+    """As printed, in the environment ``make grade`` installs (the grade extra: no matplotlib)."""
+    blocker = tmp_path / "no-matplotlib"
+    blocker.mkdir()
+    (blocker / "matplotlib.py").write_text("raise ImportError('not in the grade extra')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(blocker), str(workspace / "src")]),
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-m", "diloco", *lesson_train_command(workspace),
+                             "--runs-dir", str(tmp_path / "runs")], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "held-out loss" in result.stdout and "bigram" in result.stdout, result.stdout

@@ -6,6 +6,7 @@ only install."""
 from __future__ import annotations
 
 import filecmp
+import importlib.metadata
 import re
 import subprocess
 import sys
@@ -101,9 +102,54 @@ def test_the_constraints_pin_every_package_of_the_dev_environment():
 
 def test_every_install_of_the_root_makefile_uses_the_constraints():
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    installs = re.findall(r"^\t(.*(?:pip install|\$\(PIP_INSTALL\)).*)$", makefile, re.M)
+    installs = re.findall(r"^\t(.*(?:pip install|\$\(PIP_INSTALL\)|\$\(PIP_PROJECT\)).*)$", makefile, re.M)
     project_installs = [line for line in installs if "-e '." in line and "$(LOCK_VENV)" not in line]  # lock: unpinned
-    assert project_installs and all("$(PIP_INSTALL)" in line for line in project_installs), project_installs
+    assert project_installs and all("$(PIP_PROJECT)" in line for line in project_installs), project_installs
     assert re.search(r"^PIP_INSTALL := .*-c \$\(CONSTRAINTS\)$", makefile, re.M)
+    assert re.search(r"^PIP_PROJECT := \$\(PIP_INSTALL\) --no-build-isolation$", makefile, re.M)
     lock = makefile[makefile.index("\nlock:"):]
     assert "pip freeze" in lock and "> $(CONSTRAINTS).tmp" in lock
+
+
+def backend_names(makefile: str) -> list[str]:
+    (line,) = re.findall(r"^BUILD_BACKEND := (.*)$", makefile, re.M)
+    return line.split()
+
+
+def test_the_build_backend_and_its_dependencies_are_pinned():
+    """Every package the project's build needs is in the constraints: the backend of
+    ``[build-system]`` (and ``editables``, which hatchling needs for an editable install), and
+    what the backend itself requires (``tomlkit`` ...), so no install resolves them anew."""
+    pinned = {line.split("==")[0].lower().replace("_", "-")
+              for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line}
+    backend = backend_names((ROOT / "Makefile").read_text(encoding="utf-8"))
+    requires = {re.split(r"[<>=\[ ;]", r)[0].lower() for r in pyproject()["build-system"]["requires"]}
+    assert requires <= set(backend) and "editables" in backend, backend
+    assert set(backend) <= pinned, sorted(set(backend) - pinned)
+    try:
+        needed = importlib.metadata.requires("hatchling") or []
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("hatchling is not installed in this environment (make install puts it in .venv)")
+    from packaging.requirements import Requirement
+
+    needed = {Requirement(r).name.lower().replace("_", "-") for r in needed if Requirement(r).marker is None
+              or Requirement(r).marker.evaluate()}
+    assert needed <= pinned, f"hatchling needs {sorted(needed - pinned)}, which the constraints do not pin"
+
+
+@pytest.mark.parametrize("where", ["workspace", "repository"])
+def test_the_project_is_built_with_the_backend_already_in_the_venv(where, tmp_path):
+    """``make -n``: the backend installed (pinned) before the project, and the project installed
+    with ``--no-build-isolation``: pip's isolated build would fetch the backend and its dependencies
+    from an index at every install (offline, ``tomlkit`` was not to be had)."""
+    folder = create_workspace(tmp_path / "ws") if where == "workspace" else ROOT
+    venv = tmp_path / "venv"
+    target = "install" if where == "workspace" else f"{venv}/.installed-dev"
+    dry = subprocess.run(["make", "-n", "-C", str(folder), target, f"VENV={venv}"], capture_output=True, text=True,
+                         timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    installs = [line for line in dry.stdout.splitlines() if "pip install" in line and "--upgrade pip" not in line]
+    backend = backend_names((folder / "Makefile").read_text(encoding="utf-8"))
+    assert len(installs) == 2, installs
+    assert installs[0].split()[-len(backend):] == backend and "-c constraints.txt" in installs[0], installs
+    assert "--no-build-isolation" in installs[1] and "-e '." in installs[1], installs
