@@ -5,7 +5,8 @@ The executors report their finished inner steps (``diloco.core.progress``); ``Ru
 the listener, turns them into words for one algorithm's run:
 
 * on a terminal, the round bar's postfix once a round has run ``after`` seconds (1), at most
-  every ``every`` seconds (0.5): ``round 1: 51,200/8,000,000 worker steps, about 2 h 10 min left``;
+  every ``every`` seconds (0.5): ``2 h 10 min left, round 1: 51.2k/8M steps``, the time left
+  first and the counts short, for an 80-column bar keeps about 38 characters of its postfix;
 * elsewhere (a pipe, a log file), the same words as a line on stderr, prefixed by the
   algorithm's name, once a round has run ``LINE_AFTER`` seconds, then every ``LINE_EVERY``;
 * once, as soon as ``ESTIMATE_AFTER`` seconds of steps give a speed, a line saying how long
@@ -23,11 +24,20 @@ import time
 
 from diloco.core import progress
 
-__all__ = ["RunProgress", "LONG_RUN", "ESTIMATE_AFTER", "LINE_AFTER", "LINE_EVERY", "duration"]
+__all__ = ["RunProgress", "LONG_RUN", "ESTIMATE_AFTER", "LINE_AFTER", "LINE_EVERY", "count", "duration"]
 
 LONG_RUN = 600.0  # seconds: a run estimated longer than this says so as it starts
 ESTIMATE_AFTER = 2.0  # seconds of steps before the speed is trusted
 LINE_AFTER, LINE_EVERY = 5.0, 30.0  # progress lines without a terminal
+
+
+def count(steps: int) -> str:
+    """``steps`` in short past 9,999, three digits and a unit: ``1,792``, ``51.2k``, ``8M``, ``1.25G``."""
+    if steps < 10_000:
+        return f"{steps:,}"
+    unit, size = next((unit, size) for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)) if steps >= 0.9995 * size)
+    value = steps / size
+    return f"{value:.3g}{unit}" if value < 999.5 else f"{value:,.0f}{unit}"
 
 
 def duration(seconds: float) -> str:
@@ -96,14 +106,16 @@ class RunProgress:
         return max(self.steps_left - self.steps, 0) * (now - self.start) / self.steps
 
     def _show(self, now: float) -> None:
-        of = f"/{self.per_round:,}" if self.per_round else ""
         left = self.left(now)
-        words = f"round {self.round}: {self.round_steps:,}{of} worker steps" + (
-            f", about {duration(left)} left" if left is not None else "")
-        if self.bar is not None:
+        if self.bar is not None:  # the time left first and the counts short: an 80-column bar cuts its end
+            of = f"/{count(self.per_round)}" if self.per_round else ""
+            words = (f"{duration(left)} left, " if left is not None else "") + \
+                f"round {self.round}: {count(self.round_steps)}{of} steps"
             self.bar.set_postfix_str(words, refresh=True)
-        else:
-            self.write(f"{self.label}: {words}")
+            return
+        of = f"/{self.per_round:,}" if self.per_round else ""
+        self.write(f"{self.label}: round {self.round}: {self.round_steps:,}{of} worker steps" + (
+            f", about {duration(left)} left" if left is not None else ""))
 
     def _estimate(self, now: float) -> None:
         left = self.left(now)
