@@ -134,7 +134,15 @@ def test_a_run_estimated_past_the_threshold_says_so_once_and_counts_what_follows
     asynchronous, clock, lines = _watch(config.replace(asynchrony=AsyncConfig(asynchronous=True,
                                                                                step_times=(1.0, 2.0))))
     clock.now += 10.0
-    asynchronous(200)  # no fixed steps a round: the steps only, no estimate
+    asynchronous(200)  # its rounds' steps from its arrival plan: 3,000 each (worker 0 arrives twice), 300,000
+    assert lines == ["DiLoCo: this run will take about 4 h 9 min more at the speed of its first 10 s (Ctrl-C keeps "
+                     "every finished round; --resume goes on)",
+                     "DiLoCo: round 1: 200/3,000 worker steps, about 4 h 9 min left"]
+    networked = config.replace(asynchrony=AsyncConfig(asynchronous=True, step_times=(1.0, 2.0)),
+                               family=config.family.replace(bandwidth=1e9))
+    unknown, clock, lines = _watch(networked)  # the trips move the arrivals: the steps only, no estimate
+    clock.now += 10.0
+    unknown(200)
     assert lines == ["DiLoCo: round 1: 200 worker steps"]
 
 

@@ -14,8 +14,9 @@ the listener, turns them into words for one algorithm's run:
   after this one, ``compare``'s baseline, counted as taking as long).
 
 The time left is the steps left at the speed so far (the held-out evaluations are not
-counted, so it is a little short). An asynchronous run's rounds have no fixed number of
-steps: its words give the steps only. The clock is an argument, so tests need no waiting.
+counted, so it is a little short). An asynchronous run's rounds differ in steps: they are
+read from its arrival plan, except on a simulated network (the trips move the arrivals),
+where its words give the steps only. The clock is an argument, so tests need no waiting.
 """
 
 from __future__ import annotations
@@ -24,11 +25,26 @@ import time
 
 from diloco.core import progress
 
-__all__ = ["RunProgress", "LONG_RUN", "ESTIMATE_AFTER", "LINE_AFTER", "LINE_EVERY", "count", "duration"]
+__all__ = ["RunProgress", "LONG_RUN", "ESTIMATE_AFTER", "LINE_AFTER", "LINE_EVERY", "count", "duration", "round_steps"]
 
 LONG_RUN = 600.0  # seconds: a run estimated longer than this says so as it starts
 ESTIMATE_AFTER = 2.0  # seconds of steps before the speed is trusted
 LINE_AFTER, LINE_EVERY = 5.0, 30.0  # progress lines without a terminal
+
+
+def round_steps(config) -> list[int] | None:
+    """The worker steps of each round: K H, or an asynchronous run's arrivals' steps
+    (``diloco.core.schedule.async_plan``); None where the simulated network moves the arrivals."""
+    if not config.asynchrony.asynchronous:
+        return [config.num_workers * config.inner_steps] * config.rounds
+    if config.family.simulates_network:
+        return None
+    from diloco.core.schedule import async_plan
+
+    try:
+        return [sum(sum(group.steps) for group in groups) for groups in async_plan(config)]
+    except (ValueError, RuntimeError):  # the run refuses it in one line of its own
+        return None
 
 
 def count(steps: int) -> str:
@@ -77,8 +93,9 @@ class RunProgress:
     def __init__(self, label: str, config, done: int, *, write, bar=None, following: int = 0,
                  clock=time.monotonic, after: float = 1.0, every: float = 0.5) -> None:
         self.label, self.bar, self.write, self.clock, self.following = label, bar, write, clock, following
-        self.per_round = None if config.asynchrony.asynchronous else config.num_workers * config.inner_steps
-        self.steps_left = None if self.per_round is None else (config.rounds - done) * self.per_round
+        self.totals = round_steps(config)
+        self.per_round = None if self.totals is None else self.totals[done] if done < len(self.totals) else 0
+        self.steps_left = None if self.totals is None else sum(self.totals[done:])
         self.after, self.every = (after, every) if bar is not None else (LINE_AFTER, LINE_EVERY)
         self.start = self.round_start = clock()
         self.round, self.steps, self.round_steps = done + 1, 0, 0
@@ -87,6 +104,8 @@ class RunProgress:
     def round_ended(self, record=None) -> None:
         """The round finished (its history line is written): the next one starts its count."""
         self.round, self.round_steps, self.round_start = self.round + 1, 0, self.clock()
+        if self.totals is not None:
+            self.per_round = self.totals[self.round - 1] if self.round <= len(self.totals) else 0
 
     def __call__(self, steps: int) -> None:
         now = self.clock()
