@@ -44,6 +44,7 @@ from diloco.run_records import (
     held_out_metrics,
     num_values,
     prepare_training,
+    refuse_mechanisms,
     round_record,
 )
 from diloco.sharding import inner_train_worker, sample_worker_batch
@@ -163,8 +164,10 @@ def train_diloco(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, *, x_eval=N
     Raises
     ------
     TypeError, ValueError
-        Bad data, config or rng.
+        Bad data, config or rng; a mechanism this loop does not run (``clip_norm``, an lr
+        schedule, an outer optimizer but SGD: ``refuse_mechanisms``).
     """
+    refuse_mechanisms(config, "diloco")
     config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng, on_round=on_round)
     # BEGIN SOLUTION
     worker_states = [init_adamw_state(params) for _ in range(config.num_workers)]
@@ -204,8 +207,10 @@ def train_synchronous_baseline(x: np.ndarray, y: np.ndarray, config: DiLoCoConfi
     Raises
     ------
     TypeError, ValueError
-        Bad data, config or rng.
+        Bad data, config or rng; a mechanism this loop does not run (``clip_norm``, an lr
+        schedule, an outer optimizer but SGD: ``refuse_mechanisms``).
     """
+    refuse_mechanisms(config, "sync")
     config, rng, shards, params = prepare_training(x, y, config, x_eval, y_eval, rng, on_round=on_round)
     # BEGIN SOLUTION
     state: AdamWState = init_adamw_state(params)

@@ -31,7 +31,7 @@ from diloco.sharding import iid_shard_dataset, noniid_shard_dataset
 from diloco.text import bits_per_char, perplexity
 
 __all__ = ["RoundRecord", "RoundCallback", "TrainResult", "num_values", "round_record", "prepare_training",
-           "shard_dataset", "finish_record", "held_out_metrics", "EVAL_CHUNK"]
+           "refuse_mechanisms", "shard_dataset", "finish_record", "held_out_metrics", "EVAL_CHUNK"]
 
 # Held-out windows encoded at a time by ``held_out_metrics`` (one (2048, c V) block).
 EVAL_CHUNK = 2048
@@ -187,6 +187,24 @@ def round_record(worker_losses, params: Params, config: DiLoCoConfig, *, pseudo_
         record["all_reduces"] = comm.sync_all_reduces
         record["bytes_sent"] = comm.sync_bytes_per_worker
     return record
+
+
+# The paper's mechanisms that milestones 26 and 27 (the course's Algorithm 1) do not run:
+# (field, its default). Accepted and ignored, they once changed nothing without a word.
+_MECHANISMS = {"diloco": (("clip_norm", None), ("lr_schedule", "constant"), ("warmup_steps", 0),
+                          ("outer_optimizer", "sgd")),
+               "sync": (("clip_norm", None), ("lr_schedule", "constant"), ("warmup_steps", 0))}
+
+
+def refuse_mechanisms(config, algo: str) -> None:
+    """Raise ``ValueError`` naming every field of ``config`` that ``train_diloco`` (``algo``
+    "diloco") or ``train_synchronous_baseline`` ("sync") would ignore: the one driver runs them."""
+    names = [f"{name}={getattr(config, name)!r}" for name, plain in _MECHANISMS[algo]
+             if getattr(config, name, plain) != plain]
+    if names:
+        trainer = "train_diloco" if algo == "diloco" else "train_synchronous_baseline"
+        raise ValueError(f"{trainer} trains the course's Algorithm 1 and does not apply {', '.join(names)}: "
+                         f"train with diloco.core.driver.train({algo!r}, ...), as `diloco train` does")
 
 
 def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode=None, on_round=None):

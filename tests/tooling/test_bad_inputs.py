@@ -1053,3 +1053,20 @@ def test_subtract_params_keeps_the_key_order_of_params_a():
     b = {"W2": np.zeros(1), "W1": np.zeros(2), "b1": np.ones(1)}  # the same keys, another order
     assert list(diloco.subtract_params(a, b)) == ["W1", "b1", "W2"]
     assert list(diloco.subtract_params(b, a)) == ["W2", "W1", "b1"]
+
+
+@pytest.mark.parametrize("algo, changes, named", [
+    ("sync", {"clip_norm": 1.0}, "clip_norm=1.0"),
+    ("sync", {"lr_schedule": "cosine", "warmup_steps": 1}, "lr_schedule='cosine', warmup_steps=1"),
+    ("diloco", {"clip_norm": 0.05}, "clip_norm=0.05"),
+    ("diloco", {"outer_optimizer": "adam"}, "outer_optimizer='adam'"),
+])
+def test_the_milestone_loops_refuse_a_mechanism_they_would_ignore(algo, changes, named):
+    """``train_synchronous_baseline(clip_norm=1.0)`` once trained exactly as without it, without a
+    word (issue 41); every mechanism milestones 26-27 do not run is refused, named, before any work."""
+    trainer = diloco.train_diloco if algo == "diloco" else diloco.train_synchronous_baseline
+    data = data_module.load_digits_split(seed=0)
+    config = DiLoCoConfig(num_workers=2, inner_steps=1, rounds=1, **changes)
+    with pytest.raises(ValueError) as caught:
+        trainer(data.x_train[:40], data.y_train[:40], config)
+    assert named in str(caught.value) and "diloco.core.driver.train" in str(caught.value), str(caught.value)

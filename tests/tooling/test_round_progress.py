@@ -13,7 +13,7 @@ from diloco.config_sections import AsyncConfig
 from diloco.core import progress
 from diloco.core.schedule import async_plan
 from diloco.data import load_digits_split
-from diloco.tools.cli.run_progress import ESTIMATE_AFTER, RunProgress, duration
+from diloco.tools.cli.run_progress import ESTIMATE_AFTER, RunProgress, count, duration
 from diloco.tools.runs.training import train_resumable
 
 H = progress.CHUNK * 2 + 37  # three chunks per worker: two whole, one cut
@@ -94,9 +94,9 @@ def test_the_round_bar_shows_a_long_rounds_steps_and_time_left_and_starts_over_e
         watch.round_ended()
         clock.now += 0.5
         progress.steps_done(100)
-    assert bar.shown == ["round 1: 250/2,000 worker steps, about 23 s left",
-                         "round 1: 500/2,000 worker steps, about 22 s left",
-                         "round 2: 100/2,000 worker steps, about 22 s left"]
+    assert bar.shown == ["23 s left, round 1: 250/2,000 steps",
+                         "22 s left, round 1: 500/2,000 steps",
+                         "22 s left, round 2: 100/2,000 steps"]
     assert lines == []  # 26 s in all: no warning
     quiet = _Bar()
     watch, clock, lines = _watch(config, quiet)
@@ -134,7 +134,15 @@ def test_a_run_estimated_past_the_threshold_says_so_once_and_counts_what_follows
     asynchronous, clock, lines = _watch(config.replace(asynchrony=AsyncConfig(asynchronous=True,
                                                                                step_times=(1.0, 2.0))))
     clock.now += 10.0
-    asynchronous(200)  # no fixed steps a round: the steps only, no estimate
+    asynchronous(200)  # its rounds' steps from its arrival plan: 3,000 each (worker 0 arrives twice), 300,000
+    assert lines == ["DiLoCo: this run will take about 4 h 9 min more at the speed of its first 10 s (Ctrl-C keeps "
+                     "every finished round; --resume goes on)",
+                     "DiLoCo: round 1: 200/3,000 worker steps, about 4 h 9 min left"]
+    networked = config.replace(asynchrony=AsyncConfig(asynchronous=True, step_times=(1.0, 2.0)),
+                               family=config.family.replace(bandwidth=1e9))
+    unknown, clock, lines = _watch(networked)  # the trips move the arrivals: the steps only, no estimate
+    clock.now += 10.0
+    unknown(200)
     assert lines == ["DiLoCo: round 1: 200 worker steps"]
 
 
@@ -143,3 +151,30 @@ def test_a_run_estimated_past_the_threshold_says_so_once_and_counts_what_follows
                                             (49 * 3600 + 60, "2 days 1 h"), (1e9, "11,574 days 1 h")])
 def test_durations_in_words(seconds, words):
     assert duration(seconds) == words
+
+
+@pytest.mark.parametrize("steps, words", [(0, "0"), (9_999, "9,999"), (10_000, "10k"), (51_200, "51.2k"),
+                                          (999_400, "999k"), (999_999, "1M"), (8_000_000, "8M"),
+                                          (1_250_000_000, "1.25G"), (12_345_678_901_234, "12,346G")])
+def test_step_counts_in_short(steps, words):
+    assert count(steps) == words
+
+
+@pytest.mark.parametrize("inner_steps, workers", [(1_000_000, 8), (10**9, 1000), (500, 2)])
+def test_an_80_column_bar_keeps_the_time_left_in_sight(inner_steps, workers):
+    """tqdm cuts a bar at the terminal's width: at 80 columns the postfix keeps about 38
+    characters, and ``round 1: 51,200/8,000,000 worker steps, about 2 h 10 min left`` lost its
+    time left (measured on ``-H 1000000`` in an 80-column terminal)."""
+    import io
+
+    from tqdm import tqdm
+
+    config = DiLoCoConfig(num_workers=workers, inner_steps=inner_steps, rounds=1)
+    screen = io.StringIO()
+    bar = tqdm(total=config.rounds, desc="DiLoCo ", unit="round", file=screen, ncols=80)
+    watch, clock, _ = _watch(config, bar, after=0.0, every=0.0)
+    clock.now += 3.0
+    watch(inner_steps * workers // 3)
+    shown = screen.getvalue().rsplit("\r", 1)[-1]
+    bar.close()
+    assert len(shown) <= 80 and " left, round 1: " in shown, shown

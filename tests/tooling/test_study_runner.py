@@ -132,3 +132,49 @@ def test_a_study_stopped_before_its_first_run_says_nothing_was_kept_and_how_to_s
     status, _, err = run_cli([*FIG9, "--runs-dir", tmp_path], capsys)
     assert status == 130
     assert "no run had finished; start it again with:" in err.strip().splitlines()[-1], err
+
+
+TRANSFORMER_FIG9 = ["study", "fig9", "--data", "shakespeare", "--model", "transformer", "--d-model", "8", "--n-heads",
+                    "2", "--n-layers", "1", "--context", "8", "--eval-windows", "16", "--batch-size", "2", "--seeds",
+                    "3", "--total-steps", "8", "-H", "2", "--inner-grid", "1e-3,3e-3", "--outer-grid", "0.7:0.9",
+                    "-q", "--no-plots"]
+
+
+def test_a_transformer_study_stopped_by_a_real_sigint_resumes_as_printed_to_the_uninterrupted_result(tmp_path):
+    """The program itself, in a process of its own: a ``--model transformer`` study gets a real
+    SIGINT once three runs are in ``results.jsonl``; the command its last line prints, run as
+    printed (from the same folder), reads the kept runs back and exports the uninterrupted rows."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    program = str(Path(sys.executable).with_name("diloco"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def study(name: str) -> list:
+        return [program, *TRANSFORMER_FIG9, "--runs-dir", str(tmp_path / name), "--export", str(tmp_path / f"{name}-x")]
+
+    whole = subprocess.run(study("whole"), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr
+    cut = subprocess.Popen(study("cut"), cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and cut.poll() is None:
+        results = list((tmp_path / "cut").glob("*/results.jsonl"))
+        if results and len(results[0].read_text().splitlines()) >= 3:
+            cut.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.01)
+    _, err = cut.communicate(timeout=120)
+    assert cut.returncode == 130, err
+    printed = shlex.split(err.strip().splitlines()[-1].rsplit(" with: ", 1)[1])
+    again = subprocess.run([program, *printed[printed.index("study") :]], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    name = "fig9-shakespeare.json"
+    assert json.loads((tmp_path / "cut-x" / name).read_text())["cached_runs"] >= 3
+    assert _rows(tmp_path / "cut-x" / name) == _rows(tmp_path / "whole-x" / name)

@@ -5,7 +5,8 @@ The executors report their finished inner steps (``diloco.core.progress``); ``Ru
 the listener, turns them into words for one algorithm's run:
 
 * on a terminal, the round bar's postfix once a round has run ``after`` seconds (1), at most
-  every ``every`` seconds (0.5): ``round 1: 51,200/8,000,000 worker steps, about 2 h 10 min left``;
+  every ``every`` seconds (0.5): ``2 h 10 min left, round 1: 51.2k/8M steps``, the time left
+  first and the counts short, for an 80-column bar keeps about 38 characters of its postfix;
 * elsewhere (a pipe, a log file), the same words as a line on stderr, prefixed by the
   algorithm's name, once a round has run ``LINE_AFTER`` seconds, then every ``LINE_EVERY``;
 * once, as soon as ``ESTIMATE_AFTER`` seconds of steps give a speed, a line saying how long
@@ -13,8 +14,9 @@ the listener, turns them into words for one algorithm's run:
   after this one, ``compare``'s baseline, counted as taking as long).
 
 The time left is the steps left at the speed so far (the held-out evaluations are not
-counted, so it is a little short). An asynchronous run's rounds have no fixed number of
-steps: its words give the steps only. The clock is an argument, so tests need no waiting.
+counted, so it is a little short). An asynchronous run's rounds differ in steps: they are
+read from its arrival plan, except on a simulated network (the trips move the arrivals),
+where its words give the steps only. The clock is an argument, so tests need no waiting.
 """
 
 from __future__ import annotations
@@ -23,11 +25,35 @@ import time
 
 from diloco.core import progress
 
-__all__ = ["RunProgress", "LONG_RUN", "ESTIMATE_AFTER", "LINE_AFTER", "LINE_EVERY", "duration"]
+__all__ = ["RunProgress", "LONG_RUN", "ESTIMATE_AFTER", "LINE_AFTER", "LINE_EVERY", "count", "duration", "round_steps"]
 
 LONG_RUN = 600.0  # seconds: a run estimated longer than this says so as it starts
 ESTIMATE_AFTER = 2.0  # seconds of steps before the speed is trusted
 LINE_AFTER, LINE_EVERY = 5.0, 30.0  # progress lines without a terminal
+
+
+def round_steps(config) -> list[int] | None:
+    """The worker steps of each round: K H, or an asynchronous run's arrivals' steps
+    (``diloco.core.schedule.async_plan``); None where the simulated network moves the arrivals."""
+    if not config.asynchrony.asynchronous:
+        return [config.num_workers * config.inner_steps] * config.rounds
+    if config.family.simulates_network:
+        return None
+    from diloco.core.schedule import async_plan
+
+    try:
+        return [sum(sum(group.steps) for group in groups) for groups in async_plan(config)]
+    except (ValueError, RuntimeError):  # the run refuses it in one line of its own
+        return None
+
+
+def count(steps: int) -> str:
+    """``steps`` in short past 9,999, three digits and a unit: ``1,792``, ``51.2k``, ``8M``, ``1.25G``."""
+    if steps < 10_000:
+        return f"{steps:,}"
+    unit, size = next((unit, size) for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)) if steps >= 0.9995 * size)
+    value = steps / size
+    return f"{value:.3g}{unit}" if value < 999.5 else f"{value:,.0f}{unit}"
 
 
 def duration(seconds: float) -> str:
@@ -67,8 +93,9 @@ class RunProgress:
     def __init__(self, label: str, config, done: int, *, write, bar=None, following: int = 0,
                  clock=time.monotonic, after: float = 1.0, every: float = 0.5) -> None:
         self.label, self.bar, self.write, self.clock, self.following = label, bar, write, clock, following
-        self.per_round = None if config.asynchrony.asynchronous else config.num_workers * config.inner_steps
-        self.steps_left = None if self.per_round is None else (config.rounds - done) * self.per_round
+        self.totals = round_steps(config)
+        self.per_round = None if self.totals is None else self.totals[done] if done < len(self.totals) else 0
+        self.steps_left = None if self.totals is None else sum(self.totals[done:])
         self.after, self.every = (after, every) if bar is not None else (LINE_AFTER, LINE_EVERY)
         self.start = self.round_start = clock()
         self.round, self.steps, self.round_steps = done + 1, 0, 0
@@ -77,6 +104,8 @@ class RunProgress:
     def round_ended(self, record=None) -> None:
         """The round finished (its history line is written): the next one starts its count."""
         self.round, self.round_steps, self.round_start = self.round + 1, 0, self.clock()
+        if self.totals is not None:
+            self.per_round = self.totals[self.round - 1] if self.round <= len(self.totals) else 0
 
     def __call__(self, steps: int) -> None:
         now = self.clock()
@@ -96,14 +125,16 @@ class RunProgress:
         return max(self.steps_left - self.steps, 0) * (now - self.start) / self.steps
 
     def _show(self, now: float) -> None:
-        of = f"/{self.per_round:,}" if self.per_round else ""
         left = self.left(now)
-        words = f"round {self.round}: {self.round_steps:,}{of} worker steps" + (
-            f", about {duration(left)} left" if left is not None else "")
-        if self.bar is not None:
+        if self.bar is not None:  # the time left first and the counts short: an 80-column bar cuts its end
+            of = f"/{count(self.per_round)}" if self.per_round else ""
+            words = (f"{duration(left)} left, " if left is not None else "") + \
+                f"round {self.round}: {count(self.round_steps)}{of} steps"
             self.bar.set_postfix_str(words, refresh=True)
-        else:
-            self.write(f"{self.label}: {words}")
+            return
+        of = f"/{self.per_round:,}" if self.per_round else ""
+        self.write(f"{self.label}: round {self.round}: {self.round_steps:,}{of} worker steps" + (
+            f", about {duration(left)} left" if left is not None else ""))
 
     def _estimate(self, now: float) -> None:
         left = self.left(now)
