@@ -54,7 +54,7 @@ from diloco.tools.studies.family_tables import (
 from diloco.tools.studies.paper_runs import INNER_LR, TuneStep, outer_step_grid, tune_arms, write_study
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_tune_seeds, run_spec
 
-__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_study", "time_to_target", "paired_difference",
+__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_variant", "time_to_target", "paired_difference",
            "bandwidth_rows", "FamilySpec", "run_family_study_command"]
 
 
@@ -154,56 +154,42 @@ _ROUND_FIELDS = ("round", "step", "eval_loss", "eval_accuracy", "cumulative_byte
                  "syncs")
 
 
-def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, history=None, on_run_end=None,
-                     max_loss: float | None = None) -> list:
-    """Train every arm for every seed; one outcome dict per run (``run_study``'s fields and more)."""
-    results = []
-    for variant in variants:
-        for seed in seeds:
-            run_config = config.replace(**variant.changes, seed=int(seed))
-            run_family = family.replace(**variant.family, bandwidth=None, latency=0.0, step_time=None)
-            train = family_trainer(variant.algo, run_family)
-            on_round = None if history is None else history.callback(variant.algo, variant=variant.label,
-                                                                      seed=int(seed))
-            start = time.perf_counter()
-            try:
-                result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
-                               y_eval=dataset.y_test, on_round=on_round, max_loss=max_loss,
-                               executor=config.engine,
-                               encode=dataset.encode)
-            except Diverged as exc:  # name the run: which arm, which seed
-                raise Diverged(exc.algo, exc.round, exc.worker, exc.quantity, exc.step,
-                               f"variant {variant.label}, seed {seed}") from None
-            last = result.history[-1]
-            outcome = {
-                "variant": variant.label, "algo": variant.algo, "seed": int(seed), "rounds": run_config.rounds,
-                "inner_steps": run_config.inner_steps, "num_workers": run_config.num_workers,
-                "eval_loss": last["eval_loss"], "eval_accuracy": last["eval_accuracy"],
-                "inner_loss": last["inner_loss"],
-                "all_reduces": int(sum(r["all_reduces"] for r in result.history)),
-                "bytes_sent": last["cumulative_bytes"],
-                "peak_sync_bytes": max(r.get("peak_sync_bytes", r["bytes_sent"] / r["all_reduces"])
-                                       for r in result.history),
-                "seconds": time.perf_counter() - start, "family": run_family.to_dict(),
-                "history": [{k: r[k] for k in _ROUND_FIELDS if k in r} for r in result.history],
-            }
-            results.append(outcome)
-            if on_run_end is not None:
-                on_run_end(outcome)
-    return results
+def run_family_variant(variant, config, family: FamilyConfig, dataset, seed: int, *, history=None,
+                       max_loss: float | None = None) -> dict:
+    """Train one arm with ``seed``; its outcome (the ablations' fields, the peak bytes of a sync,
+    the family settings and the rounds' ``_ROUND_FIELDS``). ``history`` receives every round."""
+    run_config = config.replace(**variant.changes, seed=int(seed))
+    run_family = family.replace(**variant.family, bandwidth=None, latency=0.0, step_time=None)
+    train = family_trainer(variant.algo, run_family)
+    on_round = None if history is None else history.callback(variant.algo, variant=variant.label, seed=int(seed))
+    start = time.perf_counter()
+    try:
+        result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test, y_eval=dataset.y_test,
+                       on_round=on_round, max_loss=max_loss, executor=config.engine, encode=dataset.encode)
+    except Diverged as exc:  # name the run: which arm, which seed
+        raise Diverged(exc.algo, exc.round, exc.worker, exc.quantity, exc.step,
+                       f"variant {variant.label}, seed {seed}") from None
+    last = result.history[-1]
+    return {
+        "variant": variant.label, "algo": variant.algo, "seed": int(seed), "rounds": run_config.rounds,
+        "inner_steps": run_config.inner_steps, "num_workers": run_config.num_workers,
+        "eval_loss": last["eval_loss"], "eval_accuracy": last["eval_accuracy"], "inner_loss": last["inner_loss"],
+        "all_reduces": int(sum(r["all_reduces"] for r in result.history)), "bytes_sent": last["cumulative_bytes"],
+        "peak_sync_bytes": max(r.get("peak_sync_bytes", r["bytes_sent"] / r["all_reduces"]) for r in result.history),
+        "seconds": time.perf_counter() - start, "family": run_family.to_dict(),
+        "history": [{k: r[k] for k in _ROUND_FIELDS if k in r} for r in result.history],
+    }
 
 
 def family_runner(config, family, max_loss=None):
-    """``paper_runs.run_arm``'s signature over ``run_family_study``: one variant, one seed. A
-    tuning run (no ``history``) that diverges scores an infinite loss; an evaluation run
-    (rounds to ``history``) raises ``Diverged``, naming the variant and the seed."""
+    """``paper_runs.run_arm``'s signature over ``run_family_variant``. A tuning run (no
+    ``history``) that diverges scores an infinite loss; an evaluation run (rounds to
+    ``history``) raises ``Diverged``, naming the variant and the seed."""
     def run(variant, base, seed, dataset, history=None, **_):
         if history is not None:
-            (outcome,) = run_family_study([variant], config, family, dataset, [seed], history=history,
-                                          max_loss=max_loss)
-            return outcome
+            return run_family_variant(variant, config, family, dataset, seed, history=history, max_loss=max_loss)
         try:
-            (outcome,) = run_family_study([variant], config, family, dataset, [seed], max_loss=max_loss)
+            outcome = run_family_variant(variant, config, family, dataset, seed, max_loss=max_loss)
         except Diverged:
             return {"eval_loss": math.inf, "seed": int(seed)}
         return outcome if math.isfinite(outcome["eval_loss"]) else {**outcome, "eval_loss": math.inf}
