@@ -28,6 +28,7 @@ from diloco.shard_divergence import run_split_divergence
 from diloco.tools.runs.atomic_files import atomic_write_text, write_json
 from diloco.tools.studies.ablations import fast_engine_available, trainer
 from diloco.tools.studies.run_cache import RunCache
+from diloco.tools.studies.study_loop import run_arms
 
 __all__ = ["Arm", "TuneStep", "INNER_LR", "OUTER_STEP", "OUTER_LR_GRID", "OUTER_MOMENTUM_GRID", "RunCache", "MUON_LR",
            "FEEDBACK_DECAY",
@@ -291,38 +292,38 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
         seeds), ``targets``, ``chosen`` and ``step`` (the index of its ``TuneStep``: the inner
         lr may be tuned twice, before and after the outer step), in the order tried.
     """
+    def train(arm, base, seed, dataset, history=None):  # a candidate: no history, the study's data key
+        return (run or run_arm)(arm, base, seed, dataset, encode=encode, cache=cache, data_key=data_key)
+
     by_label = {arm.label: arm for arm in arms}
     tuning = []
     for index, step in enumerate(steps):
         for probe, targets in step.groups:
-            arm = by_label[probe]
-            scores: dict = {}
-            grid = list(step.grid)
-            added: dict = {}
-            while True:
-                for value in [v for v in grid if v not in scores]:
-                    candidate = arm._replace(changes=apply_value(arm.changes, step.field, value))
-                    losses = []
-                    for seed in seeds:
-                        outcome = (run or run_arm)(candidate, base, seed, dataset, encode=encode, cache=cache,
-                                                   data_key=data_key)
-                        losses.append(outcome["eval_loss"])
-                        if on_run is not None:
-                            on_run(outcome)
-                    mean = sum(losses) / len(losses)
-                    scores[value] = mean if math.isfinite(mean) else math.inf  # a diverged run loses, never ties
-                best = min(scores, key=lambda v: (scores[v], v))
-                more = past_the_edge(step.field, grid, best, added, extend)
-                if not more:
-                    break
-                grid += [v for v in more if v not in grid]
-            for value in grid:
-                tuning.append({"arm": probe, "field": step.field, "value": value, "eval_loss": scores[value],
-                               "targets": list(targets), "chosen": value == best, "step": index})
+            grid, scores, best = _tune_group(step, by_label[probe], base, dataset, seeds, train, on_run, extend)
+            tuning += [{"arm": probe, "field": step.field, "value": value, "eval_loss": scores[value],
+                        "targets": list(targets), "chosen": value == best, "step": index} for value in grid]
             for label in targets:
                 target = by_label[label]
                 by_label[label] = target._replace(changes=apply_value(target.changes, step.field, best))
     return [by_label[arm.label] for arm in arms], tuning
+
+
+def _tune_group(step, arm, base, dataset, seeds, train, on_run, extend: int) -> tuple[list, dict, object]:
+    """One group of a ``TuneStep``: ``arm`` at every grid value on ``seeds`` (the one study loop),
+    the grid extended past a chosen end; ``(grid tried, mean loss per value, the chosen value)``."""
+    scores: dict = {}
+    grid, added = list(step.grid), {}
+    while True:
+        for value in [v for v in grid if v not in scores]:
+            candidate = arm._replace(changes=apply_value(arm.changes, step.field, value))
+            losses = [o["eval_loss"] for o in run_arms([candidate], seeds, train, base, dataset, on_run=on_run)]
+            mean = sum(losses) / len(losses)
+            scores[value] = mean if math.isfinite(mean) else math.inf  # a diverged run loses, never ties
+        best = min(scores, key=lambda v: (scores[v], v))
+        more = past_the_edge(step.field, grid, best, added, extend)
+        if not more:
+            return grid, scores, best
+        grid += [v for v in more if v not in grid]
 
 
 def write_study(run_dir: Path, summary: dict, title: str, table: str, export, export_name: str, *,
