@@ -37,7 +37,8 @@ from diloco.tools.studies.ablations import (
 from diloco.tools.studies.paper_report import judge_claims, render_claims_table
 from diloco.tools.studies.runner import Done, Plan, StudySpec, run_spec
 
-__all__ = ["AblationSpec", "ablation_arms", "judge_study_claims", "run_ablation_study"]
+__all__ = ["AblationSpec", "ablation_arms", "judge_study_claims", "study_preface", "save_study_plots",
+           "run_ablation_study"]
 
 LOSS = "held-out loss"  # the metric a study's claims are judged on (``paper_report.metric_of``: the loss)
 
@@ -143,21 +144,30 @@ class AblationSpec(StudySpec):
 
 def _write_report(args, study: Study, plan: Plan, rows: list, table: str, done: Done) -> None:
     """study.md and, unless --no-plots, study.png and study_curves.png."""
-    config, data_info = plan.config, plan.data_info
-    base = {k: v for k, v in config.to_dict().items() if k != "inner"}
-    atomic_write_text(done.run_dir / "study.md", (
-        f"# Study {study.name}: {study.title}\n\nClaim tested: {study.claim}.\n\n"
-        f"Data: {data_info['name']} ({data_info['num_train']} train / {data_info['num_test']} held-out). "
-        f"Seeds: {plan.seeds}. Base config: `{json.dumps(base)}`, "
-        f"inner AdamW `{json.dumps(config.inner.to_dict())}`.\n\n"
-        f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n{table}"))
+    setting = f", inner AdamW `{json.dumps(plan.config.inner.to_dict())}`"
+    atomic_write_text(done.run_dir / "study.md",
+                      f"# Study {study.name}: {study.title}\n\n{study_preface(study, plan, setting)}{table}")
     if not args.no_plots:
-        from diloco.tools.studies.plots import plot_curves, plot_study, save_figure, study_curve_axis
+        save_study_plots(study, rows, done, f"{study.title}: mean over {len(plan.seeds)} seeds")
 
-        save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), done.run_dir / "study.png")
-        save_figure(plot_curves(mean_curves(done.history.records), x=study_curve_axis(study.name),
-                                title=f"{study.title}: mean over {len(plan.seeds)} seeds"),
-                    done.run_dir / "study_curves.png")
+
+def study_preface(study: Study, plan: Plan, setting: str) -> str:
+    """study.md's lines before the table: the claim, the data, the seeds, the base config and
+    ``setting`` (what else the study fixed)."""
+    info = plan.data_info
+    base = {k: v for k, v in plan.config.to_dict().items() if k != "inner"}
+    return (f"Claim tested: {study.claim}.\n\nData: {info['name']} ({info['num_train']} train / "
+            f"{info['num_test']} held-out). Seeds: {plan.seeds}. Base config: `{json.dumps(base)}`{setting}.\n\n"
+            f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n")
+
+
+def save_study_plots(study: Study, rows: list, done: Done, curves_title: str) -> None:
+    """``study.png`` (each arm's final metrics) and ``study_curves.png`` (the mean held-out curves)."""
+    from diloco.tools.studies.plots import plot_curves, plot_study, save_figure, study_curve_axis
+
+    save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), done.run_dir / "study.png")
+    save_figure(plot_curves(mean_curves(done.history.records), x=study_curve_axis(study.name), title=curves_title),
+                done.run_dir / "study_curves.png")
 
 
 def run_ablation_study(args) -> int:

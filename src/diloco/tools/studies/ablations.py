@@ -49,7 +49,7 @@ from diloco.tools.studies.study_stats import (
 
 __all__ = [
     "Variant", "Study", "STUDIES", "TRAINERS", "trainer", "default_engine", "fast_engine_available",
-    "t_quantile_975", "mean_interval", "run_study", "run_variant", "replay_rounds",
+    "t_quantile_975", "mean_interval", "run_study", "run_variant", "outcome_fields", "replay_rounds",
     "summarise", "mean_curves", "markdown_table", "format_bytes",
 ]
 
@@ -245,18 +245,21 @@ def run_variant(variant: Variant, config: DiLoCoConfig, seed: int, dataset, hist
     result = trainer(variant.algo, run_config.engine)(
         dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test, y_eval=dataset.y_test,
         on_round=on_round, **({} if encode is None else {"encode": encode}))
-    last = result.history[-1]
-    outcome = {
-        "variant": variant.label, "algo": variant.algo, "seed": int(seed),
-        "rounds": run_config.rounds, "inner_steps": run_config.inner_steps,
-        "num_workers": run_config.num_workers, "eval_loss": last["eval_loss"],
-        "eval_accuracy": last["eval_accuracy"], "inner_loss": last["inner_loss"],
-        "all_reduces": int(sum(r["all_reduces"] for r in result.history)),
-        "bytes_sent": last["cumulative_bytes"], "seconds": time.perf_counter() - start,
-        "split_divergence": run_split_divergence(dataset.x_train, dataset.y_train, run_config,
-                                                 text=encode is not None),
-    }
+    outcome = {**outcome_fields(variant, seed, run_config, result.history, time.perf_counter() - start),
+               "split_divergence": run_split_divergence(dataset.x_train, dataset.y_train, run_config,
+                                                        text=encode is not None)}
     return outcome if history is None else {**outcome, "history": rounds}
+
+
+def outcome_fields(variant, seed: int, config: DiLoCoConfig, history: list, seconds: float) -> dict:
+    """What every study run of an arm reports: its arm and seed, its shape, its final held-out
+    metrics and training loss, its all-reduces and bytes sent per worker, its seconds."""
+    last = history[-1]
+    return {"variant": variant.label, "algo": variant.algo, "seed": int(seed), "rounds": config.rounds,
+            "inner_steps": config.inner_steps, "num_workers": config.num_workers, "eval_loss": last["eval_loss"],
+            "eval_accuracy": last["eval_accuracy"], "inner_loss": last["inner_loss"],
+            "all_reduces": int(sum(r["all_reduces"] for r in history)), "bytes_sent": last["cumulative_bytes"],
+            "seconds": seconds}
 
 
 def replay_rounds(outcome: dict, history) -> None:

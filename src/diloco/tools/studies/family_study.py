@@ -43,7 +43,8 @@ from diloco.core.trainers import family_trainer
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, build_family, load_dataset
 from diloco.tools.cli.run_setup import check_plotting, max_loss_flag, study_values
-from diloco.tools.studies.ablations import Study, default_engine, mean_curves, summarise
+from diloco.tools.studies.ablation_spec import save_study_plots, study_preface
+from diloco.tools.studies.ablations import Study, default_engine, outcome_fields, replay_rounds, summarise
 from diloco.tools.studies.family_report import family_claims, judge_family_claims, render_family_block
 from diloco.tools.studies.family_tables import (
     bandwidth_rows,
@@ -169,16 +170,11 @@ def run_family_variant(variant, config, family: FamilyConfig, dataset, seed: int
     except Diverged as exc:  # name the run: which arm, which seed
         raise Diverged(exc.algo, exc.round, exc.worker, exc.quantity, exc.step,
                        f"variant {variant.label}, seed {seed}") from None
-    last = result.history[-1]
-    return {
-        "variant": variant.label, "algo": variant.algo, "seed": int(seed), "rounds": run_config.rounds,
-        "inner_steps": run_config.inner_steps, "num_workers": run_config.num_workers,
-        "eval_loss": last["eval_loss"], "eval_accuracy": last["eval_accuracy"], "inner_loss": last["inner_loss"],
-        "all_reduces": int(sum(r["all_reduces"] for r in result.history)), "bytes_sent": last["cumulative_bytes"],
-        "peak_sync_bytes": max(r.get("peak_sync_bytes", r["bytes_sent"] / r["all_reduces"]) for r in result.history),
-        "seconds": time.perf_counter() - start, "family": run_family.to_dict(),
-        "history": [{k: r[k] for k in _ROUND_FIELDS if k in r} for r in result.history],
-    }
+    return {**outcome_fields(variant, seed, run_config, result.history, time.perf_counter() - start),
+            "peak_sync_bytes": max(r.get("peak_sync_bytes", r["bytes_sent"] / r["all_reduces"])
+                                   for r in result.history),
+            "family": run_family.to_dict(),
+            "history": [{k: r[k] for k in _ROUND_FIELDS if k in r} for r in result.history]}
 
 
 def family_runner(config, family, max_loss=None):
@@ -252,12 +248,6 @@ def _family_checks(args, study, config, family, values):
     return variants, family, target
 
 
-def _replay(outcome: dict, history) -> None:
-    """A cached evaluation run's rounds into ``history.jsonl`` (for the study's curves)."""
-    for record in outcome.get("history", []):
-        history.append({"algo": outcome["algo"], "variant": outcome["variant"], "seed": outcome["seed"], **record})
-
-
 class FamilySpec(StudySpec):
     """``diloco study compression|streaming|bandwidth`` as a spec of the one runner
     (``runner.run_spec``): each run is ``family_runner``'s, cached with its variant's family."""
@@ -285,7 +275,7 @@ class FamilySpec(StudySpec):
                     f"claim: {study.claim}", run=family_runner(config, family, max_loss),
                     runner=f"family {json.dumps(family.to_dict(), sort_keys=True)} max loss {max_loss}",
                     extra={"values": values, "family": family, "target": target}, label_key="variant",
-                    replay=_replay)
+                    replay=replay_rounds)
 
     def summary(self, plan: Plan, done: Done) -> dict:
         study, outcomes, values, family = self.study, done.outcomes, plan.extra["values"], plan.extra["family"]
@@ -307,12 +297,8 @@ class FamilySpec(StudySpec):
         return summary
 
     def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
-        study, info, export = self.study, plan.data_info, getattr(args, "export", None)
-        base = {k: v for k, v in plan.config.to_dict().items() if k != "inner"}
-        preface = (f"Claim tested: {study.claim}.\n\nData: {info['name']} ({info['num_train']} train / "
-                   f"{info['num_test']} held-out). Seeds: {plan.seeds}. Base config: `{json.dumps(base)}`; family "
-                   f"flags `{json.dumps(plan.extra['family'].to_dict())}`.\n\n"
-                   f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n")
+        study, export = self.study, getattr(args, "export", None)
+        preface = study_preface(study, plan, f"; family flags `{json.dumps(plan.extra['family'].to_dict())}`")
         write_study(done.run_dir, summary, f"Study {study.name}: {study.title}", render_family_block(summary), export,
                     f"family-{study.name}", plots=False, preface=preface)
         if not args.no_plots:
@@ -322,17 +308,14 @@ class FamilySpec(StudySpec):
 def _plots(study, summary: dict, plan: Plan, done: Done, export) -> None:
     """``study.png``, ``study_curves.png`` (and ``time_to_target.png``) in the run folder; the
     exported plot (the bandwidth study's time to target, the others' final metrics)."""
-    from diloco.tools.studies.plots import plot_curves, plot_study, save_figure, study_curve_axis
+    from diloco.tools.studies.plots import plot_study, save_figure
 
     values, target, rows = plan.extra["values"], summary["target_loss"], summary["rows"]
-    save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), done.run_dir / "study.png")
+    save_study_plots(study, rows, done, f"{study.name}: held-out curves, mean over {len(plan.seeds)} seeds")
     if export:
         save_figure(plot_time_to_target(summary["bandwidth"], values, target) if study.name == "bandwidth"
                     else plot_study(rows, title=study.title, xlabel=study.xlabel),
                     Path(export) / f"family-{study.name}.png")
-    save_figure(plot_curves(mean_curves(done.history.records), x=study_curve_axis(study.name),
-                            title=f"{study.name}: held-out curves, mean over {len(plan.seeds)} seeds"),
-                done.run_dir / "study_curves.png")
     if study.name == "bandwidth":
         save_figure(plot_time_to_target(summary["bandwidth"], values, target), done.run_dir / "time_to_target.png")
 
