@@ -107,6 +107,12 @@ class AblationSpec(StudySpec):
     def __init__(self, study: Study) -> None:
         self.study, self.name = study, study.name
 
+    def record(self, values, seeds: list, variants: list) -> dict:
+        """What config.json records of the study: its name, title, claim, values, seeds and arms."""
+        study = self.study
+        return {"study": study.name, "title": study.title, "claim": study.claim, "values": list(values),
+                "seeds": seeds, "variants": [v._asdict() for v in variants]}
+
     def plan(self, args) -> Plan:
         study = self.study
         config, values, variants = ablation_arms(args, study)
@@ -116,8 +122,7 @@ class AblationSpec(StudySpec):
             check_run(config.replace(**variant.changes), data, checkpointing=False, label=f"variant {variant.label}")
         max_loss = max_loss_flag(args)
         seeds = list(range(config.seed, config.seed + args.seeds))
-        record = {"study": study.name, "title": study.title, "claim": study.claim, "values": list(values),
-                  "seeds": seeds, "variants": [v._asdict() for v in variants], "max_loss": max_loss}
+        record = {**self.record(values, seeds, variants), "max_loss": max_loss}
         banner = (f"study {study.name}: {len(variants)} variants x {len(seeds)} seeds on {data_info['name']}; "
                   f"claim: {study.claim}")
         # at a trainer's depth, as inside train_diloco: the engines' per-round evaluation skips its

@@ -43,7 +43,7 @@ from diloco.core.trainers import family_trainer
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, build_family, load_dataset
 from diloco.tools.cli.run_setup import check_plotting, max_loss_flag, study_values
-from diloco.tools.studies.ablation_spec import save_study_plots, study_preface
+from diloco.tools.studies.ablation_spec import AblationSpec, save_study_plots, study_preface
 from diloco.tools.studies.ablations import Study, default_engine, outcome_fields, replay_rounds, summarise
 from diloco.tools.studies.family_report import family_claims, judge_family_claims, render_family_block
 from diloco.tools.studies.family_tables import (
@@ -53,7 +53,7 @@ from diloco.tools.studies.family_tables import (
     time_to_target,
 )
 from diloco.tools.studies.paper_runs import INNER_LR, TuneStep, outer_step_grid, tune_arms, write_study
-from diloco.tools.studies.runner import Done, Plan, StudySpec, check_tune_seeds, run_spec
+from diloco.tools.studies.runner import Done, Plan, check_tune_seeds, run_spec
 
 __all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_variant", "time_to_target", "paired_difference",
            "bandwidth_rows", "FamilySpec", "run_family_study_command"]
@@ -248,12 +248,9 @@ def _family_checks(args, study, config, family, values):
     return variants, family, target
 
 
-class FamilySpec(StudySpec):
+class FamilySpec(AblationSpec):
     """``diloco study compression|streaming|bandwidth`` as a spec of the one runner
     (``runner.run_spec``): each run is ``family_runner``'s, cached with its variant's family."""
-
-    def __init__(self, study: Study) -> None:
-        self.study, self.name = study, study.name
 
     def plan(self, args) -> Plan:
         study = self.study
@@ -264,9 +261,7 @@ class FamilySpec(StudySpec):
         data, data_info = load_dataset(args, config.dtype)
         seeds = list(range(config.seed, config.seed + args.seeds))
         tune = getattr(args, "outer_momentum", None) is None and getattr(args, "outer_lr", None) is None
-        record = {"study": study.name, "title": study.title, "claim": study.claim, "values": list(values),
-                  "seeds": seeds, "variants": [v._asdict() for v in variants], "family": family.to_dict(),
-                  "target_loss": target}
+        record = {**self.record(values, seeds, variants), "family": family.to_dict(), "target_loss": target}
         max_loss = max_loss_flag(args)
         return Plan(study.name, f"study-{study.name}", config, variants, seeds,
                     check_tune_seeds(args, seeds, TUNE_SEED, count=1) if tune else [],
