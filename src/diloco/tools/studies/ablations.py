@@ -48,7 +48,7 @@ from diloco.tools.studies.study_stats import (
 )
 
 __all__ = [
-    "Variant", "Study", "STUDIES", "TRAINERS", "trainer", "default_engine", "fast_engine_available",
+    "Arm", "Variant", "Study", "STUDIES", "TRAINERS", "trainer", "default_engine", "fast_engine_available",
     "t_quantile_975", "mean_interval", "run_study", "run_variant", "outcome_fields", "replay_rounds",
     "summarise", "mean_curves", "markdown_table", "format_bytes",
 ]
@@ -104,12 +104,16 @@ def _reference(algo: str, x, y, config, **kwargs):
     return train(algo, x, y, config, executor="reference", hooks=hooks, **kwargs)
 
 
-class Variant(NamedTuple):
-    """One arm of a study: ``changes`` are applied to the study's base config."""
+class Arm(NamedTuple):
+    """One arm of a study (every study's: ``paper_runs`` re-exports it): ``changes`` are applied
+    to the study's base config."""
 
     label: str
     algo: str  # "diloco" or "sync"
     changes: dict
+
+
+Variant = Arm  # the ablations' first name for it
 
 
 class Study(NamedTuple):

@@ -27,7 +27,6 @@ differences. ``--export DIR`` writes ``DIR/beyond-muon-<task>.json``, which
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -49,6 +48,7 @@ from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, outer_s
 from diloco.tools.studies.paper_studies import Arm, Claim
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
 from diloco.tools.studies.study_stats import mean_interval
+from diloco.tools.studies.summaries import block_pattern, fill_blocks
 
 __all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting",
            "muon_arms", "muon_claims", "interaction_specs", "judge_interactions", "MuonSpec", "run_muon_study",
@@ -457,23 +457,21 @@ def render_claims(summaries: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-BLOCK = re.compile(r"<!-- generated: beyond-muon-(?P<task>[\w]+) -->\n.*?<!-- end: beyond-muon-(?P=task) -->", re.S)
+BLOCK = block_pattern(r"beyond-muon-\w+")
 
 
 def rebuild_page(page: str, directory) -> str:
     """``page`` with every ``beyond-muon-<task>`` block rendered from ``directory``'s summaries."""
-    def render(match):
-        task = match.group("task")
+    def render(name: str) -> str:
+        task = name.removeprefix("beyond-muon-")
         if task == "claims":
             summaries = {t: json.loads((Path(directory) / f"beyond-muon-{t}.json").read_text(encoding="utf-8"))
                          for t in TASKS if (Path(directory) / f"beyond-muon-{t}.json").is_file()}
-            body = render_claims(summaries) if summaries else "*Not run yet.*\n"
-            return f"<!-- generated: beyond-muon-claims -->\n{body}<!-- end: beyond-muon-claims -->"
+            return render_claims(summaries) if summaries else "*Not run yet.*\n"
         path = Path(directory) / f"beyond-muon-{task}.json"
-        body = render_section(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else "*Not run yet.*\n"
-        return f"<!-- generated: beyond-muon-{task} -->\n{body}<!-- end: beyond-muon-{task} -->"
+        return render_section(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else "*Not run yet.*\n"
 
-    return BLOCK.sub(render, page)
+    return fill_blocks(page, BLOCK, render)
 
 
 def main(argv=None) -> int:

@@ -26,7 +26,7 @@ from diloco.config import DiLoCoConfig
 from diloco.core.model_seam import model_of
 from diloco.shard_divergence import run_split_divergence
 from diloco.tools.runs.atomic_files import atomic_write_text, write_json
-from diloco.tools.studies.ablations import fast_engine_available, trainer
+from diloco.tools.studies.ablations import Arm, fast_engine_available, trainer
 from diloco.tools.studies.run_cache import RunCache
 from diloco.tools.studies.study_loop import run_arms
 
@@ -44,14 +44,6 @@ OUTER_LR_GRID = (0.3, 0.5, 0.7, 1.0)
 OUTER_MOMENTUM_GRID = (0.0, 0.5, 0.9)
 # Warmup of the cosine schedule, a fraction of each arm's steps (the paper: 1,000 of 88,000, about 1%).
 WARMUP_FRACTION = 0.02
-
-
-class Arm(NamedTuple):
-    """One arm: ``changes`` are applied to the study's base config."""
-
-    label: str
-    algo: str  # "diloco" or "sync"
-    changes: dict
 
 
 class TuneStep(NamedTuple):

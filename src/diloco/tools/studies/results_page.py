@@ -27,7 +27,6 @@ to hold exactly that, so no number on the page can drift from the files.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -46,14 +45,17 @@ from diloco.tools.studies.summaries import (  # re-exported: the page's names, w
     STUDY_TASKS,
     TASKS,
     TRANSFORMER_ORDER,
+    block_pattern,
+    fill_blocks,
     load_summaries,
+    missing_block,
 )
 from diloco.tools.studies.tuning_table import render_tuning  # re-exported
 
 __all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "TRANSFORMER_ORDER", "BLOCK",
            "load_summaries", "render_block", "render_tuning", "block_names", "rebuild", "main"]
 
-BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
+BLOCK = block_pattern()
 
 
 def _similarity(summaries: dict) -> str:
@@ -206,7 +208,7 @@ def _family(name: str, summaries: dict) -> str:
     """``family-<study>``: one family study's block."""
     summary = summaries.get(("family", name.partition("-")[2]))
     if summary is None:
-        return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"
+        return missing_block(name)
     from diloco.tools.studies.family_report import render_family_block
 
     return render_family_block(summary)
@@ -217,7 +219,7 @@ def _study(name: str, summaries: dict) -> str:
     study, _, task = name.rpartition("-")
     summary = summaries.get((study, task))
     if summary is None:
-        return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"
+        return missing_block(name)
     return render_arms_table(summary) + "\n" + render_claims_table(summary) + render_tuning(summary)
 
 
@@ -239,8 +241,7 @@ def block_names(page: str) -> list:
 
 def rebuild(page: str, summaries: dict) -> str:
     """``page`` with every generated block rendered again."""
-    return BLOCK.sub(lambda m: f"<!-- generated: {m.group('name')} -->\n{render_block(m.group('name'), summaries)}"
-                               f"<!-- end: {m.group('name')} -->", page)
+    return fill_blocks(page, BLOCK, lambda name: render_block(name, summaries))
 
 
 def main(argv=None) -> int:
