@@ -189,3 +189,21 @@ def test_a_claim_whose_owner_is_gone_is_taken_over(tmp_path, monkeypatch):
     cache.put("k", {"eval_loss": 2.0})
     with cache.claim("k") as stored:  # stored already: nothing to train, no lock made
         assert stored["eval_loss"] == 2.0 and not (tmp_path / "k.lock").exists()
+
+
+def test_every_study_run_goes_through_the_cache_once_and_a_stopped_one_leaves_nothing(tmp_path):
+    cache, trained = RunCache(tmp_path), []
+
+    def train():
+        trained.append(1)
+        return {"eval_loss": 1.0}
+
+    assert cache.through("k", train) == ({"eval_loss": 1.0}, False)
+    assert cache.through("k", train) == ({"eval_loss": 1.0}, True) and len(trained) == 1
+
+    def stopped():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        cache.through("j", stopped)
+    assert cache.get("j") is None and not list(tmp_path.glob("*.lock")), "no outcome, no claim left behind"

@@ -158,22 +158,17 @@ def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on
     config = base.replace(**arm.changes, seed=int(seed))
     engine = arm_engine(config, arm.algo, encode)
     config = config.replace(engine=engine)
-    key = None
-    if cache is not None:
-        key = RunCache.key(arm.algo, config, seed, data_key)
-        stored = cache.get(key, RunCache.legacy_key(arm.algo, config, seed, data_key))
-        if stored is not None:
-            return {**_with_divergence(stored, config, dataset, encode), "arm": arm.label, "cached": True}
-        with cache.claim(key) as stored:  # another process training the same run: its outcome
-            if stored is not None:
-                return {**_with_divergence(stored, config, dataset, encode), "arm": arm.label, "cached": True}
-            return _train_arm(arm, config, seed, dataset, engine, encode, on_round, cache, key)
-    return _train_arm(arm, config, seed, dataset, engine, encode, on_round, cache, key)
+    if cache is None:
+        return _train_arm(arm, config, seed, dataset, engine, encode, on_round)
+    key = RunCache.key(arm.algo, config, seed, data_key)
+    outcome, hit = cache.through(key, lambda: _train_arm(arm, config, seed, dataset, engine, encode, on_round),
+                                 RunCache.legacy_key(arm.algo, config, seed, data_key))
+    return outcome if not hit else {**_with_divergence(outcome, config, dataset, encode), "arm": arm.label,
+                                    "cached": True}
 
 
-def _train_arm(arm: Arm, config: DiLoCoConfig, seed: int, dataset, engine: str, encode, on_round, cache,
-               key) -> dict:
-    """``run_arm``'s training, once the cache has no outcome: the outcome, stored under ``key``."""
+def _train_arm(arm: Arm, config: DiLoCoConfig, seed: int, dataset, engine: str, encode, on_round) -> dict:
+    """``run_arm``'s training, once the cache has no outcome."""
     train = trainer(arm.algo, engine)
     extra = {} if encode is None else {"encode": encode}
     start = time.perf_counter()
@@ -185,8 +180,6 @@ def _train_arm(arm: Arm, config: DiLoCoConfig, seed: int, dataset, engine: str, 
     if model is not None:  # the transformer: its held-out loss at each position of a window
         outcome["eval_position_loss"] = [float(v) for v in model.position_losses(result.params, dataset.x_test,
                                                                                  dataset.y_test)]
-    if cache is not None:
-        cache.put(key, outcome)
     return outcome
 
 

@@ -168,16 +168,14 @@ def cached(plan: Plan, cache: RunCache) -> Callable:
     def train_own(arm, base, seed, dataset, history=None, **_):
         config = base.replace(**arm.changes, seed=int(seed))
         key = RunCache.key(arm.algo, config, seed, plan.data_info, runner=_runner_name(plan, arm))
-        stored = cache.get(key)
-        if stored is not None:  # relabelled first: another study may have stored it under its own label
-            stored = {**stored, plan.label_key: arm.label, "cached": True}
-            if history is not None and plan.replay is not None:
-                plan.replay(stored, history)
-            return stored
-        outcome = (plan.run(arm, base, seed, dataset) if history is None
-                   else plan.run(arm, base, seed, dataset, history=history))
-        cache.put(key, outcome)
-        return outcome
+        outcome, hit = cache.through(key, lambda: plan.run(arm, base, seed, dataset) if history is None
+                                     else plan.run(arm, base, seed, dataset, history=history))
+        if not hit:
+            return outcome
+        stored = {**outcome, plan.label_key: arm.label, "cached": True}  # relabelled: another study may have stored it
+        if history is not None and plan.replay is not None:
+            plan.replay(stored, history)
+        return stored
     return train_own
 
 
