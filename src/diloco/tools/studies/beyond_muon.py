@@ -47,6 +47,7 @@ from diloco.tools.studies.paper_report import (
 from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, outer_step_grid, tune_arms, write_study
 from diloco.tools.studies.paper_studies import Arm, Claim
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.study_loop import run_arms
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import block_pattern, fill_blocks
 
@@ -203,11 +204,7 @@ def _tune(optimizer, grid, algo, k, plan, lrs, train, on_run) -> tuple[float, li
         arm = Arm(f"tune {optimizer} {setting(algo, k)} lr {value:g}", algo,
                   {"num_workers": k, "inner_steps": h, "rounds": steps // h,
                    **_optimizer(optimizer, {**lrs, optimizer: value}, muon)})
-        losses = []
-        for seed in plan.tune_seeds:
-            outcome = train(arm, base, seed, plan.data)
-            losses.append(outcome["eval_loss"])
-            on_run(outcome)
+        losses = [o["eval_loss"] for o in run_arms([arm], plan.tune_seeds, train, base, plan.data, on_run=on_run)]
         records.append({"optimizer": optimizer, "setting": setting(algo, k), "lr": value,
                         "seeds": list(plan.tune_seeds), "eval_loss": float(np.mean(losses))})
     finite = [r for r in records if np.isfinite(r["eval_loss"])]
