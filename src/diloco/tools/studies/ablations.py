@@ -18,9 +18,13 @@ small enough for two CPU cores. Studies run on ``default_engine()``: the fast en
 (``diloco.engine``, equal to the milestone path up to rounding) where it is installed.
 ``trainer(algo, engine)`` is the one place that picks the training function.
 
-``summarise`` reduces the per-seed results to a mean and a 95% Student-t interval,
-``markdown_table`` prints them (both in ``diloco.tools.studies.study_stats``, re-exported here).
-NumPy only: progress bars and plots live in the CLI.
+Each study is data (``Study``); ``diloco study NAME`` runs it through the one study runner
+(``ablation_spec.AblationSpec``: the run cache, resuming, the report), and ``run_study`` (the
+notebooks' call) runs the same arms with the same loop (``study_loop.run_arms``) and the same
+run (``run_variant``), without the cache. ``summarise`` reduces the per-seed results to a mean
+and a 95% Student-t interval, ``markdown_table`` prints them (both in
+``diloco.tools.studies.study_stats``, re-exported here). NumPy only: progress bars and plots
+live in the CLI.
 """
 
 from __future__ import annotations
