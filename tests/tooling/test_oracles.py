@@ -133,6 +133,10 @@ def sparse_fields(draw, always: bool = False) -> dict:
 @example(fields=dict(num_workers=3, inner_steps=3, rounds=3, batch_size=9, hidden_sizes=(4, 3), seed=7, iid=False,
                      alpha=0.2, shard_weighting="size", outer_lr=0.7, outer_momentum=0.9, nesterov=True,
                      drop_prob=0.35, drop_rule="restart", inner=AdamWConfig(lr=0.05)), rows=30)
+@example(fields=dict(num_workers=2, inner_steps=3, rounds=2, batch_size=5, hidden_sizes=(4,), seed=11, iid=False,
+                     alpha=0.2, shard_weighting="size", outer_lr=0.7, outer_momentum=0.9, nesterov=True,
+                     drop_prob=0.0, drop_rule="carry", inner_optimizer="sgd",
+                     inner=AdamWConfig(lr=0.05, weight_decay=0.01, beta1=0.9)), rows=24)  # SGD: momentum and decay
 def test_diloco_equals_algorithm_1_with_weights_and_drops(fields, rows):
     config = DiLoCoConfig(**fields)
     run_all(config, make_data(fields["seed"], rows), diloco)
