@@ -342,7 +342,7 @@ class MPIExecutor(ReferenceExecutor):
             return
         start, workers = time.perf_counter(), sorted(self.lost)
         record.update(replaced_workers=workers)  # before the state is taken: the history sent holds it
-        sent = self.group.admit(self.replace, shared_state(get_state()))
+        sent = self.group.admit(self.replace, shared_state(get_state()), self.timeout)
         record.update(replace_seconds=time.perf_counter() - start, replace_bytes=sent)
 
 

@@ -49,6 +49,7 @@ from diloco.config import DiLoCoConfig
 from diloco.core.driver import train
 from diloco.core.executors import RoundTimeout, replacement_start
 from diloco.core.hooks import Guard, NetworkTimer, callbacks
+from diloco.core.membership import within
 from diloco.loop import TrainResult
 
 __all__ = ["RoundTimeout", "train_diloco_mpi", "main"]
@@ -166,6 +167,7 @@ def _parser():
                         help="with --survive-failures: a new process replaces a dead worker at the end of the round it "
                              "died in, from the global parameters and outer state (MPI_Comm_spawn)")
     add_recovery_flags(parser, resume=False)  # --max-loss
+    parser.add_argument("--joining", action="store_true", help=argparse.SUPPRESS)  # a replacement (_replacement_argv)
     return parser
 
 
@@ -192,7 +194,7 @@ def _fault_refusal(args, config) -> str | None:
 
 def _replacement_argv(argv: list, num_workers: int) -> list:
     """The argv of a process that replaces a dead worker: this module with the run's flags, K made explicit."""
-    return [sys.executable, "-m", "diloco.tools.cli.mpi", *argv, "-K", str(num_workers)]
+    return [sys.executable, "-m", "diloco.tools.cli.mpi", *argv, "-K", str(num_workers), "--joining"]
 
 
 def _setup(args, comm, *, replacement: bool = False):
@@ -346,18 +348,20 @@ def main(argv=None) -> int:
     A process started by ``--replace-failed`` (it has a parent job) first joins the survivors
     (``diloco.core.membership.join``) and goes on as the worker it replaces.
     """
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        print("diloco.tools.cli.mpi: error: mpi4py is not installed; pip install 'diloco[mpi]'", file=sys.stderr)
-        return 2
-    from diloco.core.membership import is_replacement, join
-
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
-    comm, start = MPI.COMM_WORLD, None
-    if is_replacement():  # the survivors wait in the admission: join before anything can fail
-        comm, _, start = join()  # a replacement's rank in the joined communicator is its worker index
+    # a replacement's MPI_Init and join wait for the survivors: if one dies meanwhile, end after --round-timeout
+    with within(args.round_timeout if args.joining else None, "a replacement process: joining the survivors"):
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            print("diloco.tools.cli.mpi: error: mpi4py is not installed; pip install 'diloco[mpi]'", file=sys.stderr)
+            return 2
+        from diloco.core.membership import is_replacement, join
+
+        comm, start = MPI.COMM_WORLD, None
+        if is_replacement():  # the survivors wait in the admission: join before anything can fail
+            comm, _, start = join()  # a replacement's rank in the joined communicator is its worker index
     config, data, start = _start(args, comm, start)
     if config is None:
         return start  # the exit status
