@@ -109,3 +109,37 @@ def test_one_row_left_out_says_row_and_the_marker_sits_under_the_array():
     lines = shown_lines(f"{expected}\n{got}\ntail", 4)
     assert lines == ["v: expected [[1]", "            ... (1 more row)", "         got [[3]",
                      "             ... (1 more row)", "tail"]
+
+
+def test_a_wave_that_imported_another_diloco_is_refused(tmp_path):
+    import pytest
+
+    from diloco.tools.grading import grader
+    from diloco.tools.grading.grade_waves import GradingError
+
+    ours, theirs = tmp_path / "ours" / "__init__.py", tmp_path / "theirs" / "__init__.py"
+    grader._check_imported([{"kind": "import", "file": str(ours)}, {"kind": "import"}], ours)
+    with pytest.raises(GradingError, match="the tests imported diloco from .*theirs"):
+        grader._check_imported([{"kind": "import", "file": str(theirs)}], ours)
+
+
+def test_only_the_sandbox_s_own_full_note_is_kept():
+    from types import SimpleNamespace
+
+    from diloco.tools.grading import grader
+
+    assert grader._sandbox_notes(SimpleNamespace(sandbox=None), [{"kind": "note", "text": "x"}]) == set()
+    config = {"files": 10}
+    note = grader.full_note(config)
+    records = [{"kind": "note", "text": note}, {"kind": "note", "text": "forged"}, {"kind": "test", "text": note}]
+    assert grader._sandbox_notes(SimpleNamespace(sandbox=config), records) == {note}
+    assert grader._sandbox_notes(SimpleNamespace(sandbox=config), records[1:]) == set()
+
+
+def test_units_left_without_a_verdict_are_locked_as_a_cycle():
+    from diloco.exercises import EXERCISES
+    from diloco.tools.grading import grader
+
+    status, done = grader._cycles_locked({}, {})
+    assert len(status) == len(MILESTONES) and len(done) == len(EXERCISES)
+    assert {r.summary for r in (*status.values(), *done.values())} == {"dependency cycle"}
