@@ -145,3 +145,63 @@ def test_a_malformed_exception_is_refused():
     for error in (None, {"bases": "ValueError", "message": "m"}, {"bases": [], "message": 3}):
         with pytest.raises(wire.WireError, match="malformed exception"):
             wire.rebuild_exception(error)
+
+
+@pytest.mark.parametrize("name", ["numpy.ndarray", "numpy.random", "os.int", "builtins.open", "numpy.int8.x"])
+def test_only_builtin_types_and_numpy_scalar_types_cross_by_name(name):
+    with pytest.raises(wire.WireError, match="may not cross"):
+        Decoder(wire.Registry("b"), NAMES, []).decode({"t": "Y", "v": name})
+    assert Decoder(wire.Registry("b"), NAMES, []).decode({"t": "Y", "v": "builtins.int"}) is int
+
+
+class _Counting(dict):
+    clears = 0
+
+    def clear(self):
+        type(self).clears += 1
+        super().clear()
+
+
+@pytest.mark.parametrize("target, keys, values, expected", [
+    ({"a": 1}, ["b"], [1], {"b": 1}),  # same values, other keys
+    ({"a": 1}, ["a"], [2], {"a": 2}),  # same keys, another value
+    ({"a": 1, "b": 2}, ["b", "a"], [2, 1], {"b": 2, "a": 1}),  # another order
+])
+def test_a_request_dict_takes_any_change(target, keys, values, expected):
+    decoder = Decoder(wire.Registry("b"), NAMES, [], args=[target])
+    assert decoder.decode({"t": "D", "i": 0, "a": 0, "k": keys, "v": values}) is target
+    assert target == expected and list(target) == list(expected)
+
+
+@pytest.mark.parametrize("target, values", [([1, 2], [1]), ([1, 2], [3, 4]), ([1], [1, 2])])
+def test_a_request_list_takes_any_change(target, values):
+    decoder = Decoder(wire.Registry("b"), NAMES, [], args=[target])
+    assert decoder.decode({"t": "L", "i": 0, "a": 0, "v": values}) is target and target == values
+
+
+def test_an_unchanged_request_container_is_not_rewritten():
+    target = _Counting(a=1)
+    Decoder(wire.Registry("b"), NAMES, [], args=[target]).decode({"t": "D", "i": 0, "a": 0, "k": ["a"], "v": [1]})
+    assert _Counting.clears == 0
+    Decoder(wire.Registry("b"), NAMES, [], args=[target]).decode({"t": "D", "i": 0, "a": 0, "k": ["a"], "v": [2]})
+    assert _Counting.clears == 1 and target == {"a": 2}
+
+    class Watched(list):
+        writes = 0
+
+        def __setitem__(self, index, value):
+            type(self).writes += 1
+            super().__setitem__(index, value)
+
+    items = Watched([1, 2])
+    Decoder(wire.Registry("b"), NAMES, [], args=[items]).decode({"t": "L", "i": 0, "a": 0, "v": [1, 2]})
+    assert Watched.writes == 0
+
+
+def test_a_class_of_the_project_that_is_not_listed_is_named_on_the_strict_side():
+    from diloco.tools.grading.grade_report import MilestoneResult  # a project NamedTuple that is no record
+
+    value = MilestoneResult(None, "passed")
+    with pytest.raises(wire.WireError, match="'tools.grading.grade_report.MilestoneResult' is not a record class"):
+        round_trip(value)
+    assert round_trip(value, lenient=True, opaque=True)[0]["t"] == "O", "the caller's side sends a stand-in"
