@@ -62,15 +62,12 @@ class _Wave(NamedTuple):
     collected: list[str]  # the node ids collected under the unit's marker, in order
     outcomes: dict[str, dict]  # node id -> its record (a failed phase wins over a later pass)
     failures: list[dict]  # the failed records, in collection order
+    own_stubs: list[dict]  # the failures that only ever raised the unit's own stub
     common: dict  # the fields every verdict carries
 
     @property
     def passed(self) -> int:
         return self.common["tests_passed"]
-
-    def own_stubs(self) -> list[dict]:
-        """The failures that only ever raised this unit's own stub."""
-        return [f for f in self.failures if f.get("all_stub") and all(_own_stub(self.unit, s) for s in f["stubs"])]
 
     def verdict(self, status: str, summary: str, detail: tuple[str, ...] = (), **more) -> MilestoneResult:
         return MilestoneResult(self.unit, status, summary, detail, **more, **self.common)
@@ -86,6 +83,11 @@ def _outcomes(tests: list[dict]) -> dict[str, dict]:
     return outcomes
 
 
+def _own_stubs(unit: Milestone | Exercise, failures: list[dict]) -> list[dict]:
+    """The failures that only ever raised ``unit``'s own stub."""
+    return [f for f in failures if f.get("all_stub") and all(_own_stub(unit, s) for s in f["stubs"])]
+
+
 def _wave(unit: Milestone | Exercise, records: list[dict], crash: str, tests_dir: Path) -> _Wave:
     marker = unit.marker
     collected = [nodeid for r in records if r["kind"] == "collected" for nodeid, m in r["items"] if m == marker]
@@ -95,7 +97,7 @@ def _wave(unit: Milestone | Exercise, records: list[dict], crash: str, tests_dir
     common = dict(tests_passed=sum(r["outcome"] == "passed" for r in outcomes.values()),
                   tests_total=len(collected), duration=sum(r.get("duration", 0.0) for r in mine),
                   rerun=_rerun(unit))
-    return _Wave(unit, records, crash, tests_dir, collected, outcomes, failures, common)
+    return _Wave(unit, records, crash, tests_dir, collected, outcomes, failures, _own_stubs(unit, failures), common)
 
 
 # --------------------------------------------------------------------------- the rules, first match wins
@@ -139,7 +141,7 @@ def _no_failure(w: _Wave) -> MilestoneResult | None:
 
 def _own_stub_only(w: _Wave) -> MilestoneResult | None:
     """Every failure is the unit's own stub: not started, or for an exercise some functions still to write."""
-    own = w.own_stubs()
+    own = w.own_stubs
     if len(own) != len(w.failures):
         return None
     unit = w.unit
@@ -155,8 +157,7 @@ def _own_stub_only(w: _Wave) -> MilestoneResult | None:
 
 def _first_real_failure(w: _Wave) -> dict:
     """The first failure that is not the unit's own stub and shows expected beside got, else the first one."""
-    own = w.own_stubs()
-    real = [f for f in w.failures if f not in own]
+    real = [f for f in w.failures if f not in w.own_stubs]
     return next((f for f in real if "expected" in f.get("message", "") and "got" in f.get("message", "")), real[0])
 
 
