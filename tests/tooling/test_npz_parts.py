@@ -32,6 +32,8 @@ def test_a_bad_held_out_part_is_refused(tmp_path, arrays, message):
 
 
 def test_a_damaged_held_out_member_is_a_value_error_naming_the_file(tmp_path):
+    """(The size check reads every member first, so it is caught there; the same wrapping in the
+    arrays' read covers a file that changes between the two.)"""
     path = tmp_path / "damaged.npz"
     np.savez(path, x=X, y=Y, x_test=X[:4], y_test=Y[:4])
     info = zipfile.ZipFile(path).getinfo("x_test.npy")
