@@ -118,9 +118,8 @@ def run_diloco_round(global_params: Params, outer_state: OuterState, worker_stat
     worker_rngs = rng.spawn(config.num_workers)
     worker_params, new_states, worker_losses = [], [], []
     for (x_k, y_k), state_k, rng_k in zip(shards, worker_states, worker_rngs, strict=True):
-        params_k, state_k, losses_k = inner_train_worker(
-            global_params, state_k, x_k, y_k, config.inner_steps, config.batch_size, config.inner, rng_k
-        )
+        params_k, state_k, losses_k = inner_train_worker(global_params, state_k, x_k, y_k, config.inner_steps,
+                                                         config.batch_size, config.inner, rng_k)
         worker_params.append(params_k)
         new_states.append(state_k)
         worker_losses.append(float(losses_k.mean()))
