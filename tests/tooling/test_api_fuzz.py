@@ -1,7 +1,7 @@
 """Property-based bad inputs over the public API beyond the milestones.
 
 ``test_bad_inputs.py`` drives its catalogue through the 30 milestones; this campaign
-covers every other public function of ``diloco.core``, ``diloco.mechanisms``,
+covers every other public function of ``diloco.core``, ``diloco.core.mechanisms``,
 ``diloco.text``, ``diloco.data`` and ``diloco.engine``, plus the state counters of the
 milestones' optimizer states. For every function and every argument, Hypothesis draws
 values of the wrong type, the wrong dtype, the wrong shape, empty, non-finite, out of
@@ -47,7 +47,7 @@ from diloco.core.schedule import fragment_keys, fragment_layers, sync_offsets, s
 from diloco.core.sync import eager_outer_gradient
 from diloco.data import make_synthetic, stratified_split
 from diloco.engine import choose_layout
-from diloco.mechanisms import clip_by_global_norm, draw_dropped, global_norm, inner_lr, mean_pairwise_cosine
+from diloco.core.mechanisms import clip_by_global_norm, draw_dropped, global_norm, inner_lr, mean_pairwise_cosine
 from diloco.text import bits_per_char, char_windows, perplexity
 
 HANG_SECONDS = 5.0
@@ -158,7 +158,7 @@ TARGETS = {
     "eager_outer_gradient": (eager_outer_gradient, lambda: {"local_now": _params(), "local_previous": _params(),
                                                             "global_previous": _params(), "share": 0.5},
                              {"local_now": "params", "share": "fraction"}),
-    # diloco.mechanisms
+    # diloco.core.mechanisms
     "global_norm": (global_norm, lambda: {"params": _params()}, {"params": "params"}),
     "clip_by_global_norm": (clip_by_global_norm, lambda: {"grads": _params(), "max_norm": 1.0},
                             {"grads": "params", "max_norm": "positive_or_none"}),

@@ -10,7 +10,7 @@ from cli_helpers import TINY_DEEP as TINY
 from cli_helpers import only_run_dir, run_cli
 
 from diloco import DiLoCoConfig
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
 from diloco.core.trainers import train_family
 from diloco.data import load_digits_split
 

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from oracles import async_diloco, diloco, eager_diloco, fragment_schedule, streaming_diloco
 
 from diloco import AdamWConfig, DiLoCoConfig
-from diloco.config_sections import AsyncConfig, FamilyConfig, TransformerShape
+from diloco.config.sections import AsyncConfig, FamilyConfig, TransformerShape
 from diloco.core.driver import train
 from diloco.text import OneHot
 
@@ -423,7 +423,7 @@ def test_real_mpi_ranks_equal_the_oracles(tmp_path):
 
     from cli_helpers import mpiexec
 
-    from diloco.run_records import TrainResult
+    from diloco.core.run_records import TrainResult
 
     (tmp_path / "run.py").write_text(MPI_SCRIPT, encoding="utf-8")
     done = subprocess.run([mpiexec(), "-n", "3", sys.executable, "run.py", "out.json", str(Path(__file__).parent)],

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from diloco.config import DiLoCoConfig
-from diloco.run_records import prepare_training
+from diloco.core.run_records import prepare_training
 
 X, Y = np.zeros((8, 3)), np.array([0, 1] * 4)
 CONFIG = DiLoCoConfig(num_workers=2)

@@ -36,7 +36,7 @@ from diloco.core.comm import reduce_in_order
 from diloco.core.flatbuf import chunk_bounds, flatten, pack, unflatten, unpack
 from diloco.core.membership import Membership
 from diloco.core.model_seam import model_of
-from diloco.mechanisms import init_inner_state, inner_step, loss_and_grads, train_worker, uses_plain_worker
+from diloco.core.mechanisms import init_inner_state, inner_step, loss_and_grads, train_worker, uses_plain_worker
 from diloco.params import average_params
 from diloco.sharding import inner_train_worker, sample_worker_batch
 

@@ -5,7 +5,7 @@ inner counterpart of ``diloco.core.outer.OUTER_OPTIMIZERS``. Every executor and 
 checkpoints reach an inner optimizer only through it:
 
 * ``init(params, config) -> state`` and ``step(params, state, grads, config, lr_at) ->
-  (params, state)``: the reference and MPI executors (``diloco.mechanisms.inner_step``,
+  (params, state)``: the reference and MPI executors (``diloco.core.mechanisms.inner_step``,
   after clipping); ``lr_at(peak)`` is this step's learning rate on the run's schedule for
   a peak, so each entry schedules its own rates (Muon has two);
 * ``to_moments(state, params) -> AdamWState`` and ``from_moments(moments, config) ->

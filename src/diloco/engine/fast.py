@@ -42,7 +42,7 @@ from diloco.engine.layout import choose_layout
 from diloco.engine.model_stack import ModelStack
 from diloco.engine.optim import adamw_scratch, flat_updater
 from diloco.engine.stack import WorkerStack
-from diloco.mechanisms import clip_scale, inner_lr
+from diloco.core.mechanisms import clip_scale, inner_lr
 from diloco.sharding import sample_worker_batch
 
 __all__ = ["FastExecutor", "draw_batch"]

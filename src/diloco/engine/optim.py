@@ -285,7 +285,7 @@ def _adamw_flat(config, layout, params, scratch):
 def _muon_flat(config, layout, params, scratch):
     import dataclasses
 
-    from diloco.mechanisms import scheduled_lr
+    from diloco.core.mechanisms import scheduled_lr
     from diloco.methods.muon import muon_keys
 
     matrices = muon_keys(params, config.muon)

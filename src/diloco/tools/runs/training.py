@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diloco import stop_signals
+from diloco.runtime import stop_signals
 from diloco.core.divergence import Diverged, check_record
 from diloco.core.driver import RunState, train
 from diloco.core.hooks import Callback, Guard, NetworkTimer
@@ -91,7 +91,7 @@ class KeepLastRound:
 
 class RoundEnd:
     """The round's callback (the history line) and ``KeepLastRound``'s copy as one step: a stop
-    signal landing in either waits for both (``diloco.stop_signals.deferred``), so the round an
+    signal landing in either waits for both (``diloco.runtime.stop_signals.deferred``), so the round an
     interrupt saves is always the last round the history holds. The due checkpoint's write
     comes after, and a signal may stop it (``save_last`` writes the round again, whole)."""
 

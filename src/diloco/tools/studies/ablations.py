@@ -40,7 +40,7 @@ from diloco.config import DiLoCoConfig
 from diloco.core.driver import is_course_algorithm, train
 from diloco.core.hooks import NetworkTimer, callbacks
 from diloco.loop import train_diloco, train_synchronous_baseline
-from diloco.shard_divergence import run_split_divergence
+from diloco.corpus.shard_divergence import run_split_divergence
 from diloco.tools.studies.study_loop import run_arms
 from diloco.tools.studies.study_stats import (
     format_bytes,
@@ -304,7 +304,7 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
     list of dict
         ``variant, algo, seed, rounds, inner_steps, num_workers, eval_loss,
         eval_accuracy, inner_loss, all_reduces, bytes_sent, seconds, split_divergence`` per
-        run (``diloco.shard_divergence.run_split_divergence``: how non-IID its shards are),
+        run (``diloco.corpus.shard_divergence.run_split_divergence``: how non-IID its shards are),
         and ``history`` (its rounds) when ``history`` is given.
     """
     variants = study.variants(config, tuple(study.default_values if values is None else values))

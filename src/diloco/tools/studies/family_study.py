@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
 from diloco.core.divergence import Diverged
 from diloco.core.netsim import parse_bandwidth
 from diloco.core.trainers import family_trainer

@@ -203,7 +203,7 @@ def _difference(claim: dict) -> str:
 def render_arms_table(summary: dict) -> str:
     """Markdown: one row per arm, the headline metric and accuracy with their intervals and,
     where every row measured it, the arm's shards' mean KL divergence (mean over seeds,
-    ``diloco.shard_divergence``; a summary exported before it was recorded has no column)."""
+    ``diloco.corpus.shard_divergence``; a summary exported before it was recorded has no column)."""
     field, name = metric_of(summary["task"])
     kl = bool(summary["rows"]) and all(row.get("split_divergence") is not None for row in summary["rows"])
     lines = [f"| arm | steps/worker | all-reduces | {name}, mean [95% CI] | accuracy, mean [95% CI] "

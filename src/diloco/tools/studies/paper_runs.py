@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
 from diloco.core.model_seam import model_of
-from diloco.shard_divergence import run_split_divergence
+from diloco.corpus.shard_divergence import run_split_divergence
 from diloco.tools.runs.atomic_files import atomic_write_text, write_json
 from diloco.tools.studies.ablations import Arm, fast_engine_available, trainer
 from diloco.tools.studies.run_cache import RunCache
@@ -153,7 +153,7 @@ def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on
 
     With ``cache`` (a ``RunCache``), a run already in it is not trained again: its stored
     outcome comes back relabelled, with ``"cached": True``. Either way the outcome holds
-    ``split_divergence``, the mean KL divergence of the run's shards (``diloco.shard_divergence``).
+    ``split_divergence``, the mean KL divergence of the run's shards (``diloco.corpus.shard_divergence``).
     """
     config = base.replace(**arm.changes, seed=int(seed))
     engine = arm_engine(config, arm.algo, encode)
@@ -185,7 +185,7 @@ def _train_arm(arm: Arm, config: DiLoCoConfig, seed: int, dataset, engine: str, 
 
 def _with_divergence(outcome: dict, config: DiLoCoConfig, dataset, encode) -> dict:
     """``outcome`` with ``split_divergence``: how non-IID the run's shards are
-    (``diloco.shard_divergence.run_split_divergence``; measured here for a cached run from
+    (``diloco.corpus.shard_divergence.run_split_divergence``; measured here for a cached run from
     before it was recorded)."""
     if outcome.get("split_divergence") is not None:
         return outcome

@@ -396,7 +396,7 @@ def _noniid_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "labe
     for kind, name in NONIID_SPLITS if split == "topic" else NONIID_SPLITS[:1]:
         arms += [Arm(f"{name} a={a:g}", "diloco", {**shared_fields, "iid": False, "alpha": a, "noniid_split": kind})
                  for a in alphas]
-    if split == "topic":  # text: whole speeches per worker (diloco.speakers), no alpha
+    if split == "topic":  # text: whole speeches per worker (diloco.corpus.speakers), no alpha
         arms.append(Arm("speaker", "diloco", {**shared_fields, "iid": False, "noniid_split": "speaker"}))
     return arms
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from diloco import stop_signals
+from diloco.runtime import stop_signals
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.run_setup import progress_factory, start_run, thread_limit
 from diloco.tools.runs.faults import quiet_numpy, run_outcome

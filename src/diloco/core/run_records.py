@@ -25,7 +25,7 @@ from diloco._validation import (
 from diloco.config import DiLoCoConfig
 from diloco.core.model_seam import data_model, model_of, parameter_count, with_model_defaults
 from diloco.evaluation import classification_accuracy, communication_savings, evaluate_loss
-from diloco.mechanisms import global_norm
+from diloco.core.mechanisms import global_norm
 from diloco.model import Params, init_model_params, relu
 from diloco.sharding import iid_shard_dataset, noniid_shard_dataset
 from diloco.text import bits_per_char, perplexity
@@ -297,7 +297,7 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
 def shard_dataset(x, y, config: DiLoCoConfig, rng) -> list:
     """The K shards ``config`` asks for: IID (milestone 16), or non-IID by ``noniid_split``:
     label skew (milestone 17), topic segments (``diloco.text.topic_shard_dataset``) or
-    speakers (``diloco.speakers.speaker_shard_dataset``, which ignores ``alpha``)."""
+    speakers (``diloco.corpus.speakers.speaker_shard_dataset``, which ignores ``alpha``)."""
     if config.iid:
         return iid_shard_dataset(x, y, config.num_workers, rng)
     if config.noniid_split == "topic":
@@ -305,7 +305,7 @@ def shard_dataset(x, y, config: DiLoCoConfig, rng) -> list:
 
         return topic_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
     if config.noniid_split == "speaker":
-        from diloco.speakers import speaker_shard_dataset
+        from diloco.corpus.speakers import speaker_shard_dataset
 
         return speaker_shard_dataset(x, y, config.num_workers, rng)
     return noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
