@@ -28,9 +28,9 @@ RECORDS: dict[str, tuple[str, ...] | None] = {
     "config.AdamWConfig": None,
     "config.DiLoCoConfig": None,
     "config.MuonConfig": None,
-    "config_sections.FamilyConfig": None,
-    "config_sections.AsyncConfig": None,
-    "config_sections.TransformerShape": None,
+    "config.sections.FamilyConfig": None,
+    "config.sections.AsyncConfig": None,
+    "config.sections.TransformerShape": None,
     "core.quantize.Encoded": None,  # the records of the optional exercises' modules
     "methods.sparse.SparseConfig": None,
     "methods.sparse.SparsePayload": None,
