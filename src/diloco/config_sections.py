@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from diloco._validation import check_nonneg_int, check_positive_int, check_real
+from diloco.core.registry import CODECS
 
 __all__ = ["FamilyConfig", "CommSpec", "WIRE_FIELDS", "FORMATS", "PATTERNS", "TRANSFORMS", "SPARSE_BITS",
-           "MAX_DCT_CHUNK",
+           "MAX_DCT_CHUNK", "BUILTIN_CODECS", "parse_compress",
            "check_known_fields", "AsyncConfig", "MODELS", "TransformerShape"]
 
 # Wire formats of outer gradients (diloco.core.quantize).
@@ -29,6 +31,8 @@ FORMATS = ("float64", "float32", "float16", "bfloat16", "int8", "fp4")
 TRANSFORMS = ("none", "dct")
 SPARSE_BITS = (None, 2)
 MAX_DCT_CHUNK = 1024
+# The codecs the wire-format fields choose (diloco.core.codecs); CODECS holds them and any a plugin registers.
+BUILTIN_CODECS = ("native", "dense", "topk")
 
 
 def check_known_fields(cls, data, what: str) -> None:
@@ -84,6 +88,12 @@ class CommSpec:
     topk_decay : float in [0, 1]
         beta, the error-feedback buffer's decay, ``e <- beta e + Delta`` (1; needs
         ``error_feedback``).
+    compress : str or None
+        A codec by name, ``"NAME"`` or ``"NAME:key=value,key=value"`` with the options that
+        codec owns (``parse_compress``): an entry of ``diloco.core.registry.CODECS``, built
+        in (``native``, ``dense``, ``topk``: their settings are the fields above) or
+        registered by a plugin (then the fields above stay at their defaults). None: the
+        fields above choose the built-in codec.
     """
 
     comm_dtype: str | None = None
@@ -95,6 +105,7 @@ class CommSpec:
     topk_bits: int | None = None
     topk_transform: str = "none"
     topk_decay: float = 1.0
+    compress: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -105,6 +116,7 @@ class CommSpec:
             if not isinstance(self.error_feedback, bool):
                 raise TypeError(f"error_feedback must be a bool, got {self.error_feedback!r}")
             topk, topk_decay = self._check_topk()
+            self._check_compress()
         except (TypeError, ValueError) as exc:
             raise _field_error(exc, self) from None
         for name, value in (("sign_prune", prune), ("topk", topk), ("topk_decay", topk_decay)):
@@ -134,6 +146,48 @@ class CommSpec:
         if decay != 1.0 and not self.error_feedback:
             raise ValueError(f"topk_decay={decay!r} decays the error-feedback buffer: it needs error_feedback=True")
         return topk, decay
+
+
+    def _check_compress(self) -> None:
+        """``compress`` names a registered codec; a built-in one takes its settings from the other fields,
+        another one its own options only."""
+        if self.compress is None:
+            return
+        name, options = parse_compress(self.compress)
+        CODECS.check(name, "compress")
+        legacy = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(CommSpec)
+                  if f.name in ("comm_dtype", "sign_prune", "topk") and getattr(self, f.name) != f.default]
+        if name not in BUILTIN_CODECS:
+            if legacy:
+                raise ValueError(f"{', '.join(legacy)} configure(s) the built-in codecs, not compress={name!r}: "
+                                 f"give that codec its own options, compress='{name}:key=value'")
+            return
+        if options:
+            raise ValueError(f"the built-in codec {name!r} takes no options: its settings are comm_dtype, "
+                             f"sign_prune and topk (and their flags)")
+        wanted = "topk" if self.topk is not None else "dense" if legacy else "native"
+        if name != wanted:
+            chosen_by = ", ".join(legacy) or "no comm_dtype, sign_prune or topk"
+            raise ValueError(f"compress={name!r} disagrees with the other wire fields ({chosen_by}), which choose "
+                             f"the {wanted!r} codec")
+
+
+def parse_compress(text: str) -> tuple[str, dict]:
+    """``"randk:fraction=0.1,seed=3"`` -> ``("randk", {"fraction": 0.1, "seed": 3})``: a codec's name and
+    its options, each value a JSON number, true/false/null or else the text itself."""
+    if not isinstance(text, str) or not text:
+        raise TypeError(f"compress must be a codec's name such as 'randk' or 'randk:fraction=0.1', got {text!r}")
+    name, _, rest = text.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f"compress options are key=value pairs separated by commas, got {item!r} in {text!r}")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value.strip()
+    return name.strip(), options
 
 
 WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(CommSpec))  # the wire format's fields, in order

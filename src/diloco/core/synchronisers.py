@@ -236,7 +236,7 @@ class FragmentSync:
         residuals = state.residuals
         for event in (e for e in self.plan if e.h == h):
             started = begin_sync(state.params, event.keys, executor, self.config, rng, self.weights, residuals,
-                                 overlap=self.tau > 0)
+                                 overlap=self.tau > 0, stamp=(round_index, h, event.fragment))
             residuals = started.residuals
             flying += ((merge_step(round_index, h, self.config), event.fragment, h, started),)
         return state._replace(residuals=residuals), flying
@@ -314,7 +314,7 @@ class EagerSync:
         inner_steps, log = self.config.inner_steps, _Log(executor.workers)
         log.ran(executor.run(rng.spawn(self.config.num_workers), inner_steps))
         eager, exchange, residuals = eager_sync(state.eager, executor, self.config, self.weights, self.shares,
-                                                state.residuals)
+                                                state.residuals, stamp=(round_index,))
         log.delta.update(exchange.delta)
         log.syncs.append([inner_steps, exchange.bytes_sent, inner_steps])
         params = eager_consensus(eager["thetas"], executor, self.weights)
@@ -392,10 +392,11 @@ class AsyncSync:
         log, clock = _Log(executor.workers), state.clock
         params, outer, residuals = state.params, self._wrap(state.outer, clock["delayed"]), state.residuals
         starts, version, arrived, stale = dict(clock["starts"]), clock["version"], [], 0
-        for group in self.groups[round_index - 1]:
+        for number, group in enumerate(self.groups[round_index - 1]):
             self._steps(group, executor, rng.spawn(self.config.num_workers), log)
             result = sync_fragment(params, self.order, outer, executor, self.config, rng, self.weights, residuals,
-                                   workers=group.workers, starts=starts, outer_update=self.update)
+                                   workers=group.workers, starts=starts, outer_update=self.update,
+                                   stamp=(round_index, number))
             params, outer, residuals = result.global_params, result.outer_state, result.residuals
             log.delta.clear()  # the round's record shows its last group's outer gradient
             log.synced(self.config.inner_steps, result, 0)

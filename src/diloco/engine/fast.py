@@ -201,6 +201,6 @@ class FastExecutor:
     def snapshot(self) -> tuple[dict, dict]:
         rows = range(self.params.shape[0])
         params = {k: unpack(self.params[k], self.flat) for k in rows}
-        states = {k: self.optimizer.from_slots(self.steps[k], tuple(unpack(buffer[k], self.flat) for buffer in self.slots),
+        states = {k: self.optimizer.from_slots(self.steps[k], tuple(unpack(b[k], self.flat) for b in self.slots),
                                                self.config) for k in rows}
         return params, states
