@@ -318,6 +318,18 @@ def _async_error(exc: Exception) -> Exception:
     return type(exc)(f"AsyncConfig.{exc}")
 
 
+def _check_step_times(times) -> tuple | None:
+    """``step_times`` as a non-empty tuple of positive floats, or None."""
+    if times is None:
+        return None
+    if isinstance(times, (str, bytes, dict)) or not hasattr(times, "__iter__"):
+        raise TypeError(f"step_times must be a tuple of seconds per step, got {times!r}")
+    times = tuple(check_real(t, f"step_times[{i}]", low=0.0, low_open=True) for i, t in enumerate(times))
+    if not times:
+        raise ValueError("step_times must hold one time per worker, got none")
+    return times
+
+
 @dataclass(frozen=True)
 class AsyncConfig:
     """The workers' speeds and the asynchronous schedule (``diloco.methods.asynchrony``).
@@ -360,29 +372,27 @@ class AsyncConfig:
             for name in ("asynchronous", "dynamic_local_steps"):
                 if not isinstance(getattr(self, name), bool):
                     raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-            times = self.step_times
-            if times is not None:
-                if isinstance(times, (str, bytes, dict)) or not hasattr(times, "__iter__"):
-                    raise TypeError(f"step_times must be a tuple of seconds per step, got {times!r}")
-                times = tuple(check_real(t, f"step_times[{i}]", low=0.0, low_open=True) for i, t in enumerate(times))
-                if not times:
-                    raise ValueError("step_times must hold one time per worker, got none")
+            times = _check_step_times(self.step_times)
             spread = check_real(self.speed_spread, "speed_spread", low=0.0)
             if self.straggler is not None:
                 check_nonneg_int(self.straggler, "straggler")
             factor = check_real(self.straggler_factor, "straggler_factor", low=0.0, low_open=True)
             check_nonneg_int(self.delayed_nesterov, "delayed_nesterov")
-            if self.straggler is None and factor != 4.0:
-                raise ValueError("straggler_factor needs straggler (the worker it slows down)")
-            if times is not None and spread > 0:
-                raise ValueError("give step_times or speed_spread, not both")
-            if not self.asynchronous and (self.delayed_nesterov or self.dynamic_local_steps):
-                raise ValueError("delayed_nesterov and dynamic_local_steps are rules of the asynchronous schedule: "
-                                 "set asynchronous=True")
+            self._check_combinations(times, spread, factor)
         except (TypeError, ValueError) as exc:
             raise _async_error(exc) from None
         for name, value in (("step_times", times), ("speed_spread", spread), ("straggler_factor", factor)):
             object.__setattr__(self, name, value)
+
+    def _check_combinations(self, times, spread: float, factor: float) -> None:
+        """The fields that only mean something together."""
+        if self.straggler is None and factor != 4.0:
+            raise ValueError("straggler_factor needs straggler (the worker it slows down)")
+        if times is not None and spread > 0:
+            raise ValueError("give step_times or speed_spread, not both")
+        if not self.asynchronous and (self.delayed_nesterov or self.dynamic_local_steps):
+            raise ValueError("delayed_nesterov and dynamic_local_steps are rules of the asynchronous schedule: "
+                             "set asynchronous=True")
 
     @property
     def simulates_speeds(self) -> bool:

@@ -1,6 +1,6 @@
 """Executors: how the K workers are stored and stepped, and how they all-reduce. Nothing else.
 
-Every executor offers the same few methods to ``diloco.core.driver``:
+Every executor offers the same few methods to ``diloco.core.driver``, the ``Executor`` protocol:
 
 * ``load(worker_params, worker_states)``: the workers' parameters and AdamW (or Muon) states
   (dicts keyed by worker index; the baseline has one shared model, key 0);
@@ -13,7 +13,9 @@ Every executor offers the same few methods to ``diloco.core.driver``:
 * ``read(keys)`` / ``write(k, params)``: the local workers' parameters of a fragment;
 * ``gather(items)``: the collective, merging a dict keyed by worker index across
   processes (identity in one process);
+* ``shared()``: the baseline's one shared model;
 * ``snapshot()``: ``(worker_params, worker_states)`` for checkpoints;
+* ``round_fields()``: the executor's own measurements for a round's record;
 * ``round_ended(record, get_state)``: after a round's record (held-out evaluation included),
   before the hooks: the MPI executor admits replacements for dead workers here.
 
@@ -28,6 +30,7 @@ mpi4py collectives. The fast executor (flat buffers, batched matmul) is
 from __future__ import annotations
 
 import time
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -40,7 +43,38 @@ from diloco.mechanisms import init_inner_state, inner_step, loss_and_grads, trai
 from diloco.params import average_params
 from diloco.sharding import inner_train_worker, sample_worker_batch
 
-__all__ = ["ReferenceExecutor", "MPIExecutor", "RoundTimeout", "shared_state", "replacement_start"]
+__all__ = ["Executor", "ReferenceExecutor", "MPIExecutor", "RoundTimeout", "shared_state", "replacement_start"]
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """What the driver (``diloco.core.driver``), the synchronisers and the records ask of an executor
+    (the module doc says what each call does). ``ReferenceExecutor``, ``MPIExecutor`` and the fast
+    engine's ``FastExecutor`` implement it; ``isinstance(executor, Executor)`` checks the names.
+    An executor with its own collective also offers ``reduce_messages`` (``diloco.core.sync.collective``)."""
+
+    name: str
+    workers: tuple
+
+    def load(self, worker_params: dict, worker_states: dict) -> None: ...
+
+    def run(self, rngs, steps: int, workers=None) -> dict: ...
+
+    def run_sync(self, rngs, steps: int) -> dict: ...
+
+    def shared(self) -> dict: ...
+
+    def read(self, keys) -> dict: ...
+
+    def write(self, k: int, params: dict) -> None: ...
+
+    def gather(self, items: dict) -> dict: ...
+
+    def round_fields(self) -> dict: ...
+
+    def round_ended(self, record: dict, get_state) -> None: ...
+
+    def snapshot(self) -> tuple[dict, dict]: ...
 
 
 class RoundTimeout(RuntimeError):
