@@ -163,8 +163,8 @@ class CommSpec:
                                  f"give that codec its own options, compress='{name}:key=value'")
             return
         if options:
-            raise ValueError(f"the built-in codec {name!r} takes no options: its settings are comm_dtype, "
-                             f"sign_prune and topk (and their flags)")
+            raise ValueError(f"compress={self.compress!r}: the built-in codec {name!r} takes no options; its "
+                             f"settings are comm_dtype, sign_prune and topk (and their flags)")
         wanted = "topk" if self.topk is not None else "dense" if legacy else "native"
         if name != wanted:
             chosen_by = ", ".join(legacy) or "no comm_dtype, sign_prune or topk"

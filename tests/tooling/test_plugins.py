@@ -176,3 +176,19 @@ def test_lion_and_randk_together_on_both_executors():
     config = BASE.replace(inner_optimizer="lion", family={"compress": "randk:fraction=0.5", "error_feedback": True})
     ref, fast = _runs(config)
     _assert_close(fast, ref)
+
+
+def test_the_command_line_runs_both_plugins_by_name(tmp_path, capsys):
+    import json
+
+    from tests.tooling.cli_helpers import TINY, only_run_dir, run_cli
+
+    status, _, err = run_cli(["train", *TINY, "--no-plots", "--runs-dir", tmp_path, "--engine", "fast",
+                              "--inner-optimizer", "lion", "--compress", "randk:fraction=0.5", "--error-feedback"],
+                             capsys)
+    assert status == 0, err
+    config = json.loads((only_run_dir(tmp_path) / "config.json").read_text())["config"]
+    assert config["inner_optimizer"] == "lion" and config["family"]["compress"] == "randk:fraction=0.5"
+    status, _, err = run_cli(["train", *TINY, "--runs-dir", tmp_path / "bad", "--compress", "randk:fraction=3"],
+                             capsys)
+    assert status == 2 and "fraction must be in (0, 1]" in err
