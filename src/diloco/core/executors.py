@@ -38,8 +38,8 @@ from diloco.core import progress
 from diloco.core.comm import reduce_in_order
 from diloco.core.flatbuf import chunk_bounds, flatten, pack, unflatten, unpack
 from diloco.core.membership import Membership
-from diloco.core.model_seam import model_of
-from diloco.mechanisms import init_inner_state, inner_step, loss_and_grads, train_worker, uses_plain_worker
+from diloco.core.model_seam import model_for
+from diloco.mechanisms import init_inner_state, inner_step, train_worker, uses_plain_worker
 from diloco.params import average_params
 from diloco.sharding import inner_train_worker, sample_worker_batch
 
@@ -96,7 +96,7 @@ class ReferenceExecutor:
     def load(self, worker_params: dict, worker_states: dict) -> None:
         self.params = {k: dict(v) for k, v in worker_params.items()}
         self.states = dict(worker_states)
-        self.model = model_of(self.config, next(iter(worker_params.values())))  # None: the MLP
+        self.model = model_for(self.config, next(iter(worker_params.values())), self.encode)
 
     def run(self, rngs, steps: int, workers=None) -> dict:
         config, losses = self.config, {}
@@ -119,7 +119,7 @@ class ReferenceExecutor:
     def _gradient(self, params, k, rng):
         x_k, y_k = self.shards[k]
         x_batch, y_batch = sample_worker_batch(x_k, y_k, self.config.batch_size, rng)
-        return loss_and_grads(params, x_batch, y_batch, next(iter(params.values())).dtype, self.encode, self.model)
+        return self.model.loss_and_grads(params, x_batch, y_batch)
 
     def run_sync(self, rngs, steps: int) -> dict:
         params, state = self.params[0], self.states[0]

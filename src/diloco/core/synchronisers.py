@@ -34,7 +34,7 @@ import numpy as np
 from diloco.core.model_seam import fragment_units
 from diloco.core.netsim import all_reduce_seconds
 from diloco.core.outer import outer_optimizer
-from diloco.core.schedule import async_plan, block_fragment_keys, event_steps, fragment_keys, merge_step, round_plan
+from diloco.core.schedule import async_plan, event_steps, merge_step, round_plan
 from diloco.core.state import RunState
 from diloco.core.sync import begin_sync, eager_consensus, eager_sync, finish_sync, merge_fragment, sync_fragment
 from diloco.methods.asynchrony import AsyncOuterState, delayed_outer_update
@@ -171,11 +171,8 @@ class FragmentState(NamedTuple):
 
 
 def _fragments(config, params: Params) -> list[tuple[str, ...]]:
-    """The P fragments' keys: the MLP's layers (``fragment_keys``), or the model's blocks."""
-    family, units = config.family, fragment_units(config, params)
-    if units is None:
-        return fragment_keys(params, family.fragments, family.pattern)
-    return block_fragment_keys(units, family.fragments, family.pattern)
+    """The P fragments' keys: the model's (the MLP's layers, ``fragment_keys``; a transformer's blocks)."""
+    return fragment_units(config, params)
 
 
 class FragmentSync:

@@ -36,7 +36,7 @@ import numpy as np
 
 from diloco.core import progress
 from diloco.core.inner import inner_optimizer
-from diloco.core.model_seam import model_kind, model_of
+from diloco.core.model_seam import model_for, model_kind
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.layout import choose_layout
 from diloco.engine.model_stack import ModelStack
@@ -95,10 +95,10 @@ class FastExecutor:
                 pack(values, buffer[k], self.flat)
         self.steps = [int(stored[k][0]) for k in range(rows)]  # per worker: asynchronous ones differ
         self.step = self.steps[0]
-        model = model_of(self.config, first)
-        if model is not None:  # one worker at a time (engine/model_stack.py says why)
+        if not model_kind(self.config).milestone_model:  # no batched kernel: one worker at a time (model_stack.py)
             self.stacked = self.sync_model
-            self.stack = ModelStack(model, self.flat, 1, K if self.sync_model else 1, b, self.dtype)
+            self.stack = ModelStack(model_for(self.config, first), self.flat, 1, K if self.sync_model else 1, b,
+                                    self.dtype)
         elif self.sync_model:
             self.stack = WorkerStack(self.flat, 1, K, b, self.dtype, self.context)
             self.stacked = True
