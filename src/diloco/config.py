@@ -254,13 +254,15 @@ class DiLoCoConfig:
     record_similarity : bool
         Add ``pseudo_grad_cosine`` (mean pairwise cosine between the workers' own
         pseudo-gradients) to every DiLoCo record (False).
-    inner_optimizer : "adamw", "muon" or "sgd"
-        The workers' (and the baseline's) optimizer (``diloco.core.inner``): AdamW with
+    inner_optimizer : "adamw", "muon", "sgd" or a registered name
+        The workers' (and the baseline's) optimizer, a name in
+        ``diloco.core.registry.INNER_OPTIMIZERS`` (``diloco.core.inner``): AdamW with
         ``inner`` (default, the milestones), Muon with ``muon`` on the weight matrices and
         AdamW with ``inner`` on the biases (MuLoCo; ``diloco.methods.muon``), or SGD with
         heavy-ball momentum ``inner.beta1``, lr ``inner.lr`` and L2 weight decay
         ``inner.weight_decay``. Muon and SGD run through ``diloco.core``, never the
-        milestone functions.
+        milestone functions; so does an optimizer a plugin registers (it reads its
+        hyper-parameters from ``inner``).
     muon : MuonConfig
         Muon's hyper-parameters; off their defaults only with ``inner_optimizer="muon"``.
     family : FamilyConfig

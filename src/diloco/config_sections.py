@@ -200,7 +200,8 @@ class FamilyConfig(CommSpec):
 
     Attributes
     ----------
-    comm_dtype, comm_block, sign_prune, error_feedback, topk, topk_chunk, topk_bits, topk_transform, topk_decay
+    comm_dtype, comm_block, sign_prune, error_feedback, topk, topk_chunk, topk_bits, topk_transform, topk_decay,
+    compress
         The wire format (``CommSpec``).
     fragments : int >= 1
         P, fragments of Streaming DiLoCo (1 = the whole model at once).
