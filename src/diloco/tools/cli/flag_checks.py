@@ -30,13 +30,16 @@ reading anything).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import numpy as np
 
+from diloco.config_sections import WIRE_FIELDS
 from diloco.core.codecs import codec_for
 from diloco.core.model_seam import data_model, model_kind, parameter_shapes
+from diloco.models.mlp import MLPModel
 from diloco.tools.cli.config_file import run_data_name
 from diloco.tools.cli.errors import CliError
 
@@ -77,18 +80,18 @@ def _given(args, name: str):
 
 
 def _largest_tensor(config, data) -> int:
-    model = data_model(config, data.x_train, data.encode)
-    if model is not None:
-        return max(int(np.prod(shape)) for shape in parameter_shapes(model).values())
-    widths = (data.x_train.shape[1], *config.hidden_sizes, data.num_classes)
-    return max(a * b for a, b in zip(widths[:-1], widths[1:], strict=True))
+    """The most values one tensor of the run's model holds (the MLP's widths as the data gives them)."""
+    model = data_model(config, data.x_train, data.encode) or MLPModel(
+        (data.x_train.shape[1], *config.hidden_sizes, data.num_classes))
+    return max(int(np.prod(shape)) for shape in parameter_shapes(model).values())
 
 
 def _check_family(args, config, data) -> None:
     comm_dtype = _given(args, "comm_dtype")
-    try:
-        codec = codec_for(config.family.comm, config.dtype)  # builds it: a codec's options are checked here
-    except ValueError as exc:
+    given = {name: _given(args, name) for name in WIRE_FIELDS if _given(args, name) is not None}
+    try:  # the run's wire, with the flags given (the config holds them already where a command built it)
+        codec = codec_for(dataclasses.replace(config.family.comm, **given), config.dtype)  # checks its options
+    except (TypeError, ValueError) as exc:
         raise CliError(f"--compress: {exc}") from None
     wire = f"--comm-dtype {comm_dtype}" if comm_dtype else "no --comm-dtype"
     if config.family.compress is not None:
