@@ -26,8 +26,9 @@ and a state ``State(step, *slots)``, a NamedTuple whose fields after ``step`` ar
 by key. An elementwise rule gives the same floats on a key's array as on the ``(S, P)``
 rows, so both forms run one piece of maths. Entries:
 
-* ``"adamw"``: milestones 08-11, its rule the milestone ``adamw_step`` on one array;
-  its state ``AdamWState``. The fast engine keeps its folded kernel
+* ``"adamw"``: milestones 08-11, its rule the milestone ``adamw_step`` on one array
+  (its dict form calls it once on the whole dict: the same floats, one validation); its
+  state ``AdamWState``. The fast engine keeps its folded kernel
   (``diloco.engine.optim.adamw_update``), which agrees to 1e-10 (``tests/tooling/test_optim.py``).
 * ``"sgd"``: SGD with heavy-ball momentum, PyTorch's ``SGD(lr, momentum=beta1,
   weight_decay=wd)`` with ``dampening = 0``::
@@ -135,7 +136,12 @@ def _adamw_rule(param, grad, slots, step, inner):
     return new["x"], (state.m["x"], state.v["x"])
 
 
-ADAMW = from_rule(AdamWState, _adamw_hyper, _adamw_rule)
+def _adamw_step(params: Params, state: AdamWState, grads: Params, config, lr_at) -> tuple:
+    """The dict form: the milestone over the whole dict at once, the rule's lift without a call per key."""
+    return adamw_step(params, state, grads, _adamw_hyper(config, lr_at))
+
+
+ADAMW = from_rule(AdamWState, _adamw_hyper, _adamw_rule)._replace(step=_adamw_step)
 
 
 # --- SGD with heavy-ball momentum -------------------------------------------------------------------
