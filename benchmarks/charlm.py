@@ -10,7 +10,7 @@
 * **the first layer's gradient** ``dW_1 = x^T dz_1`` of a one-hot batch (K = 8, b = 32,
   390 x 128): the dense product against the engine's scatter (``WorkerStack``, context) as
   NumPy passes and as the numba loop; CPU microseconds, best of 5 x 200 calls.
-* **held-out evaluation**: ``diloco.run_records.held_out_metrics`` on the 8,192 held-out
+* **held-out evaluation**: ``diloco.core.run_records.held_out_metrics`` on the 8,192 held-out
   windows (the first layer gathered from the windows, then milestones 28 and 29), against
   its *matmul floor*: the two dense products ``X W1`` (8,192 x 390 x 128) and
   ``relu(.) W2`` (8,192 x 128 x 65) that a one-hot evaluation would need, timed alone.
@@ -94,7 +94,7 @@ def run_eval(spec: dict, repeats: int = 5) -> dict:
     import numpy as np
 
     from diloco.model import init_model_params
-    from diloco.run_records import held_out_metrics
+    from diloco.core.run_records import held_out_metrics
     from diloco.text import load_shakespeare
 
     text = load_shakespeare(6)

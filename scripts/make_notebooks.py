@@ -341,7 +341,7 @@ one, from the whole text's (`split_report`, what `train` and `compare` print). $
 `.venv/bin/diloco study splits --data shakespeare --model transformer`."""),
     ("code", """from IPython.display import display
 
-from diloco.shard_divergence import split_report, split_sentence
+from diloco.corpus.shard_divergence import split_report, split_sentence
 from diloco.text import load_shakespeare
 from diloco.tools.studies.plots import plot_curves
 
@@ -586,7 +586,7 @@ import numpy as np
 
 from diloco import DiLoCoConfig, train_diloco
 from diloco.config import MuonConfig
-from diloco.config_sections import AsyncConfig, FamilyConfig
+from diloco.config.sections import AsyncConfig, FamilyConfig
 from diloco.data import load_digits_split
 from diloco.tools.studies.ablations import default_engine, trainer
 from diloco.tools.studies.plots import log_where_decades

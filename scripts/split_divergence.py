@@ -1,8 +1,8 @@
 """Print how non-IID every split of Tiny Shakespeare is, as the Markdown tables of docs/concepts/splits.md.
 
 For each split (IID, label skew and topic segments at alpha 0.1 and 1, speakers), each K
-and each context length, the shards every trainer starts from (``diloco.run_records.shard_dataset``
-with ``default_rng(seed)``) and their mean KL divergence (``diloco.shard_divergence``):
+and each context length, the shards every trainer starts from (``diloco.core.run_records.shard_dataset``
+with ``default_rng(seed)``) and their mean KL divergence (``diloco.corpus.shard_divergence``):
 given the previous character, and of the label (next-character) histogram alone.
 
     .venv/bin/python scripts/split_divergence.py                  # K = 4, 8; context 6, 64; seed 0
@@ -17,8 +17,8 @@ import sys
 import numpy as np
 
 from diloco.config import DiLoCoConfig
-from diloco.run_records import shard_dataset
-from diloco.shard_divergence import split_divergence
+from diloco.core.run_records import shard_dataset
+from diloco.corpus.shard_divergence import split_divergence
 from diloco.text import load_shakespeare
 
 SPLITS = (

@@ -6,8 +6,8 @@ The milestone functions live in seven modules, in milestone order: ``model`` (1-
 """
 
 # The ``diloco`` command's SIGINT/SIGTERM/SIGHUP handlers, before NumPy is imported; a program
-# that merely imports the library is left alone (diloco.stop_signals.install_if_cli).
-import diloco.stop_signals  # noqa: F401
+# that merely imports the library is left alone (diloco.runtime.stop_signals.install_if_cli).
+import diloco.runtime.stop_signals  # noqa: F401
 from diloco.adamw import (
     AdamWState,
     adam_param_step,

@@ -255,6 +255,65 @@ def _npz_labels(archive, key: str, source: str, n: int, x_key: str) -> np.ndarra
     return y.astype(np.int64)
 
 
+def _npz_source(path) -> str:
+    """``path`` as a string, naming a file that exists (``TypeError``, ``ValueError``, ``FileNotFoundError``)."""
+    import os
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike naming an .npz file, got {type(path).__name__}")
+    source = os.fspath(path)
+    if os.path.isdir(source):
+        raise ValueError(f"{source}: is a folder, not an .npz file")
+    if not os.path.isfile(source):
+        raise FileNotFoundError(f"no such file: {source}")
+    return source
+
+
+def _open_npz(source: str):
+    """The archive at ``source``, never unpickling; ``ValueError`` if it is not an ``.npz`` of named arrays."""
+    import zipfile
+
+    try:
+        archive = np.load(source, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{source}: not a readable .npz archive ({exc})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{source}: expected an .npz archive of named arrays (np.savez), got a single array")
+    return archive
+
+
+def _check_npz_names(source: str, names: set[str]) -> None:
+    """``x`` and ``y`` present, nothing outside ``NPZ_ARRAYS``, ``x_test`` and ``y_test`` both or neither."""
+    missing = [key for key in ("x", "y") if key not in names]
+    if missing:
+        raise ValueError(f"{source}: missing array(s) {missing}; an .npz needs 'x' (n, d) and 'y' (n,), "
+                         f"optionally 'x_test' and 'y_test'")
+    unknown = sorted(names - set(NPZ_ARRAYS))
+    if unknown:
+        raise ValueError(f"{source}: unknown array(s) {unknown}; allowed are {list(NPZ_ARRAYS)}")
+    if ("x_test" in names) != ("y_test" in names):
+        raise ValueError(f"{source}: 'x_test' and 'y_test' must be given together")
+
+
+def _npz_arrays(archive, names: set[str], source: str, dtype) -> tuple:
+    """``(x, y, x_test, y_test)`` from the archive, checked (the held-out pair None when it
+    has none). A truncated member is a ``ValueError``."""
+    import zipfile
+
+    try:
+        x = _npz_features(archive, "x", source, dtype)
+        y = _npz_labels(archive, "y", source, x.shape[0], "x")
+        if "x_test" not in names:
+            return x, y, None, None
+        x_test = _npz_features(archive, "x_test", source, dtype)
+        y_test = _npz_labels(archive, "y_test", source, x_test.shape[0], "x_test")
+    except (OSError, zipfile.BadZipFile) as exc:  # a truncated member
+        raise ValueError(f"{source}: not a readable .npz archive ({exc})") from None
+    if x_test.shape[1] != x.shape[1]:
+        raise ValueError(f"{source}: 'x_test' must have {x.shape[1]} features like 'x', got shape {x_test.shape}")
+    return x, y, x_test, y_test
+
+
 def load_npz_dataset(path, *, test_fraction: float = 0.2, seed: int = 0, standardize: bool = True,
                      dtype=np.float64) -> Dataset:
     """A dataset from an ``.npz`` archive, validated.
@@ -273,52 +332,20 @@ def load_npz_dataset(path, *, test_fraction: float = 0.2, seed: int = 0, standar
         Not an ``.npz`` archive, a missing or unknown array, mismatched lengths or
         widths, NaN/Inf, a non-numeric ``x`` or non-integer ``y``, negative labels.
     """
-    import os
-    import zipfile
-
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike naming an .npz file, got {type(path).__name__}")
-    source = os.fspath(path)
-    if os.path.isdir(source):
-        raise ValueError(f"{source}: is a folder, not an .npz file")
-    if not os.path.isfile(source):
-        raise FileNotFoundError(f"no such file: {source}")
+    source = _npz_source(path)
     seed = check_seed(seed, "seed")
     test_fraction = check_real(test_fraction, "test_fraction", low=0.0, high=1.0, low_open=True, high_open=True)
     if np.dtype(dtype) not in FLOAT_DTYPES:
         raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
-    try:
-        archive = np.load(source, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"{source}: not a readable .npz archive ({exc})") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"{source}: expected an .npz archive of named arrays (np.savez), got a single array")
-    with archive:
+    with _open_npz(source) as archive:
         names = set(archive.files)
-        missing = [key for key in ("x", "y") if key not in names]
-        if missing:
-            raise ValueError(f"{source}: missing array(s) {missing}; an .npz needs 'x' (n, d) and 'y' (n,), "
-                             f"optionally 'x_test' and 'y_test'")
-        unknown = sorted(names - set(NPZ_ARRAYS))
-        if unknown:
-            raise ValueError(f"{source}: unknown array(s) {unknown}; allowed are {list(NPZ_ARRAYS)}")
-        if ("x_test" in names) != ("y_test" in names):
-            raise ValueError(f"{source}: 'x_test' and 'y_test' must be given together")
+        _check_npz_names(source, names)
         _check_declared_sizes(source, names)
-        try:
-            x = _npz_features(archive, "x", source, dtype)
-            y = _npz_labels(archive, "y", source, x.shape[0], "x")
-            if "x_test" in names:
-                x_test = _npz_features(archive, "x_test", source, dtype)
-                y_test = _npz_labels(archive, "y_test", source, x_test.shape[0], "x_test")
-                if x_test.shape[1] != x.shape[1]:
-                    raise ValueError(f"{source}: 'x_test' must have {x.shape[1]} features like 'x', "
-                                     f"got shape {x_test.shape}")
-                split = Dataset(x, y, x_test, y_test)
-            else:
-                split = stratified_split(x, y, test_fraction, np.random.default_rng(seed))
-        except (OSError, zipfile.BadZipFile) as exc:  # a truncated member
-            raise ValueError(f"{source}: not a readable .npz archive ({exc})") from None
+        x, y, x_test, y_test = _npz_arrays(archive, names, source, dtype)
+    if x_test is not None:
+        split = Dataset(x, y, x_test, y_test)
+    else:
+        split = stratified_split(x, y, test_fraction, np.random.default_rng(seed))
     if not standardize:
         return split
     scaler = Standardizer.fit(split.x_train)

@@ -60,11 +60,18 @@ def evaluate_loss(params: Params, x: np.ndarray, y: np.ndarray) -> float:
     Returns
     -------
     float
+        The loss the model has on this data, however large: a ReLU MLP is positively
+        homogeneous once its inputs dwarf its biases, so features of 1e300 give logits,
+        and a loss, of order 1e299. That finite value is the answer, not an error (a
+        pure teaching function computes what the formula gives); only logits or a loss
+        that overflow to Inf are refused. Its precision is ``cross_entropy_loss``'s: a
+        loss below the spacing of the logits' size rounds away.
 
     Raises
     ------
     ValueError, TypeError
-        Empty data, mismatched shapes, labels out of range.
+        Empty data, mismatched shapes, labels out of range; params and x whose logits
+        or loss overflow (naming them).
     """
     check_args.evaluate_loss(params, x, y)
     # BEGIN SOLUTION

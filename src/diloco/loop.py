@@ -13,7 +13,7 @@ dropped outer gradients, the similarity record, an input encoder for the charact
 task) and the family beyond it are run by the one training core, ``diloco.core.driver``,
 which calls these milestones' building blocks; on the reference executor with default
 settings it equals ``train_diloco`` and ``train_synchronous_baseline`` bit for bit. The
-records and the trainers' shared start live in ``diloco.run_records`` (re-exported here).
+records and the trainers' shared start live in ``diloco.core.run_records`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 from diloco._validation import check_args, milestone
 from diloco.adamw import AdamWState, adamw_step, init_adamw_state
 from diloco.config import DiLoCoConfig
-from diloco.mechanisms import global_norm
+from diloco.core.mechanisms import global_norm
 from diloco.model import Params, cross_entropy_loss, model_backward, model_forward
 from diloco.outer import (
     OuterState,
@@ -35,7 +35,7 @@ from diloco.outer import (
     update_outer_momentum,
 )
 from diloco.params import average_params
-from diloco.run_records import (
+from diloco.core.run_records import (
     EVAL_CHUNK,
     RoundCallback,
     RoundRecord,
@@ -118,9 +118,8 @@ def run_diloco_round(global_params: Params, outer_state: OuterState, worker_stat
     worker_rngs = rng.spawn(config.num_workers)
     worker_params, new_states, worker_losses = [], [], []
     for (x_k, y_k), state_k, rng_k in zip(shards, worker_states, worker_rngs, strict=True):
-        params_k, state_k, losses_k = inner_train_worker(
-            global_params, state_k, x_k, y_k, config.inner_steps, config.batch_size, config.inner, rng_k
-        )
+        params_k, state_k, losses_k = inner_train_worker(global_params, state_k, x_k, y_k, config.inner_steps,
+                                                         config.batch_size, config.inner, rng_k)
         worker_params.append(params_k)
         new_states.append(state_k)
         worker_losses.append(float(losses_k.mean()))

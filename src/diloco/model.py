@@ -97,6 +97,9 @@ def relu(x: np.ndarray) -> np.ndarray:
     -------
     ndarray of the same shape and dtype
         A new array; ``x`` is not modified. ``relu(-0.0)`` and ``relu(0.0)`` are zero.
+        Non-finite values are not refused: an element-wise function of any float array,
+        it gives what IEEE ``max`` gives, ``relu(inf) = inf``, ``relu(-inf) = 0`` and
+        ``relu(nan) = nan`` (the model's callers refuse non-finite data before it).
 
     Raises
     ------
@@ -196,7 +199,10 @@ def cross_entropy_loss(logits: np.ndarray, labels: np.ndarray) -> float:
     Returns
     -------
     float
-        The mean loss, a Python float >= 0.
+        The mean loss, a Python float >= 0. Exact to the rounding of the logits' own size:
+        ``logsumexp(z) - z_y`` subtracts two numbers of size ``max |z|``, so a loss below
+        their spacing (about ``max |z| * 2**-52``) rounds away. Two equal logits of 1e200
+        give 0.0, not ``log 2``; logits shifted by the row's own ``z_y`` give it back.
 
     Raises
     ------

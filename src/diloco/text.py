@@ -13,7 +13,7 @@ for the whole text) and ``OneHot`` expands a mini-batch to ``(b, c * V)`` floats
 before the model sees it. Index windows are ordinary ``(x, y)`` arrays, so sharding
 (milestones 16-17) and batch sampling (18) work on them unchanged; the loop applies the
 encoder per batch (``diloco.core.driver.train(..., encode=OneHot(...))``) and the
-evaluation per chunk (``diloco.run_records.finish_record``).
+evaluation per chunk (``diloco.core.run_records.finish_record``).
 
 The text ships inside the package (``diloco/_datasets/tinyshakespeare.txt.gz``, 434 kB):
 Karpathy's char-rnn ``tinyshakespeare/input.txt``, plays by William Shakespeare (public

@@ -1,7 +1,7 @@
 """Property-based bad inputs over the public API beyond the milestones.
 
 ``test_bad_inputs.py`` drives its catalogue through the 30 milestones; this campaign
-covers every other public function of ``diloco.core``, ``diloco.mechanisms``,
+covers every other public function of ``diloco.core``, ``diloco.core.mechanisms``,
 ``diloco.text``, ``diloco.data`` and ``diloco.engine``, plus the state counters of the
 milestones' optimizer states. For every function and every argument, Hypothesis draws
 values of the wrong type, the wrong dtype, the wrong shape, empty, non-finite, out of
@@ -47,7 +47,7 @@ from diloco.core.schedule import fragment_keys, fragment_layers, sync_offsets, s
 from diloco.core.sync import eager_outer_gradient
 from diloco.data import make_synthetic, stratified_split
 from diloco.engine import choose_layout
-from diloco.mechanisms import clip_by_global_norm, draw_dropped, global_norm, inner_lr, mean_pairwise_cosine
+from diloco.core.mechanisms import clip_by_global_norm, draw_dropped, global_norm, inner_lr, mean_pairwise_cosine
 from diloco.text import bits_per_char, char_windows, perplexity
 
 HANG_SECONDS = 5.0
@@ -158,7 +158,7 @@ TARGETS = {
     "eager_outer_gradient": (eager_outer_gradient, lambda: {"local_now": _params(), "local_previous": _params(),
                                                             "global_previous": _params(), "share": 0.5},
                              {"local_now": "params", "share": "fraction"}),
-    # diloco.mechanisms
+    # diloco.core.mechanisms
     "global_norm": (global_norm, lambda: {"params": _params()}, {"params": "params"}),
     "clip_by_global_norm": (clip_by_global_norm, lambda: {"grads": _params(), "max_norm": 1.0},
                             {"grads": "params", "max_norm": "positive_or_none"}),
@@ -300,6 +300,8 @@ def _report():
 
 _P = _params()
 _M = float(np.finfo(np.float64).max)
+_RANDOM_P = diloco.init_model_params((3, 4, 2), np.random.default_rng(0))
+_ROWS = np.array([[1.0, 2.0, 3.0], [-1.0, 0.5, 2.0]])
 
 
 def _cache_with(part: str, dtype):
@@ -320,6 +322,10 @@ EDGE_REFUSED = [
     ("nesterov_param_update: a NumPy bool as lr",
      lambda: diloco.nesterov_param_update(_P, _P, diloco.init_outer_optimizer(_P), np.bool_(True), 0.9), "lr"),
     ("AdamWConfig: a NumPy bool as lr", lambda: diloco.AdamWConfig(lr=np.bool_(True)), "lr"),
+    ("nesterov_param_update: a NumPy bool as momentum",
+     lambda: diloco.nesterov_param_update(_P, _P, diloco.init_outer_optimizer(_P), 0.7, np.bool_(True)), "momentum"),
+    ("update_outer_momentum: a NumPy bool as momentum",
+     lambda: diloco.update_outer_momentum(diloco.init_outer_optimizer(_P), _P, np.bool_(True)), "momentum"),
     ("nesterov_param_update: lr = 1e308 overflowing the params",
      lambda: diloco.nesterov_param_update(_P, {k: 2 * v for k, v in _P.items()}, diloco.init_outer_optimizer(_P),
                                           1e308, 0.9), "lr"),
@@ -358,6 +364,22 @@ EDGE_ACCEPTED = [
     ("nesterov_param_update: lr = 1e308 whose step fits", lambda: diloco.nesterov_param_update(
         {"W1": np.ones(2)}, {"W1": np.ones(2)}, diloco.init_outer_optimizer({"W1": np.ones(2)}), 1e308, 0.9),
      lambda r: r["W1"][0] == 1 - 1e308),
+    ("average_params: weights [max, max] of float64", lambda: diloco.average_params([_P, _P], [_M, _M]),
+     lambda r: all(np.array_equal(r[k], _P[k]) for k in _P)),
+    # evaluate_loss's docstring: features of 1e300 give the model's true, finite loss of order 1e299 (the
+    # MLP is positively homogeneous once the biases are negligible: 1e100 times the loss at 1e200)
+    ("evaluate_loss: x of 1e300, the true loss of order 1e299", lambda: (
+        diloco.evaluate_loss(_RANDOM_P, _ROWS * 1e300, np.array([0, 1])),
+        diloco.evaluate_loss(_RANDOM_P, _ROWS * 1e200, np.array([0, 1]))),
+     lambda r: math.isfinite(r[0]) and r[0] > 1e298 and r[0] == pytest.approx(1e100 * r[1], rel=1e-12)),
+    # cross_entropy_loss's docstring: a loss below the spacing of the logits' size rounds away
+    ("cross_entropy_loss: two equal logits of 1e200 round log 2 away, as documented",
+     lambda: (diloco.cross_entropy_loss(np.array([[1e200, 1e200]]), np.array([0])),
+              diloco.cross_entropy_loss(np.array([[0.0, 0.0]]), np.array([0]))),
+     lambda r: r == (0.0, math.log(2))),
+    ("relu: inf, -inf and nan pass through as IEEE max gives them, as documented",
+     lambda: diloco.relu(np.array([np.inf, -np.inf, np.nan, -0.0])),
+     lambda r: r[0] == np.inf and r[1] == 0 and np.isnan(r[2]) and r[3] == 0),
 ]
 
 

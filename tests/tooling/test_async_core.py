@@ -18,7 +18,7 @@ from resume_helpers import assert_resumes_bit_identical, run_keeping_checkpoints
 
 from diloco import DiLoCoConfig
 from diloco.adamw import init_adamw_state
-from diloco.config_sections import AsyncConfig
+from diloco.config.sections import AsyncConfig
 from diloco.core.driver import check_algorithm, train
 from diloco.core.schedule import ArrivalGroup, async_plan, worker_local_steps, worker_step_times
 from diloco.data import load_digits_split

@@ -9,10 +9,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from diloco import DiLoCoConfig, train_diloco
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
+from diloco.core.driver import train
 from diloco.core.sync import eager_outer_gradient
 from diloco.core.trainers import train_eager
 from diloco.data import load_digits_split
+from diloco.core.mechanisms import normalised_weights
+from diloco.core.run_records import prepare_training
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +84,48 @@ def test_the_average_corrects_the_local_stand_in_one_round_later(local):
             applied += eager_outer_gradient({"W": local[t, k]}, previous, average, 1.0 / workers)["W"]
         expected = averages[:-1].sum(axis=0) + local[-1, k] / workers
         np.testing.assert_allclose(applied, expected, atol=1e-9)
+
+
+@given(hnp.arrays(np.float64, (4, 3, 2), elements=st.floats(-10, 10)),
+       st.lists(st.floats(0.05, 10.0), min_size=3, max_size=3))
+def test_with_shard_weights_the_average_corrects_each_workers_own_share(local, sizes):
+    # The same sum with unequal shares w_k (shard-size weights): what worker k applies over the rounds
+    # is every complete weighted average but the last, plus w_k times its last outer gradient.
+    rounds, workers = local.shape[:2]
+    shares = np.asarray(sizes) / sum(sizes)
+    averages = np.einsum("k,tkd->td", shares, local)
+    for k in range(workers):
+        applied = np.zeros(2)
+        for t in range(rounds):
+            previous = None if t == 0 else {"W": local[t - 1, k]}
+            average = None if t == 0 else {"W": averages[t - 1]}
+            applied += eager_outer_gradient({"W": local[t, k]}, previous, average, float(shares[k]))["W"]
+        expected = averages[:-1].sum(axis=0) + shares[k] * local[-1, k]
+        np.testing.assert_allclose(applied, expected, atol=1e-8)
+
+
+def test_eager_training_applies_each_workers_shard_share(digits):
+    """Non-IID shards of unequal sizes, one round, outer SGD without momentum. With d_k = theta0 - phi_k
+    (worker k's outer gradient, the same in every run below), DiLoCo moves theta0 by the mean of the d_k
+    (uniform) or by sum_k w_k d_k (shard-size weights w); eager updates move each copy by w_k d_k and
+    evaluate the w-weighted mean of the copies: theta0 - sum_k w_k^2 d_k. The two DiLoCo runs give the
+    d_k (the core's trainer: the milestone loop has no shard weights); the eager run must match.
+    Treating the shares as 1/K, or averaging the copies uniformly, fails."""
+    base = DiLoCoConfig(num_workers=2, inner_steps=3, rounds=1, hidden_sizes=(8,), iid=False, alpha=0.3, seed=3,
+                        outer_lr=1.0, outer_momentum=0.0, nesterov=False)
+    sized, uniform = base.replace(shard_weighting="size"), base.replace(shard_weighting="uniform")
+    x, y = digits.x_train, digits.y_train
+    _, _, shards, theta0 = prepare_training(x, y, sized)
+    w = np.asarray(normalised_weights(shards, sized))
+    assert abs(w[0] - w[1]) > 0.05, w  # unequal shards, or the shares are not told apart
+    moved_uniform = {k: theta0[k] - v for k, v in train("diloco", x, y, uniform).params.items()}  # (d_0 + d_1) / 2
+    moved_sized = {k: theta0[k] - v for k, v in train("diloco", x, y, sized).params.items()}  # w_0 d_0 + w_1 d_1
+    eager = train_eager(x, y, sized, FamilyConfig(eager=True)).params
+    for key in theta0:
+        d0 = (moved_sized[key] - w[1] * 2 * moved_uniform[key]) / (w[0] - w[1])
+        d1 = 2 * moved_uniform[key] - d0
+        np.testing.assert_allclose(eager[key], theta0[key] - (w[0] ** 2 * d0 + w[1] ** 2 * d1), atol=1e-10,
+                                   err_msg=key)
 
 
 def test_eager_refuses_a_partial_overlap_and_fragments(digits):

@@ -247,7 +247,7 @@ def test_the_error_report_lists_the_exercises_with_no_points():
 def test_plain_diloco_never_calls_the_streaming_schedule(monkeypatch):
     """One fragment is the whole model: a workspace's `make demo` trains with x02 still a stub."""
     from diloco import DiLoCoConfig
-    from diloco.config_sections import FamilyConfig
+    from diloco.config.sections import FamilyConfig
     from diloco.core import driver, schedule
 
     def stub(*args, **kwargs):

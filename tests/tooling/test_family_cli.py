@@ -10,7 +10,7 @@ from cli_helpers import TINY_DEEP as TINY
 from cli_helpers import only_run_dir, run_cli
 
 from diloco import DiLoCoConfig
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
 from diloco.core.trainers import train_family
 from diloco.data import load_digits_split
 
@@ -92,17 +92,16 @@ def test_family_studies_tune_each_arm_through_the_paper_studies_loop(monkeypatch
     from diloco.tools.studies import family_study
     from diloco.tools.studies.family_study import FamilyVariant, tune_outer_step
 
-    def fake(variants, config, family, dataset, seeds, **_):
-        (v,) = variants
+    def fake(v, config, family, dataset, seed, **_):
         c = v.changes
         lr, mu = c.get("outer_lr", 0.7), c.get("outer_momentum", 0.9)
         if (lr, mu) == (1.0, 0.9):
             raise Diverged("diloco", 1, None, "training loss nan")
         inner = c.get("inner", {}).get("lr", 1e-3)
         loss = (lr - 0.7) ** 2 + (mu - 0.5) ** 2 + (math.log10(inner) + 3) ** 2 / 10
-        return [{"eval_loss": loss, "seed": seeds[0]}]
+        return {"eval_loss": loss, "seed": seed}
 
-    monkeypatch.setattr(family_study, "run_family_study", fake)
+    monkeypatch.setattr(family_study, "run_family_variant", fake)
     arms = [FamilyVariant("P=2", "diloco", {}, {"fragments": 2}), FamilyVariant("sync", "sync", {}, {})]
     tuned, records = tune_outer_step(arms, DiLoCoConfig(), FamilyConfig(), None, [1000])
     # the synchronous arm tunes its inner lr only (it has no outer step)

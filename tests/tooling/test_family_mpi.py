@@ -15,7 +15,7 @@ pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not insta
 from cli_helpers import mpiexec  # noqa: E402
 
 from diloco import DiLoCoConfig  # noqa: E402
-from diloco.config_sections import FamilyConfig  # noqa: E402
+from diloco.config.sections import FamilyConfig  # noqa: E402
 from diloco.core.trainers import train_family  # noqa: E402
 from diloco.data import load_digits_split  # noqa: E402
 
@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 from diloco import DiLoCoConfig
 from diloco.data import load_digits_split
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
 from diloco.core.trainers import train_family_mpi
 
 comm = MPI.COMM_WORLD

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diloco.config_sections import CommSpec
+from diloco.config.sections import CommSpec
 from diloco.core.codecs import codec_for
 from diloco.core.flatbuf import chunk_bounds, flatten, pack, unflatten, unpack
 

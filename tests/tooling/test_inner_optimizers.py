@@ -13,9 +13,9 @@ import pytest
 from diloco.config import INNER_OPTIMIZER_NAMES, AdamWConfig, DiLoCoConfig
 from diloco.core.driver import train
 from diloco.core.inner import INNER_OPTIMIZERS, SGDState, inner_optimizer
+from diloco.core.mechanisms import inner_step
 from diloco.data import load_digits_split
 from diloco.engine.optim import FAST_PATHS
-from diloco.mechanisms import inner_step
 
 BASE = DiLoCoConfig(num_workers=2, inner_steps=3, rounds=2, hidden_sizes=(8,), batch_size=8, seed=2,
                     inner_optimizer="sgd", inner=AdamWConfig(lr=0.05, beta1=0.8, weight_decay=0.01))

@@ -1,7 +1,7 @@
 """An interrupt keeps the work: a signal mid-round writes the last finished round, and ``--resume``
 continues after it to exactly the run that was never interrupted.
 
-In-process, ``train_resumable`` is stopped by a ``KeyboardInterrupt`` (what ``diloco.stop_signals``
+In-process, ``train_resumable`` is stopped by a ``KeyboardInterrupt`` (what ``diloco.runtime.stop_signals``
 raises for SIGINT, SIGTERM and SIGHUP) in the middle of a round, without ``checkpoint_every``,
 for the course's algorithms and for families whose state is more than params and moments
 (error feedback, asynchrony, streaming fragments, Muon), on both engines. A stop in the
@@ -88,7 +88,7 @@ def test_a_signal_while_a_round_ends_saves_the_round_the_history_holds(where, tm
     """A real SIGINT landing while round 4 is being written to the history (``where="callback"``)
     or kept for the interrupt (``"keep"``) waits for both (``stop_signals.deferred``): the round
     saved is round 4, the last round the history holds, never round 3 beside a history of 4."""
-    from diloco import stop_signals
+    from diloco.runtime import stop_signals
     from diloco.tools.runs import training
 
     history = []
@@ -166,7 +166,7 @@ def test_a_stopped_write_removes_its_own_files(tmp_path, monkeypatch):
 def test_a_signal_that_breaks_a_clean_up_is_still_that_signal():
     """An error raised after a stop signal (a clean-up the signal cut short) is the signal again;
     with no signal raised, an error is itself."""
-    from diloco import stop_signals
+    from diloco.runtime import stop_signals
 
     with stop_signals.session():
         with pytest.raises(ValueError, match="its own"), stop_signals.signal_first():

@@ -1,4 +1,4 @@
-"""The paper's mechanisms (``diloco.mechanisms``): each against a hand computation, and the
+"""The paper's mechanisms (``diloco.core.mechanisms``): each against a hand computation, and the
 defaults against the course's algorithm bit for bit.
 
 Milestone-level checks of the keyword extensions of milestones 25-27 (shard weights,
@@ -18,7 +18,7 @@ from diloco import DiLoCoConfig
 from diloco.adamw import AdamWState, init_adamw_state
 from diloco.config import AdamWConfig
 from diloco.core.outer import outer_optimizer
-from diloco.mechanisms import (
+from diloco.core.mechanisms import (
     clip_by_global_norm,
     draw_dropped,
     inner_lr,

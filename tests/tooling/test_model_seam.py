@@ -17,10 +17,10 @@ from test_text import unigram_oracle
 
 from diloco import DiLoCoConfig
 from diloco.config import TransformerShape
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
 from diloco.core.model_seam import data_model, parameter_keys
 from diloco.core.synchronisers import FragmentSync
-from diloco.run_records import prepare_training
+from diloco.core.run_records import prepare_training
 from diloco.text import OneHot, char_windows, load_shakespeare
 
 TINY = TransformerShape(d_model=8, n_heads=2, n_layers=2)
@@ -150,7 +150,7 @@ def test_position_losses_average_to_the_held_out_loss_and_each_reads_only_its_pr
 
 def test_every_model_the_config_accepts_has_a_kind():
     """Code outside the model classes asks ``model_kind(config)`` what a model does, never its name."""
-    from diloco.config_sections import MODELS
+    from diloco.config.sections import MODELS
     from diloco.core.model_seam import MODEL_KINDS, model_kind
 
     assert set(MODEL_KINDS) == set(MODELS)

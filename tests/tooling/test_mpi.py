@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
 
-from cli_helpers import mpiexec  # noqa: E402
+from cli_helpers import mpiexec, only_run_dir, run_cli  # noqa: E402
 
 from diloco import DiLoCoConfig, train_diloco  # noqa: E402
 from diloco.core.driver import train  # noqa: E402
@@ -74,3 +74,46 @@ def test_the_mpi_command_runs_what_train_runs_bit_for_bit(flags, tmp_path):
                  x_eval=data.x_test, y_eval=data.y_test)
     with np.load(tmp_path / "params.npz") as saved:
         assert all(saved[k].tobytes() == v.tobytes() for k, v in want.params.items())
+
+
+def test_an_mpi_run_is_rerun_from_its_config_json(tmp_path, capsys):
+    """``--run-dir`` keeps the run's config.json (algorithm, guard, data split and config, not only the
+    defaults): this tool's ``--config`` and ``diloco train --config`` both run it again, bit for bit."""
+    flags = ("--algo", "sync", "--rounds", "2", "-H", "3", "--hidden-sizes", "8", "--seed", "5", "--split-seed", "3",
+             "--max-loss", "40", "--lr", "0.05")
+    first = run_mpi(2, *flags, "--run-dir", "first", "--json", "first.json", "--save-params", "first.npz",
+                    cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    record = json.loads((tmp_path / "first" / "config.json").read_text())
+    assert record["command"] == "train" and record["algorithms"] == ["sync"] and record["max_loss"] == 40
+    assert record["data"]["split_seed"] == 3 and record["config"]["inner"]["lr"] == 0.05
+    assert record["config"]["num_workers"] == 2 and record["config"]["seed"] == 5
+    assert [p.name for p in (tmp_path / "first").iterdir()] == ["config.json"]  # no temporary file left
+
+    again = run_mpi(2, "--config", "first/config.json", "--run-dir", "again", "--save-params", "again.npz",
+                    cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "the synchronous baseline on 2 MPI processes" in again.stdout  # the algorithm came from the record
+    assert json.loads((tmp_path / "again" / "config.json").read_text()) == record
+    with np.load(tmp_path / "first.npz") as want, np.load(tmp_path / "again.npz") as got:
+        assert list(got) == list(want) and all(got[k].tobytes() == want[k].tobytes() for k in want)
+
+    status, _, err = run_cli(["train", "--config", tmp_path / "first" / "config.json", "--runs-dir",
+                              tmp_path / "runs", "--no-plots", "-q"], capsys)
+    assert status == 0, err
+    run_dir = only_run_dir(tmp_path / "runs")
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["algorithms"] == ["sync"] and saved["max_loss"] == 40 and saved["config"] == record["config"]
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    mpi_history = json.loads((tmp_path / "first.json").read_text())["history"]
+    assert [r["eval_loss"] for r in history] == [r["eval_loss"] for r in mpi_history]
+    assert [r["worker_losses"] for r in history] == [r["worker_losses"] for r in mpi_history]
+
+
+def test_the_mpi_tool_never_overwrites_a_run_record(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "config.json").write_text("{}")
+    done = run_mpi(2, "--rounds", "1", "-H", "2", "--run-dir", "taken", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "--run-dir taken already holds a config.json" in done.stderr and "Traceback" not in done.stderr
+    assert (tmp_path / "taken" / "config.json").read_text() == "{}"

@@ -37,7 +37,7 @@ pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not insta
 import diloco.core.sync as sync  # noqa: E402
 from diloco.core.driver import train  # noqa: E402
 from diloco.data import load_digits_split  # noqa: E402
-from diloco.mechanisms import init_inner_state  # noqa: E402
+from diloco.core.mechanisms import init_inner_state  # noqa: E402
 from diloco.tools.cli.flags import build_config  # noqa: E402
 from diloco.tools.cli.main import build_parser  # noqa: E402
 
@@ -207,8 +207,11 @@ def test_a_second_death_after_a_replacement_is_replaced_too(tmp_path, monkeypatc
     prefix = open_mpi()
     (tmp_path / "dies.py").write_text(WRAPPER)
     done = run_job(prefix, tmp_path, sys.executable, "dies.py", f"1:{ROUND},2:6", *FLAGS, "--survive-failures",
-                   "--replace-failed", "--json", "run.json", "--save-params", "params.npz", timeout=60)
+                   "--replace-failed", "--json", "run.json", "--save-params", "params.npz", "--run-dir", "record",
+                   timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+    # the replacements, started with the same --run-dir, join the run its record names instead of refusing it
+    assert json.loads((tmp_path / "record" / "config.json").read_text())["config"]["num_workers"] == 3
     history = json.loads((tmp_path / "run.json").read_text())["history"]
     deaths = {ROUND: 1, 6: 2}
     assert [r.get("replaced_workers", []) for r in history] == [[deaths[r]] if r in deaths else []

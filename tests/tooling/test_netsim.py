@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diloco import DiLoCoConfig
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
 from diloco.core.netsim import all_reduce_seconds, parse_bandwidth, parse_duration, simulate
 from diloco.core.trainers import train_family
 from diloco.data import load_digits_split

@@ -1,4 +1,4 @@
-"""The n-gram baselines (``diloco.ngram``): a hand-worked fixture, an independent oracle and
+"""The n-gram baselines (``diloco.corpus.ngram``): a hand-worked fixture, an independent oracle and
 the properties Witten-Bell smoothing guarantees."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diloco.ngram import (
+from diloco.corpus.ngram import (
     baseline_sentence,
     fit_ngrams,
     next_char_distribution,
@@ -68,7 +68,7 @@ def test_the_fixture_held_out_cross_entropy_every_position_and_last_only():
 
 
 def _oracle_probability(text, vocab, order, context, target):
-    """Witten-Bell from its definition, with dictionaries (no code shared with diloco.ngram)."""
+    """Witten-Bell from its definition, with dictionaries (no code shared with diloco.corpus.ngram)."""
     if order == 1:
         unigrams = Counter(text)
         return (unigrams[target] + len(unigrams) / vocab) / (len(text) + len(unigrams))

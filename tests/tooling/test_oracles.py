@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from oracles import async_diloco, diloco, eager_diloco, fragment_schedule, streaming_diloco
 
 from diloco import AdamWConfig, DiLoCoConfig
-from diloco.config_sections import AsyncConfig, FamilyConfig, TransformerShape
+from diloco.config.sections import AsyncConfig, FamilyConfig, TransformerShape
 from diloco.core.driver import train
 from diloco.text import OneHot
 
@@ -133,6 +133,10 @@ def sparse_fields(draw, always: bool = False) -> dict:
 @example(fields=dict(num_workers=3, inner_steps=3, rounds=3, batch_size=9, hidden_sizes=(4, 3), seed=7, iid=False,
                      alpha=0.2, shard_weighting="size", outer_lr=0.7, outer_momentum=0.9, nesterov=True,
                      drop_prob=0.35, drop_rule="restart", inner=AdamWConfig(lr=0.05)), rows=30)
+@example(fields=dict(num_workers=2, inner_steps=3, rounds=2, batch_size=5, hidden_sizes=(4,), seed=11, iid=False,
+                     alpha=0.2, shard_weighting="size", outer_lr=0.7, outer_momentum=0.9, nesterov=True,
+                     drop_prob=0.0, drop_rule="carry", inner_optimizer="sgd",
+                     inner=AdamWConfig(lr=0.05, weight_decay=0.01, beta1=0.9)), rows=24)  # SGD: momentum and decay
 def test_diloco_equals_algorithm_1_with_weights_and_drops(fields, rows):
     config = DiLoCoConfig(**fields)
     run_all(config, make_data(fields["seed"], rows), diloco)
@@ -419,7 +423,7 @@ def test_real_mpi_ranks_equal_the_oracles(tmp_path):
 
     from cli_helpers import mpiexec
 
-    from diloco.run_records import TrainResult
+    from diloco.core.run_records import TrainResult
 
     (tmp_path / "run.py").write_text(MPI_SCRIPT, encoding="utf-8")
     done = subprocess.run([mpiexec(), "-n", "3", sys.executable, "run.py", "out.json", str(Path(__file__).parent)],

@@ -20,9 +20,9 @@ from diloco.config import AdamWConfig, DiLoCoConfig
 from diloco.core.codecs import codec_for, codec_generators
 from diloco.core.comm import all_reduce
 from diloco.core.driver import train
+from diloco.core.mechanisms import init_inner_state, inner_step
 from diloco.core.registry import CODECS, INNER_OPTIMIZERS
 from diloco.data import load_digits_split
-from diloco.mechanisms import init_inner_state, inner_step
 
 BASE = DiLoCoConfig(num_workers=2, inner_steps=3, rounds=2, hidden_sizes=(8,), batch_size=8, seed=2,
                     inner=AdamWConfig(lr=0.01, beta1=0.9, beta2=0.99, weight_decay=0.1))

@@ -227,3 +227,20 @@ def test_exchange_bytes_follow_the_reduce_scatter_all_gather_model(workers):
     assert result.bytes_sent == pytest.approx(2 * (workers - 1) / workers * payload)
     native = exchange_deltas(deltas, CommSpec(None))
     assert native.bytes_sent == pytest.approx(2 * (workers - 1) / workers * 49 * 8)
+
+
+@pytest.mark.parametrize("other, merged_bytes", [
+    ([0.1] * 8 + [8.0] * 8, 2 + 1 + 16 // 2),  # disjoint supports: the merged mean keeps all 16 values
+    ([-8.0] * 8 + [0.1] * 8, 2 + 1 + 0),  # opposite signs cancel: the merged mean keeps none
+], ids=["merged support larger", "merged support empty"])
+def test_sign_pruned_bytes_count_the_all_gather_of_the_merged_mean_not_the_own_payload(other, merged_bytes):
+    """Reduce-scatter of each worker's pruned payload, then all-gather of the merged (TIES) mean, pruned to
+    its own support: ``(K-1)/K (|E(Delta_k)| + |E(merged)|)``. Each payload keeps 8 of 16 fp4 values: a
+    2-byte bitmap, one scale byte and 4 code bytes. The merged support differs from a worker's, so
+    counting the all-gather as the worker's own payload (7 bytes) is caught both ways."""
+    deltas = [{"W": np.array([8.0] * 8 + [0.1] * 8)}, {"W": np.array(other)}]
+    result = exchange_deltas(deltas, CommSpec("fp4", 0, 0.5, False))
+    own = 2 + 1 + 8 // 2
+    assert result.payload_bytes == own
+    assert result.bytes_sent == pytest.approx((2 - 1) / 2 * (own + merged_bytes))
+    assert np.count_nonzero(result.delta["W"]) == (merged_bytes - 3) * 2

@@ -165,7 +165,7 @@ def test_the_claim_plot_draws_the_mean_and_a_band_from_the_lowest_to_the_highest
 
 
 # Issue 38: the tier learns language. Every arm a headline claim compares ends below this (the trigram of
-# the same held-out text is 2.05 nats/char: diloco.ngram, shown on the page), on >= 1024 held-out windows,
+# the same held-out text is 2.05 nats/char: diloco.corpus.ngram, shown on the page), on >= 1024 held-out windows,
 # 5 seeds, DiLoCo with >= 100 outer steps of H >= 20, tuned on a seed that is not evaluated.
 LEARNING_LOSS = 1.90
 MIN_EVAL_WINDOWS = 1024

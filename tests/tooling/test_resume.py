@@ -89,7 +89,7 @@ def test_resuming_from_every_round_boundary_is_bit_identical(algo, iid, dtype, t
         assert seen == want.history[stop:]  # only the remaining rounds are trained and reported
 
 
-# The paper's mechanisms (diloco.mechanisms) change what the state holds or how a step is
+# The paper's mechanisms (diloco.core.mechanisms) change what the state holds or how a step is
 # taken: an lr schedule and clipping (the step count), outer Adam (a second moment and a step),
 # dropped outer gradients (each worker's own start and the run rng's draws), size weights.
 MECHANISMS = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from diloco import DiLoCoConfig
-from diloco.config_sections import AsyncConfig
+from diloco.config.sections import AsyncConfig
 from diloco.core import progress
 from diloco.core.schedule import async_plan
 from diloco.data import load_digits_split

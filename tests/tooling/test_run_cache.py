@@ -11,6 +11,7 @@ import json
 import pytest
 
 from diloco import DiLoCoConfig
+from diloco.config import AdamWConfig
 from diloco.tools.studies import run_cache
 from diloco.tools.studies.run_cache import RunCache, config_changes
 
@@ -47,6 +48,30 @@ def test_a_field_added_with_its_default_keeps_the_key_and_a_stored_run_hits(tmp_
     assert cache.get(RunCache.key("diloco", later, 0, DATA)) == {"eval_loss": 1.5}
     assert RunCache.key("diloco", _same_as(BASE, new_knob=4), 0, DATA) != key, \
         "the new field set away from its default is a different run"
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamWWithNewField(AdamWConfig):
+    """The inner optimizer's section as it would be after a release that adds a field with a default."""
+
+    new_knob: float = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class WithNewSectionField(DiLoCoConfig):
+    inner: AdamWWithNewField = dataclasses.field(default_factory=AdamWWithNewField)
+
+
+def test_a_field_added_to_a_section_with_its_default_keeps_the_key_and_a_stored_run_hits(tmp_path):
+    base = BASE.replace(inner={"lr": 0.01})
+    cache = RunCache(tmp_path)
+    cache.put(RunCache.key("diloco", base, 0, DATA), {"eval_loss": 1.25})
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(DiLoCoConfig)}
+    later = WithNewSectionField(**{**fields, "inner": AdamWWithNewField(**dataclasses.asdict(base.inner))})
+    assert cache.get(RunCache.key("diloco", later, 0, DATA)) == {"eval_loss": 1.25}
+    moved = WithNewSectionField(**{**fields, "inner": AdamWWithNewField(**dataclasses.asdict(base.inner),
+                                                                         new_knob=0.7)})
+    assert cache.get(RunCache.key("diloco", moved, 0, DATA)) is None, "the new field away from its default misses"
 
 
 def test_everything_a_run_depends_on_changes_the_key(monkeypatch):
@@ -164,3 +189,21 @@ def test_a_claim_whose_owner_is_gone_is_taken_over(tmp_path, monkeypatch):
     cache.put("k", {"eval_loss": 2.0})
     with cache.claim("k") as stored:  # stored already: nothing to train, no lock made
         assert stored["eval_loss"] == 2.0 and not (tmp_path / "k.lock").exists()
+
+
+def test_every_study_run_goes_through_the_cache_once_and_a_stopped_one_leaves_nothing(tmp_path):
+    cache, trained = RunCache(tmp_path), []
+
+    def train():
+        trained.append(1)
+        return {"eval_loss": 1.0}
+
+    assert cache.through("k", train) == ({"eval_loss": 1.0}, False)
+    assert cache.through("k", train) == ({"eval_loss": 1.0}, True) and len(trained) == 1
+
+    def stopped():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        cache.through("j", stopped)
+    assert cache.get("j") is None and not list(tmp_path.glob("*.lock")), "no outcome, no claim left behind"

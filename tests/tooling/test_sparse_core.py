@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from resume_helpers import assert_resumes_bit_identical, run_keeping_checkpoints
 
 from diloco import DiLoCoConfig
-from diloco.config_sections import CommSpec, FamilyConfig
+from diloco.config.sections import CommSpec, FamilyConfig
 from diloco.core.comm import all_reduce
 from diloco.core.divergence import Diverged
 from diloco.core.driver import check_algorithm, train

@@ -1,4 +1,4 @@
-"""The speaker split (``diloco.speakers``) and the shards' KL divergence (``diloco.shard_divergence``).
+"""The speaker split (``diloco.corpus.speakers``) and the shards' KL divergence (``diloco.corpus.shard_divergence``).
 
 The divergence fixtures are worked by hand in the comments; the speaker fixtures are a
 four-speech text whose speeches, sizes and split are counted by hand.
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from diloco import DiLoCoConfig
-from diloco.run_records import shard_dataset
-from diloco.shard_divergence import position_counts, shard_divergence, split_divergence, split_report
-from diloco.speakers import assign_speakers, ids_from_windows, speaker_shard_dataset, split_speeches
+from diloco.core.run_records import shard_dataset
+from diloco.corpus.shard_divergence import position_counts, shard_divergence, split_divergence, split_report
+from diloco.corpus.speakers import assign_speakers, ids_from_windows, speaker_shard_dataset, split_speeches
 from diloco.text import char_windows, load_shakespeare, vocabulary_of
 from diloco.tools.cli.main import main
 
@@ -274,7 +274,7 @@ def test_a_study_records_each_variants_divergence_beside_its_result(tmp_path, ca
 
 def test_a_paper_study_arm_records_its_shards_divergence_cached_or_not(tmp_path):
     from diloco.data import load_digits_split
-    from diloco.shard_divergence import run_split_divergence
+    from diloco.corpus.shard_divergence import run_split_divergence
     from diloco.tools.studies.paper_report import render_arms_table, summarise_arms
     from diloco.tools.studies.paper_runs import Arm, RunCache, run_arm
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from diloco import DiLoCoConfig, train_diloco
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
 from diloco.core.driver import train
 from diloco.core.quantize import encode
 from diloco.core.schedule import fragment_keys, fragment_layers, sync_offsets, sync_steps

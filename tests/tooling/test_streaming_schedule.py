@@ -15,7 +15,7 @@ import pytest
 
 from diloco import DiLoCoConfig
 from diloco.config import AdamWConfig
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
 from diloco.core.schedule import sync_offsets, sync_steps
 from diloco.core.trainers import train_streaming
 

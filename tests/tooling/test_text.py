@@ -75,7 +75,7 @@ def test_the_gathered_first_layer_equals_the_one_hot_product(vocab, context, row
 def test_held_out_metrics_gather_the_first_layer_and_match_the_dense_milestones():
     from diloco.evaluation import classification_accuracy, evaluate_loss
     from diloco.model import init_model_params
-    from diloco.run_records import EVAL_CHUNK, held_out_metrics
+    from diloco.core.run_records import EVAL_CHUNK, held_out_metrics
 
     rng = np.random.default_rng(3)
     encode = OneHot(5, 3)
@@ -140,7 +140,8 @@ TINY_TRANSFORMER = ["--model", "transformer", "--d-model", "8", "--n-heads", "2"
 def test_config_json_records_the_split_the_text_was_cut_with(model, tmp_path, capsys):
     """Runs recorded test_fraction 0.2 (the digits' default) while the text's tail was its last tenth."""
     argv = ["train", "--data", "shakespeare", "--algo", "sync", "--rounds", "1", "-H", "1", "--batch-size", "2",
-            "--eval-windows", "8", "--no-plots", "-q", "--runs-dir", str(tmp_path / "first"), *model]
+            "--eval-windows", "8", "--context", "8", "--no-plots", "-q", "--runs-dir", str(tmp_path / "first"),
+            *model]  # 8-character windows: the split's arithmetic holds for any context, at an eighth of the data
     assert main(argv) == 0, capsys.readouterr().err
     data = json.loads((only_run_dir(tmp_path / "first") / "config.json").read_text())["data"]
     # windows of c characters cut from the first round(N (1 - f)) characters: that many minus c

@@ -3,7 +3,7 @@
 ``check_args`` holds one checker per milestone; this module does the same for the rest
 of the public API that ``tests/tooling/test_api_fuzz.py`` found open: the wire formats
 (``diloco.core.quantize``), the simulated network (``diloco.core.netsim``,
-``diloco.core.comm``), the paper's mechanisms (``diloco.mechanisms``), the character
+``diloco.core.comm``), the paper's mechanisms (``diloco.core.mechanisms``), the character
 task (``diloco.text``) and the data split (``diloco.data``). Each function calls its
 checker on its first line. As everywhere in ``diloco._validation``: ``TypeError`` for
 the wrong kind of object, ``ValueError`` for a wrong value, the argument named, a value
@@ -32,7 +32,7 @@ from diloco._validation import (
     shown,
 )
 from diloco.config import DiLoCoConfig
-from diloco.config_sections import PATTERNS
+from diloco.config.sections import PATTERNS
 
 __all__ = ["encode", "bfloat16_bits", "bfloat16_values", "decode", "unit_bounds", "wire_text",
            "all_reduce_seconds", "native_bytes", "clip_by_global_norm", "inner_lr", "draw_dropped",
@@ -106,7 +106,7 @@ def native_bytes(num_values, num_workers, itemsize) -> None:
     check_count(itemsize, "itemsize")
 
 
-# --- diloco.mechanisms -------------------------------------------------------------------------------
+# --- diloco.core.mechanisms -------------------------------------------------------------------------------
 
 def _nonempty_mapping(params, name: str) -> None:
     if not isinstance(params, Mapping):

@@ -34,7 +34,7 @@ native codec (``summable``: its reduce works value by value) is reduce-scattered
 all-gathered as modelled; the others travel as ``to_wire``'s payload bytes, all-gathered,
 and are decoded (``from_wire``) and reduced on every rank (``docs/cli.md`` gives the bytes).
 
-The wire format's fields are ``diloco.config_sections.CommSpec``'s, declared once.
+The wire format's fields are ``diloco.config.sections.CommSpec``'s, declared once.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Protocol
 import numpy as np
 
 from diloco._validation import api_checks
-from diloco.config_sections import CommSpec, parse_compress
+from diloco.config.sections import CommSpec, parse_compress
 from diloco.core.flatbuf import unflatten
 from diloco.core.quantize import FORMATS, decode, encode, from_bytes, sign_prune_mask, to_bytes, wire_unit
 from diloco.core.registry import CODECS

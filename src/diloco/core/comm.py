@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from diloco.config_sections import CommSpec
+from diloco.config.sections import CommSpec
 from diloco.core.codecs import codec_for, is_native, native_bytes
 from diloco.model import Params
 

@@ -37,9 +37,9 @@ import numpy as np
 from diloco.core import progress
 from diloco.core.comm import reduce_in_order
 from diloco.core.flatbuf import chunk_bounds, flatten, pack, unflatten, unpack
+from diloco.core.mechanisms import init_inner_state, inner_step, train_worker, uses_plain_worker
 from diloco.core.membership import Membership
 from diloco.core.model_seam import model_for
-from diloco.mechanisms import init_inner_state, inner_step, train_worker, uses_plain_worker
 from diloco.params import average_params
 from diloco.sharding import inner_train_worker, sample_worker_batch
 
@@ -376,7 +376,7 @@ class MPIExecutor(ReferenceExecutor):
             return
         start, workers = time.perf_counter(), sorted(self.lost)
         record.update(replaced_workers=workers)  # before the state is taken: the history sent holds it
-        sent = self.group.admit(self.replace, shared_state(get_state()))
+        sent = self.group.admit(self.replace, shared_state(get_state()), self.timeout)
         record.update(replace_seconds=time.perf_counter() - start, replace_bytes=sent)
 
 

@@ -7,7 +7,7 @@ inner optimizer only through it:
 
 * ``init(params, config) -> state`` and ``step(params, state, grads, config, lr_at) ->
   (params, state)``: the dict form, for the reference and MPI executors
-  (``diloco.mechanisms.inner_step``, after clipping); ``lr_at(peak)`` is this step's
+  (``diloco.core.mechanisms.inner_step``, after clipping); ``lr_at(peak)`` is this step's
   learning rate on the run's schedule for a peak, so each entry schedules its own rates;
 * ``flat(config, layout, params, scratch) -> update(p, slots, grads, step, lr_at)``: the
   flat form, in place on the fast executor's ``(S, P)`` rows, one buffer per name in

@@ -32,8 +32,13 @@ process.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import pickle
+import signal
+import sys
+import threading
 
 import numpy as np
 
@@ -100,24 +105,26 @@ class Membership:
         _release(self.comm, MPI)
         self.comm, self.members = survivors, members
 
-    def admit(self, command, start) -> int:
+    def admit(self, command, start, limit: float | None = None) -> int:
         """Replace every lost worker by a new process running ``command`` (argv, the program first),
         sent ``start`` (see ``join``); afterwards no worker is lost. Returns the bytes this rank sent.
 
-        Collective over the survivors, at a round boundary. A death during it is not survived.
+        Collective over the survivors, at a round boundary. A death during it is not survived: after
+        ``limit`` seconds (``--round-timeout``) this rank says so in one line and exits (``within``).
         """
         from mpi4py import MPI
 
         workers = sorted(self.lost)
-        spawned = self.comm.Spawn(command[0], list(command[1:]), maxprocs=len(workers), root=0)
-        merged = spawned.Merge(high=False)
-        sent = 0
-        if merged.rank == 0:  # the new processes hold ranks comm.size.. of ``merged``, in spawn order
-            message = pickle.dumps((workers, start), protocol=pickle.HIGHEST_PROTOCOL)
-            for rank in range(self.comm.size, merged.size):
-                merged.send(message, dest=rank)
-            sent = len(message) * len(workers)
-        comm = _ordered(merged, self.members[self.comm.rank], MPI, spawned)
+        with within(limit, f"rank {self.comm.rank}: admitting a replacement for worker(s) {workers}"):
+            spawned = self.comm.Spawn(command[0], list(command[1:]), maxprocs=len(workers), root=0)
+            merged = spawned.Merge(high=False)
+            sent = 0
+            if merged.rank == 0:  # the new processes hold ranks comm.size.. of ``merged``, in spawn order
+                message = pickle.dumps((workers, start), protocol=pickle.HIGHEST_PROTOCOL)
+                for rank in range(self.comm.size, merged.size):
+                    merged.send(message, dest=rank)
+                sent = len(message) * len(workers)
+            comm = _ordered(merged, self.members[self.comm.rank], MPI, spawned)
         _release(self.comm, MPI)
         self.comm, self.members, self.lost = comm, tuple(sorted((*self.members, *workers))), set()
         return sent
@@ -132,7 +139,8 @@ def is_replacement() -> bool:
 
 def join() -> tuple:
     """A replacement's side of ``Membership.admit``: ``(comm, worker, start)``, the communicator
-    of every worker (rank = worker index), the worker it replaces and the state it starts from."""
+    of every worker (rank = worker index), the worker it replaces and the state it starts from.
+    A replacement runs it (and ``MPI_Init`` before it) ``within`` its ``--round-timeout``."""
     from mpi4py import MPI
 
     parent = MPI.Comm.Get_parent()
@@ -140,6 +148,60 @@ def join() -> tuple:
     workers, start = pickle.loads(merged.recv(source=0))  # from a survivor of the same job
     worker = workers[merged.rank - (merged.size - len(workers))]
     return _ordered(merged, worker, MPI, parent), worker, start
+
+
+ADMISSION_EXIT = 4  # the exit status of a rank whose admission outlasted its limit (as a collective's time-out)
+
+
+@contextlib.contextmanager
+def within(limit: float | None, what: str):
+    """Run the block; if it has not finished after ``limit`` seconds (None: no limit), end this process.
+
+    For the admission, whose spawn, merge and point-to-point messages block and are not fault
+    tolerant: a process that dies during it leaves the others waiting forever (the survivors in
+    ``MPI_Comm_spawn``, a replacement already in ``MPI_Init``, whose connection to the survivors
+    never completes; Open MPI's launcher then waits for it). A timer thread prints one line and
+    exits with ``ADMISSION_EXIT`` where the call lets the GIL go; ``MPI_Init`` (mpi4py's import)
+    keeps it, so an interval timer whose signal runs libc's ``_exit`` directly (no Python, no GIL)
+    ends the process two seconds later with status 14 (``SIGALRM``'s number), silently. What the
+    run saved before the admission (its history and outputs written so far) is kept.
+    """
+    if limit is None:
+        yield
+        return
+
+    def leave() -> None:
+        print(f"diloco.tools.cli.mpi: error: {what} did not finish within {limit:g} s (--round-timeout): a process "
+              f"died during the admission, which cannot be survived; this process ends", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(ADMISSION_EXIT)
+
+    timer = threading.Timer(limit, leave)
+    timer.daemon = True
+    timer.start()
+    backstop = _exit_on_alarm()
+    signal.setitimer(signal.ITIMER_REAL, limit + 2.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _restore_alarm(backstop)
+        timer.cancel()
+
+
+def _exit_on_alarm():
+    """Make ``SIGALRM`` call libc's ``_exit(SIGALRM)`` itself; returns the handler it replaced."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    return libc.signal(int(signal.SIGALRM), ctypes.cast(libc._exit, ctypes.c_void_p))
+
+
+def _restore_alarm(previous) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.signal(int(signal.SIGALRM), previous)
 
 
 def _ordered(merged, worker: int, MPI, spawned):

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from diloco._validation import NonFiniteError, api_checks, shown
-from diloco.config_sections import FORMATS
+from diloco.config.sections import FORMATS
 
 __all__ = ["FORMATS", "BITS", "E2M1_GRID", "Encoded", "encode", "decode", "quantize", "to_bytes", "from_bytes",
            "bfloat16_bits", "bfloat16_values", "sign_prune_mask", "unit_bounds", "wire_unit", "scale_exponents",

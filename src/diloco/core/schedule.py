@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from diloco._validation import api_checks
-from diloco.config_sections import PATTERNS
+from diloco.config.sections import PATTERNS
 from diloco.methods.asynchrony import (
     arrival_schedule,
     arrivals_bound,

@@ -4,7 +4,7 @@
 model, on every executor and for every algorithm of ``diloco.core`` but the synchronous
 baseline (which averages gradients inside ``Executor.run_sync``):
 
-1. **drop**: ``diloco.mechanisms.draw_dropped`` (``drop_prob``) from the run's generator;
+1. **drop**: ``diloco.core.mechanisms.draw_dropped`` (``drop_prob``) from the run's generator;
    a dropped worker's outer gradient is left out; ``drop_rule`` says where it goes on from:
    its own params (``"carry"``: it is not a merge target) or the new global model
    (``"restart"``: it is merged like the kept workers, so its round's work is lost);
@@ -35,8 +35,8 @@ import numpy as np
 from diloco._validation import api_checks
 from diloco.core.codecs import codec_generators
 from diloco.core.comm import all_reduce
+from diloco.core.mechanisms import draw_dropped, mean_pairwise_cosine
 from diloco.core.outer import copy_outer_state, outer_optimizer
-from diloco.mechanisms import draw_dropped, mean_pairwise_cosine
 from diloco.model import Params
 from diloco.outer import OuterState
 from diloco.params import average_params, scale_params, subtract_params
@@ -205,7 +205,7 @@ def eager_outer_gradient(local_now: Params, local_previous: Params | None, globa
         ``Delta_k^(t-1)`` and the all-reduced ``Delta^(t-1)``; None before round 2.
     share : float in (0, 1]
         ``w_k``, the worker's weight in the average: ``1/K``, or its shard's share with
-        shard-size weights (``diloco.mechanisms.normalised_weights``).
+        shard-size weights (``diloco.core.mechanisms.normalised_weights``).
     """
     api_checks.eager_outer_gradient(local_now, share)
     own = scale_params(local_now, share)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from diloco.config import DiLoCoConfig
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
 from diloco.core.driver import baseline_config, train
 from diloco.core.hooks import Guard, NetworkTimer, callbacks
 from diloco.evaluation import communication_savings

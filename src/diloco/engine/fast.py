@@ -36,13 +36,13 @@ import numpy as np
 
 from diloco.core import progress
 from diloco.core.inner import inner_optimizer
+from diloco.core.mechanisms import clip_scale, scheduled_lr
 from diloco.core.model_seam import model_for, model_kind
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.layout import choose_layout
 from diloco.engine.model_stack import ModelStack
 from diloco.engine.optim import adamw_scratch, flat_updater
 from diloco.engine.stack import WorkerStack
-from diloco.mechanisms import clip_scale, scheduled_lr
 from diloco.sharding import sample_worker_batch
 
 __all__ = ["FastExecutor", "draw_batch"]

@@ -39,7 +39,7 @@ from typing import NamedTuple
 import numpy as np
 
 from diloco._validation import check_float_array, check_params, check_positive_int, check_real
-from diloco.config_sections import MAX_DCT_CHUNK, TRANSFORMS
+from diloco.config.sections import MAX_DCT_CHUNK, TRANSFORMS
 from diloco.model import Params
 
 __all__ = ["TRANSFORMS", "MAX_DCT_CHUNK", "SparseConfig", "SparsePayload", "ErrorFeedbackState", "kept_per_chunk",
@@ -48,7 +48,7 @@ __all__ = ["TRANSFORMS", "MAX_DCT_CHUNK", "SparseConfig", "SparsePayload", "Erro
            "compress_with_feedback"]
 
 # TRANSFORMS ("none", "dct") and MAX_DCT_CHUNK (1024: the DCT is a C x C matrix product, 8 MB
-# of float64) live in diloco.config_sections, which validates FamilyConfig's sparse fields.
+# of float64) live in diloco.config.sections, which validates FamilyConfig's sparse fields.
 _LEVELS = np.array([-1.0, -1.0 / 3.0, 1.0 / 3.0, 1.0])
 
 

@@ -2,7 +2,7 @@
 
 Each oracle is a plain, slow, step-by-step version of one paper's pseudocode, written
 for the tests and sharing nothing with ``diloco.core``, ``diloco.engine``,
-``diloco.methods`` or ``diloco.mechanisms``. They call only the
+``diloco.methods`` or ``diloco.core.mechanisms``. They call only the
 learner's milestone functions (``diloco.model``, ``diloco.adamw``, ``diloco.sharding``,
 ``diloco.evaluation``) and numpy, so a mistake in the core's schedule, aggregation,
 compression or bookkeeping is not copied here; ``tests/tooling/test_oracles*.py`` compare

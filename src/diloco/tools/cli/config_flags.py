@@ -14,6 +14,7 @@ import argparse
 import math
 
 from diloco.core.registry import INNER_OPTIMIZERS
+from diloco.tools.cli.arg_types import positive_finite
 from diloco.tools.cli.async_flags import add_async_flags
 from diloco.tools.cli.config_file import DEFAULT_DATA
 from diloco.tools.cli.family_flags import add_family_flags
@@ -154,15 +155,9 @@ def _positive_int(text: str) -> int:
 
 
 def _max_loss(text: str) -> float:
-    if text.strip().lower() in ("off", "none"):
-        return math.inf  # no threshold (None is kept for "not given")
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number or 'off', got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive finite number or 'off', got {text!r}")
-    return value
+    """``--max-loss``: a positive finite loss, or ``off`` (no threshold: inf; None is kept for "not given")."""
+    return positive_finite(text, not_a_number="must be a positive number or 'off'",
+                           not_positive="must be a positive finite number or 'off'", off=math.inf)
 
 
 def add_recovery_flags(parser: argparse.ArgumentParser, *, resume: bool = True) -> None:

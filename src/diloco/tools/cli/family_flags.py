@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from diloco.config_sections import PATTERNS, TRANSFORMS
+from diloco.config.sections import PATTERNS, TRANSFORMS
 from diloco.core.quantize import FORMATS
 
 __all__ = ["add_family_flags"]

@@ -15,7 +15,7 @@ family flag is given:
 
 from __future__ import annotations
 
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
 from diloco.core.driver import baseline_config, check_algorithm
 from diloco.core.trainers import communication_report
 from diloco.tools.cli.errors import CliError

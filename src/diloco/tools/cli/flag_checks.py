@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diloco.config_sections import WIRE_FIELDS
+from diloco.config.sections import WIRE_FIELDS
 from diloco.core.codecs import codec_for
 from diloco.core.model_seam import data_model, model_kind, parameter_shapes
 from diloco.models.mlp import MLPModel

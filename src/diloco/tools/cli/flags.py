@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from diloco.config import DiLoCoConfig
-from diloco.config_sections import WIRE_FIELDS, AsyncConfig, FamilyConfig
+from diloco.config.sections import WIRE_FIELDS, AsyncConfig, FamilyConfig
 from diloco.core.netsim import parse_bandwidth, parse_duration
 from diloco.data import (
     DIGITS_PROVENANCE,

@@ -5,7 +5,7 @@ setting ``func`` (a callable taking the parsed arguments and returning an exit s
 The modules are imported explicitly here; they depend on ``diloco.tools.cli.errors``, never
 on this module, so there is no import cycle. Usage errors and faults (``OSError``,
 ``MemoryError``) exit with status 2 and print one line; a diverged run exits with 3. SIGINT, SIGTERM
-and SIGHUP are handled from the first import on (``diloco.stop_signals``; see
+and SIGHUP are handled from the first import on (``diloco.runtime.stop_signals``; see
 ``_stops``): status "interrupted", exit 128 + n, one line with the ``--resume`` command.
 """
 
@@ -15,7 +15,7 @@ import argparse
 import contextlib
 import sys
 
-from diloco import stop_signals
+from diloco.runtime import stop_signals
 from diloco.tools.cli import commands, plot_command
 from diloco.tools.cli.errors import CliError, Parser
 from diloco.tools.grading import grade_command as grading

@@ -25,7 +25,10 @@ process. An exception on any rank is printed as one line naming the rank, then
 ``MPI_Abort`` ends the job. A divergence (``diloco.tools.runs.training.Diverged``) is seen by
 every rank at once, since they hold the same global model and losses, so they all stop
 with the same message and exit status 3, without an abort. The MPI executor writes no
-checkpoints: ``--checkpoint-every`` and ``--resume`` belong to ``diloco train``.
+checkpoints: ``--checkpoint-every`` and ``--resume`` belong to ``diloco train``. ``--run-dir DIR``
+keeps the run's record, ``DIR/config.json`` (written atomically by rank 0 before the first round,
+as ``diloco train`` writes it), from which ``diloco train --config`` or this tool's ``--config`` runs
+it again.
 
 Under an MPI with ULFM (Open MPI 5, ``mpiexec --with-ft ulfm``), ``--survive-failures`` makes a
 rank that dies a dropped worker, and ``--replace-failed`` starts a process in its place at the
@@ -35,9 +38,9 @@ end of that round (``diloco.core.membership``; docs/failure-and-recovery.md).
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +49,7 @@ from diloco.config import DiLoCoConfig
 from diloco.core.driver import train
 from diloco.core.executors import RoundTimeout, replacement_start
 from diloco.core.hooks import Guard, NetworkTimer, callbacks
+from diloco.core.membership import within
 from diloco.loop import TrainResult
 
 __all__ = ["RoundTimeout", "train_diloco_mpi", "main"]
@@ -66,30 +70,23 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
     comm : mpi4py.MPI.Comm
         ``comm.size`` must equal ``config.num_workers``.
     round_timeout : float > 0, optional
-        Seconds a rank waits in a collective before raising ``RoundTimeout``; None waits
-        forever.
+        Seconds a rank waits in a collective before raising ``RoundTimeout``; None waits forever.
     max_loss : float > 0, optional
         The divergence guard's loss threshold (``diloco.core.hooks.Guard``).
     algo : "diloco" or "sync", keyword-only
         The synchronous baseline all-gathers the gradients every step.
-    survive_failures : bool, keyword-only
-        Under an MPI with ULFM (Open MPI 5, ``mpiexec --with-ft ulfm``): a rank that dies
-        becomes a dropped worker from the sync where it is missed on (its records name it
-        in ``lost_workers`` and ``dropped_workers``) and the others go on
-        (``diloco.core.membership``).
-    replace : sequence of str, keyword-only, optional
-        With ``survive_failures``: the argv that starts a replacement process; the survivors
-        start one for each worker lost in a round, at that round's end, and it goes on as
-        that worker (``diloco.core.driver.train``).
-    start : RunState, keyword-only, optional
-        A replacement's start, from ``diloco.core.membership.join``.
+    survive_failures, replace, start : keyword-only
+        Under an MPI with ULFM: a rank that dies becomes a dropped worker (``lost_workers`` and
+        ``dropped_workers`` in its records); ``replace``, the argv that starts a process in its
+        place at the round's end; ``start``, a replacement's ``RunState``
+        (``diloco.core.membership``, ``diloco.core.driver.train``).
 
     Returns
     -------
     TrainResult(params, history)
         The same on every rank, bit-identical to the single-process run of the same config
         (every value is reduced in worker order). DiLoCo's records also hold
-        ``allreduce_seconds``, the wall time this rank spent in the round's collectives,
+        ``allreduce_seconds`` (this rank's wall time in the round's collectives),
         ``mpi_bytes_sent`` and ``mpi_allreduce_bytes``.
 
     Raises
@@ -101,18 +98,29 @@ def train_diloco_mpi(x: np.ndarray, y: np.ndarray, config: DiLoCoConfig, comm, *
     diloco.tools.runs.training.Diverged
         A non-finite loss, pseudo-gradient or held-out loss (on every rank alike).
     """
+    _check_processes(config, comm)
+    guard, hooks = _hooks(config, algo, max_loss, on_round)
+    with guard.watch():
+        return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor="mpi", hooks=hooks,
+                     comm=comm, timeout=round_timeout, sync_fields=sync_fields, survive_failures=survive_failures,
+                     replace=replace, start=start)
+
+
+def _check_processes(config: DiLoCoConfig, comm) -> None:
+    """``ValueError`` unless there is one process per worker."""
     if comm.size != config.num_workers:
         raise ValueError(
             f"config.num_workers ({config.num_workers}) must equal the number of MPI processes ({comm.size}); "
             f"run with mpiexec -n {config.num_workers}"
         )
-    hooks = [NetworkTimer(config)] if config.family.simulates_network else []
+
+
+def _hooks(config: DiLoCoConfig, algo: str, max_loss: float | None, on_round) -> tuple[Guard, list]:
+    """The divergence guard and the driver's hooks: the network timer (when the family simulates one),
+    the guard, then the caller's ``on_round``."""
     guard = Guard(algo, max_loss)
-    hooks += [guard, *callbacks(on_round)]
-    with guard.watch():
-        return train(algo, x, y, config, x_eval=x_eval, y_eval=y_eval, encode=encode, executor="mpi", hooks=hooks,
-                     comm=comm, timeout=round_timeout, sync_fields=sync_fields, survive_failures=survive_failures,
-                     replace=replace, start=start)
+    hooks = [NetworkTimer(config)] if config.family.simulates_network else []
+    return guard, [*hooks, guard, *callbacks(on_round)]
 
 
 def _positive(text: str) -> float:
@@ -142,10 +150,14 @@ def _parser():
     parser = Parser(prog="python -m diloco.tools.cli.mpi", description=__doc__.splitlines()[0])
     add_config_flags(parser)
     add_data_flags(parser)
-    parser.add_argument("--algo", choices=("diloco", "sync"), default="diloco",
-                        help="diloco (default) or sync (the gradients all-gathered every step)")
+    parser.add_argument("--algo", choices=("diloco", "sync"),
+                        help="diloco (default, or a --config run file's) or sync (the gradients all-gathered every "
+                             "step)")
     parser.add_argument("--json", metavar="FILE", help="rank 0 writes the history and final metrics here")
     parser.add_argument("--save-params", metavar="FILE.npz", help="rank 0 saves the final global params here")
+    parser.add_argument("--run-dir", metavar="DIR",
+                        help="rank 0 writes the run's config.json here before the first round (the record "
+                             "`diloco train --config DIR/config.json` and this tool's --config rerun)")
     parser.add_argument("--round-timeout", type=_positive, default=600.0, metavar="SECONDS",
                         help="a rank waiting longer than this in a round's all-reduce aborts the job (600)")
     parser.add_argument("--survive-failures", action="store_true",
@@ -155,6 +167,7 @@ def _parser():
                         help="with --survive-failures: a new process replaces a dead worker at the end of the round it "
                              "died in, from the global parameters and outer state (MPI_Comm_spawn)")
     add_recovery_flags(parser, resume=False)  # --max-loss
+    parser.add_argument("--joining", action="store_true", help=argparse.SUPPRESS)  # a replacement (_replacement_argv)
     return parser
 
 
@@ -181,29 +194,71 @@ def _fault_refusal(args, config) -> str | None:
 
 def _replacement_argv(argv: list, num_workers: int) -> list:
     """The argv of a process that replaces a dead worker: this module with the run's flags, K made explicit."""
-    return [sys.executable, "-m", "diloco.tools.cli.mpi", *argv, "-K", str(num_workers)]
+    return [sys.executable, "-m", "diloco.tools.cli.mpi", *argv, "-K", str(num_workers), "--joining"]
 
 
-def _setup(args, comm):
-    """``(config, data)`` of the run, or raise ``CliError`` / ``ValueError`` (one line, before any work)."""
+def _setup(args, comm, *, replacement: bool = False):
+    """``(config, data, record)`` of the run, or raise ``CliError`` / ``ValueError`` (one line, before any
+    work; a replacement joins a run whose ``--run-dir`` is written already). ``args.algo`` and
+    ``args.max_loss`` are settled here: a flag, else the ``--config`` run file's, else ``diloco`` and
+    ``DEFAULT_MAX_LOSS``. ``record`` is the run's ``config.json``."""
     from diloco.core.driver import check_algorithm
+    from diloco.tools.cli.config_file import run_file_settings
     from diloco.tools.cli.errors import CliError
     from diloco.tools.cli.flags import build_config, load_dataset
 
     config = build_config(args, defaults={"num_workers": comm.size})
+    saved = run_file_settings(args, "train")  # --config run/config.json: its algorithm and guard too
+    args.algo = args.algo or saved.get("algo") or "diloco"
+    args.max_loss = _max_loss(args.max_loss, saved)
     check_algorithm(args.algo, config)  # the family's flags live in config.family
     problem = _fault_refusal(args, config)
     if problem:
         raise CliError(problem)
-    data, _ = load_dataset(args, config.dtype)
+    if not replacement:
+        _check_run_dir(args.run_dir)
+    data, data_info = load_dataset(args, config.dtype)
     if config.num_workers != comm.size:
         raise CliError(f"-K {config.num_workers} does not match the {comm.size} MPI processes")
-    return config, data
+    record = {"command": "train", "algorithms": [args.algo], "max_loss": args.max_loss, "config": config.to_dict(),
+              "data": data_info}
+    return config, data, record
+
+
+def _max_loss(flag: float | None, saved: dict) -> float | None:
+    """The guard's threshold: ``--max-loss``, else the run file's, else ``DEFAULT_MAX_LOSS``; None for off."""
+    from diloco.tools.cli.flags import DEFAULT_MAX_LOSS
+
+    value = saved.get("max_loss", DEFAULT_MAX_LOSS) if flag is None else flag
+    return None if value is None or np.isinf(value) else value
+
+
+def _check_run_dir(run_dir: str | None) -> None:
+    """Refuse a ``--run-dir`` that is a file or already holds a run's record (never overwritten)."""
+    from diloco.tools.cli.errors import CliError
+
+    if run_dir is None:
+        return
+    folder = Path(run_dir)
+    if folder.exists() and not folder.is_dir():
+        raise CliError(f"--run-dir {run_dir} is a file, not a folder")
+    if (folder / "config.json").exists():
+        raise CliError(f"--run-dir {run_dir} already holds a config.json (another run's record); choose a new folder")
+
+
+def _write_record(run_dir: str, record: dict) -> None:
+    """``run_dir/config.json``, written atomically (``diloco.tools.runs.atomic_files``): the run as
+    ``diloco train`` records it, so ``diloco train --config`` and this tool's ``--config`` rerun it."""
+    from diloco.tools.runs.folders import write_json
+
+    folder = Path(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "config.json", record)
 
 
 def _write_outputs(args, config, result, seconds: float) -> int:
     """Print the summary and write ``--json`` / ``--save-params``; 0, or 2 when a file cannot be written."""
-    from diloco.tools.runs.folders import atomic_write_bytes, write_json
+    from diloco.tools.runs.folders import atomic_write_bytes, npz_bytes, write_json
 
     last, size = result.history[-1], config.num_workers
     name = "DiLoCo" if args.algo == "diloco" else "the synchronous baseline"
@@ -214,14 +269,77 @@ def _write_outputs(args, config, result, seconds: float) -> int:
             write_json(args.json, {"config": config.to_dict(), "processes": size, "seconds": seconds,
                                    "history": result.history})
         if args.save_params:
-            buffer = io.BytesIO()
-            np.savez(buffer, **result.params)
-            atomic_write_bytes(args.save_params, buffer.getvalue())
+            atomic_write_bytes(args.save_params, npz_bytes(result.params))
     except OSError as exc:
         print(f"diloco.tools.cli.mpi: error: cannot write {exc.filename or 'output'}: {exc.strerror or exc}",
               file=sys.stderr)
         return 2
     return 0
+
+
+def _reporter(worker: int, size: int):
+    """``on_round``: the first worker alive prints one line per round."""
+    def report(record):
+        if worker == _first_alive(record, size):
+            print(f"round {record['round']:3d}  inner loss {record['inner_loss']:.4f}  "
+                  f"held-out loss {record['eval_loss']:.4f}  accuracy {record['eval_accuracy']:.4f}  "
+                  f"all-reduce {record.get('allreduce_seconds', 0.0) * 1e3:.1f} ms", flush=True)
+    return report
+
+
+def _train_or_fail(args, argv: list, comm, config, data, start):
+    """Train this rank's worker: ``(result, 0)``, or ``(None, exit status)`` once the failure is reported.
+
+    A divergence is seen by every rank alike (exit 3, no abort); a time-out (4) or any other
+    exception (1) on one rank ends every rank with ``MPI_Abort``."""
+    import warnings
+
+    from diloco.tools.runs.training import Diverged
+
+    worker = comm.rank
+    replace = _replacement_argv(argv, config.num_workers) if args.replace_failed else None
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):  # the guard's message replaces NumPy's
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return train_diloco_mpi(data.x_train, data.y_train, config, comm, x_eval=data.x_test,
+                                    y_eval=data.y_test, on_round=_reporter(worker, config.num_workers),
+                                    round_timeout=args.round_timeout, max_loss=args.max_loss, algo=args.algo,
+                                    encode=data.encode, survive_failures=args.survive_failures, replace=replace,
+                                    start=start), 0
+    except Diverged as exc:  # every rank sees the same record: all stop here, no abort needed
+        if worker == 0:
+            print(f"diloco.tools.cli.mpi: error: {exc}", file=sys.stderr)
+        return None, 3
+    except RoundTimeout as exc:
+        return None, _fail(comm, worker, f"{exc}; aborting the job", 4)
+    except BaseException as exc:  # noqa: BLE001 - any fault on one rank must end every rank, never hang them
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return None, _fail(comm, worker, f"rank {worker} failed: {reason}; aborting the job", 1)
+
+
+def _start(args, comm, start):
+    """``(config, data, start)`` once the run is set up and recorded, or ``(None, None, exit status)``.
+
+    A setup error is one line from worker 0 and status 2 on every rank (nothing has started). A
+    replacement's start gets fresh AdamW moments (the dead worker's died with it); otherwise worker 0
+    writes ``--run-dir``'s ``config.json`` before any round, and a failed write ends the job (2)."""
+    from diloco.tools.cli.errors import CliError
+
+    try:
+        config, data, record = _setup(args, comm, replacement=start is not None)
+    except (CliError, ValueError) as exc:
+        if comm.rank == 0:
+            print(f"diloco.tools.cli.mpi: error: {exc}", file=sys.stderr)
+        return None, None, 2
+    if start is not None:
+        return config, data, replacement_start(start, [comm.rank], config)
+    if args.run_dir and comm.rank == 0:
+        try:
+            _write_record(args.run_dir, record)
+        except OSError as exc:
+            return None, None, _fail(comm, 0, f"cannot write {exc.filename or args.run_dir}: "
+                                              f"{exc.strerror or exc}; aborting the job", 2)
+    return config, data, None
 
 
 def main(argv=None) -> int:
@@ -230,60 +348,28 @@ def main(argv=None) -> int:
     A process started by ``--replace-failed`` (it has a parent job) first joins the survivors
     (``diloco.core.membership.join``) and goes on as the worker it replaces.
     """
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        print("diloco.tools.cli.mpi: error: mpi4py is not installed; pip install 'diloco[mpi]'", file=sys.stderr)
-        return 2
-    import warnings
-
-    from diloco.core.membership import is_replacement, join
-    from diloco.tools.cli.errors import CliError
-    from diloco.tools.cli.flags import DEFAULT_MAX_LOSS
-    from diloco.tools.runs.training import Diverged
-
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
-    max_loss = DEFAULT_MAX_LOSS if args.max_loss is None else args.max_loss
-    max_loss = None if np.isinf(max_loss) else max_loss
-    comm, start = MPI.COMM_WORLD, None
-    if is_replacement():  # the survivors wait in the admission: join before anything can fail
-        comm, _, start = join()
-    worker = comm.rank  # a replacement's rank in the joined communicator is its worker index
-    try:
-        config, data = _setup(args, comm)
-    except (CliError, ValueError) as exc:
-        if worker == 0:
-            print(f"diloco.tools.cli.mpi: error: {exc}", file=sys.stderr)
-        return 2
-    if start is not None:  # fresh AdamW moments: the dead worker's died with it
-        start = replacement_start(start, [worker], config)
+    # a replacement's MPI_Init and join wait for the survivors: if one dies meanwhile, end after --round-timeout
+    with within(args.round_timeout if args.joining else None, "a replacement process: joining the survivors"):
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            print("diloco.tools.cli.mpi: error: mpi4py is not installed; pip install 'diloco[mpi]'", file=sys.stderr)
+            return 2
+        from diloco.core.membership import is_replacement, join
 
-    def report(record):
-        if worker == _first_alive(record, config.num_workers):
-            print(f"round {record['round']:3d}  inner loss {record['inner_loss']:.4f}  "
-                  f"held-out loss {record['eval_loss']:.4f}  accuracy {record['eval_accuracy']:.4f}  "
-                  f"all-reduce {record.get('allreduce_seconds', 0.0) * 1e3:.1f} ms", flush=True)
-
-    replace = _replacement_argv(argv, config.num_workers) if args.replace_failed else None
+        comm, start = MPI.COMM_WORLD, None
+        if is_replacement():  # the survivors wait in the admission: join before anything can fail
+            comm, _, start = join()  # a replacement's rank in the joined communicator is its worker index
+    config, data, start = _start(args, comm, start)
+    if config is None:
+        return start  # the exit status
+    worker = comm.rank  # read now: after a death the driver frees the communicators it was given
     begun = time.perf_counter()
-    try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):  # the guard's message replaces NumPy's
-            warnings.simplefilter("ignore", RuntimeWarning)
-            result = train_diloco_mpi(data.x_train, data.y_train, config, comm, x_eval=data.x_test,
-                                      y_eval=data.y_test, on_round=report, round_timeout=args.round_timeout,
-                                      max_loss=max_loss, algo=args.algo, encode=data.encode,
-                                      survive_failures=args.survive_failures, replace=replace, start=start)
-    except Diverged as exc:  # every rank sees the same record: all stop here, no abort needed
-        if worker == 0:
-            print(f"diloco.tools.cli.mpi: error: {exc}", file=sys.stderr)
-        return 3
-    except RoundTimeout as exc:
-        return _fail(comm, worker, f"{exc}; aborting the job", 4)
-    except BaseException as exc:  # noqa: BLE001 - any fault on one rank must end every rank, never hang them
-        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return _fail(comm, worker, f"rank {worker} failed: {reason}; aborting the job", 1)
-    code = 0
+    result, code = _train_or_fail(args, argv, comm, config, data, start)
+    if result is None:
+        return code
     if worker == _first_alive(result.history[-1], config.num_workers):  # worker 0, or the first one alive
         code = _write_outputs(args, config, result, time.perf_counter() - begun)
     if args.survive_failures:

@@ -1,7 +1,7 @@
 """Flags of the paper's mechanisms and of the character-level task, for every command.
 
 ``add_mechanism_flags`` adds one flag per ``DiLoCoConfig`` mechanism field
-(``diloco.mechanisms``) and ``mechanism_changes`` reads them back for ``build_config``;
+(``diloco.core.mechanisms``) and ``mechanism_changes`` reads them back for ``build_config``;
 ``add_text_flags`` and ``load_text_dataset`` serve ``--data shakespeare``
 (``diloco.text``). ``diloco.tools.cli.flags`` calls all four.
 """

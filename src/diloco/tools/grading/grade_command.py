@@ -123,16 +123,10 @@ def add_parsers(subparsers) -> None:
 
 def _seconds(text: str) -> float:
     """A timeout flag's value: a positive, finite number of seconds (argparse reports anything else)."""
-    import argparse
-    import math
+    from diloco.tools.cli.arg_types import positive_finite
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
+    return positive_finite(text, not_a_number="must be a number of seconds",
+                           not_positive="must be a positive number of seconds")
 
 
 def _add_arguments(parser) -> None:

@@ -168,6 +168,38 @@ def _rows(block: list[str]) -> list[list[str]]:
     return rows if len(rows) > 1 else [[line] for line in block]
 
 
+def _expected_got_span(lines: list[str]) -> tuple[int, int, int] | None:
+    """``(start, got, end)``: the ``expected`` line, the ``got`` line and the line past the got
+    block, when ``lines`` hold an expected array then a got array; else None."""
+    start = next((i for i, line in enumerate(lines) if "expected" in line), None)
+    got = None if start is None else next(
+        (i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("got")), None)
+    if got is None or any(not _CONTINUED.match(line) for line in lines[start + 1:got]):
+        return None
+    end = got + 1
+    while end < len(lines) and _CONTINUED.match(lines[end]):
+        end += 1
+    return start, got, end
+
+
+def _rows_that_fit(expected_rows: list[list[str]], got_rows: list[list[str]], room: int) -> int:
+    """How many leading rows of each (the same for both, at least one) fit in ``room`` lines."""
+    keep = 1
+    while (keep < min(len(expected_rows), len(got_rows))
+           and sum(map(len, expected_rows[:keep + 1])) + sum(map(len, got_rows[:keep + 1])) <= room):
+        keep += 1
+    return keep
+
+
+def _kept_rows(rows: list[list[str]], first: str, keep: int) -> list[str]:
+    """The lines of the first ``keep`` rows, then how many rows were left out, under the array."""
+    out = [line for row in rows[:keep] for line in row]
+    if len(rows) > keep:
+        indent = " " * (first.find("[") if "[" in first else len(first) - len(first.lstrip()))
+        out.append(f"{indent}... ({len(rows) - keep} more {'row' if len(rows) - keep == 1 else 'rows'})")
+    return out
+
+
 def shown_lines(message: str, limit: int = 8) -> list[str]:
     """At most about ``limit`` lines of ``message``: the same rows of an expected and a got array.
 
@@ -176,25 +208,12 @@ def shown_lines(message: str, limit: int = 8) -> list[str]:
     many rows it left out; any other message keeps its first ``limit`` lines.
     """
     lines = message.splitlines() or [""]
-    start = next((i for i, line in enumerate(lines) if "expected" in line), None)
-    got = None if start is None else next(
-        (i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("got")), None)
-    if got is None or any(not _CONTINUED.match(line) for line in lines[start + 1:got]):
+    span = _expected_got_span(lines)
+    if span is None:
         return lines[:limit]
-    end = got + 1
-    while end < len(lines) and _CONTINUED.match(lines[end]):
-        end += 1
+    start, got, end = span
     expected_rows, got_rows = _rows(lines[start:got]), _rows(lines[got:end])
     head, tail = lines[:start], lines[end:]
-    room = max(limit - len(head) - len(tail) - 2, 2)
-    keep = 1
-    while (keep < min(len(expected_rows), len(got_rows))
-           and sum(map(len, expected_rows[:keep + 1])) + sum(map(len, got_rows[:keep + 1])) <= room):
-        keep += 1
-    out = list(head)
-    for rows, first in ((expected_rows, lines[start]), (got_rows, lines[got])):
-        out += [line for row in rows[:keep] for line in row]
-        if len(rows) > keep:
-            indent = " " * (first.find("[") if "[" in first else len(first) - len(first.lstrip()))
-            out.append(f"{indent}... ({len(rows) - keep} more {'row' if len(rows) - keep == 1 else 'rows'})")
+    keep = _rows_that_fit(expected_rows, got_rows, max(limit - len(head) - len(tail) - 2, 2))
+    out = list(head) + _kept_rows(expected_rows, lines[start], keep) + _kept_rows(got_rows, lines[got], keep)
     return out + tail[:max(limit - len(out), 1)]

@@ -170,12 +170,25 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
     package_root = find_package_root(impl)  # before resolving: a link is refused, not followed
     impl = Path(impl).expanduser().resolve()
     tests_dir = _tests_folder(tests)
-    python = python or sys.executable
+    options = dict(limits={"cpu": int(max(2 * timeout, 1))}, call_timeout=call_timeout, disk=disk,
+                   user=sandbox_user) if sandbox else None
+    status, done, notes, imported_from, guarded = _graded(package_root, tests_dir, python or sys.executable,
+                                                          timeout, on_wave, options)
+    results = tuple(hide(_noted(status[m.number], notes), hidden) for m in MILESTONES)
+    return GradeReport(results, impl, imported_from, tests_dir, time.perf_counter() - start, guarded,
+                       tuple(hide(_noted(done[e.code], notes), hidden) for e in EXERCISES), notes)
+
+
+def _graded(package_root: Path, tests_dir: Path, python: str, timeout: float, on_wave,
+            sandbox_options: dict | None) -> tuple[dict, dict, tuple[str, ...], str, str]:
+    """Every wave, run from a temporary work folder (and, given ``sandbox_options``, a sandbox
+    removed afterwards): ``(status, done, notes, imported_from, guarded)``."""
     with tempfile.TemporaryDirectory(prefix="diloco-grade-") as tmp:
         config = None
-        if sandbox:
-            options = dict(limits={"cpu": int(max(2 * timeout, 1))}, call_timeout=call_timeout, disk=disk)
-            config = _sandbox_config(package_root, tests_dir, Path(tmp), python, sandbox_user, options)
+        if sandbox_options is not None:
+            options = dict(sandbox_options)
+            user = options.pop("user")
+            config = _sandbox_config(package_root, tests_dir, Path(tmp), python, user, options)
         notes = tuple(config["skipped"]) if config else ()
         try:
             workdir = make_workdir(Path(tmp), package_root, config)
@@ -186,9 +199,7 @@ def grade(impl: Path | str, tests: Path | str | None = None, *, timeout: float =
         finally:
             if config is not None:
                 shutil.rmtree(config["folder"], ignore_errors=True)
-    results = tuple(hide(_noted(status[m.number], notes), hidden) for m in MILESTONES)
-    return GradeReport(results, impl, imported_from, tests_dir, time.perf_counter() - start, guarded,
-                       tuple(hide(_noted(done[e.code], notes), hidden) for e in EXERCISES), notes)
+    return status, done, notes, imported_from, guarded
 
 
 def _tests_folder(tests: Path | str | None) -> Path:
@@ -280,19 +291,36 @@ def _run_waves(tests_dir: Path, workdir, python: str, timeout: float, on_wave, i
         if on_wave is not None:
             on_wave(wave, extra)
         records, crashes = run_wave([*wave, *extra], tests_dir, workdir, python, timeout)
-        if workdir.sandbox is not None:  # from the grader's own proxy; its one text only
-            note = full_note(workdir.sandbox)
-            found.update(note for r in records if r["kind"] == "note" and r.get("text") == note)
-        for record in records:
-            if (record["kind"] == "import" and "file" in record
-                    and Path(record["file"]).resolve() != Path(imported).resolve()):
-                raise GradingError(f"the tests imported diloco from {record['file']}, not {imported}")
+        found.update(_sandbox_notes(workdir, records))
+        _check_imported(records, imported)
         for unit in [*map(by_number, wave), *map(by_code, extra)]:
             crash = crashes.get(unit.marker) or unreported([unit.marker], records)
             verdicts = status if isinstance(unit, Milestone) else done
             verdicts[unit.number if isinstance(unit, Milestone) else unit.code] = classify(
                 unit, records, crash, tests_dir)
-    for m in MILESTONES:  # only reachable with a cycle in the graph
+    return _cycles_locked(status, done)
+
+
+def _sandbox_notes(workdir, records: list[dict]) -> set[str]:
+    """The sandbox's full-disk note, if the grader's own proxy recorded it (its one text only)."""
+    if workdir.sandbox is None:
+        return set()
+    note = full_note(workdir.sandbox)
+    return {note for r in records if r["kind"] == "note" and r.get("text") == note}
+
+
+def _check_imported(records: list[dict], imported: Path) -> None:
+    """``GradingError`` when a wave's tests imported ``diloco`` from anywhere but ``imported``."""
+    for record in records:
+        if (record["kind"] == "import" and "file" in record
+                and Path(record["file"]).resolve() != Path(imported).resolve()):
+            raise GradingError(f"the tests imported diloco from {record['file']}, not {imported}")
+
+
+def _cycles_locked(status: dict, done: dict) -> tuple[dict, dict]:
+    """``(status, done)`` with every unit still without a verdict locked: only reachable with a
+    cycle in the dependency graph."""
+    for m in MILESTONES:
         status.setdefault(m.number, MilestoneResult(m, LOCKED, "dependency cycle"))
     for e in EXERCISES:
         done.setdefault(e.code, MilestoneResult(e, LOCKED, "dependency cycle"))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diloco import stop_signals
+from diloco.runtime import stop_signals
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "write_json", "read_json", "npz_bytes"]
 

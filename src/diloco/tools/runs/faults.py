@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from diloco import stop_signals
-from diloco.stop_signals import Stopped, Terminated, exit_status
+from diloco.runtime import stop_signals
+from diloco.runtime.stop_signals import Stopped, Terminated, exit_status
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.invocation import command, shown_path
 from diloco.tools.runs.atomic_files import read_json, write_json
@@ -186,7 +186,7 @@ def run_outcome(write_summary):
     try:
         with stop_signals.signal_first():  # an error from a clean-up a signal cut short is the signal
             yield
-    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP (diloco.stop_signals)
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP (diloco.runtime.stop_signals)
         _, name = _signal_of(exc)
         record("interrupted", f"stopped by {name}", {"signal": name})
         raise

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diloco import stop_signals
+from diloco.runtime import stop_signals
 from diloco.core.divergence import Diverged, check_record
 from diloco.core.driver import RunState, train
 from diloco.core.hooks import Callback, Guard, NetworkTimer
@@ -91,7 +91,7 @@ class KeepLastRound:
 
 class RoundEnd:
     """The round's callback (the history line) and ``KeepLastRound``'s copy as one step: a stop
-    signal landing in either waits for both (``diloco.stop_signals.deferred``), so the round an
+    signal landing in either waits for both (``diloco.runtime.stop_signals.deferred``), so the round an
     interrupt saves is always the last round the history holds. The due checkpoint's write
     comes after, and a signal may stop it (``save_last`` writes the round again, whole)."""
 
@@ -136,45 +136,25 @@ def train_resumable(algo: str, x: np.ndarray, y: np.ndarray, config, *, x_eval=N
                     max_loss: float | None = None, on_round=None, on_checkpoint=None, encode=None):
     """Train ``algo`` ("diloco" or "sync") with checkpoints, resume and a divergence guard.
 
-    Parameters
-    ----------
-    algo : "diloco" or "sync"
-    x, y, config, x_eval, y_eval, on_round, encode
-        As for ``train_diloco``. The run generator is always ``default_rng(config.seed)``.
-    checkpoint_dir : path, optional
-        Where checkpoints go; None writes none.
-    checkpoint_every : int >= 1, optional
-        With ``checkpoint_dir``: a checkpoint after every this many rounds; the last round
-        is always checkpointed (the final params and states). Default: only the last. A
-        ``KeyboardInterrupt`` (a signal) during a round also writes the last finished round
-        first, so the work done is kept whatever ``checkpoint_every`` is.
-    resume_from : path or Checkpoint, optional
-        A checkpoint folder (its newest checkpoint of ``algo``) or a manifest. Training
-        continues after its round; the checkpoint must have been made with this exact
-        ``config`` (its family section included) and data, else ``CheckpointError``.
-        ``checkpoint_dir`` defaults to the folder of the checkpoint.
-    max_loss : float > 0, optional
-        A training or held-out loss above this counts as divergence.
-    on_checkpoint : callable(path, round), optional
-        Called after each checkpoint is on disk.
+    ``x, y, config, x_eval, y_eval, on_round, encode`` are as for ``train_diloco``; the run
+    generator is always ``default_rng(config.seed)``.
 
-    Returns
-    -------
-    TrainResult(params, history)
-        Bit-identical to ``train_diloco`` / ``train_synchronous_baseline`` for the same
-        inputs on the reference executor, interrupted and resumed or not.
+    - ``checkpoint_dir``: where checkpoints go (None: none). ``checkpoint_every`` (>= 1): a
+      checkpoint after every this many rounds; the last round is always checkpointed (default:
+      only the last). A ``KeyboardInterrupt`` (a signal) during a round writes the last finished
+      round first, then goes on: the work done is kept whatever ``checkpoint_every`` is.
+    - ``resume_from``: a checkpoint folder (its newest checkpoint of ``algo``) or a manifest,
+      made with this exact ``config`` (family section included) and data; training continues
+      after its round, and ``checkpoint_dir`` defaults to its folder.
+    - ``max_loss`` (> 0): a training or held-out loss above it is divergence.
+    - ``on_checkpoint(path, round)``: called after each checkpoint is on disk.
 
-    Raises
-    ------
-    KeyboardInterrupt
-        Passed on, after the last finished round is written (with ``checkpoint_dir``).
-    Diverged
-        A non-finite value (or a loss above ``max_loss``); names round, worker, quantity.
-    diloco.tools.runs.checkpoint.CheckpointError
-        ``resume_from`` is missing, truncated, corrupted, of another version, or made with
-        another config or data.
-    TypeError, ValueError
-        Bad data or config, as for ``train_diloco``.
+    Returns ``TrainResult(params, history)``, bit-identical to ``train_diloco`` /
+    ``train_synchronous_baseline`` for the same inputs on the reference executor, interrupted
+    and resumed or not. Raises ``Diverged`` (a non-finite value or a loss above ``max_loss``,
+    naming round, worker and quantity); ``checkpoint.CheckpointError`` (``resume_from``
+    missing, truncated, corrupted, of another version, or of another config or data);
+    ``TypeError`` / ``ValueError`` for bad data or config, as ``train_diloco`` does.
     """
     _check_options(algo, checkpoint_every, max_loss, on_round=on_round, on_checkpoint=on_checkpoint)
     fingerprint = data_fingerprint(x, y, x_eval, y_eval)

@@ -109,6 +109,24 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
         found = runtime(python or sys.executable, tuple(packages))
     except RuntimeError as exc:
         raise Unavailable(f"{exc}; the sandbox needs an interpreter with {', '.join(packages)}") from None
+    skipped = _fill(folder, package_root, package_limit)
+    binds, shown = bind_arguments(found, hide)
+    root = [*binds, *_mounts(folder, disk)]
+    return {
+        "bwrap": [bwrap, *NAMESPACES, *launch["flags"], *root], "python": found["executable"],
+        "paths": found["paths"], "shown": shown, "folder": str(folder), "package_root": PKG,
+        "mode": launch["mode"], "launch_as": launch["launch_as"], "uid": launch["uid"], "gid": launch["gid"],
+        "user": user if os.geteuid() == 0 else None, "packages": list(packages), "disk": int(disk),
+        "files": int(files),
+        "limits": {**DEFAULT_LIMITS, "fsize": int(disk), **(limits or {})}, "call_timeout": float(call_timeout),
+        "skipped": skipped,
+    }
+
+
+def _fill(folder: Path, package_root: Path, package_limit: int) -> list[str]:
+    """Copy the checked package to ``folder/pkg`` and the worker to ``folder/bin``, all readable and
+    never writable by the sandbox user; the files the check skipped. ``Refused`` when the package
+    fails the check or cannot be read while it is copied."""
     skipped = check_package(package_root / "diloco", package_limit)
     try:
         shutil.copytree(package_root / "diloco", folder / "pkg" / "diloco", ignore=_plain_files_only, symlinks=True)
@@ -122,20 +140,16 @@ def prepare(package_root: Path, folder: Path, *, user: str | None, hide=(), limi
         shutil.copyfile(source, folder / "bin" / source.name)
     for path in [folder, *folder.rglob("*")]:  # readable, never writable, by the sandbox user
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
-    binds, shown = bind_arguments(found, hide)
-    root = [*binds, "--perms", "0755", "--dir", os.path.dirname(PKG),
+    return skipped
+
+
+def _mounts(folder: Path, disk: int) -> list[str]:
+    """bubblewrap's arguments after the allow-list binds: the package and worker read-only, a
+    ``disk``-byte tmpfs to work in, /proc, /dev, and everything else remounted read-only."""
+    return ["--perms", "0755", "--dir", os.path.dirname(PKG),
             "--ro-bind", str(folder / "pkg"), PKG, "--ro-bind", str(folder / "bin"), BIN,
             "--perms", "1777", "--size", str(int(disk)), "--tmpfs", WORK, "--proc", "/proc", "--dev", "/dev",
             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK]
-    return {
-        "bwrap": [bwrap, *NAMESPACES, *launch["flags"], *root], "python": found["executable"],
-        "paths": found["paths"], "shown": shown, "folder": str(folder), "package_root": PKG,
-        "mode": launch["mode"], "launch_as": launch["launch_as"], "uid": launch["uid"], "gid": launch["gid"],
-        "user": user if os.geteuid() == 0 else None, "packages": list(packages), "disk": int(disk),
-        "files": int(files),
-        "limits": {**DEFAULT_LIMITS, "fsize": int(disk), **(limits or {})}, "call_timeout": float(call_timeout),
-        "skipped": skipped,
-    }
 
 
 def _plain_files_only(directory: str, names: list[str]) -> set[str]:
@@ -228,24 +242,52 @@ def _sparse(path: str) -> bool:
 _REQUIRED_LIMITS = ("cpu", "as", "nproc", "fsize")
 
 
-def missing(config: dict, hello: dict) -> list[str]:
-    """The required protections the worker did not find in force (empty: it is sandboxed)."""
-    gaps = []
+def _root_gap(config: dict, hello: dict) -> str | None:
     expected = {p.strip("/").split("/")[0] for p in [*config["shown"], PKG]} | {"dev", "proc"}
     if not hello.get("root") or not set(hello["root"]) <= expected:
-        gaps.append(f"an allow-list root (the worker sees /{', /'.join(map(str, hello.get('root') or []))})")
+        return f"an allow-list root (the worker sees /{', /'.join(map(str, hello.get('root') or []))})"
+    return None
+
+
+def _network_gap(config: dict, hello: dict) -> str | None:
     if not isinstance(hello.get("network"), list) or [name for name in hello["network"] if name != "lo"]:
-        gaps.append(f"no network (the worker sees interfaces {hello.get('network')})")
+        return f"no network (the worker sees interfaces {hello.get('network')})"
+    return None
+
+
+def _user_gap(config: dict, hello: dict) -> str | None:
     if hello.get("uid") != config["uid"] or (config["mode"] == "userns" and not hello.get("userns")):
-        gaps.append(f"a separate user or user namespace (the worker runs as uid {hello.get('uid')})")
+        return f"a separate user or user namespace (the worker runs as uid {hello.get('uid')})"
+    return None
+
+
+def _files_gap(config: dict, hello: dict) -> str | None:
     if hello.get("files") != config["files"]:
-        gaps.append(f"a file count on its working folder (it may hold {hello.get('files')} files)")
+        return f"a file count on its working folder (it may hold {hello.get('files')} files)"
+    return None
+
+
+def _capabilities_gap(config: dict, hello: dict) -> str | None:
     if hello.get("capabilities") != 0:
-        gaps.append(f"no capabilities (the worker holds {hello.get('capabilities')!r})")
+        return f"no capabilities (the worker holds {hello.get('capabilities')!r})"
+    return None
+
+
+def _limits_gap(config: dict, hello: dict) -> str | None:
     refused = set(hello.get("limits_refused") or ()) & set(_REQUIRED_LIMITS)
     if refused or hello.get("limits") != config["limits"]:
-        gaps.append(f"resource limits ({', '.join(sorted(refused)) or 'not applied'} refused)")
-    return gaps
+        return f"resource limits ({', '.join(sorted(refused)) or 'not applied'} refused)"
+    return None
+
+
+# One check per required protection, in the order a report names them: each returns the gap
+# (what is missing, and what the worker found instead) or None when the protection is in force.
+_PROTECTIONS = (_root_gap, _network_gap, _user_gap, _files_gap, _capabilities_gap, _limits_gap)
+
+
+def missing(config: dict, hello: dict) -> list[str]:
+    """The required protections the worker did not find in force (empty: it is sandboxed)."""
+    return [gap for check in _PROTECTIONS if (gap := check(config, hello)) is not None]
 
 
 def protections(config: dict, hello: dict | None = None) -> str:

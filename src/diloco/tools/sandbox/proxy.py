@@ -185,9 +185,23 @@ def call(name: str, args: tuple, kwargs: dict):
               "args": [encoder.encode(value) for value in args],
               "kwargs": {key: encoder.encode(value) for key, value in kwargs.items()},
               "errstate": np.geterr()}
+    reply, blobs = _exchange(session, box, encoder, header, (args, kwargs))
+    session.note_full(reply)
+    value, error, caught = _read_reply(session, box, encoder, name, reply, blobs)
+    for message, category, filename, lineno in caught:
+        warnings.warn_explicit(message, category, filename, lineno, module="diloco")
+    if error is not None:
+        raise error
+    return value
+
+
+def _exchange(session: _Session, box, encoder: Encoder, header: dict, request: tuple) -> tuple[dict, list]:
+    """Send the call and answer its callbacks until the reply. A time-out breaks the current
+    scope (its other calls fail at once); any other interruption kills the half-way sandbox."""
+    name = header["fn"]
     try:
-        reply, blobs = box.exchange(header, encoder.blobs, what=f"running {name}",
-                                    on_callback=lambda h, b: _callback(session, encoder, (args, kwargs), h, b))
+        return box.exchange(header, encoder.blobs, what=f"running {name}",
+                            on_callback=lambda h, b: _callback(session, encoder, request, h, b))
     except SandboxError:
         if box.timed_out:  # no more time for this milestone: its other tests fail at once
             session.broken_in.setdefault(session.scope, f"a call in {session.scope or 'this test run'} ran out of "
@@ -196,7 +210,12 @@ def call(name: str, args: tuple, kwargs: dict):
     except BaseException:
         box.kill()  # a callback was interrupted: the sandbox is half-way through a call
         raise
-    session.note_full(reply)
+
+
+def _read_reply(session: _Session, box, encoder: Encoder, name: str, reply: dict, blobs: list) -> tuple:
+    """``(value, error, warnings)`` from the reply: the arguments' changes applied in place, the
+    return value, the exception to raise again. A malformed reply kills the sandbox and is a
+    ``SandboxError``."""
     try:
         kind = reply.get("kind")
         if kind == "refused":
@@ -208,15 +227,10 @@ def call(name: str, args: tuple, kwargs: dict):
             decoder.decode(item)
         value = decoder.decode(reply["value"]) if kind == "return" else None
         error = _rebuilt(name, reply["error"]) if kind == "raise" else None
-        caught = [_warning(entry) for entry in reply.get("warnings", [])[:50]]
+        return value, error, [_warning(entry) for entry in reply.get("warnings", [])[:50]]
     except Exception as exc:  # noqa: BLE001 - whatever a malformed reply breaks: WireError, KeyError, ...
         box.kill()
         raise SandboxError(f"the sandbox sent a malformed reply while running {name}: {exc}") from None
-    for message, category, filename, lineno in caught:
-        warnings.warn_explicit(message, category, filename, lineno, module="diloco")
-    if error is not None:
-        raise error
-    return value
 
 
 def _rebuilt(name: str, error: dict) -> BaseException:

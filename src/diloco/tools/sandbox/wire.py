@@ -305,17 +305,35 @@ def rebuild_exception(error: dict) -> Exception | None:
     """
     if type(error) is not dict or type(error.get("bases")) is not list or type(error.get("message")) is not str:
         raise WireError("a malformed exception")
-    for name in error["bases"][:50]:
+    cls = _builtin_exception(error["bases"])
+    if cls is None:
+        return None
+    return _constructed(cls, error["message"][:20000], _simple_args(error.get("args")))
+
+
+def _builtin_exception(bases: list) -> type[Exception] | None:
+    """The first of (the first 50) ``bases`` that names a builtin ``Exception`` class, else None."""
+    for name in bases[:50]:
         cls = getattr(builtins, name, None) if type(name) is str else None
         if isinstance(cls, type) and issubclass(cls, Exception):
-            break
-    else:
+            return cls
+    return None
+
+
+def _simple_args(args) -> list | None:
+    """``args`` when it is a short list of plain values (strings not too long), else None."""
+    if type(args) is not list or len(args) > 20 or not all(type(a) in _SIMPLE for a in args):
         return None
-    message, args = error["message"][:20000], error.get("args")
-    if type(args) is list and (len(args) > 20 or any(type(a) is str and len(a) > 20000 for a in args)):
-        args = None
+    if any(type(a) is str and len(a) > 20000 for a in args):
+        return None
+    return args
+
+
+def _constructed(cls: type[Exception], message: str, args: list | None) -> Exception:
+    """``cls(*args)`` when that prints as ``message``, else ``cls(message)``, else (a class whose
+    constructor wants other arguments) a plain ``Exception(message)``."""
     try:
-        exc = cls(*args) if type(args) is list and all(type(a) in _SIMPLE for a in args) else cls(message)
+        exc = cls(*args) if args is not None else cls(message)
         if str(exc) != message:
             exc = cls(message)
     except Exception:  # noqa: BLE001 - a class whose constructor wants other arguments

@@ -173,22 +173,16 @@ class Decoder:
         return self.blobs[index]
 
     def _container(self, item, tag):
+        """A dict or list, refilled in place when it stands for a request object (``a``)."""
         kind = dict if tag == "D" else list
         target = self._target(item, kind)
         value = kind() if target is None else target
         self._slot(item, value)
-        keys = [_hashable(self._decode(k)) for k in self._list(item["k"])] if tag == "D" else None
-        items = [self._decode(v) for v in self._list(item["v"])]
         if tag == "D":
-            if len(keys) != len(items):
-                raise WireError("a dict with more keys than values")
-            if target is None or list(target) != keys or any(
-                    a is not b for a, b in zip(target.values(), items, strict=True)):
-                value.clear()
-                value.update(zip(keys, items, strict=True))
-        elif target is None or len(target) != len(items) or any(
-                a is not b for a, b in zip(target, items, strict=True)):
-            value[:] = items
+            keys = [_hashable(self._decode(k)) for k in self._list(item["k"])]
+            _refill_dict(value, target, keys, [self._decode(v) for v in self._list(item["v"])])
+        else:
+            _refill_list(value, target, [self._decode(v) for v in self._list(item["v"])])
         return value
 
     def _record(self, item):
@@ -295,45 +289,90 @@ class Decoder:
                                       n_children_spawned=spawned)
 
     def _other(self, item, tag):
-        if tag == "S":
-            array = load_array(self.blob_of(item), self.budget)
-            if array.ndim != 0:
-                raise WireError("a scalar blob that is not 0-d")
-            return array[()]
-        if tag == "X":
-            real, imag = item["v"]
-            return complex(float(real), float(imag))
-        if tag == "B":
-            return base64.b64decode(item["v"].encode("ascii"), validate=True)
-        if tag == "E":
-            values = [_hashable(self._decode(v)) for v in self._list(item["v"])]
-            return frozenset(values) if item["f"] is True else set(values)
-        if tag == "Y":
-            module, _, name = str(item["v"]).partition(".")
-            if not name.isidentifier() or name.startswith("_"):
-                raise WireError(f"type {str(item['v'])[:100]!r} may not cross")
-            found = getattr(np, name, None) if module == "numpy" else BUILTIN_TYPES.get(name)
-            if module == "builtins" and found is not None:
-                return found
-            if isinstance(found, type) and issubclass(found, np.generic):
-                return found
-            raise WireError(f"type {item['v']!r} may not cross")
-        if tag == "Z":
-            if type(item["v"]) is not str or len(item["v"]) > 16:
-                raise WireError("a malformed dtype")
-            dtype = np.dtype(item["v"])
-            if dtype.kind not in ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
-                raise WireError(f"dtype {dtype} may not cross")
-            return dtype
-        if tag == "F" and self.make_callable is not None:
-            index = self._slot(item)
-            attrs = item.get("attrs", {})
-            if type(attrs) is not dict or not all(type(v) in (int, float, str, bool) for v in attrs.values()):
-                raise WireError("a callable's attributes are not plain")
-            self.objects[index] = value = self.make_callable(index, {str(k): v for k, v in attrs.items()})
-            return value
-        if tag == "O" and self.opaque:
-            index = self._slot(item)
-            self.objects[index] = value = _opaque(str(item["type"]), str(item["repr"]))
-            return value
-        raise WireError(f"unknown or forbidden item tag {tag!r}")
+        """A tag of ``_OTHER_TAGS``, each decoded by a method of its own; any other is refused."""
+        method = _OTHER_TAGS.get(tag)
+        if method is None:
+            raise WireError(f"unknown or forbidden item tag {tag!r}")
+        return getattr(self, method)(item, tag)
+
+    def _scalar(self, item, tag):
+        array = load_array(self.blob_of(item), self.budget)
+        if array.ndim != 0:
+            raise WireError("a scalar blob that is not 0-d")
+        return array[()]
+
+    @staticmethod
+    def _complex(item, tag):
+        real, imag = item["v"]
+        return complex(float(real), float(imag))
+
+    @staticmethod
+    def _bytes(item, tag):
+        return base64.b64decode(item["v"].encode("ascii"), validate=True)
+
+    def _set(self, item, tag):
+        values = [_hashable(self._decode(v)) for v in self._list(item["v"])]
+        return frozenset(values) if item["f"] is True else set(values)
+
+    @staticmethod
+    def _type(item, tag):
+        """A builtin type, or a NumPy scalar type, by name: nothing else, and no private name."""
+        module, _, name = str(item["v"]).partition(".")
+        if not name.isidentifier() or name.startswith("_"):
+            raise WireError(f"type {str(item['v'])[:100]!r} may not cross")
+        found = getattr(np, name, None) if module == "numpy" else BUILTIN_TYPES.get(name)
+        if module == "builtins" and found is not None:
+            return found
+        if isinstance(found, type) and issubclass(found, np.generic):
+            return found
+        raise WireError(f"type {item['v']!r} may not cross")
+
+    @staticmethod
+    def _dtype(item, tag):
+        """A plain numeric dtype: no record fields, no sub-array."""
+        if type(item["v"]) is not str or len(item["v"]) > 16:
+            raise WireError("a malformed dtype")
+        dtype = np.dtype(item["v"])
+        if dtype.kind not in ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+            raise WireError(f"dtype {dtype} may not cross")
+        return dtype
+
+    def _callable(self, item, tag):
+        """The caller's callable, only for a reader that can stand in for one (``make_callable``)."""
+        if self.make_callable is None:
+            raise WireError(f"unknown or forbidden item tag {tag!r}")
+        index = self._slot(item)
+        attrs = item.get("attrs", {})
+        if type(attrs) is not dict or not all(type(v) in (int, float, str, bool) for v in attrs.values()):
+            raise WireError("a callable's attributes are not plain")
+        self.objects[index] = value = self.make_callable(index, {str(k): v for k, v in attrs.items()})
+        return value
+
+    def _opaque_item(self, item, tag):
+        """A stand-in for what cannot cross, only for a reader that accepts them (``opaque``)."""
+        if not self.opaque:
+            raise WireError(f"unknown or forbidden item tag {tag!r}")
+        index = self._slot(item)
+        self.objects[index] = value = _opaque(str(item["type"]), str(item["repr"]))
+        return value
+
+
+# The tags ``Decoder._other`` reads, each with the method that decodes it.
+_OTHER_TAGS = {"S": "_scalar", "X": "_complex", "B": "_bytes", "E": "_set", "Y": "_type", "Z": "_dtype",
+               "F": "_callable", "O": "_opaque_item"}
+
+
+def _refill_dict(value: dict, target: dict | None, keys: list, items: list) -> None:
+    """Fill ``value`` with ``keys`` and ``items``, leaving a request's dict (``target``) untouched
+    when nothing in it changed."""
+    if len(keys) != len(items):
+        raise WireError("a dict with more keys than values")
+    if target is None or list(target) != keys or any(a is not b for a, b in zip(target.values(), items, strict=True)):
+        value.clear()
+        value.update(zip(keys, items, strict=True))
+
+
+def _refill_list(value: list, target: list | None, items: list) -> None:
+    """Fill ``value`` with ``items``, leaving a request's list (``target``) untouched when nothing in it changed."""
+    if target is None or len(target) != len(items) or any(a is not b for a, b in zip(target, items, strict=True)):
+        value[:] = items

@@ -71,6 +71,7 @@ class Encoder:
         return len(self.blobs) - 1
 
     def encode(self, value):
+        """``value`` as a JSON item (its arrays added to ``blobs``); ``WireError`` when it may not cross."""
         cls = type(value)
         if value is None or cls in (bool, int, float, str):
             return value
@@ -81,17 +82,29 @@ class Encoder:
         if isinstance(value, np.generic):
             return {"t": "S", "b": self._add(blob_of(np.asarray(value)))}
         if isinstance(value, (dict, list)):
-            item = self._new(value, "D" if isinstance(value, dict) else "L")
-            if isinstance(value, dict):
-                item["k"] = [self.encode(key) for key in value]
-            item["v"] = [self.encode(v) for v in (value.values() if isinstance(value, dict) else value)]
-            return item
+            return self._container(value)
         name = self.names.name_of(cls)
         if name is not None:
-            item = self._new(value, "C")
-            item["n"] = name
-            item["f"] = {field: self.encode(getattr(value, field)) for field in self.names.fields(cls, name)}
-            return item
+            return self._record(value, cls, name)
+        return self._unnamed(value, cls)
+
+    def _container(self, value: dict | list) -> dict:
+        item = self._new(value, "D" if isinstance(value, dict) else "L")
+        if isinstance(value, dict):
+            item["k"] = [self.encode(key) for key in value]
+        item["v"] = [self.encode(v) for v in (value.values() if isinstance(value, dict) else value)]
+        return item
+
+    def _record(self, value, cls: type, name: str) -> dict:
+        """A listed record: its listed name and its listed fields, nothing else."""
+        item = self._new(value, "C")
+        item["n"] = name
+        item["f"] = {field: self.encode(getattr(value, field)) for field in self.names.fields(cls, name)}
+        return item
+
+    def _unnamed(self, value, cls: type) -> dict:
+        """A value that is no listed record: refused (strictly) if it is one of the project's
+        classes, else a tuple, a generator, a request object sent back, or ``_other``."""
         unlisted = self.names.unlisted(cls)
         if unlisted is not None and not self.lenient:
             raise WireError(f"{unlisted!r} is not a record class of the project (wire_names.RECORDS)")
@@ -100,20 +113,35 @@ class Encoder:
             item["v"] = [self.encode(v) for v in value]
             return item
         if isinstance(value, (np.random.Generator, np.random.RandomState)):
-            generator = isinstance(value, np.random.Generator)
-            item = self._new(value, "G" if generator else "R")
-            item["s"] = self.encode(value.bit_generator.state if generator else value.get_state(legacy=False))
-            seeds = getattr(value.bit_generator, "seed_seq", None) if generator else None
-            if isinstance(seeds, np.random.SeedSequence):  # what Generator.spawn draws from
-                item["q"] = {"entropy": self.encode(seeds.entropy), "spawn_key": list(seeds.spawn_key),
-                             "pool_size": seeds.pool_size, "n_children_spawned": seeds.n_children_spawned}
-            return item
+            return self._generator(value)
         if id(value) in self._args:  # a callable or stand-in the caller sent: it stays the caller's
-            item = self._new(value, "=")
-            return item
+            return self._new(value, "=")
         return self._other(value, cls)
 
+    def _generator(self, value: np.random.Generator | np.random.RandomState) -> dict:
+        """Its state, and a Generator's ``SeedSequence`` (what ``Generator.spawn`` draws from)."""
+        generator = isinstance(value, np.random.Generator)
+        item = self._new(value, "G" if generator else "R")
+        item["s"] = self.encode(value.bit_generator.state if generator else value.get_state(legacy=False))
+        seeds = getattr(value.bit_generator, "seed_seq", None) if generator else None
+        if isinstance(seeds, np.random.SeedSequence):
+            item["q"] = {"entropy": self.encode(seeds.entropy), "spawn_key": list(seeds.spawn_key),
+                         "pool_size": seeds.pool_size, "n_children_spawned": seeds.n_children_spawned}
+        return item
+
     def _other(self, value, cls):
+        """A plain value of ``_plain``; else, on the lenient side only, a callable or a stand-in."""
+        item = self._plain(value, cls)
+        if item is not None:
+            return item
+        if not self.lenient:
+            raise WireError(f"a value of type {qualified_name(value)} cannot cross the sandbox boundary")
+        if callable(value) and not isinstance(value, type):
+            return self._callable(value)
+        return self._stand_in(value)
+
+    def _plain(self, value, cls) -> dict | None:
+        """A complex, bytes, set, NumPy scalar or builtin type, or a plain dtype; else None."""
         if cls is complex:
             return {"t": "X", "v": [value.real, value.imag]}
         if cls is bytes:
@@ -126,16 +154,20 @@ class Encoder:
             return {"t": "Y", "v": f"builtins.{value.__name__}"}
         if isinstance(value, np.dtype) and value.kind in ARRAY_KINDS and value.fields is None:
             return {"t": "Z", "v": value.str}
-        if not self.lenient:
-            raise WireError(f"a value of type {qualified_name(value)} cannot cross the sandbox boundary")
-        if callable(value) and not isinstance(value, type):
-            item = self._new(value, "F")
-            self.callables.add(item["i"])
-            try:  # the simple attributes travel with it (an encoder's input_width, say)
-                item["attrs"] = {k: v for k, v in vars(value).items() if type(v) in (int, float, str, bool)}
-            except TypeError:  # no __dict__: a function's attributes are not its contract
-                pass
-            return item
+        return None
+
+    def _callable(self, value) -> dict:
+        """The caller's callable, by index (what a callback may call), with its simple attributes."""
+        item = self._new(value, "F")
+        self.callables.add(item["i"])
+        try:  # the simple attributes travel with it (an encoder's input_width, say)
+            item["attrs"] = {k: v for k, v in vars(value).items() if type(v) in (int, float, str, bool)}
+        except TypeError:  # no __dict__: a function's attributes are not its contract
+            pass
+        return item
+
+    def _stand_in(self, value) -> dict:
+        """An object that cannot cross: its type's name and (at most 200 characters of) its repr."""
         item = self._new(value, "O")
         try:
             text = repr(value)[:200]

@@ -18,9 +18,13 @@ small enough for two CPU cores. Studies run on ``default_engine()``: the fast en
 (``diloco.engine``, equal to the milestone path up to rounding) where it is installed.
 ``trainer(algo, engine)`` is the one place that picks the training function.
 
-``summarise`` reduces the per-seed results to a mean and a 95% Student-t interval,
-``markdown_table`` prints them (both in ``diloco.tools.studies.study_stats``, re-exported here).
-NumPy only: progress bars and plots live in the CLI.
+Each study is data (``Study``); ``diloco study NAME`` runs it through the one study runner
+(``ablation_spec.AblationSpec``: the run cache, resuming, the report), and ``run_study`` (the
+notebooks' call) runs the same arms with the same loop (``study_loop.run_arms``) and the same
+run (``run_variant``), without the cache. ``summarise`` reduces the per-seed results to a mean
+and a 95% Student-t interval, ``markdown_table`` prints them (both in
+``diloco.tools.studies.study_stats``, re-exported here). NumPy only: progress bars and plots
+live in the CLI.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from diloco.config import DiLoCoConfig
 from diloco.core.driver import is_course_algorithm, train
 from diloco.core.hooks import NetworkTimer, callbacks
 from diloco.loop import train_diloco, train_synchronous_baseline
-from diloco.shard_divergence import run_split_divergence
+from diloco.corpus.shard_divergence import run_split_divergence
+from diloco.tools.studies.study_loop import run_arms
 from diloco.tools.studies.study_stats import (
     format_bytes,
     markdown_table,
@@ -47,8 +52,9 @@ from diloco.tools.studies.study_stats import (
 )
 
 __all__ = [
-    "Variant", "Study", "STUDIES", "TRAINERS", "trainer", "default_engine", "fast_engine_available",
-    "t_quantile_975", "mean_interval", "run_study", "summarise", "mean_curves", "markdown_table", "format_bytes",
+    "Arm", "Variant", "Study", "STUDIES", "TRAINERS", "trainer", "default_engine", "fast_engine_available",
+    "t_quantile_975", "mean_interval", "run_study", "run_variant", "outcome_fields", "replay_rounds",
+    "summarise", "mean_curves", "markdown_table", "format_bytes",
 ]
 
 # The reference path: the milestone functions of diloco.loop.
@@ -102,20 +108,27 @@ def _reference(algo: str, x, y, config, **kwargs):
     return train(algo, x, y, config, executor="reference", hooks=hooks, **kwargs)
 
 
-class Variant(NamedTuple):
-    """One arm of a study: ``changes`` are applied to the study's base config."""
+class Arm(NamedTuple):
+    """One arm of a study (every study's: ``paper_runs`` re-exports it): ``changes`` are applied
+    to the study's base config."""
 
     label: str
     algo: str  # "diloco" or "sync"
     changes: dict
 
 
+Variant = Arm  # the ablations' first name for it
+
+
 class Study(NamedTuple):
-    """A named ablation.
+    """A named study, as data: the one runner runs it (``ablation_spec.AblationSpec``).
 
     ``base`` holds config fields the study sets before the user's flags apply;
     ``variants(config, values)`` lists the arms for the chosen values (``values`` are
-    strings from ``--values`` or ``default_values``).
+    strings from ``--values`` or ``default_values``). ``claims`` (``paper_studies.Claim``:
+    two arms by label, the one expected better first, an optional margin) are judged seed
+    by seed on the final held-out loss, their verdicts in the report; the ablations state
+    their ``claim`` in words only.
     """
 
     name: str
@@ -125,6 +138,7 @@ class Study(NamedTuple):
     base: dict
     default_values: tuple
     variants: Callable[[DiLoCoConfig, tuple], list]
+    claims: tuple = ()
 
 
 def _ints(values, name: str) -> list[int]:
@@ -218,9 +232,58 @@ STUDIES = {
         "workers K", dict(_SMALL), ("1", "2", "4", "8", "16"), _workers_variants),
 }
 
+def run_variant(variant: Variant, config: DiLoCoConfig, seed: int, dataset, history=None) -> dict:
+    """Train one arm of a study with ``seed``; its outcome (``run_study``'s fields).
+
+    ``history`` (a ``HistoryWriter``, or anything with its ``callback``) receives every round,
+    tagged with ``variant`` and ``seed``; the outcome then keeps those rounds as ``history``,
+    so a run read back from the run cache can be replayed into a study's ``history.jsonl``.
+    """
+    run_config = config.replace(**variant.changes, seed=int(seed))
+    rounds: list = []
+    on_round = None
+    if history is not None:
+        write = history.callback(variant.algo, variant=variant.label, seed=int(seed))
+
+        def on_round(record):
+            rounds.append(dict(record))
+            write(record)
+    start = time.perf_counter()
+    encode = getattr(dataset, "encode", None)  # the char-LM's encoder (one-hot or token windows)
+    result = trainer(variant.algo, run_config.engine)(
+        dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test, y_eval=dataset.y_test,
+        on_round=on_round, **({} if encode is None else {"encode": encode}))
+    outcome = {**outcome_fields(variant, seed, run_config, result.history, time.perf_counter() - start),
+               "split_divergence": run_split_divergence(dataset.x_train, dataset.y_train, run_config,
+                                                        text=encode is not None)}
+    return outcome if history is None else {**outcome, "history": rounds}
+
+
+def outcome_fields(variant, seed: int, config: DiLoCoConfig, history: list, seconds: float) -> dict:
+    """What every study run of an arm reports: its arm and seed, its shape, its final held-out
+    metrics and training loss, its all-reduces and bytes sent per worker, its seconds."""
+    last = history[-1]
+    return {"variant": variant.label, "algo": variant.algo, "seed": int(seed), "rounds": config.rounds,
+            "inner_steps": config.inner_steps, "num_workers": config.num_workers, "eval_loss": last["eval_loss"],
+            "eval_accuracy": last["eval_accuracy"], "inner_loss": last["inner_loss"],
+            "all_reduces": int(sum(r["all_reduces"] for r in history)), "bytes_sent": last["cumulative_bytes"],
+            "seconds": seconds}
+
+
+def replay_rounds(outcome: dict, history) -> None:
+    """A stored run's rounds (``run_variant``'s ``history``) into ``history``, through the callback
+    they first went through: the same records, but for their ``time``."""
+    write = history.callback(outcome["algo"], variant=outcome["variant"], seed=outcome["seed"])
+    for record in outcome.get("history", []):
+        write(record)
+
+
 def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *, history=None,
-              on_run_start=None, on_run_end=None) -> list[dict]:
-    """Run every variant of ``study`` for every seed; return one result per run.
+              on_run_end=None) -> list[dict]:
+    """Run every variant of ``study`` for every seed (``run_variant``); return one result per run.
+
+    The study loop is the one runner's (``study_loop.run_arms``); ``diloco study NAME`` runs
+    the same arms through the runner itself, with the run cache (``ablation_spec``).
 
     Parameters
     ----------
@@ -233,43 +296,16 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
         The values to sweep; ``study.default_values`` if None.
     history : diloco.tools.runs.folders.HistoryWriter, optional
         Receives every round, tagged with ``variant`` and ``seed``.
-    on_run_start, on_run_end : callable, optional
-        ``on_run_start(variant, seed)`` and ``on_run_end(result)`` (progress bars,
-        writing results as they come).
+    on_run_end : callable, optional
+        ``on_run_end(result)`` after each run.
 
     Returns
     -------
     list of dict
         ``variant, algo, seed, rounds, inner_steps, num_workers, eval_loss,
         eval_accuracy, inner_loss, all_reduces, bytes_sent, seconds, split_divergence`` per
-        run (``diloco.shard_divergence.run_split_divergence``: how non-IID its shards are).
+        run (``diloco.corpus.shard_divergence.run_split_divergence``: how non-IID its shards are),
+        and ``history`` (its rounds) when ``history`` is given.
     """
     variants = study.variants(config, tuple(study.default_values if values is None else values))
-    results = []
-    for variant in variants:
-        for seed in seeds:
-            run_config = config.replace(**variant.changes, seed=int(seed))
-            if on_run_start is not None:
-                on_run_start(variant, seed)
-            on_round = None if history is None else history.callback(variant.algo, variant=variant.label,
-                                                                      seed=int(seed))
-            start = time.perf_counter()
-            encode = getattr(dataset, "encode", None)  # the char-LM's encoder (one-hot or token windows)
-            train = trainer(variant.algo, run_config.engine)
-            result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
-                           y_eval=dataset.y_test, on_round=on_round, **({} if encode is None else {"encode": encode}))
-            last = result.history[-1]
-            outcome = {
-                "variant": variant.label, "algo": variant.algo, "seed": int(seed),
-                "rounds": run_config.rounds, "inner_steps": run_config.inner_steps,
-                "num_workers": run_config.num_workers, "eval_loss": last["eval_loss"],
-                "eval_accuracy": last["eval_accuracy"], "inner_loss": last["inner_loss"],
-                "all_reduces": int(sum(r["all_reduces"] for r in result.history)),
-                "bytes_sent": last["cumulative_bytes"], "seconds": time.perf_counter() - start,
-                "split_divergence": run_split_divergence(dataset.x_train, dataset.y_train, run_config,
-                                                         text=encode is not None),
-            }
-            results.append(outcome)
-            if on_run_end is not None:
-                on_run_end(outcome)
-    return results
+    return run_arms(variants, list(seeds), run_variant, config, dataset, history=history, on_run=on_run_end)

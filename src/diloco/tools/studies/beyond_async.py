@@ -24,7 +24,6 @@ time each arm takes to reach synchronous DiLoCo's mean loss at T is reported bes
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -57,6 +56,7 @@ from diloco.tools.studies.paper_runs import (
 from diloco.tools.studies.paper_studies import Claim
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
 from diloco.tools.studies.study_stats import mean_interval
+from diloco.tools.studies.summaries import block_pattern, fill_blocks
 
 __all__ = ["NAME", "TASKS", "arms", "claims", "AsyncSpec", "run_async_study", "render_block", "rebuild",
            "equal_time_rounds"]
@@ -332,7 +332,7 @@ def _speeds(section: dict, num_workers: int) -> str:
     return text
 
 
-BLOCK = re.compile(r"<!-- generated: (?P<name>beyond-async[\w.-]*) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
+BLOCK = block_pattern(r"beyond-async[\w.-]*")
 
 
 def _summary_table(summaries: dict) -> str:
@@ -377,8 +377,7 @@ def rebuild(page, directory) -> str:
     """``page`` (a Markdown path) with every ``beyond-async*`` block rendered again; written if changed."""
     path = Path(page)
     text = path.read_text(encoding="utf-8")
-    new = BLOCK.sub(lambda m: f"<!-- generated: {m['name']} -->\n{render_named(m['name'], directory)}"
-                              f"<!-- end: {m['name']} -->", text)
+    new = fill_blocks(text, BLOCK, lambda name: render_named(name, directory))
     if new != text:
         atomic_write_text(path, new)
     return new

@@ -27,7 +27,6 @@ differences. ``--export DIR`` writes ``DIR/beyond-muon-<task>.json``, which
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -48,7 +47,9 @@ from diloco.tools.studies.paper_report import (
 from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, outer_step_grid, tune_arms, write_study
 from diloco.tools.studies.paper_studies import Arm, Claim
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.study_loop import run_arms
 from diloco.tools.studies.study_stats import mean_interval
+from diloco.tools.studies.summaries import block_pattern, fill_blocks
 
 __all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting",
            "muon_arms", "muon_claims", "interaction_specs", "judge_interactions", "MuonSpec", "run_muon_study",
@@ -203,11 +204,7 @@ def _tune(optimizer, grid, algo, k, plan, lrs, train, on_run) -> tuple[float, li
         arm = Arm(f"tune {optimizer} {setting(algo, k)} lr {value:g}", algo,
                   {"num_workers": k, "inner_steps": h, "rounds": steps // h,
                    **_optimizer(optimizer, {**lrs, optimizer: value}, muon)})
-        losses = []
-        for seed in plan.tune_seeds:
-            outcome = train(arm, base, seed, plan.data)
-            losses.append(outcome["eval_loss"])
-            on_run(outcome)
+        losses = [o["eval_loss"] for o in run_arms([arm], plan.tune_seeds, train, base, plan.data, on_run=on_run)]
         records.append({"optimizer": optimizer, "setting": setting(algo, k), "lr": value,
                         "seeds": list(plan.tune_seeds), "eval_loss": float(np.mean(losses))})
     finite = [r for r in records if np.isfinite(r["eval_loss"])]
@@ -350,15 +347,29 @@ def render_section(summary: dict, export="docs/assets/results") -> str:
     """Markdown for one task: the command (``--export EXPORT`` only when given), the tuning
     grid, the arms, the claims, the gap claims."""
     field, name = metric_of(summary["task"])
+    lines = [*_run_lines(summary, export), *_lr_lines(summary), *_outer_lines(summary),
+             *_arm_lines(summary, field, name),
+             "", f"| claim | the paper | ours: {name}, the paper's better arm vs its worse arm "
+                 "| paired difference (worse minus better) [95% CI] | verdict |", "|---|---|---|---|---|",
+             *map(_claim_line, summary["claims"]), *map(_gap_line, summary["gaps"])]
+    return "\n".join(lines) + "\n"
+
+
+def _run_lines(summary: dict, export) -> list:
+    """What was run: the command, its cost, the seeds and the setting."""
     cost = f"{summary['seconds'] / 60:.1f} min wall-clock"
     if summary.get("cpu_seconds") is not None:
         cost += f", {summary['cpu_seconds'] / 60:.1f} min of CPU"
     command = summary["command"] + (f" --export {export}" if export else "")
-    lines = [f"Command: `.venv/bin/{command}` "
-             f"({cost}, one process on a shared 2-core machine). Seeds {summary['seeds']}, "
-             f"{summary['steps_per_worker']} steps per worker, H={summary['config']['inner_steps']}, "
-             f"hidden sizes {summary['config']['hidden_sizes']}.", "",
-             f"Learning rates tuned per setting on seed(s) {summary['tune_seeds']} (final held-out loss at each "
+    return [f"Command: `.venv/bin/{command}` "
+            f"({cost}, one process on a shared 2-core machine). Seeds {summary['seeds']}, "
+            f"{summary['steps_per_worker']} steps per worker, H={summary['config']['inner_steps']}, "
+            f"hidden sizes {summary['config']['hidden_sizes']}.", ""]
+
+
+def _lr_lines(summary: dict) -> list:
+    """The inner lr grid of every setting and optimizer, the chosen lr in bold."""
+    lines = [f"Learning rates tuned per setting on seed(s) {summary['tune_seeds']} (final held-out loss at each "
              f"lr; **bold** the chosen one; a Muon arm's biases use AdamW at AdamW's chosen lr of the same setting; "
              f"the fp4 arms keep the lrs of DiLoCo K={COMPRESSION_K}):", "",
              "| setting | optimizer | held-out loss at each lr |", "|---|---|---|"]
@@ -368,40 +379,51 @@ def render_section(summary: dict, export="docs/assets/results") -> str:
                      f"{'**' if r['lr'] == chosen[optimizer] else ''}"
                      for r in summary["tuning"] if r["setting"] == key and r["optimizer"] == optimizer]
             lines.append(f"| {key} | {optimizer} | {', '.join(cells)} |")
-    if summary.get("outer_tuning"):
-        from diloco.tools.studies.tuning_table import render_tuning
+    return lines
 
-        grid = render_tuning({"tune_seeds": summary["tune_seeds"], "tuning": summary["outer_tuning"]})
-        lines += ["", "Then each DiLoCo arm's outer step, and its inner lr again at the chosen outer step "
-                      "(the fp4 arms take their uncompressed arm's choices):", *grid.splitlines()[1:]]
-    else:
-        lines += ["", f"Outer step not tuned: outer lr {summary['config']['outer_lr']:g}, momentum "
-                      f"{summary['config']['outer_momentum']:g} for every DiLoCo arm."]
-    lines += ["", f"| arm | bytes sent per worker | {name}, mean [95% CI] | accuracy, mean [95% CI] "
-                  "| workers' pseudo-gradient cosine |", "|---|---:|---|---|---|"]
+
+def _outer_lines(summary: dict) -> list:
+    """The outer step's tuning grid, or the outer step every DiLoCo arm took untuned."""
+    if not summary.get("outer_tuning"):
+        return ["", f"Outer step not tuned: outer lr {summary['config']['outer_lr']:g}, momentum "
+                    f"{summary['config']['outer_momentum']:g} for every DiLoCo arm."]
+    from diloco.tools.studies.tuning_table import render_tuning
+
+    grid = render_tuning({"tune_seeds": summary["tune_seeds"], "tuning": summary["outer_tuning"]})
+    return ["", "Then each DiLoCo arm's outer step, and its inner lr again at the chosen outer step "
+                "(the fp4 arms take their uncompressed arm's choices):", *grid.splitlines()[1:]]
+
+
+def _arm_lines(summary: dict, field: str, name: str) -> list:
+    """One row per arm: bytes, the metric, the accuracy, the workers' pseudo-gradient cosine."""
+    lines = ["", f"| arm | bytes sent per worker | {name}, mean [95% CI] | accuracy, mean [95% CI] "
+                 "| workers' pseudo-gradient cosine |", "|---|---:|---|---|---|"]
     for row in summary["rows"]:
         cosine = row.get("pseudo_grad_cosine")
         lines.append(f"| {row['arm']} | {row['bytes_sent'] / 1e3:,.1f} kB | {interval_text(row[field], field=field)} "
                      f"| {interval_text(row['eval_accuracy'], field='eval_accuracy')} "
                      f"| {'n/a' if cosine is None else interval_text(cosine)} |")
-    lines += ["", f"| claim | the paper | ours: {name}, the paper's better arm vs its worse arm "
-                  "| paired difference (worse minus better) [95% CI] | verdict |", "|---|---|---|---|---|"]
-    for claim in summary["claims"]:
-        diff = claim["metric_difference"]
-        text = (f"{100 * diff['mean']:+.2f}% [{100 * diff['low']:+.2f}%, {100 * diff['high']:+.2f}%], "
-                f"margin {100 * claim['margin']:.0f}%") if claim.get("margin") is not None else interval_text(diff)
-        lines.append(f"| {claim['text']} | {claim['paper']} | {_num(claim['better_metric'])} vs "
-                     f"{_num(claim['worse_metric'])} | {text} | **{claim['verdict']}** |")
-    for gap in summary["gaps"]:
-        if gap["verdict"] == NOT_RUN:
-            lines.append(f"| {gap['text']} | {gap['paper']} | not run | | **{NOT_RUN}** |")
-            continue
-        relative = gap["relative"]
-        lines.append(f"| {gap['text']} | {gap['paper']} | gap {_gap_text(gap['first_gap'], relative)} "
-                     f"({gap['first'][0]} minus {gap['first'][1]}) vs {_gap_text(gap['second_gap'], relative)} "
-                     f"({gap['second'][0]} minus {gap['second'][1]}) | {_gap_text(gap['metric_difference'], relative)} "
-                     f"| **{gap['verdict']}** |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _claim_line(claim: dict) -> str:
+    """A claim's row: the two arms' metrics, the paired difference (relative with a margin), the verdict."""
+    diff = claim["metric_difference"]
+    text = (f"{100 * diff['mean']:+.2f}% [{100 * diff['low']:+.2f}%, {100 * diff['high']:+.2f}%], "
+            f"margin {100 * claim['margin']:.0f}%") if claim.get("margin") is not None else interval_text(diff)
+    return (f"| {claim['text']} | {claim['paper']} | {_num(claim['better_metric'])} vs "
+            f"{_num(claim['worse_metric'])} | {text} | **{claim['verdict']}** |")
+
+
+def _gap_line(gap: dict) -> str:
+    """A gap claim's row: the two gaps, their difference, the verdict (or that it was not run)."""
+    if gap["verdict"] == NOT_RUN:
+        return f"| {gap['text']} | {gap['paper']} | not run | | **{NOT_RUN}** |"
+    relative = gap["relative"]
+    return (f"| {gap['text']} | {gap['paper']} | gap {_gap_text(gap['first_gap'], relative)} "
+            f"({gap['first'][0]} minus {gap['first'][1]}) vs {_gap_text(gap['second_gap'], relative)} "
+            f"({gap['second'][0]} minus {gap['second'][1]}) | {_gap_text(gap['metric_difference'], relative)} "
+            f"| **{gap['verdict']}** |")
 
 
 def render_claims(summaries: dict) -> str:
@@ -432,23 +454,21 @@ def render_claims(summaries: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-BLOCK = re.compile(r"<!-- generated: beyond-muon-(?P<task>[\w]+) -->\n.*?<!-- end: beyond-muon-(?P=task) -->", re.S)
+BLOCK = block_pattern(r"beyond-muon-\w+")
 
 
 def rebuild_page(page: str, directory) -> str:
     """``page`` with every ``beyond-muon-<task>`` block rendered from ``directory``'s summaries."""
-    def render(match):
-        task = match.group("task")
+    def render(name: str) -> str:
+        task = name.removeprefix("beyond-muon-")
         if task == "claims":
             summaries = {t: json.loads((Path(directory) / f"beyond-muon-{t}.json").read_text(encoding="utf-8"))
                          for t in TASKS if (Path(directory) / f"beyond-muon-{t}.json").is_file()}
-            body = render_claims(summaries) if summaries else "*Not run yet.*\n"
-            return f"<!-- generated: beyond-muon-claims -->\n{body}<!-- end: beyond-muon-claims -->"
+            return render_claims(summaries) if summaries else "*Not run yet.*\n"
         path = Path(directory) / f"beyond-muon-{task}.json"
-        body = render_section(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else "*Not run yet.*\n"
-        return f"<!-- generated: beyond-muon-{task} -->\n{body}<!-- end: beyond-muon-{task} -->"
+        return render_section(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else "*Not run yet.*\n"
 
-    return BLOCK.sub(render, page)
+    return fill_blocks(page, BLOCK, render)
 
 
 def main(argv=None) -> int:

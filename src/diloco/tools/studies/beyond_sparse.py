@@ -41,7 +41,6 @@ requires the page to hold exactly that).
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -72,6 +71,7 @@ from diloco.tools.studies.paper_runs import (
 )
 from diloco.tools.studies.paper_studies import Arm, Claim
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.summaries import block_pattern, fill_blocks, missing_block
 from diloco.tools.studies.tuning_table import render_tuning
 
 __all__ = ["TASKS", "K", "H", "FP4_BLOCK", "tensor_shapes", "fp4_round_bytes", "sparse_round_bytes",
@@ -98,7 +98,7 @@ OUTER_LRS, OUTER_MOMENTA = (0.5, 0.7, 1.0), (0.5, 0.9)
 SGD_LRS, DECAYS = (2.0, 4.0, 8.0), (0.9, 0.95, 0.99)
 TUNE_SEED = 1000
 MARGIN = 0.05  # "comparable": a relative cost under 5% of the metric
-BLOCK = re.compile(r"<!-- generated: (?P<name>beyond-sparse-[\w-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
+BLOCK = block_pattern(r"beyond-sparse-[\w-]+")
 
 
 def tensor_shapes(num_features: int, hidden_sizes, num_classes: int) -> list:
@@ -280,12 +280,10 @@ def load_summaries(directory) -> dict:
 
 def rebuild(page: str, summaries: dict) -> str:
     """``page`` with every ``beyond-sparse-<task>`` block rendered again from ``summaries``."""
-    def body(match):
-        task = match.group("name").removeprefix("beyond-sparse-")
-        text = (render_block(summaries[task]) if task in summaries
-                else f"*Not run: `docs/assets/results/{match.group('name')}.json` is missing.*\n")
-        return f"<!-- generated: {match.group('name')} -->\n{text}<!-- end: {match.group('name')} -->"
-    return BLOCK.sub(body, page)
+    def body(name: str) -> str:
+        task = name.removeprefix("beyond-sparse-")
+        return render_block(summaries[task]) if task in summaries else missing_block(name)
+    return fill_blocks(page, BLOCK, body)
 
 
 def main(argv=None) -> int:

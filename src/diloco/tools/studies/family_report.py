@@ -88,28 +88,43 @@ def judge_family_claims(claims: list, outcomes: list, seconds: dict | None = Non
     """
     judged = []
     for claim in claims:
-        if claim.field.startswith("seconds@"):
-            bandwidth = claim.field.split("@", 1)[1]
-            table = seconds or {}
-            better, worse = table.get((claim.better, bandwidth)), table.get((claim.worse, bandwidth))
-        else:
-            better, worse = (_per_seed(outcomes, label, claim.field) for label in (claim.better, claim.worse))
-        seeds = sorted(set(better or {}) & set(worse or {}))
-        values = None if not seeds else (np.array([better[s] for s in seeds], dtype=object),
-                                          np.array([worse[s] for s in seeds], dtype=object))
-        if values is None or any(v is None for v in (*values[0], *values[1])) or len(seeds) < 2:
-            missing = [label for label, v in ((claim.better, values[0]), (claim.worse, values[1]))
-                       if any(x is None for x in v)] if values is not None else []
-            judged.append({**claim._asdict(), "verdict": NOT_RUN, "metric_difference": None,
-                           "better_metric": None, "worse_metric": None,
-                           "note": (f"{' and '.join(missing)} did not reach the target on every seed" if missing
-                                    else "fewer than two seeds")})
-            continue
-        b, w = values[0].astype(float), values[1].astype(float)
-        difference = mean_interval((w - b) / b) if claim.margin is not None else mean_interval(w - b)
-        judged.append({**claim._asdict(), "metric_difference": difference, "better_metric": float(b.mean()),
-                       "worse_metric": float(w.mean()), "verdict": verdict(difference, claim.margin)})
+        values = _paired_values(claim, outcomes, seconds)
+        missing = _missing(claim, values)
+        judged.append(_judged(claim, *values) if missing is None else
+                      {**claim._asdict(), "verdict": NOT_RUN, "metric_difference": None, "better_metric": None,
+                       "worse_metric": None, "note": missing})
     return judged
+
+
+def _paired_values(claim: FamilyClaim, outcomes: list, seconds: dict | None) -> tuple | None:
+    """The two arms' values on the seeds both have (object arrays: a time may be None), or None."""
+    if claim.field.startswith("seconds@"):
+        bandwidth = claim.field.split("@", 1)[1]
+        table = seconds or {}
+        better, worse = table.get((claim.better, bandwidth)), table.get((claim.worse, bandwidth))
+    else:
+        better, worse = (_per_seed(outcomes, label, claim.field) for label in (claim.better, claim.worse))
+    seeds = sorted(set(better or {}) & set(worse or {}))
+    if not seeds:
+        return None
+    return (np.array([better[s] for s in seeds], dtype=object), np.array([worse[s] for s in seeds], dtype=object))
+
+
+def _missing(claim: FamilyClaim, values: tuple | None) -> str | None:
+    """Why ``claim`` cannot be judged (an arm missed the target on a seed, or under two seeds), else None."""
+    if values is not None and not any(v is None for v in (*values[0], *values[1])) and len(values[0]) >= 2:
+        return None
+    missing = [label for label, v in ((claim.better, values[0]), (claim.worse, values[1]))
+               if any(x is None for x in v)] if values is not None else []
+    return f"{' and '.join(missing)} did not reach the target on every seed" if missing else "fewer than two seeds"
+
+
+def _judged(claim: FamilyClaim, better, worse) -> dict:
+    """The paired difference (relative against a margin) of the two arms, and its verdict."""
+    b, w = better.astype(float), worse.astype(float)
+    difference = mean_interval((w - b) / b) if claim.margin is not None else mean_interval(w - b)
+    return {**claim._asdict(), "metric_difference": difference, "better_metric": float(b.mean()),
+            "worse_metric": float(w.mean()), "verdict": verdict(difference, claim.margin)}
 
 
 def _cell(value) -> str:

@@ -36,14 +36,15 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from diloco.config_sections import FamilyConfig
+from diloco.config.sections import FamilyConfig
 from diloco.core.divergence import Diverged
 from diloco.core.netsim import parse_bandwidth
 from diloco.core.trainers import family_trainer
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, build_family, load_dataset
 from diloco.tools.cli.run_setup import check_plotting, max_loss_flag, study_values
-from diloco.tools.studies.ablations import Study, default_engine, mean_curves, summarise
+from diloco.tools.studies.ablation_spec import AblationSpec, save_study_plots, study_preface
+from diloco.tools.studies.ablations import Study, default_engine, outcome_fields, replay_rounds, summarise
 from diloco.tools.studies.family_report import family_claims, judge_family_claims, render_family_block
 from diloco.tools.studies.family_tables import (
     bandwidth_rows,
@@ -52,9 +53,9 @@ from diloco.tools.studies.family_tables import (
     time_to_target,
 )
 from diloco.tools.studies.paper_runs import INNER_LR, TuneStep, outer_step_grid, tune_arms, write_study
-from diloco.tools.studies.runner import Done, Plan, StudySpec, check_tune_seeds, run_spec
+from diloco.tools.studies.runner import Done, Plan, check_tune_seeds, run_spec
 
-__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_study", "time_to_target", "paired_difference",
+__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_variant", "time_to_target", "paired_difference",
            "bandwidth_rows", "FamilySpec", "run_family_study_command"]
 
 
@@ -154,56 +155,37 @@ _ROUND_FIELDS = ("round", "step", "eval_loss", "eval_accuracy", "cumulative_byte
                  "syncs")
 
 
-def run_family_study(variants, config, family: FamilyConfig, dataset, seeds, *, history=None, on_run_end=None,
-                     max_loss: float | None = None) -> list:
-    """Train every arm for every seed; one outcome dict per run (``run_study``'s fields and more)."""
-    results = []
-    for variant in variants:
-        for seed in seeds:
-            run_config = config.replace(**variant.changes, seed=int(seed))
-            run_family = family.replace(**variant.family, bandwidth=None, latency=0.0, step_time=None)
-            train = family_trainer(variant.algo, run_family)
-            on_round = None if history is None else history.callback(variant.algo, variant=variant.label,
-                                                                      seed=int(seed))
-            start = time.perf_counter()
-            try:
-                result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test,
-                               y_eval=dataset.y_test, on_round=on_round, max_loss=max_loss,
-                               executor=config.engine,
-                               encode=dataset.encode)
-            except Diverged as exc:  # name the run: which arm, which seed
-                raise Diverged(exc.algo, exc.round, exc.worker, exc.quantity, exc.step,
-                               f"variant {variant.label}, seed {seed}") from None
-            last = result.history[-1]
-            outcome = {
-                "variant": variant.label, "algo": variant.algo, "seed": int(seed), "rounds": run_config.rounds,
-                "inner_steps": run_config.inner_steps, "num_workers": run_config.num_workers,
-                "eval_loss": last["eval_loss"], "eval_accuracy": last["eval_accuracy"],
-                "inner_loss": last["inner_loss"],
-                "all_reduces": int(sum(r["all_reduces"] for r in result.history)),
-                "bytes_sent": last["cumulative_bytes"],
-                "peak_sync_bytes": max(r.get("peak_sync_bytes", r["bytes_sent"] / r["all_reduces"])
-                                       for r in result.history),
-                "seconds": time.perf_counter() - start, "family": run_family.to_dict(),
-                "history": [{k: r[k] for k in _ROUND_FIELDS if k in r} for r in result.history],
-            }
-            results.append(outcome)
-            if on_run_end is not None:
-                on_run_end(outcome)
-    return results
+def run_family_variant(variant, config, family: FamilyConfig, dataset, seed: int, *, history=None,
+                       max_loss: float | None = None) -> dict:
+    """Train one arm with ``seed``; its outcome (the ablations' fields, the peak bytes of a sync,
+    the family settings and the rounds' ``_ROUND_FIELDS``). ``history`` receives every round."""
+    run_config = config.replace(**variant.changes, seed=int(seed))
+    run_family = family.replace(**variant.family, bandwidth=None, latency=0.0, step_time=None)
+    train = family_trainer(variant.algo, run_family)
+    on_round = None if history is None else history.callback(variant.algo, variant=variant.label, seed=int(seed))
+    start = time.perf_counter()
+    try:
+        result = train(dataset.x_train, dataset.y_train, run_config, x_eval=dataset.x_test, y_eval=dataset.y_test,
+                       on_round=on_round, max_loss=max_loss, executor=config.engine, encode=dataset.encode)
+    except Diverged as exc:  # name the run: which arm, which seed
+        raise Diverged(exc.algo, exc.round, exc.worker, exc.quantity, exc.step,
+                       f"variant {variant.label}, seed {seed}") from None
+    return {**outcome_fields(variant, seed, run_config, result.history, time.perf_counter() - start),
+            "peak_sync_bytes": max(r.get("peak_sync_bytes", r["bytes_sent"] / r["all_reduces"])
+                                   for r in result.history),
+            "family": run_family.to_dict(),
+            "history": [{k: r[k] for k in _ROUND_FIELDS if k in r} for r in result.history]}
 
 
 def family_runner(config, family, max_loss=None):
-    """``paper_runs.run_arm``'s signature over ``run_family_study``: one variant, one seed. A
-    tuning run (no ``history``) that diverges scores an infinite loss; an evaluation run
-    (rounds to ``history``) raises ``Diverged``, naming the variant and the seed."""
+    """``paper_runs.run_arm``'s signature over ``run_family_variant``. A tuning run (no
+    ``history``) that diverges scores an infinite loss; an evaluation run (rounds to
+    ``history``) raises ``Diverged``, naming the variant and the seed."""
     def run(variant, base, seed, dataset, history=None, **_):
         if history is not None:
-            (outcome,) = run_family_study([variant], config, family, dataset, [seed], history=history,
-                                          max_loss=max_loss)
-            return outcome
+            return run_family_variant(variant, config, family, dataset, seed, history=history, max_loss=max_loss)
         try:
-            (outcome,) = run_family_study([variant], config, family, dataset, [seed], max_loss=max_loss)
+            outcome = run_family_variant(variant, config, family, dataset, seed, max_loss=max_loss)
         except Diverged:
             return {"eval_loss": math.inf, "seed": int(seed)}
         return outcome if math.isfinite(outcome["eval_loss"]) else {**outcome, "eval_loss": math.inf}
@@ -266,18 +248,9 @@ def _family_checks(args, study, config, family, values):
     return variants, family, target
 
 
-def _replay(outcome: dict, history) -> None:
-    """A cached evaluation run's rounds into ``history.jsonl`` (for the study's curves)."""
-    for record in outcome.get("history", []):
-        history.append({"algo": outcome["algo"], "variant": outcome["variant"], "seed": outcome["seed"], **record})
-
-
-class FamilySpec(StudySpec):
+class FamilySpec(AblationSpec):
     """``diloco study compression|streaming|bandwidth`` as a spec of the one runner
     (``runner.run_spec``): each run is ``family_runner``'s, cached with its variant's family."""
-
-    def __init__(self, study: Study) -> None:
-        self.study, self.name = study, study.name
 
     def plan(self, args) -> Plan:
         study = self.study
@@ -288,9 +261,7 @@ class FamilySpec(StudySpec):
         data, data_info = load_dataset(args, config.dtype)
         seeds = list(range(config.seed, config.seed + args.seeds))
         tune = getattr(args, "outer_momentum", None) is None and getattr(args, "outer_lr", None) is None
-        record = {"study": study.name, "title": study.title, "claim": study.claim, "values": list(values),
-                  "seeds": seeds, "variants": [v._asdict() for v in variants], "family": family.to_dict(),
-                  "target_loss": target}
+        record = {**self.record(values, seeds, variants), "family": family.to_dict(), "target_loss": target}
         max_loss = max_loss_flag(args)
         return Plan(study.name, f"study-{study.name}", config, variants, seeds,
                     check_tune_seeds(args, seeds, TUNE_SEED, count=1) if tune else [],
@@ -299,7 +270,7 @@ class FamilySpec(StudySpec):
                     f"claim: {study.claim}", run=family_runner(config, family, max_loss),
                     runner=f"family {json.dumps(family.to_dict(), sort_keys=True)} max loss {max_loss}",
                     extra={"values": values, "family": family, "target": target}, label_key="variant",
-                    replay=_replay)
+                    replay=replay_rounds)
 
     def summary(self, plan: Plan, done: Done) -> dict:
         study, outcomes, values, family = self.study, done.outcomes, plan.extra["values"], plan.extra["family"]
@@ -321,12 +292,8 @@ class FamilySpec(StudySpec):
         return summary
 
     def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
-        study, info, export = self.study, plan.data_info, getattr(args, "export", None)
-        base = {k: v for k, v in plan.config.to_dict().items() if k != "inner"}
-        preface = (f"Claim tested: {study.claim}.\n\nData: {info['name']} ({info['num_train']} train / "
-                   f"{info['num_test']} held-out). Seeds: {plan.seeds}. Base config: `{json.dumps(base)}`; family "
-                   f"flags `{json.dumps(plan.extra['family'].to_dict())}`.\n\n"
-                   f"Final held-out metrics, mean and 95% Student-t interval over seeds:\n\n")
+        study, export = self.study, getattr(args, "export", None)
+        preface = study_preface(study, plan, f"; family flags `{json.dumps(plan.extra['family'].to_dict())}`")
         write_study(done.run_dir, summary, f"Study {study.name}: {study.title}", render_family_block(summary), export,
                     f"family-{study.name}", plots=False, preface=preface)
         if not args.no_plots:
@@ -336,17 +303,14 @@ class FamilySpec(StudySpec):
 def _plots(study, summary: dict, plan: Plan, done: Done, export) -> None:
     """``study.png``, ``study_curves.png`` (and ``time_to_target.png``) in the run folder; the
     exported plot (the bandwidth study's time to target, the others' final metrics)."""
-    from diloco.tools.studies.plots import plot_curves, plot_study, save_figure, study_curve_axis
+    from diloco.tools.studies.plots import plot_study, save_figure
 
     values, target, rows = plan.extra["values"], summary["target_loss"], summary["rows"]
-    save_figure(plot_study(rows, title=study.title, xlabel=study.xlabel), done.run_dir / "study.png")
+    save_study_plots(study, rows, done, f"{study.name}: held-out curves, mean over {len(plan.seeds)} seeds")
     if export:
         save_figure(plot_time_to_target(summary["bandwidth"], values, target) if study.name == "bandwidth"
                     else plot_study(rows, title=study.title, xlabel=study.xlabel),
                     Path(export) / f"family-{study.name}.png")
-    save_figure(plot_curves(mean_curves(done.history.records), x=study_curve_axis(study.name),
-                            title=f"{study.name}: held-out curves, mean over {len(plan.seeds)} seeds"),
-                done.run_dir / "study_curves.png")
     if study.name == "bandwidth":
         save_figure(plot_time_to_target(summary["bandwidth"], values, target), done.run_dir / "time_to_target.png")
 

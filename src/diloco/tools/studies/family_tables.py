@@ -127,19 +127,10 @@ def plot_time_to_target(rows, bandwidths, target: float):
     rates = [parse_bandwidth(b) for b in bandwidths]
     never, partial = [], False
     for row in rows:
-        cells = row["cells"]
-        seconds = [c["seconds"]["mean"] if c["seconds"] is not None else np.nan for c in cells]
-        if not np.isfinite(seconds).any():
+        drawn = _draw_arm(ax, rates, row)
+        if drawn is None:
             never.append(row["variant"])
-            continue
-        counts = sorted({(c["reached"], c["runs"]) for c in cells})
-        shown = "" if counts == [(cells[0]["runs"],) * 2] else (
-            f" ({counts[0][0]}/{counts[0][1]} seeds)" if len(counts) == 1 else " (some seeds)")
-        (line,) = ax.plot(rates, seconds, "-", label=row["variant"] + shown)
-        for rate, value, cell in zip(rates, seconds, cells, strict=True):
-            full = cell["reached"] == cell["runs"]
-            partial = partial or not full
-            ax.plot([rate], [value], "o", color=line.get_color(), markerfacecolor=line.get_color() if full else "white")
+        partial = partial or bool(drawn)
     drawn = len(rows) > len(never)
     title = "Time to target against bandwidth" if drawn else f"No arm reached loss {target:g} at any bandwidth"
     notes = (["hollow: the mean of the seeds that reached it"] if partial else []) + (
@@ -153,6 +144,30 @@ def plot_time_to_target(rows, bandwidths, target: float):
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def _seeds_note(cells: list) -> str:
+    """The legend's note on an arm: nothing when every seed reached the target at every bandwidth."""
+    counts = sorted({(c["reached"], c["runs"]) for c in cells})
+    if counts == [(cells[0]["runs"],) * 2]:
+        return ""
+    return f" ({counts[0][0]}/{counts[0][1]} seeds)" if len(counts) == 1 else " (some seeds)"
+
+
+def _draw_arm(ax, rates: list, row: dict) -> bool | None:
+    """One arm's line and points (hollow where only some seeds reached the target); None when no
+    seed reached it at any bandwidth (nothing drawn), else whether a point is hollow."""
+    cells = row["cells"]
+    seconds = [c["seconds"]["mean"] if c["seconds"] is not None else np.nan for c in cells]
+    if not np.isfinite(seconds).any():
+        return None
+    (line,) = ax.plot(rates, seconds, "-", label=row["variant"] + _seeds_note(cells))
+    hollow = False
+    for rate, value, cell in zip(rates, seconds, cells, strict=True):
+        full = cell["reached"] == cell["runs"]
+        hollow = hollow or not full
+        ax.plot([rate], [value], "o", color=line.get_color(), markerfacecolor=line.get_color() if full else "white")
+    return hollow
 
 
 def bandwidth_table(rows, bandwidths) -> str:

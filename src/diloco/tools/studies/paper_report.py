@@ -94,27 +94,43 @@ def summarise_arms(outcomes: list, arms: list) -> list:
     rows = []
     for arm in arms:
         runs = sorted((o for o in outcomes if o["arm"] == arm.label), key=lambda o: o["seed"])
-        if not runs:
-            continue
-        row = {"arm": arm.label, "algo": arm.algo, "changes": arm.changes, "seeds": [r["seed"] for r in runs],
-               "num_workers": runs[0]["num_workers"], "inner_steps": runs[0]["inner_steps"],
-               "rounds": runs[0]["rounds"], "steps_per_worker": runs[0]["steps_per_worker"],
-               "all_reduces": runs[0]["all_reduces"], "bytes_sent": runs[0]["bytes_sent"],
-               "engine": runs[0]["engine"], "seconds": float(np.mean([r["seconds"] for r in runs])),
-               "split_divergence": mean_or_none([r.get("split_divergence") for r in runs])}
-        for field in ("eval_loss", "eval_perplexity", "eval_bits", "eval_accuracy", "best_eval_loss"):
-            values = [r[field] for r in runs]
-            row[field] = mean_interval(values, bounds=RANGES[field])  # clipped to what the metric can be
-            row[f"per_seed_{field}"] = values
-        cosines = [r["pseudo_grad_cosine"] for r in runs if r.get("pseudo_grad_cosine") is not None]
-        row["pseudo_grad_cosine"] = mean_interval(cosines, bounds=RANGES["pseudo_grad_cosine"]) if cosines else None
-        steps = [point[0] for point in runs[0]["curve"]]
-        row["curve"] = [[step, float(np.mean([r["curve"][i][1] for r in runs]))] for i, step in enumerate(steps)]
-        row["per_seed_curve"] = [[point[1] for point in r["curve"]] for r in runs]  # seed bands of the plots
-        if all(r.get("eval_position_loss") for r in runs):  # the transformer: loss at each window position
-            row["per_seed_eval_position_loss"] = [r["eval_position_loss"] for r in runs]
-        rows.append(row)
+        if runs:
+            rows.append({**_arm_row(arm, runs), **_metrics(runs), **_curves(runs)})
     return rows
+
+
+def _arm_row(arm, runs: list) -> dict:
+    """What the arm is and costs: its settings (the first seed's), the mean seconds and shard KL."""
+    first = runs[0]
+    return {"arm": arm.label, "algo": arm.algo, "changes": arm.changes, "seeds": [r["seed"] for r in runs],
+            **{k: first[k] for k in ("num_workers", "inner_steps", "rounds", "steps_per_worker", "all_reduces",
+                                     "bytes_sent", "engine")},
+            "seconds": float(np.mean([r["seconds"] for r in runs])),
+            "split_divergence": mean_or_none([r.get("split_divergence") for r in runs])}
+
+
+def _metrics(runs: list) -> dict:
+    """Each held-out metric per seed and its mean and interval (clipped to what it can be); the
+    workers' pseudo-gradient cosine where measured."""
+    row = {}
+    for field in ("eval_loss", "eval_perplexity", "eval_bits", "eval_accuracy", "best_eval_loss"):
+        values = [r[field] for r in runs]
+        row[field] = mean_interval(values, bounds=RANGES[field])
+        row[f"per_seed_{field}"] = values
+    cosines = [r["pseudo_grad_cosine"] for r in runs if r.get("pseudo_grad_cosine") is not None]
+    row["pseudo_grad_cosine"] = mean_interval(cosines, bounds=RANGES["pseudo_grad_cosine"]) if cosines else None
+    return row
+
+
+def _curves(runs: list) -> dict:
+    """The mean curve, each seed's (the plots' bands) and, for the transformer, the loss at each
+    window position per seed."""
+    steps = [point[0] for point in runs[0]["curve"]]
+    row = {"curve": [[step, float(np.mean([r["curve"][i][1] for r in runs]))] for i, step in enumerate(steps)],
+           "per_seed_curve": [[point[1] for point in r["curve"]] for r in runs]}
+    if all(r.get("eval_position_loss") for r in runs):
+        row["per_seed_eval_position_loss"] = [r["eval_position_loss"] for r in runs]
+    return row
 
 
 def judge_claims(claims: list, rows: list, task: str) -> list:
@@ -187,7 +203,7 @@ def _difference(claim: dict) -> str:
 def render_arms_table(summary: dict) -> str:
     """Markdown: one row per arm, the headline metric and accuracy with their intervals and,
     where every row measured it, the arm's shards' mean KL divergence (mean over seeds,
-    ``diloco.shard_divergence``; a summary exported before it was recorded has no column)."""
+    ``diloco.corpus.shard_divergence``; a summary exported before it was recorded has no column)."""
     field, name = metric_of(summary["task"])
     kl = bool(summary["rows"]) and all(row.get("split_divergence") is not None for row in summary["rows"])
     lines = [f"| arm | steps/worker | all-reduces | {name}, mean [95% CI] | accuracy, mean [95% CI] "

@@ -24,10 +24,11 @@ from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
 from diloco.core.model_seam import model_of
-from diloco.shard_divergence import run_split_divergence
+from diloco.corpus.shard_divergence import run_split_divergence
 from diloco.tools.runs.atomic_files import atomic_write_text, write_json
-from diloco.tools.studies.ablations import fast_engine_available, trainer
+from diloco.tools.studies.ablations import Arm, fast_engine_available, trainer
 from diloco.tools.studies.run_cache import RunCache
+from diloco.tools.studies.study_loop import run_arms
 
 __all__ = ["Arm", "TuneStep", "INNER_LR", "OUTER_STEP", "OUTER_LR_GRID", "OUTER_MOMENTUM_GRID", "RunCache", "MUON_LR",
            "FEEDBACK_DECAY",
@@ -43,14 +44,6 @@ OUTER_LR_GRID = (0.3, 0.5, 0.7, 1.0)
 OUTER_MOMENTUM_GRID = (0.0, 0.5, 0.9)
 # Warmup of the cosine schedule, a fraction of each arm's steps (the paper: 1,000 of 88,000, about 1%).
 WARMUP_FRACTION = 0.02
-
-
-class Arm(NamedTuple):
-    """One arm: ``changes`` are applied to the study's base config."""
-
-    label: str
-    algo: str  # "diloco" or "sync"
-    changes: dict
 
 
 class TuneStep(NamedTuple):
@@ -160,27 +153,22 @@ def run_arm(arm: Arm, base: DiLoCoConfig, seed: int, dataset, *, encode=None, on
 
     With ``cache`` (a ``RunCache``), a run already in it is not trained again: its stored
     outcome comes back relabelled, with ``"cached": True``. Either way the outcome holds
-    ``split_divergence``, the mean KL divergence of the run's shards (``diloco.shard_divergence``).
+    ``split_divergence``, the mean KL divergence of the run's shards (``diloco.corpus.shard_divergence``).
     """
     config = base.replace(**arm.changes, seed=int(seed))
     engine = arm_engine(config, arm.algo, encode)
     config = config.replace(engine=engine)
-    key = None
-    if cache is not None:
-        key = RunCache.key(arm.algo, config, seed, data_key)
-        stored = cache.get(key, RunCache.legacy_key(arm.algo, config, seed, data_key))
-        if stored is not None:
-            return {**_with_divergence(stored, config, dataset, encode), "arm": arm.label, "cached": True}
-        with cache.claim(key) as stored:  # another process training the same run: its outcome
-            if stored is not None:
-                return {**_with_divergence(stored, config, dataset, encode), "arm": arm.label, "cached": True}
-            return _train_arm(arm, config, seed, dataset, engine, encode, on_round, cache, key)
-    return _train_arm(arm, config, seed, dataset, engine, encode, on_round, cache, key)
+    if cache is None:
+        return _train_arm(arm, config, seed, dataset, engine, encode, on_round)
+    key = RunCache.key(arm.algo, config, seed, data_key)
+    outcome, hit = cache.through(key, lambda: _train_arm(arm, config, seed, dataset, engine, encode, on_round),
+                                 RunCache.legacy_key(arm.algo, config, seed, data_key))
+    return outcome if not hit else {**_with_divergence(outcome, config, dataset, encode), "arm": arm.label,
+                                    "cached": True}
 
 
-def _train_arm(arm: Arm, config: DiLoCoConfig, seed: int, dataset, engine: str, encode, on_round, cache,
-               key) -> dict:
-    """``run_arm``'s training, once the cache has no outcome: the outcome, stored under ``key``."""
+def _train_arm(arm: Arm, config: DiLoCoConfig, seed: int, dataset, engine: str, encode, on_round) -> dict:
+    """``run_arm``'s training, once the cache has no outcome."""
     train = trainer(arm.algo, engine)
     extra = {} if encode is None else {"encode": encode}
     start = time.perf_counter()
@@ -192,14 +180,12 @@ def _train_arm(arm: Arm, config: DiLoCoConfig, seed: int, dataset, engine: str, 
     if model is not None:  # the transformer: its held-out loss at each position of a window
         outcome["eval_position_loss"] = [float(v) for v in model.position_losses(result.params, dataset.x_test,
                                                                                  dataset.y_test)]
-    if cache is not None:
-        cache.put(key, outcome)
     return outcome
 
 
 def _with_divergence(outcome: dict, config: DiLoCoConfig, dataset, encode) -> dict:
     """``outcome`` with ``split_divergence``: how non-IID the run's shards are
-    (``diloco.shard_divergence.run_split_divergence``; measured here for a cached run from
+    (``diloco.corpus.shard_divergence.run_split_divergence``; measured here for a cached run from
     before it was recorded)."""
     if outcome.get("split_divergence") is not None:
         return outcome
@@ -291,38 +277,38 @@ def tune_arms(steps, arms: list, base: DiLoCoConfig, dataset, seeds, *, encode=N
         seeds), ``targets``, ``chosen`` and ``step`` (the index of its ``TuneStep``: the inner
         lr may be tuned twice, before and after the outer step), in the order tried.
     """
+    def train(arm, base, seed, dataset, history=None):  # a candidate: no history, the study's data key
+        return (run or run_arm)(arm, base, seed, dataset, encode=encode, cache=cache, data_key=data_key)
+
     by_label = {arm.label: arm for arm in arms}
     tuning = []
     for index, step in enumerate(steps):
         for probe, targets in step.groups:
-            arm = by_label[probe]
-            scores: dict = {}
-            grid = list(step.grid)
-            added: dict = {}
-            while True:
-                for value in [v for v in grid if v not in scores]:
-                    candidate = arm._replace(changes=apply_value(arm.changes, step.field, value))
-                    losses = []
-                    for seed in seeds:
-                        outcome = (run or run_arm)(candidate, base, seed, dataset, encode=encode, cache=cache,
-                                                   data_key=data_key)
-                        losses.append(outcome["eval_loss"])
-                        if on_run is not None:
-                            on_run(outcome)
-                    mean = sum(losses) / len(losses)
-                    scores[value] = mean if math.isfinite(mean) else math.inf  # a diverged run loses, never ties
-                best = min(scores, key=lambda v: (scores[v], v))
-                more = past_the_edge(step.field, grid, best, added, extend)
-                if not more:
-                    break
-                grid += [v for v in more if v not in grid]
-            for value in grid:
-                tuning.append({"arm": probe, "field": step.field, "value": value, "eval_loss": scores[value],
-                               "targets": list(targets), "chosen": value == best, "step": index})
+            grid, scores, best = _tune_group(step, by_label[probe], base, dataset, seeds, train, on_run, extend)
+            tuning += [{"arm": probe, "field": step.field, "value": value, "eval_loss": scores[value],
+                        "targets": list(targets), "chosen": value == best, "step": index} for value in grid]
             for label in targets:
                 target = by_label[label]
                 by_label[label] = target._replace(changes=apply_value(target.changes, step.field, best))
     return [by_label[arm.label] for arm in arms], tuning
+
+
+def _tune_group(step, arm, base, dataset, seeds, train, on_run, extend: int) -> tuple[list, dict, object]:
+    """One group of a ``TuneStep``: ``arm`` at every grid value on ``seeds`` (the one study loop),
+    the grid extended past a chosen end; ``(grid tried, mean loss per value, the chosen value)``."""
+    scores: dict = {}
+    grid, added = list(step.grid), {}
+    while True:
+        for value in [v for v in grid if v not in scores]:
+            candidate = arm._replace(changes=apply_value(arm.changes, step.field, value))
+            losses = [o["eval_loss"] for o in run_arms([candidate], seeds, train, base, dataset, on_run=on_run)]
+            mean = sum(losses) / len(losses)
+            scores[value] = mean if math.isfinite(mean) else math.inf  # a diverged run loses, never ties
+        best = min(scores, key=lambda v: (scores[v], v))
+        more = past_the_edge(step.field, grid, best, added, extend)
+        if not more:
+            return grid, scores, best
+        grid += [v for v in more if v not in grid]
 
 
 def write_study(run_dir: Path, summary: dict, title: str, table: str, export, export_name: str, *,

@@ -154,19 +154,26 @@ def tuning_steps(study: PaperStudy, arms: list, inner_grid: tuple, outer_values=
     probe's own lr (``lr_field``) again at the chosen pair. ``outer_grid`` (``(lrs, momenta)``,
     ``--outer-grid``) replaces the default outer grid. An empty ``inner_grid``
     (``--inner-grid off``) leaves the inner lr out."""
-    steps = [TuneStep(INNER_LR, tuple(inner_grid), (study.inner_groups or per_arm)(arms))]
     by_label = {arm.label: arm for arm in arms}
     muon = tuple((a.label, (a.label,)) for a in arms if lr_field(a) == MUON_LR)
-    steps.append(TuneStep(MUON_LR, MUON_GRID, muon))
-    if study.outer_tune:
-        steps += [_outer_tune_step(by_label[label], tuple(outer_values) if outer_values else grid)
-                  for label, grid in study.outer_tune.items() if label in by_label]
+    steps = [TuneStep(INNER_LR, tuple(inner_grid), (study.inner_groups or per_arm)(arms)),
+             TuneStep(MUON_LR, MUON_GRID, muon), *_per_arm_outer_lr(study, by_label, outer_values)]
     if study.outer_groups:
-        groups = study.outer_groups(arms)
-        steps.append(outer_step_grid(groups, *outer_grid))
-        steps += [TuneStep(field, tuple(grid), tuple(g for g in groups if lr_field(by_label[g[0]]) == field))
-                  for field, grid in ((INNER_LR, inner_grid), (MUON_LR, MUON_GRID))]
+        steps += _outer_step_then_lr(study.outer_groups(arms), by_label, inner_grid, outer_grid)
     return [step for step in steps if step.grid and step.groups]
+
+
+def _per_arm_outer_lr(study: PaperStudy, by_label: dict, outer_values) -> list:
+    """Fig. 6's steps: each named arm's outer lr over its grid (``--values`` replaces it)."""
+    return [_outer_tune_step(by_label[label], tuple(outer_values) if outer_values else grid)
+            for label, grid in (study.outer_tune or {}).items() if label in by_label]
+
+
+def _outer_step_then_lr(groups: tuple, by_label: dict, inner_grid: tuple, outer_grid: tuple) -> list:
+    """Each group's outer lr x momentum, then its probe's own lr (inner, or Muon's) again."""
+    return [outer_step_grid(groups, *outer_grid),
+            *(TuneStep(field, tuple(grid), tuple(g for g in groups if lr_field(by_label[g[0]]) == field))
+              for field, grid in ((INNER_LR, inner_grid), (MUON_LR, MUON_GRID)))]
 
 
 def _outer_tune_step(arm: Arm, lrs: tuple) -> TuneStep:
@@ -389,7 +396,7 @@ def _noniid_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "labe
     for kind, name in NONIID_SPLITS if split == "topic" else NONIID_SPLITS[:1]:
         arms += [Arm(f"{name} a={a:g}", "diloco", {**shared_fields, "iid": False, "alpha": a, "noniid_split": kind})
                  for a in alphas]
-    if split == "topic":  # text: whole speeches per worker (diloco.speakers), no alpha
+    if split == "topic":  # text: whole speeches per worker (diloco.corpus.speakers), no alpha
         arms.append(Arm("speaker", "diloco", {**shared_fields, "iid": False, "noniid_split": "speaker"}))
     return arms
 

@@ -125,13 +125,23 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str
     if x not in _X_AXES:
         raise ValueError(f"x must be one of {sorted(_X_AXES)}, got {x!r}")
     Figure = require_matplotlib()
-    from matplotlib.ticker import MaxNLocator
-
-    from diloco.tools.studies.study_stats import format_bytes
-
     key, xlabel, log = _X_AXES[x]
     fig = Figure(figsize=(10, 4), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2)
+    drawn, positions = _draw_curves(histories, ax_loss, ax_acc, key, log, left)
+    left_label = "held-out perplexity" if left == "eval_perplexity" else "held-out loss (cross-entropy)"
+    for ax, ylabel in ((ax_loss, left_label), (ax_acc, "held-out accuracy")):
+        _curve_axis(ax, xlabel, ylabel, positions if log else None)
+    if log_where_decades(ax_loss, "y", drawn):  # a loss falling by 10x or more: every part of the curve shows
+        ax_loss.set_ylabel(f"{left_label} (log scale)")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def _draw_curves(histories: dict, ax_loss, ax_acc, key: str, log: bool, left: str) -> tuple[list, list]:
+    """Each run's evaluated points (positive x only on a log axis) on both axes; the drawn
+    left-axis values and x positions, for the axes' scales."""
     styles = _line_styles(histories)
     drawn, positions = [], []
     for name, records in histories.items():
@@ -144,22 +154,25 @@ def plot_curves(histories: dict, *, x: str = "round", title: str = "", left: str
         drawn += [r[left] for r in points]
         positions += xs
         ax_acc.plot(xs, [r["eval_accuracy"] for r in points], **style)
-    left_label = "held-out perplexity" if left == "eval_perplexity" else "held-out loss (cross-entropy)"
-    for ax, ylabel in ((ax_loss, left_label), (ax_acc, "held-out accuracy")):
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3, which="both")
-        if log:  # bytes, as the CLI prints them
-            log_where_decades(ax, "x", positions, at_least=0.0, formatter=format_bytes)
-        else:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds and steps are whole numbers
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
-    if log_where_decades(ax_loss, "y", drawn):  # a loss falling by 10x or more: every part of the curve shows
-        ax_loss.set_ylabel(f"{left_label} (log scale)")
-    if title:
-        fig.suptitle(title)
-    return fig
+    return drawn, positions
+
+
+def _curve_axis(ax, xlabel: str, ylabel: str, log_positions) -> None:
+    """Labels, grid, legend; x in bytes on a log scale (``log_positions``: the x values drawn),
+    else whole numbers (rounds, steps)."""
+    from matplotlib.ticker import MaxNLocator
+
+    from diloco.tools.studies.study_stats import format_bytes
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3, which="both")
+    if log_positions is not None:  # bytes, as the CLI prints them
+        log_where_decades(ax, "x", log_positions, at_least=0.0, formatter=format_bytes)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
 
 
 def save_run_plots(histories: dict, out_dir, *, title: str = "", left: str = "eval_loss") -> list[Path]:
@@ -223,12 +236,24 @@ def plot_paper_study(summary: dict):
     from diloco.tools.studies.paper_report import metric_of
 
     field, name = metric_of(summary["task"])
-    to_metric = np.exp if field == "eval_perplexity" else (lambda v: v)
     fig = Figure(figsize=(12, 4.4), layout="constrained")
     curves, finals = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-    xs, ys = [], []
     shown = name.removeprefix("held-out ")
-    for row in summary["rows"]:
+    _paper_curves(curves, summary["rows"], field, shown)
+    _final_bars(finals, summary["rows"], field)
+    finals.set_xlabel(f"final held-out {shown}, mean and 95% CI over {len(summary['seeds'])} seeds")
+    budget = (f"{summary['steps_per_worker']} steps per worker" if "steps_per_worker" in summary
+              else "at equal simulated time" if "horizon_seconds" in summary else "")
+    fig.suptitle(f"{summary['reference']}: {summary['title']}\n"
+                 + ", ".join(part for part in (summary["task"], budget) if part), fontsize=10)
+    return fig
+
+
+def _paper_curves(curves, rows: list, field: str, shown: str) -> None:
+    """Each arm's mean curve of the metric against steps per worker (log axes where they span decades)."""
+    to_metric = np.exp if field == "eval_perplexity" else (lambda v: v)
+    xs, ys = [], []
+    for row in rows:
         steps = [point[0] for point in row["curve"]]
         values = to_metric(np.array([point[1] for point in row["curve"]]))
         curves.plot(steps, values, label=row["arm"],
@@ -240,21 +265,19 @@ def plot_paper_study(summary: dict):
     curves.set_xlabel("inner steps per worker" + (" (log scale)" if log_x else ""))
     curves.set_ylabel(f"held-out {shown}" + (" (log scale)" if log_y else ""))
     curves.legend(fontsize=7)
-    labels = [row["arm"] for row in summary["rows"]]
-    means = [row[field]["mean"] for row in summary["rows"]]
-    errors = [row[field]["half_width"] for row in summary["rows"]]
+
+
+def _final_bars(finals, rows: list, field: str) -> None:
+    """Each arm's final metric as a bar with its 95% interval, the axis fitted to the intervals."""
+    labels = [row["arm"] for row in rows]
+    means = [row[field]["mean"] for row in rows]
+    errors = [row[field]["half_width"] for row in rows]
     finals.barh(range(len(labels)), means, xerr=errors, color="tab:blue", alpha=0.7)
     finals.set_yticks(range(len(labels)), labels, fontsize=7)
     finals.invert_yaxis()
     low = min(m - e for m, e in zip(means, errors, strict=True))
     high = max(m + e for m, e in zip(means, errors, strict=True))
     finals.set_xlim(low - 0.1 * (high - low + 1e-9), high + 0.1 * (high - low + 1e-9))
-    finals.set_xlabel(f"final held-out {shown}, mean and 95% CI over {len(summary['seeds'])} seeds")
-    budget = (f"{summary['steps_per_worker']} steps per worker" if "steps_per_worker" in summary
-              else "at equal simulated time" if "horizon_seconds" in summary else "")
-    fig.suptitle(f"{summary['reference']}: {summary['title']}\n"
-                 + ", ".join(part for part in (summary["task"], budget) if part), fontsize=10)
-    return fig
 
 
 def plot_scaling_gap(summary: dict):

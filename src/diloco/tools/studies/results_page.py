@@ -27,7 +27,6 @@ to hold exactly that, so no number on the page can drift from the files.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -46,14 +45,17 @@ from diloco.tools.studies.summaries import (  # re-exported: the page's names, w
     STUDY_TASKS,
     TASKS,
     TRANSFORMER_ORDER,
+    block_pattern,
+    fill_blocks,
     load_summaries,
+    missing_block,
 )
 from diloco.tools.studies.tuning_table import render_tuning  # re-exported
 
 __all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "TRANSFORMER_ORDER", "BLOCK",
            "load_summaries", "render_block", "render_tuning", "block_names", "rebuild", "main"]
 
-BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
+BLOCK = block_pattern()
 
 
 def _similarity(summaries: dict) -> str:
@@ -137,10 +139,7 @@ def render_positions(summaries) -> str:
     made from ``t`` characters of context (a window's position ``t``), mean over the seeds
     (``per_seed_eval_position_loss``, ``TransformerModel.position_losses``). An arm that is another
     study's run under a new name (the same per-seed losses) shares its line: ``A = B``."""
-    summaries = [summaries] if isinstance(summaries, dict) or summaries is None else summaries
-    runs: dict = {}
-    for row in (r for s in summaries for r in (s or {}).get("rows", []) if r.get("per_seed_eval_position_loss")):
-        runs.setdefault(tuple(row.get("per_seed_eval_loss") or ()) or row["arm"], []).append(row)
+    runs = _position_runs([summaries] if isinstance(summaries, dict) or summaries is None else summaries)
     if not runs:
         return "*Not run: no summary with per-position losses.*\n"
     width = len(next(iter(runs.values()))[0]["per_seed_eval_position_loss"][0])
@@ -154,50 +153,86 @@ def render_positions(summaries) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_block(name: str, summaries: dict) -> str:
-    """The Markdown of block ``name`` (see the module docstring)."""
-    if name == "paper":
-        return render_paper_table({k: v for k, v in summaries.items() if isinstance(k, tuple)}, ORDER)
-    if name == "similarity":
-        return _similarity(summaries)
-    if name == "compute":
-        return _compute(summaries, summaries.get("make-results"))
-    if name == "compute-transformer":
-        return _compute(summaries, summaries.get("make-results"), TRANSFORMER_ORDER, "make results-transformer")
-    if name == "costs-transformer":
-        from diloco.tools.studies.claim_curves import every_claim, render_claim_costs
+def _position_runs(summaries: list) -> dict:
+    """The rows with per-position losses, grouped by run (their per-seed losses; else the arm)."""
+    runs: dict = {}
+    for summary in summaries:
+        for row in (summary or {}).get("rows", []):
+            if row.get("per_seed_eval_position_loss"):
+                runs.setdefault(tuple(row.get("per_seed_eval_loss") or ()) or row["arm"], []).append(row)
+    return runs
 
-        return render_claim_costs(every_claim(summaries, TRANSFORMER_ORDER, "shakespeare"))
-    if name.startswith("costs-") and name.partition("-")[2] in TASKS:
-        from diloco.tools.studies.claim_curves import MLP_HEADLINE, headline_claims, render_claim_costs
 
-        return render_claim_costs(headline_claims(summaries, MLP_HEADLINE, name.partition("-")[2]))
-    if name == "clock-transformer":
-        from diloco.tools.studies.claim_curves import CLOCKS, TRANSFORMER_HEADLINE, headline_claims, render_claim_clock
+def _studies_of(summaries: dict) -> dict:
+    return {k: v for k, v in summaries.items() if isinstance(k, tuple)}
 
-        claims = headline_claims(summaries, TRANSFORMER_HEADLINE, "shakespeare")
-        return render_claim_clock(claims, CLOCKS["transformer"])
-    if name == "positions-transformer":
-        return render_positions([summaries.get((study, "shakespeare")) for study in TRANSFORMER_ORDER])
-    if name == "paper-transformer":
-        return render_paper_table({k: v for k, v in summaries.items() if isinstance(k, tuple)}, TRANSFORMER_ORDER,
-                                  (("shakespeare", "transformer char-LM: perplexity"),))
-    if name == "convergence":
-        return _convergence(summaries)
-    if name == "family-compute":
-        return _family_compute(summaries)
-    if name.startswith("family-"):
-        summary = summaries.get(("family", name.partition("-")[2]))
-        if summary is None:
-            return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"
-        from diloco.tools.studies.family_report import render_family_block
 
-        return render_family_block(summary)
+def _costs_transformer(summaries: dict) -> str:
+    from diloco.tools.studies.claim_curves import every_claim, render_claim_costs
+
+    return render_claim_costs(every_claim(summaries, TRANSFORMER_ORDER, "shakespeare"))
+
+
+def _clock_transformer(summaries: dict) -> str:
+    from diloco.tools.studies.claim_curves import CLOCKS, TRANSFORMER_HEADLINE, headline_claims, render_claim_clock
+
+    return render_claim_clock(headline_claims(summaries, TRANSFORMER_HEADLINE, "shakespeare"), CLOCKS["transformer"])
+
+
+# The blocks named outright: name -> its rendering from the summaries.
+_NAMED = {
+    "paper": lambda s: render_paper_table(_studies_of(s), ORDER),
+    "similarity": lambda s: _similarity(s),
+    "compute": lambda s: _compute(s, s.get("make-results")),
+    "compute-transformer": lambda s: _compute(s, s.get("make-results"), TRANSFORMER_ORDER,
+                                              "make results-transformer"),
+    "costs-transformer": _costs_transformer,
+    "clock-transformer": _clock_transformer,
+    "positions-transformer": lambda s: render_positions([s.get((study, "shakespeare"))
+                                                         for study in TRANSFORMER_ORDER]),
+    "paper-transformer": lambda s: render_paper_table(_studies_of(s), TRANSFORMER_ORDER,
+                                                      (("shakespeare", "transformer char-LM: perplexity"),)),
+    "convergence": lambda s: _convergence(s),
+    "family-compute": lambda s: _family_compute(s),
+}
+
+
+def _costs(task: str, summaries: dict) -> str:
+    """``costs-<task>``: the headline claims' costs on an MLP task."""
+    from diloco.tools.studies.claim_curves import MLP_HEADLINE, headline_claims, render_claim_costs
+
+    return render_claim_costs(headline_claims(summaries, MLP_HEADLINE, task))
+
+
+def _family(name: str, summaries: dict) -> str:
+    """``family-<study>``: one family study's block."""
+    summary = summaries.get(("family", name.partition("-")[2]))
+    if summary is None:
+        return missing_block(name)
+    from diloco.tools.studies.family_report import render_family_block
+
+    return render_family_block(summary)
+
+
+def _study(name: str, summaries: dict) -> str:
+    """``<study>-<task>``: a paper study's arms, claims and tuning."""
     study, _, task = name.rpartition("-")
     summary = summaries.get((study, task))
     if summary is None:
-        return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"
+        return missing_block(name)
     return render_arms_table(summary) + "\n" + render_claims_table(summary) + render_tuning(summary)
+
+
+def render_block(name: str, summaries: dict) -> str:
+    """The Markdown of block ``name`` (see the module docstring): a block named outright
+    (``_NAMED``), ``costs-<task>``, ``family-<study>``, else ``<study>-<task>``."""
+    if name in _NAMED:
+        return _NAMED[name](summaries)
+    if name.startswith("costs-") and name.partition("-")[2] in TASKS:
+        return _costs(name.partition("-")[2], summaries)
+    if name.startswith("family-"):
+        return _family(name, summaries)
+    return _study(name, summaries)
 
 
 def block_names(page: str) -> list:
@@ -206,8 +241,7 @@ def block_names(page: str) -> list:
 
 def rebuild(page: str, summaries: dict) -> str:
     """``page`` with every generated block rendered again."""
-    return BLOCK.sub(lambda m: f"<!-- generated: {m.group('name')} -->\n{render_block(m.group('name'), summaries)}"
-                               f"<!-- end: {m.group('name')} -->", page)
+    return fill_blocks(page, BLOCK, lambda name: render_block(name, summaries))
 
 
 def main(argv=None) -> int:

@@ -144,6 +144,20 @@ class RunCache:
                 self.put(key, stored)
         return stored
 
+    def through(self, key: str, train, legacy: str | None = None) -> tuple[dict, bool]:
+        """``(outcome, cached)``: the stored outcome of ``key`` (or ``legacy``, ``get``) and True;
+        else ``train()``'s, stored under ``key`` while this process holds its ``claim`` (a process
+        training it meanwhile gives its outcome instead), and False. Every study run comes here."""
+        stored = self.get(key, legacy)
+        if stored is not None:
+            return stored, True
+        with self.claim(key) as stored:
+            if stored is not None:
+                return stored, True
+            outcome = train()
+            self.put(key, outcome)
+            return outcome, False
+
     def put(self, key: str, outcome: dict) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         write_json(self.directory / f"{key}.json", outcome)

@@ -33,13 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from diloco import stop_signals
+from diloco.runtime import stop_signals
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.run_setup import progress_factory, start_run, thread_limit
 from diloco.tools.runs.faults import quiet_numpy, run_outcome
 from diloco.tools.runs.folders import JsonlWriter, write_json
 from diloco.tools.studies.paper_runs import check_tuning_seeds, run_arm, tune_arms
 from diloco.tools.studies.run_cache import RunCache
+from diloco.tools.studies.study_loop import run_arms
 
 __all__ = ["Plan", "Done", "StudySpec", "run_spec", "study_cache", "check_seeds", "check_tune_seeds", "task_of",
            "DEFAULT_CACHE"]
@@ -67,6 +68,8 @@ class Plan(NamedTuple):
     extra: dict | None = None  # whatever the spec's summary needs besides
     label_key: str = "arm"  # the outcome's field naming its arm
     replay: Callable | None = None  # (stored outcome, history writer): a cached evaluation run's rounds
+    guard: Callable | None = None  # checks each round written to history.jsonl (the divergence guard)
+    stop_fields: Callable | None = None  # (finished outcomes) -> what an early end's summary.json adds
 
 
 class Done(NamedTuple):
@@ -165,15 +168,14 @@ def cached(plan: Plan, cache: RunCache) -> Callable:
     def train_own(arm, base, seed, dataset, history=None, **_):
         config = base.replace(**arm.changes, seed=int(seed))
         key = RunCache.key(arm.algo, config, seed, plan.data_info, runner=_runner_name(plan, arm))
-        stored = cache.get(key)
-        if stored is not None:
-            if history is not None and plan.replay is not None:
-                plan.replay(stored, history)
-            return {**stored, plan.label_key: arm.label, "cached": True}
-        outcome = (plan.run(arm, base, seed, dataset) if history is None
-                   else plan.run(arm, base, seed, dataset, history=history))
-        cache.put(key, outcome)
-        return outcome
+        outcome, hit = cache.through(key, lambda: plan.run(arm, base, seed, dataset) if history is None
+                                     else plan.run(arm, base, seed, dataset, history=history))
+        if not hit:
+            return outcome
+        stored = {**outcome, plan.label_key: arm.label, "cached": True}  # relabelled: another study may have stored it
+        if history is not None and plan.replay is not None:
+            plan.replay(stored, history)
+        return stored
     return train_own
 
 
@@ -205,7 +207,8 @@ class _Progress:
         self.tuned, self.outcomes, self.label_key = [], [], plan.label_key
 
     def __call__(self, outcome: dict, phase: str = "tune") -> None:
-        self.results.write_line({**outcome, "phase": phase})
+        # a run's rounds are in history.jsonl (and in its cached outcome, to replay them), not here
+        self.results.write_line({**{k: v for k, v in outcome.items() if k != "history"}, "phase": phase})
         (self.tuned if phase == "tune" else self.outcomes).append(outcome)
         if self.bar is not None:
             self.bar.set_postfix_str(f"{outcome.get(self.label_key)} seed {outcome.get('seed')}")
@@ -219,9 +222,8 @@ class _Progress:
 def _train_all(spec: StudySpec, plan: Plan, train: Callable, progress: _Progress, history) -> tuple[list, object]:
     """Tune, then every arm on every seed (their rounds to ``history``); ``(tuned arms, tuning records)``."""
     arms, tuning = spec.tune(plan, train, progress)
-    for arm in arms:
-        for seed in plan.seeds:
-            progress(train(arm, plan.config, seed, plan.data, history=history), "eval")
+    run_arms(arms, plan.seeds, train, plan.config, plan.data, history=history,
+             on_run=lambda outcome: progress(outcome, "eval"))
     return arms, tuning
 
 
@@ -231,15 +233,17 @@ def run_spec(spec: StudySpec, args) -> int:
     threads, limit = thread_limit(args, plan.config, plan.data)
     cache = study_cache(args)
     run_dir, history = start_run(args, "study", plan.folder, plan.config, plan.data_info,
-                           {**plan.record, "blas_threads": threads, "run_cache": str(cache.directory)})
+                                 {**plan.record, "blas_threads": threads, "run_cache": str(cache.directory)},
+                                 guard=plan.guard)
     if not args.quiet:
         print(plan.banner)
     progress = _Progress(plan, run_dir, args.quiet)
 
     def stopped(status: str, reason: str, extra: dict) -> None:
+        own = {} if plan.stop_fields is None else plan.stop_fields(progress.outcomes)
         write_json(run_dir / "summary.json", {"command": "study", "study": plan.name, "status": status,
                                               "reason": reason, **extra, "runs_completed": len(progress.tuned)
-                                              + len(progress.outcomes), "run_cache": str(cache.directory)})
+                                              + len(progress.outcomes), "run_cache": str(cache.directory), **own})
 
     started, cpu_started = time.perf_counter(), time.process_time()
     try:

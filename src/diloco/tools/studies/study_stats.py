@@ -154,7 +154,7 @@ def markdown_table(rows: list[dict], *, digits: int = 4) -> str:
     """A Markdown table: held-out accuracy and loss (mean [95% CI], clipped to their
     ranges and marked when clipped, ``CLIPPED_NOTE`` under the table), per-seed accuracy,
     all-reduces, bytes per worker and, where every row measured it, the shards' mean KL
-    divergence (``diloco.shard_divergence``, mean over seeds)."""
+    divergence (``diloco.corpus.shard_divergence``, mean over seeds)."""
     kl = bool(rows) and all(row.get("split_divergence") is not None for row in rows)
     lines = [
         "| variant | algorithm | held-out accuracy, mean [95% CI] | held-out loss, mean [95% CI] "

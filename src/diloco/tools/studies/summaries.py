@@ -11,12 +11,14 @@ from here.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from diloco.tools.studies.paper_report import verdict
 from diloco.tools.studies.paper_studies import claim_setting
 
-__all__ = ["ORDER", "TRANSFORMER_ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "load_summaries"]
+__all__ = ["ORDER", "TRANSFORMER_ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "load_summaries", "block_pattern",
+           "fill_blocks", "missing_block"]
 
 ORDER = ["table2", "fig4", "fig6", "table3", "fig8", "fig9", "splits", "scaling"]
 # docs/results-transformer.md: the same summaries' names in their own folder (assets/results/transformer)
@@ -50,3 +52,21 @@ def load_summaries(directory) -> dict:
                     claim["text"] = claim_setting(claim["text"])
             summaries[(study, task)] = summary
     return summaries
+
+
+# --- the pages' generated blocks: <!-- generated: NAME -->, the body, <!-- end: NAME --> ---------
+
+def block_pattern(names: str = r"[\w-]+") -> re.Pattern:
+    """The generated blocks whose name matches the regular expression ``names`` (groups ``name``, ``body``)."""
+    return re.compile(rf"<!-- generated: (?P<name>{names}) -->\n(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
+
+
+def fill_blocks(page: str, pattern: re.Pattern, render) -> str:
+    """``page`` with the body of every block ``pattern`` finds replaced by ``render(name)``."""
+    return pattern.sub(lambda m: f"<!-- generated: {m['name']} -->\n{render(m['name'])}<!-- end: {m['name']} -->",
+                       page)
+
+
+def missing_block(name: str) -> str:
+    """The body of a block whose exported summary is missing."""
+    return f"*Not run: `docs/assets/results/{name}.json` is missing.*\n"

@@ -359,6 +359,30 @@ def _text_lines(root: Path) -> Iterable[tuple[Path, list[str]]]:
         yield path, text.splitlines()
 
 
+def _lines_outside(package_dir: Path, regions: list) -> set[str]:
+    """The stripped lines of the package's modules (not the reference-only ones) outside ``regions``."""
+    outside: set[str] = set()
+    for path, lines in _text_lines(package_dir):
+        if path.suffix != ".py" or is_reference_only(path):
+            continue
+        masked = set()
+        for region in regions:
+            if Path(region.path) == path:
+                masked.update(range(region.begin - 1, region.end))
+        outside.update(line.strip() for i, line in enumerate(lines) if i not in masked)
+    return outside
+
+
+def _public_lines(public: Iterable[Path | str]) -> set[str]:
+    """The stripped lines of every file under the ``public`` folders, but their ``tooling`` parts."""
+    lines_seen: set[str] = set()
+    for root in public:
+        for path, lines in _text_lines(Path(root)):
+            if "tooling" not in path.relative_to(root).parts:
+                lines_seen.update(line.strip() for line in lines)
+    return lines_seen
+
+
 def solution_lines(package_dir: Path | str = PACKAGE_DIR, public: Iterable[Path | str] = ()) -> set[str]:
     """The distinctive solution lines of the reference, stripped.
 
@@ -372,19 +396,7 @@ def solution_lines(package_dir: Path | str = PACKAGE_DIR, public: Iterable[Path 
     regions = list(package_regions(package_dir).values())
     regions += [found.region for found in package_exercise_regions(package_dir).values()]
     inside = {line.strip() for region in regions for line in region.body}
-    outside: set[str] = set()
-    for path, lines in _text_lines(package_dir):
-        if path.suffix != ".py" or is_reference_only(path):
-            continue
-        masked = set()
-        for region in regions:
-            if Path(region.path) == path:
-                masked.update(range(region.begin - 1, region.end))
-        outside.update(line.strip() for i, line in enumerate(lines) if i not in masked)
-    for root in public:
-        for path, lines in _text_lines(Path(root)):
-            if "tooling" not in path.relative_to(root).parts:
-                outside.update(line.strip() for line in lines)
+    outside = _lines_outside(package_dir, regions) | _public_lines(public)
     return {line for line in inside - outside if len(line) >= MIN_SOLUTION_LINE and not line.startswith("#")}
 
 

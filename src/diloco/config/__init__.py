@@ -28,7 +28,7 @@ from diloco._validation import (
     check_real,
     check_seed,
 )
-from diloco.config_sections import MODELS, AsyncConfig, FamilyConfig, TransformerShape, check_known_fields
+from diloco.config.sections import MODELS, AsyncConfig, FamilyConfig, TransformerShape, check_known_fields
 from diloco.core.registry import INNER_OPTIMIZERS
 
 __all__ = ["AdamWConfig", "MuonConfig", "DiLoCoConfig", "FamilyConfig", "AsyncConfig", "TransformerShape",
@@ -206,7 +206,7 @@ class DiLoCoConfig:
         char-LM, stretches of the play text), each segment spread over the workers by
         Dirichlet(``alpha``) proportions (``diloco.text.topic_shard_dataset``), or
         ``"speaker"``: each worker the whole speeches of its own speakers of Tiny
-        Shakespeare, balanced by characters (``diloco.speakers``; ``alpha`` unused).
+        Shakespeare, balanced by characters (``diloco.corpus.speakers``; ``alpha`` unused).
         Needs ``iid=False``.
     seed : int >= 0
         Seeds sharding, initialisation and batch sampling.
@@ -220,7 +220,7 @@ class DiLoCoConfig:
         algorithm with the K workers in flat in-place buffers (``"fast"``). The milestone
         functions themselves ignore it.
 
-    The paper's mechanisms (``diloco.mechanisms``); the defaults are the course's
+    The paper's mechanisms (``diloco.core.mechanisms``); the defaults are the course's
     algorithm, unchanged:
 
     lr_schedule : "constant" or "cosine"
@@ -266,12 +266,12 @@ class DiLoCoConfig:
     muon : MuonConfig
         Muon's hyper-parameters; off their defaults only with ``inner_optimizer="muon"``.
     family : FamilyConfig
-        The nested section of the post-2023 family (``diloco.config_sections``): wire
+        The nested section of the post-2023 family (``diloco.config.sections``): wire
         format and error feedback, Streaming DiLoCo's fragments, overlap and mixing, eager
         updates, the simulated network. The default is plain DiLoCo. The milestone
         functions ignore it; ``diloco.core`` runs it.
     asynchrony : AsyncConfig
-        The workers' speeds and asynchronous DiLoCo (``diloco.config_sections.AsyncConfig``,
+        The workers' speeds and asynchronous DiLoCo (``diloco.config.sections.AsyncConfig``,
         Liu et al. 2024); the default is synchronous DiLoCo with equal workers.
     model : "mlp" or "transformer"
         The MLP of milestones 01-10 with ``hidden_sizes`` (default), or a causal

@@ -25,7 +25,7 @@ from diloco._validation import (
 from diloco.config import DiLoCoConfig
 from diloco.core.model_seam import data_model, model_of, parameter_count, with_model_defaults
 from diloco.evaluation import classification_accuracy, communication_savings, evaluate_loss
-from diloco.mechanisms import global_norm
+from diloco.core.mechanisms import global_norm
 from diloco.model import Params, init_model_params, relu
 from diloco.sharding import iid_shard_dataset, noniid_shard_dataset
 from diloco.text import bits_per_char, perplexity
@@ -207,6 +207,52 @@ def refuse_mechanisms(config, algo: str) -> None:
                          f"train with diloco.core.driver.train({algo!r}, ...), as `diloco train` does")
 
 
+def _check_train_data(x, y, config) -> None:
+    """``x`` a non-empty 2-D float array with columns, ``y`` its labels, enough rows for the workers."""
+    check_float_array(x, "x", ndim=2)
+    check_labels(y, "y", n=x.shape[0])
+    if y.size == 0:
+        raise ValueError("x must hold at least one example")
+    if x.shape[1] == 0:
+        raise ValueError("x must have at least one feature (column), got shape (n, 0)")
+    check_args.workers_fit(config.num_workers, x.shape[0])  # checked here: the sharding call is nested
+
+
+def _num_classes(x, y, x_eval, y_eval) -> int:
+    """The number of classes, the largest label in ``y`` or ``y_eval`` plus one, at least two;
+    the held-out data, if any, checked against ``x``."""
+    num_classes = int(y.max()) + 1
+    if x_eval is not None:
+        check_float_array(x_eval, "x_eval", ndim=2)
+        if x_eval.shape[0] == 0:
+            raise ValueError("x_eval must hold at least one example (or pass no held-out data at all)")
+        if x_eval.shape[1] != x.shape[1]:
+            raise ValueError(f"x_eval must have {x.shape[1]} columns like x, got shape {x_eval.shape}")
+        check_labels(y_eval, "y_eval", n=x_eval.shape[0])
+        if y_eval.size:
+            num_classes = max(num_classes, int(y_eval.max()) + 1)
+    if num_classes < 2:
+        raise ValueError("y must hold at least two classes (labels 0 and 1 at least): with one, every accuracy "
+                         "would be a meaningless 1.0")
+    return num_classes
+
+
+def _check_model_fits(config, model, num_features: int, num_classes: int) -> tuple[int, ...] | None:
+    """Refuse a model whose K workers' copies and states would not fit in memory; the MLP's
+    layer sizes (None for a model object)."""
+    if model is None:
+        layer_sizes = (num_features, *config.hidden_sizes, num_classes)
+        num_params = sum(a * b + b for a, b in zip(layer_sizes[:-1], layer_sizes[1:], strict=True))
+        what = f"layer sizes {layer_sizes} (C = largest label in y or y_eval + 1)"
+    else:
+        layer_sizes = None
+        num_params, what = parameter_count(model), f"the transformer {model.config}"
+    check_fits_in_memory(num_params * np.dtype(config.dtype).itemsize * (3 * config.num_workers + 4), "the model",
+                         f"{what}, {num_params:,} parameters, with K = {config.num_workers} workers' copies and "
+                         f"states,")
+    return layer_sizes
+
+
 def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode=None, on_round=None):
     """The shared start of every trainer: validate, shard, initialise, in one rng order.
 
@@ -230,41 +276,15 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
         the memory available.
     """
     config = check_args.diloco_config(config)
-    check_float_array(x, "x", ndim=2)
-    check_labels(y, "y", n=x.shape[0])
-    if y.size == 0:
-        raise ValueError("x must hold at least one example")
-    if x.shape[1] == 0:
-        raise ValueError("x must have at least one feature (column), got shape (n, 0)")
-    check_args.workers_fit(config.num_workers, x.shape[0])  # checked here: the sharding call is nested
+    _check_train_data(x, y, config)
     num_features = x.shape[1] if encode is None else check_args.encoder(encode, x.shape[1])
     if (x_eval is None) != (y_eval is None):
         raise ValueError("x_eval and y_eval must be given together")
     if on_round is not None and not callable(on_round):
         raise TypeError(f"on_round must be callable (a function of the round's record), got {type(on_round).__name__}")
-    num_classes = int(y.max()) + 1
-    if x_eval is not None:
-        check_float_array(x_eval, "x_eval", ndim=2)
-        if x_eval.shape[0] == 0:
-            raise ValueError("x_eval must hold at least one example (or pass no held-out data at all)")
-        if x_eval.shape[1] != x.shape[1]:
-            raise ValueError(f"x_eval must have {x.shape[1]} columns like x, got shape {x_eval.shape}")
-        check_labels(y_eval, "y_eval", n=x_eval.shape[0])
-        if y_eval.size:
-            num_classes = max(num_classes, int(y_eval.max()) + 1)
-    if num_classes < 2:
-        raise ValueError("y must hold at least two classes (labels 0 and 1 at least): with one, every accuracy "
-                         "would be a meaningless 1.0")
+    num_classes = _num_classes(x, y, x_eval, y_eval)
     model = data_model(config, x, encode)  # None: the MLP
-    if model is None:
-        layer_sizes = (num_features, *config.hidden_sizes, num_classes)
-        num_params = sum(a * b + b for a, b in zip(layer_sizes[:-1], layer_sizes[1:], strict=True))
-        what = f"layer sizes {layer_sizes} (C = largest label in y or y_eval + 1)"
-    else:
-        num_params, what = parameter_count(model), f"the transformer {model.config}"
-    check_fits_in_memory(num_params * np.dtype(config.dtype).itemsize * (3 * config.num_workers + 4), "the model",
-                         f"{what}, {num_params:,} parameters, with K = {config.num_workers} workers' copies and "
-                         f"states,")
+    layer_sizes = _check_model_fits(config, model, num_features, num_classes)
     rng = np.random.default_rng(config.seed) if rng is None else check_generator(rng)
     shards = shard_dataset(x, y, config, rng)
     if model is None:
@@ -277,7 +297,7 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
 def shard_dataset(x, y, config: DiLoCoConfig, rng) -> list:
     """The K shards ``config`` asks for: IID (milestone 16), or non-IID by ``noniid_split``:
     label skew (milestone 17), topic segments (``diloco.text.topic_shard_dataset``) or
-    speakers (``diloco.speakers.speaker_shard_dataset``, which ignores ``alpha``)."""
+    speakers (``diloco.corpus.speakers.speaker_shard_dataset``, which ignores ``alpha``)."""
     if config.iid:
         return iid_shard_dataset(x, y, config.num_workers, rng)
     if config.noniid_split == "topic":
@@ -285,7 +305,7 @@ def shard_dataset(x, y, config: DiLoCoConfig, rng) -> list:
 
         return topic_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
     if config.noniid_split == "speaker":
-        from diloco.speakers import speaker_shard_dataset
+        from diloco.corpus.speakers import speaker_shard_dataset
 
         return speaker_shard_dataset(x, y, config.num_workers, rng)
     return noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)

@@ -154,10 +154,10 @@ def split_divergence(shards, *, text: bool, every_position: bool = False) -> flo
 
 def run_split_divergence(x, y, config, *, text: bool) -> float:
     """``split_divergence`` of the shards a run of ``config`` starts from: those of
-    ``diloco.run_records.shard_dataset`` with ``default_rng(config.seed)``, whose first
+    ``diloco.core.run_records.shard_dataset`` with ``default_rng(config.seed)``, whose first
     draws they are in ``prepare_training``. A sequence model (a transformer, ``model_kind``) trains on
     every position of a window, so its shards are measured there (``every_position``)."""
-    from diloco.run_records import shard_dataset
+    from diloco.core.run_records import shard_dataset
 
     shards = shard_dataset(x, y, config, np.random.default_rng(config.seed))
     return split_divergence(shards, text=text, every_position=text and model_kind(config).sequence_model)

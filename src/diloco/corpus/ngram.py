@@ -210,9 +210,9 @@ def dataset_baselines(dataset, vocab_size: int, *, every_position: bool, orders=
     Raises
     ------
     ValueError
-        Training windows that are not those of one text in order (``diloco.speakers.ids_from_windows``).
+        Training windows that are not those of one text in order (``diloco.corpus.speakers.ids_from_windows``).
     """
-    from diloco.speakers import ids_from_windows
+    from diloco.corpus.speakers import ids_from_windows
 
     train_ids = ids_from_windows(dataset.x_train, dataset.y_train)
     return ngram_baselines(train_ids, dataset.x_test, dataset.y_test, vocab_size, every_position=every_position,
