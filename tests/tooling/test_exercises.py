@@ -248,14 +248,13 @@ def test_plain_diloco_never_calls_the_streaming_schedule(monkeypatch):
     """One fragment is the whole model: a workspace's `make demo` trains with x02 still a stub."""
     from diloco import DiLoCoConfig
     from diloco.config.sections import FamilyConfig
-    from diloco.core import driver, schedule, synchronisers
+    from diloco.core import driver, schedule
 
     def stub(*args, **kwargs):
         raise NotImplementedError("exercise x02 streaming_schedule: sync_offsets is not implemented yet")
 
     for name in ("fragment_layers", "fragment_keys", "sync_offsets", "sync_steps"):
-        monkeypatch.setattr(schedule, name, stub)
-    monkeypatch.setattr(synchronisers, "fragment_keys", stub)
+        monkeypatch.setattr(schedule, name, stub)  # the MLP's fragments (MLPModel.fragments) look it up here
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(24, 3)), np.arange(24) % 2
     config = DiLoCoConfig(num_workers=2, inner_steps=3, rounds=2, batch_size=4, hidden_sizes=(4,), seed=1)
@@ -267,13 +266,13 @@ def test_plain_diloco_never_calls_the_streaming_schedule(monkeypatch):
 
 def test_the_command_line_names_a_stub_it_reaches_in_one_line(monkeypatch, tmp_path, capsys):
     """In a workspace, `diloco train --fragments 2` before x02 is written: the stub's message, no traceback."""
-    from diloco.core import synchronisers
+    from diloco.core import schedule
     from diloco.tools.cli.main import main
 
     def stub(*args, **kwargs):
         raise NotImplementedError(stub_message(by_code("x02"), "fragment_keys"))
 
-    monkeypatch.setattr(synchronisers, "fragment_keys", stub)
+    monkeypatch.setattr(schedule, "fragment_keys", stub)  # where MLPModel.fragments finds the learner's function
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--fragments", "2", "--rounds", "1", "--quiet"]) == 2
     err = capsys.readouterr().err

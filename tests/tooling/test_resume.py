@@ -225,7 +225,7 @@ elif point == "mid-history":  # half of round ROUND's history line written
 
     os.write = write
 elif point == "mid-round":  # inside round ROUND, half-way through its inner steps
-    import diloco.core.mechanisms as mechanisms
+    import diloco.models.mlp as mlp
     import diloco.sharding as sharding
     steps_per_round = int(os.environ["STEPS_PER_ROUND"])
     calls = [0]
@@ -239,7 +239,7 @@ elif point == "mid-round":  # inside round ROUND, half-way through its inner ste
         return step
 
     sharding.local_train_step = counting(sharding.local_train_step)  # DiLoCo's workers
-    mechanisms.model_backward = counting(mechanisms.model_backward)  # the baseline's steps (loss_and_grads)
+    mlp.model_backward = counting(mlp.model_backward)  # the baseline's steps (MLPModel.loss_and_grads)
 else:
     raise SystemExit(f"unknown point {point}")
 sys.exit(main(sys.argv[3:]))

@@ -29,6 +29,7 @@ from diloco._validation import (
     check_seed,
 )
 from diloco.config.sections import MODELS, AsyncConfig, FamilyConfig, TransformerShape, check_known_fields
+from diloco.core.registry import INNER_OPTIMIZERS
 
 __all__ = ["AdamWConfig", "MuonConfig", "DiLoCoConfig", "FamilyConfig", "AsyncConfig", "TransformerShape",
            "OUTER_OPTIMIZER_NAMES",
@@ -43,7 +44,8 @@ DROP_RULES = ("carry", "restart")
 NONIID_SPLITS = ("label", "topic", "speaker")
 # The outer optimizers diloco.core.outer.OUTER_OPTIMIZERS implements (a test checks the two agree).
 OUTER_OPTIMIZER_NAMES = ("sgd", "adam", "lion")
-# The inner optimizers diloco.core.inner.INNER_OPTIMIZERS implements (a test checks the two agree).
+# The built-in inner optimizers; DiLoCoConfig checks inner_optimizer against the registry
+# (diloco.core.registry.INNER_OPTIMIZERS), which holds these and any a plugin registers.
 INNER_OPTIMIZER_NAMES = ("adamw", "muon", "sgd")
 # Muon's shape scales (diloco.methods.muon.shape_scale).
 MUON_SCALES = ("muon", "moonlight")
@@ -252,13 +254,15 @@ class DiLoCoConfig:
     record_similarity : bool
         Add ``pseudo_grad_cosine`` (mean pairwise cosine between the workers' own
         pseudo-gradients) to every DiLoCo record (False).
-    inner_optimizer : "adamw", "muon" or "sgd"
-        The workers' (and the baseline's) optimizer (``diloco.core.inner``): AdamW with
+    inner_optimizer : "adamw", "muon", "sgd" or a registered name
+        The workers' (and the baseline's) optimizer, a name in
+        ``diloco.core.registry.INNER_OPTIMIZERS`` (``diloco.core.inner``): AdamW with
         ``inner`` (default, the milestones), Muon with ``muon`` on the weight matrices and
         AdamW with ``inner`` on the biases (MuLoCo; ``diloco.methods.muon``), or SGD with
         heavy-ball momentum ``inner.beta1``, lr ``inner.lr`` and L2 weight decay
         ``inner.weight_decay``. Muon and SGD run through ``diloco.core``, never the
-        milestone functions.
+        milestone functions; so does an optimizer a plugin registers (it reads its
+        hyper-parameters from ``inner``).
     muon : MuonConfig
         Muon's hyper-parameters; off their defaults only with ``inner_optimizer="muon"``.
     family : FamilyConfig
@@ -357,20 +361,9 @@ class DiLoCoConfig:
         clip = None if self.clip_norm is None else check_real(self.clip_norm, "clip_norm", low=0.0, low_open=True)
         if self.shard_weighting not in _SHARD_WEIGHTINGS:
             raise ValueError(f"shard_weighting must be one of {_SHARD_WEIGHTINGS}, got {self.shard_weighting!r}")
-        if self.outer_optimizer not in OUTER_OPTIMIZER_NAMES:
-            raise ValueError(f"outer_optimizer must be one of {OUTER_OPTIMIZER_NAMES}, got {self.outer_optimizer!r}")
         record_similarity = check_bool(self.record_similarity, "record_similarity")
-        if self.inner_optimizer not in INNER_OPTIMIZER_NAMES:
-            raise ValueError(f"inner_optimizer must be one of {INNER_OPTIMIZER_NAMES}, got {self.inner_optimizer!r}")
-        if not isinstance(self.muon, MuonConfig):
-            raise TypeError(f"muon must be a MuonConfig, got {type(self.muon).__name__}")
-        if self.inner_optimizer != "muon" and self.muon != MuonConfig():
-            raise ValueError("muon settings need inner_optimizer='muon' (AdamW would ignore them)")
-        drop_prob = check_probability(self.drop_prob, "drop_prob")
-        if self.drop_rule not in DROP_RULES:
-            raise ValueError(f"drop_rule must be one of {DROP_RULES}, got {self.drop_rule!r}")
-        if self.drop_rule != "carry" and drop_prob == 0:
-            raise ValueError(f"drop_rule={self.drop_rule!r} needs drop_prob > 0 (no worker is ever dropped)")
+        self._check_optimizers()
+        drop_prob = self._check_drops()
         self._check_model()
         if self.noniid_split not in NONIID_SPLITS:
             raise ValueError(f"noniid_split must be one of {NONIID_SPLITS}, got {self.noniid_split!r}")
@@ -384,6 +377,26 @@ class DiLoCoConfig:
             "outer_eps": check_real(self.outer_eps, "outer_eps", low=0.0, low_open=True),
             "drop_prob": drop_prob,
         }
+
+    def _check_optimizers(self) -> None:
+        """The outer and inner optimizers' names (the inner one against ``diloco.core.registry``), and Muon's
+        settings only with Muon."""
+        if self.outer_optimizer not in OUTER_OPTIMIZER_NAMES:
+            raise ValueError(f"outer_optimizer must be one of {OUTER_OPTIMIZER_NAMES}, got {self.outer_optimizer!r}")
+        INNER_OPTIMIZERS.check(self.inner_optimizer, "inner_optimizer")
+        if not isinstance(self.muon, MuonConfig):
+            raise TypeError(f"muon must be a MuonConfig, got {type(self.muon).__name__}")
+        if self.inner_optimizer != "muon" and self.muon != MuonConfig():
+            raise ValueError(f"muon settings need inner_optimizer='muon' ({self.inner_optimizer} would ignore them)")
+
+    def _check_drops(self) -> float:
+        """``drop_prob`` and ``drop_rule``; returns the probability as a float."""
+        drop_prob = check_probability(self.drop_prob, "drop_prob")
+        if self.drop_rule not in DROP_RULES:
+            raise ValueError(f"drop_rule must be one of {DROP_RULES}, got {self.drop_rule!r}")
+        if self.drop_rule != "carry" and drop_prob == 0:
+            raise ValueError(f"drop_rule={self.drop_rule!r} needs drop_prob > 0 (no worker is ever dropped)")
+        return drop_prob
 
     def _check_model(self) -> None:
         """The model's name, and no setting of the other model's."""

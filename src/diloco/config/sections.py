@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from diloco._validation import check_nonneg_int, check_positive_int, check_real
+from diloco.core.registry import CODECS
 
 __all__ = ["FamilyConfig", "CommSpec", "WIRE_FIELDS", "FORMATS", "PATTERNS", "TRANSFORMS", "SPARSE_BITS",
-           "MAX_DCT_CHUNK",
+           "MAX_DCT_CHUNK", "BUILTIN_CODECS", "parse_compress",
            "check_known_fields", "AsyncConfig", "MODELS", "TransformerShape"]
 
 # Wire formats of outer gradients (diloco.core.quantize).
@@ -29,6 +31,8 @@ FORMATS = ("float64", "float32", "float16", "bfloat16", "int8", "fp4")
 TRANSFORMS = ("none", "dct")
 SPARSE_BITS = (None, 2)
 MAX_DCT_CHUNK = 1024
+# The codecs the wire-format fields choose (diloco.core.codecs); CODECS holds them and any a plugin registers.
+BUILTIN_CODECS = ("native", "dense", "topk")
 
 
 def check_known_fields(cls, data, what: str) -> None:
@@ -84,6 +88,12 @@ class CommSpec:
     topk_decay : float in [0, 1]
         beta, the error-feedback buffer's decay, ``e <- beta e + Delta`` (1; needs
         ``error_feedback``).
+    compress : str or None
+        A codec by name, ``"NAME"`` or ``"NAME:key=value,key=value"`` with the options that
+        codec owns (``parse_compress``): an entry of ``diloco.core.registry.CODECS``, built
+        in (``native``, ``dense``, ``topk``: their settings are the fields above) or
+        registered by a plugin (then the fields above stay at their defaults). None: the
+        fields above choose the built-in codec.
     """
 
     comm_dtype: str | None = None
@@ -95,6 +105,7 @@ class CommSpec:
     topk_bits: int | None = None
     topk_transform: str = "none"
     topk_decay: float = 1.0
+    compress: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -105,6 +116,7 @@ class CommSpec:
             if not isinstance(self.error_feedback, bool):
                 raise TypeError(f"error_feedback must be a bool, got {self.error_feedback!r}")
             topk, topk_decay = self._check_topk()
+            self._check_compress()
         except (TypeError, ValueError) as exc:
             raise _field_error(exc, self) from None
         for name, value in (("sign_prune", prune), ("topk", topk), ("topk_decay", topk_decay)):
@@ -136,6 +148,48 @@ class CommSpec:
         return topk, decay
 
 
+    def _check_compress(self) -> None:
+        """``compress`` names a registered codec; a built-in one takes its settings from the other fields,
+        another one its own options only."""
+        if self.compress is None:
+            return
+        name, options = parse_compress(self.compress)
+        CODECS.check(name, "compress")
+        legacy = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(CommSpec)
+                  if f.name in ("comm_dtype", "sign_prune", "topk") and getattr(self, f.name) != f.default]
+        if name not in BUILTIN_CODECS:
+            if legacy:
+                raise ValueError(f"{', '.join(legacy)} configure(s) the built-in codecs, not compress={name!r}: "
+                                 f"give that codec its own options, compress='{name}:key=value'")
+            return
+        if options:
+            raise ValueError(f"compress={self.compress!r}: the built-in codec {name!r} takes no options; its "
+                             f"settings are comm_dtype, sign_prune and topk (and their flags)")
+        wanted = "topk" if self.topk is not None else "dense" if legacy else "native"
+        if name != wanted:
+            chosen_by = ", ".join(legacy) or "no comm_dtype, sign_prune or topk"
+            raise ValueError(f"compress={name!r} disagrees with the other wire fields ({chosen_by}), which choose "
+                             f"the {wanted!r} codec")
+
+
+def parse_compress(text: str) -> tuple[str, dict]:
+    """``"randk:fraction=0.1,seed=3"`` -> ``("randk", {"fraction": 0.1, "seed": 3})``: a codec's name and
+    its options, each value a JSON number, true/false/null or else the text itself."""
+    if not isinstance(text, str) or not text:
+        raise TypeError(f"compress must be a codec's name such as 'randk' or 'randk:fraction=0.1', got {text!r}")
+    name, _, rest = text.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f"compress options are key=value pairs separated by commas, got {item!r} in {text!r}")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value.strip()
+    return name.strip(), options
+
+
 WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(CommSpec))  # the wire format's fields, in order
 
 
@@ -146,7 +200,8 @@ class FamilyConfig(CommSpec):
 
     Attributes
     ----------
-    comm_dtype, comm_block, sign_prune, error_feedback, topk, topk_chunk, topk_bits, topk_transform, topk_decay
+    comm_dtype, comm_block, sign_prune, error_feedback, topk, topk_chunk, topk_bits, topk_transform, topk_decay,
+    compress
         The wire format (``CommSpec``).
     fragments : int >= 1
         P, fragments of Streaming DiLoCo (1 = the whole model at once).
@@ -264,6 +319,18 @@ def _async_error(exc: Exception) -> Exception:
     return type(exc)(f"AsyncConfig.{exc}")
 
 
+def _check_step_times(times) -> tuple | None:
+    """``step_times`` as a non-empty tuple of positive floats, or None."""
+    if times is None:
+        return None
+    if isinstance(times, (str, bytes, dict)) or not hasattr(times, "__iter__"):
+        raise TypeError(f"step_times must be a tuple of seconds per step, got {times!r}")
+    times = tuple(check_real(t, f"step_times[{i}]", low=0.0, low_open=True) for i, t in enumerate(times))
+    if not times:
+        raise ValueError("step_times must hold one time per worker, got none")
+    return times
+
+
 @dataclass(frozen=True)
 class AsyncConfig:
     """The workers' speeds and the asynchronous schedule (``diloco.methods.asynchrony``).
@@ -306,29 +373,27 @@ class AsyncConfig:
             for name in ("asynchronous", "dynamic_local_steps"):
                 if not isinstance(getattr(self, name), bool):
                     raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-            times = self.step_times
-            if times is not None:
-                if isinstance(times, (str, bytes, dict)) or not hasattr(times, "__iter__"):
-                    raise TypeError(f"step_times must be a tuple of seconds per step, got {times!r}")
-                times = tuple(check_real(t, f"step_times[{i}]", low=0.0, low_open=True) for i, t in enumerate(times))
-                if not times:
-                    raise ValueError("step_times must hold one time per worker, got none")
+            times = _check_step_times(self.step_times)
             spread = check_real(self.speed_spread, "speed_spread", low=0.0)
             if self.straggler is not None:
                 check_nonneg_int(self.straggler, "straggler")
             factor = check_real(self.straggler_factor, "straggler_factor", low=0.0, low_open=True)
             check_nonneg_int(self.delayed_nesterov, "delayed_nesterov")
-            if self.straggler is None and factor != 4.0:
-                raise ValueError("straggler_factor needs straggler (the worker it slows down)")
-            if times is not None and spread > 0:
-                raise ValueError("give step_times or speed_spread, not both")
-            if not self.asynchronous and (self.delayed_nesterov or self.dynamic_local_steps):
-                raise ValueError("delayed_nesterov and dynamic_local_steps are rules of the asynchronous schedule: "
-                                 "set asynchronous=True")
+            self._check_combinations(times, spread, factor)
         except (TypeError, ValueError) as exc:
             raise _async_error(exc) from None
         for name, value in (("step_times", times), ("speed_spread", spread), ("straggler_factor", factor)):
             object.__setattr__(self, name, value)
+
+    def _check_combinations(self, times, spread: float, factor: float) -> None:
+        """The fields that only mean something together."""
+        if self.straggler is None and factor != 4.0:
+            raise ValueError("straggler_factor needs straggler (the worker it slows down)")
+        if times is not None and spread > 0:
+            raise ValueError("give step_times or speed_spread, not both")
+        if not self.asynchronous and (self.delayed_nesterov or self.dynamic_local_steps):
+            raise ValueError("delayed_nesterov and dynamic_local_steps are rules of the asynchronous schedule: "
+                             "set asynchronous=True")
 
     @property
     def simulates_speeds(self) -> bool:

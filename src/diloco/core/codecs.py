@@ -10,7 +10,13 @@
 
 ``item_k`` is worker k's parameters (``base`` the model it started from) or its outer
 gradient itself (``base`` None); ``residual_k`` its error-feedback memory by key. ``rng``
-is there for stochastic codecs; the three below are deterministic and never draw.
+is worker k's generator for this synchronisation (``codec_generators``), for stochastic
+codecs; the three below are deterministic and never draw.
+
+A codec is chosen by name (``codec_for``): ``CommSpec.compress``, an entry of
+``diloco.core.registry.CODECS`` (``factory(spec, dtype, **options) -> Codec``), or when
+it is None the built-in entry the wire-format fields choose (``codec_name``). A plugin
+registers its factory there, and ``--compress NAME:key=value`` runs it.
 
 * ``NativeCodec``: nothing encoded; the reduce is milestone 24's ``compute_outer_gradient``
   (or milestone 15's average), so plain DiLoCo stays DiLoCo bit for bit. Ring all-reduce
@@ -38,9 +44,10 @@ from typing import Protocol
 import numpy as np
 
 from diloco._validation import api_checks
-from diloco.config.sections import CommSpec
+from diloco.config.sections import CommSpec, parse_compress
 from diloco.core.flatbuf import unflatten
 from diloco.core.quantize import FORMATS, decode, encode, from_bytes, sign_prune_mask, to_bytes, wire_unit
+from diloco.core.registry import CODECS
 from diloco.methods.sparse import (
     ErrorFeedbackState,
     SparseConfig,
@@ -53,12 +60,20 @@ from diloco.model import Params
 from diloco.outer import compute_outer_gradient
 from diloco.params import average_params, subtract_params
 
-__all__ = ["Codec", "NativeCodec", "DenseCodec", "SparseCodec", "codec_for", "is_native", "sparse_config",
+__all__ = ["Codec", "NativeCodec", "DenseCodec", "SparseCodec", "codec_for", "codec_name", "codec_generators",
+           "is_native", "sparse_config",
            "native_bytes", "encode_delta", "reduce_decoded"]
 
 
 class Codec(Protocol):
-    """How one worker's outer gradient travels and how the K of them combine (module doc)."""
+    """How one worker's outer gradient travels and how the K of them combine (module doc).
+
+    ``summable``: whether ``reduce`` works value by value (a collective may reduce-scatter
+    it); ``lossy``: whether decoding loses anything (``--error-feedback`` needs it).
+    """
+
+    summable: bool
+    lossy: bool
 
     def encode(self, item: Params, base: Params | None, residual: dict, rng=None) -> tuple[object, dict]: ...
 
@@ -97,6 +112,7 @@ class NativeCodec:
     """
 
     summable = True
+    lossy = False
 
     def __init__(self, dtype) -> None:
         self.dtype = np.dtype(dtype)
@@ -161,6 +177,12 @@ class DenseCodec:
     def __init__(self, spec: CommSpec, dtype) -> None:
         self.spec, self.dtype = spec, np.dtype(dtype)
 
+    @property
+    def lossy(self) -> bool:
+        """Whether decoding loses anything: pruning, or a format narrower than the params'."""
+        fmt = self.spec.comm_dtype or self.dtype.name
+        return self.spec.sign_prune > 0 or fmt not in (self.dtype.name, "float64")
+
     def encode(self, item: Params, base, residual: dict, rng=None) -> tuple[dict, dict]:
         payloads, residual = {}, dict(residual)
         for key, value in _outer_gradient(item, base).items():
@@ -221,6 +243,7 @@ class SparseCodec:
     """
 
     summable = False
+    lossy = True
 
     def __init__(self, spec: CommSpec) -> None:
         self.spec, self.config = spec, sparse_config(spec)
@@ -249,12 +272,44 @@ class SparseCodec:
         return bytes(buffer)
 
 
+# The built-in entries of diloco.core.registry.CODECS: factory(spec, dtype, **options) -> Codec.
+def NATIVE_CODEC(spec: CommSpec, dtype) -> NativeCodec:  # noqa: N802 (the registry's entry names)
+    return NativeCodec(dtype)
+
+
+def TOPK_CODEC(spec: CommSpec, dtype) -> SparseCodec:  # noqa: N802
+    return SparseCodec(spec)
+
+
+DENSE_CODEC = DenseCodec
+
+
+def codec_name(spec: CommSpec, dtype) -> str:
+    """The registered codec ``spec`` chooses: its ``compress``, else the built-in its fields choose."""
+    if spec.compress is not None:
+        return parse_compress(spec.compress)[0]
+    return "native" if is_native(spec, dtype) else "topk" if spec.topk is not None else "dense"
+
+
 def codec_for(spec: CommSpec, dtype) -> Codec:
-    """The codec of ``spec`` for params of ``dtype``."""
+    """The codec of ``spec`` for params of ``dtype``: ``CODECS[codec_name(spec, dtype)](spec, dtype, **options)``.
+
+    Raises
+    ------
+    ValueError
+        An unknown wire format, or options the codec refuses (named with ``compress``).
+    """
     if spec.comm_dtype is not None and spec.comm_dtype not in FORMATS:
         raise ValueError(f"comm format must be one of {FORMATS}, got {spec.comm_dtype!r}")
-    if is_native(spec, dtype):
-        return NativeCodec(dtype)
-    if spec.topk is not None:
-        return SparseCodec(spec)
-    return DenseCodec(spec, dtype)
+    options = parse_compress(spec.compress)[1] if spec.compress is not None else {}
+    try:
+        return CODECS[codec_name(spec, dtype)](spec, np.dtype(dtype), **options)
+    except TypeError as exc:
+        raise ValueError(f"compress={spec.compress!r}: {exc}") from None
+
+
+def codec_generators(seed: int, stamp: tuple, workers) -> dict:
+    """Worker k's generator for a codec's draws at one synchronisation, ``stamp`` (round, step, fragment):
+    ``SeedSequence(seed, spawn_key=(*stamp, k))``. Its own stream: the run's generator draws as
+    before, and every executor, and a resumed run, hands a worker the same draws."""
+    return {k: np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(*stamp, k))) for k in workers}

@@ -65,7 +65,7 @@ def reduce_in_order(messages: dict, codec, like: Params, weights: dict | None, b
 
 
 def all_reduce(local: dict, spec: CommSpec, residuals: dict | None = None, weights: dict | None = None, *,
-               global_params: Params | None = None, gather=_local, reduce=None) -> Exchange:
+               global_params: Params | None = None, gather=_local, reduce=None, rngs: dict | None = None) -> Exchange:
     """The one aggregation of outer gradients, on every executor, through ``spec``'s codec.
 
     Parameters
@@ -86,6 +86,9 @@ def all_reduce(local: dict, spec: CommSpec, residuals: dict | None = None, weigh
     reduce : callable(messages, codec, like, weights, base) -> (delta, bytes_sent, payload_bytes), keyword-only
         The executor's own collective (``MPIExecutor.reduce_messages``), given this
         process's encoded messages; None: ``reduce_in_order`` through ``gather``.
+    rngs : dict of worker index -> numpy.random.Generator, keyword-only, optional
+        Each local worker's generator for this synchronisation (``codecs.codec_generators``),
+        handed to ``codec.encode``; None: no generator (a deterministic codec never draws).
 
     Returns
     -------
@@ -97,7 +100,8 @@ def all_reduce(local: dict, spec: CommSpec, residuals: dict | None = None, weigh
     codec = codec_for(spec, next(iter(like.values())).dtype)
     messages, new_residuals = {}, {}
     for k, item in local.items():
-        messages[k], new_residuals[k] = codec.encode(item, global_params, residuals.get(k, {}))
+        messages[k], new_residuals[k] = codec.encode(item, global_params, residuals.get(k, {}),
+                                                     None if rngs is None else rngs[k])
     if reduce is None:
         delta, bytes_sent, payload_bytes = reduce_in_order(messages, codec, like, weights, global_params, gather)
     else:

@@ -1,6 +1,6 @@
 """Executors: how the K workers are stored and stepped, and how they all-reduce. Nothing else.
 
-Every executor offers the same few methods to ``diloco.core.driver``:
+Every executor offers the same few methods to ``diloco.core.driver``, the ``Executor`` protocol:
 
 * ``load(worker_params, worker_states)``: the workers' parameters and AdamW (or Muon) states
   (dicts keyed by worker index; the baseline has one shared model, key 0);
@@ -13,7 +13,9 @@ Every executor offers the same few methods to ``diloco.core.driver``:
 * ``read(keys)`` / ``write(k, params)``: the local workers' parameters of a fragment;
 * ``gather(items)``: the collective, merging a dict keyed by worker index across
   processes (identity in one process);
+* ``shared()``: the baseline's one shared model;
 * ``snapshot()``: ``(worker_params, worker_states)`` for checkpoints;
+* ``round_fields()``: the executor's own measurements for a round's record;
 * ``round_ended(record, get_state)``: after a round's record (held-out evaluation included),
   before the hooks: the MPI executor admits replacements for dead workers here.
 
@@ -28,19 +30,51 @@ mpi4py collectives. The fast executor (flat buffers, batched matmul) is
 from __future__ import annotations
 
 import time
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from diloco.core import progress
 from diloco.core.comm import reduce_in_order
 from diloco.core.flatbuf import chunk_bounds, flatten, pack, unflatten, unpack
+from diloco.core.mechanisms import init_inner_state, inner_step, train_worker, uses_plain_worker
 from diloco.core.membership import Membership
-from diloco.core.model_seam import model_of
-from diloco.core.mechanisms import init_inner_state, inner_step, loss_and_grads, train_worker, uses_plain_worker
+from diloco.core.model_seam import model_for
 from diloco.params import average_params
 from diloco.sharding import inner_train_worker, sample_worker_batch
 
-__all__ = ["ReferenceExecutor", "MPIExecutor", "RoundTimeout", "shared_state", "replacement_start"]
+__all__ = ["Executor", "ReferenceExecutor", "MPIExecutor", "RoundTimeout", "shared_state", "replacement_start"]
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """What the driver (``diloco.core.driver``), the synchronisers and the records ask of an executor
+    (the module doc says what each call does). ``ReferenceExecutor``, ``MPIExecutor`` and the fast
+    engine's ``FastExecutor`` implement it; ``isinstance(executor, Executor)`` checks the names.
+    An executor with its own collective also offers ``reduce_messages`` (``diloco.core.sync.collective``)."""
+
+    name: str
+    workers: tuple
+
+    def load(self, worker_params: dict, worker_states: dict) -> None: ...
+
+    def run(self, rngs, steps: int, workers=None) -> dict: ...
+
+    def run_sync(self, rngs, steps: int) -> dict: ...
+
+    def shared(self) -> dict: ...
+
+    def read(self, keys) -> dict: ...
+
+    def write(self, k: int, params: dict) -> None: ...
+
+    def gather(self, items: dict) -> dict: ...
+
+    def round_fields(self) -> dict: ...
+
+    def round_ended(self, record: dict, get_state) -> None: ...
+
+    def snapshot(self) -> tuple[dict, dict]: ...
 
 
 class RoundTimeout(RuntimeError):
@@ -62,7 +96,7 @@ class ReferenceExecutor:
     def load(self, worker_params: dict, worker_states: dict) -> None:
         self.params = {k: dict(v) for k, v in worker_params.items()}
         self.states = dict(worker_states)
-        self.model = model_of(self.config, next(iter(worker_params.values())))  # None: the MLP
+        self.model = model_for(self.config, next(iter(worker_params.values())), self.encode)
 
     def run(self, rngs, steps: int, workers=None) -> dict:
         config, losses = self.config, {}
@@ -85,7 +119,7 @@ class ReferenceExecutor:
     def _gradient(self, params, k, rng):
         x_k, y_k = self.shards[k]
         x_batch, y_batch = sample_worker_batch(x_k, y_k, self.config.batch_size, rng)
-        return loss_and_grads(params, x_batch, y_batch, next(iter(params.values())).dtype, self.encode, self.model)
+        return self.model.loss_and_grads(params, x_batch, y_batch)
 
     def run_sync(self, rngs, steps: int) -> dict:
         params, state = self.params[0], self.states[0]

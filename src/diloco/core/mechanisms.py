@@ -37,7 +37,8 @@ from diloco._validation import api_checks, check_params
 from diloco.adamw import AdamWState, adamw_step
 from diloco.config import AdamWConfig, DiLoCoConfig
 from diloco.core.inner import inner_optimizer
-from diloco.model import Params, cross_entropy_loss, model_backward, model_forward
+from diloco.core.model_seam import model_for, model_kind
+from diloco.model import Params
 from diloco.sharding import sample_worker_batch
 
 __all__ = [
@@ -162,17 +163,9 @@ def uses_plain_worker(config: DiLoCoConfig, encode=None) -> bool:
     """Whether milestone 20 (``inner_train_worker``) runs the workers as they are: the MLP
     and AdamW with a constant lr, no clipping and no input encoder."""
     return (config.lr_schedule == "constant" and config.clip_norm is None and encode is None
-            and config.inner_optimizer == "adamw" and config.model == "mlp")
+            and config.inner_optimizer == "adamw" and model_kind(config).milestone_model)
 
 
-def loss_and_grads(params: Params, x_batch: np.ndarray, y_batch: np.ndarray, dtype, encode=None, model=None):
-    """One batch's loss and gradient: ``model.loss_and_grads``, or the MLP's milestones 03-10 (after ``encode``)."""
-    if model is not None:
-        return model.loss_and_grads(params, x_batch, y_batch)
-    if encode is not None:
-        x_batch = encode(x_batch, dtype)
-    logits, cache = model_forward(params, x_batch)
-    return cross_entropy_loss(logits, y_batch), model_backward(params, cache, y_batch)
 
 
 def train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_shard: np.ndarray,
@@ -197,24 +190,25 @@ def train_worker(params: Params, adam_state: AdamWState, x_shard: np.ndarray, y_
     config : DiLoCoConfig
     rng : numpy.random.Generator
     encode : callable, keyword-only, optional
-        ``encode(x_batch, dtype) -> (b, d_in)`` model inputs (``diloco.text.OneHot``).
+        ``encode(x_batch, dtype) -> (b, d_in)`` model inputs (``diloco.text.OneHot``), for the
+        default model.
     steps : int, keyword-only, optional
         How many steps (Streaming DiLoCo stops a worker at its fragments' sync steps).
     model : keyword-only, optional
-        A model of ``diloco.core.model_seam`` (the transformer): its ``loss_and_grads``
-        replaces the MLP's forward, loss and backward (and ``encode`` is not used).
+        The run's model (``diloco.core.model_seam.model_for``), whose ``loss_and_grads`` each
+        step calls; by default ``model_for(config, params, encode)``.
 
     Returns
     -------
     (worker_params, adam_state, losses : float64 ndarray of shape (steps,))
     """
-    dtype = next(iter(params.values())).dtype
+    model = model or model_for(config, params, encode)
     steps = config.inner_steps if steps is None else steps
     worker_params = {key: value.copy() for key, value in params.items()}
     losses = np.empty(steps, dtype=np.float64)
     for step in range(steps):
         x_batch, y_batch = sample_worker_batch(x_shard, y_shard, config.batch_size, rng)
-        losses[step], grads = loss_and_grads(worker_params, x_batch, y_batch, dtype, encode, model)
+        losses[step], grads = model.loss_and_grads(worker_params, x_batch, y_batch)
         worker_params, adam_state = inner_step(worker_params, adam_state, grads, config)
     return worker_params, adam_state, losses
 

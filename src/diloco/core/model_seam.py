@@ -1,34 +1,36 @@
-"""The model seam: which model a run trains, and the four calls the core makes of it.
+"""The model seam: which model a run trains, and the calls the core makes of it.
 
-``config.model == "mlp"`` (the default) is the learner's MLP: ``model_of`` returns None
-and every caller keeps the milestone path (``model_forward``, ``cross_entropy_loss``,
-``model_backward``, milestones 28-29 for the held-out metrics, the fast engine's
-batched MLP kernel). ``config.model == "transformer"`` is ``diloco.models``'
-``TransformerModel``, shaped by ``config.transformer`` (``TransformerShape``), with the
-vocabulary and the window length of the character-level data and the run's dtype.
-Everything else (sharding, batches, inner and outer optimizers, codecs, synchronisers,
-executors, checkpoints) sees only a parameter dict, so it runs either model unchanged.
+Every model is an object with the same calls: ``diloco.models.mlp.MLPModel`` (the
+learner's MLP, its milestone functions wrapped) and ``diloco.models.TransformerModel``
+(shaped by ``config.transformer``, with the vocabulary and the window length of the
+character-level data and the run's dtype). ``model_for(config, params, encode)`` gives a
+run's model; the tables below pick it by ``config.model``, so no code outside the model
+classes branches on the model's name. Everything else (sharding, batches, inner and
+outer optimizers, codecs, synchronisers, executors, checkpoints) sees only a parameter
+dict, so it runs either model unchanged.
 
 The calls::
 
     model.init_params(rng)                          # prepare_training, in the MLP's rng order
     model.loss_and_grads(params, x_batch, y_batch)  # every inner step, every executor
-    model.metrics(params, x_eval, y_eval)           # the held-out record fields
-    model.muon_keys(), model.blocks()               # Muon's matrices, Streaming's fragment units
+    model.parameter_shapes(), model.parameter_count()
+    model.muon_keys()                               # Muon's matrices (None: Muon's default)
+    model.fragments(params, P, pattern)             # Streaming DiLoCo's fragments
+    model.metrics(params, x_eval, y_eval)           # the transformer's held-out record fields
+
+``model_of`` and ``data_model`` give None for the MLP: the form the run records and the
+tools still read (their MLP path is the milestones' held-out metrics, 28-29).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
-
 from diloco.model import Params
+from diloco.models.mlp import MLPModel
 
-__all__ = ["ModelKind", "MODEL_KINDS", "model_kind", "model_of", "data_model", "fragment_units", "with_model_defaults",
-           "parameter_count", "parameter_keys",
-           "parameter_shapes",
-           "TRANSFORMER_CONTEXT"]
+__all__ = ["ModelKind", "MODEL_KINDS", "model_kind", "model_for", "model_of", "data_model", "fragment_units",
+           "with_model_defaults", "parameter_count", "parameter_keys", "parameter_shapes", "TRANSFORMER_CONTEXT"]
 
 TRANSFORMER_CONTEXT = 64  # the transformer's default window (docs/transformer.md); the MLP's is 6
 
@@ -44,14 +46,18 @@ class ModelKind(NamedTuple):
         True where the model reads index windows of characters and is trained and scored at
         every position of a window (the transformer); False where each input has one label
         (the MLP, which reads a character window's one-hot columns and predicts the next one).
+    milestone_model : bool
+        True where the learner's milestone functions are the model (the MLP): milestone 20
+        can run its workers as they are, and the fast engine steps it with its batched kernel.
     """
 
     name: str
     sequence_model: bool
+    milestone_model: bool
 
 
-MODEL_KINDS = {"mlp": ModelKind("mlp", sequence_model=False),
-               "transformer": ModelKind("transformer", sequence_model=True)}
+MODEL_KINDS = {"mlp": ModelKind("mlp", sequence_model=False, milestone_model=True),
+               "transformer": ModelKind("transformer", sequence_model=True, milestone_model=False)}
 
 
 def model_kind(config) -> ModelKind:
@@ -79,14 +85,7 @@ def _evaluation_engine(config) -> str:
     return "fast" if fast_transformer_available() else "reference"
 
 
-def data_model(config, x, encode):
-    """The model a run of ``config`` on windows ``x`` (with ``encode``) trains: None for the MLP.
-
-    The transformer reads index windows of a ``diloco.text.OneHot`` encoder's vocabulary:
-    its context is their width, its vocabulary the encoder's.
-    """
-    if config.model == "mlp":
-        return None
+def _data_transformer(config, x, encode):
     vocab_size = getattr(encode, "vocab_size", None)
     if vocab_size is None or getattr(encode, "input_width", None) != x.shape[1]:
         raise ValueError("model='transformer' trains on character windows: give the character-level data "
@@ -95,50 +94,70 @@ def data_model(config, x, encode):
     return _transformer(config, vocab_size, x.shape[1])
 
 
+def _no_object(config, x, encode):
+    return None
+
+
+# config.model -> the model a run builds: from its data (None: the MLP, see data_model), from its
+# parameters, and with the shapes alone (for the parameter keys).
+_FROM_DATA = {"mlp": _no_object, "transformer": _data_transformer}
+_FROM_PARAMS = {"mlp": lambda config, params, encode: MLPModel.of(params, encode),
+                "transformer": lambda config, params, encode: _transformer(config, params["wte"].shape[0],
+                                                                           params["wpe"].shape[0])}
+_SHAPED = {"mlp": lambda config: MLPModel((1, *config.hidden_sizes, 1)),  # the keys do not depend on the widths
+           "transformer": lambda config: _transformer(config, 1, 1)}        # nor on V or T
+
+
+def data_model(config, x, encode):
+    """The model a run of ``config`` on windows ``x`` (with ``encode``) trains, for the tools and the run
+    records: None for the MLP (their milestone path), else the ``TransformerModel``.
+
+    The transformer reads index windows of a ``diloco.text.OneHot`` encoder's vocabulary:
+    its context is their width, its vocabulary the encoder's.
+    """
+    return _FROM_DATA[config.model](config, x, encode)
+
+
 def parameter_keys(config) -> list[str]:
     """The keys of a ``config`` run's parameters, in order (what a checkpoint must hold)."""
-    if config.model == "mlp":
-        return [key for layer in range(1, len(config.hidden_sizes) + 2) for key in (f"W{layer}", f"b{layer}")]
-    return list(parameter_shapes(_transformer(config, 1, 1)))  # the keys do not depend on V or T
+    return list(_SHAPED[config.model](config).parameter_shapes())
 
 
 def parameter_shapes(model) -> dict[str, tuple[int, ...]]:
-    """The transformer's parameters' shapes (its one table: ``transformer_param_shapes``)."""
-    from diloco.models.transformer import transformer_param_shapes
-
-    return transformer_param_shapes(model.config)
+    """``model.parameter_shapes()``: the shape of every parameter, in order."""
+    return model.parameter_shapes()
 
 
 def parameter_count(model) -> int:
-    """The transformer's number of parameters."""
-    return sum(int(np.prod(shape)) for shape in parameter_shapes(model).values())
+    """``model.parameter_count()``: the model's number of parameters."""
+    return model.parameter_count()
+
+
+def model_for(config, params: Params, encode=None):
+    """The model of ``params`` (after initialisation): an ``MLPModel`` (reading its inputs through
+    ``encode``) or a ``TransformerModel``, whose vocabulary and context are read from the embeddings'
+    shapes, so every caller that holds the params (executors, records, synchronisers) rebuilds the same model."""
+    return _FROM_PARAMS[config.model](config, params, encode)
 
 
 def model_of(config, params: Params):
-    """The model of ``params`` (after initialisation): None for the MLP, else its ``TransformerModel``.
-
-    The vocabulary and the context are read from the embeddings' shapes, so every caller
-    that holds the params (executors, records, synchronisers) rebuilds the same model.
-    """
-    if config.model == "mlp":
-        return None
-    return _transformer(config, params["wte"].shape[0], params["wpe"].shape[0])
+    """``model_for`` in the form the run records and the tools read: None for the MLP."""
+    return None if model_kind(config).milestone_model else model_for(config, params)
 
 
-def fragment_units(config, params: Params) -> list[tuple[str, ...]] | None:
-    """Streaming DiLoCo's fragment units of ``params``: the transformer's blocks, or None (the MLP's layers)."""
-    model = model_of(config, params)
-    return None if model is None else model.blocks()
+def fragment_units(config, params: Params) -> list[tuple[str, ...]]:
+    """Streaming DiLoCo's ``config.family.fragments`` fragments of ``params`` (``model.fragments``)."""
+    return model_for(config, params).fragments(params, config.family.fragments, config.family.pattern)
 
 
 def with_model_defaults(config, params: Params):
     """``config`` with what the model fixes: Muon's matrices are the transformer's hidden ones.
 
-    Muon's default (every 2-D array) suits the MLP; a transformer's embeddings and head
-    are 2-D too but stay with AdamW (Jordan et al., 2024; MuLoCo), so unless the user named
-    ``muon.keys``, the transformer's ``muon_keys()`` fill them.
+    Muon's default (every 2-D array) suits the MLP (its ``muon_keys()`` is None); a
+    transformer's embeddings and head are 2-D too but stay with AdamW (Jordan et al., 2024;
+    MuLoCo), so unless the user named ``muon.keys``, the model's ``muon_keys()`` fill them.
     """
-    model = model_of(config, params)
-    if model is None or config.inner_optimizer != "muon" or config.muon.keys is not None:
+    if config.inner_optimizer != "muon" or config.muon.keys is not None:
         return config
-    return config.replace(muon={"keys": model.muon_keys()})
+    keys = model_for(config, params).muon_keys()
+    return config if keys is None else config.replace(muon={"keys": keys})

@@ -33,9 +33,10 @@ from typing import NamedTuple
 import numpy as np
 
 from diloco._validation import api_checks
+from diloco.core.codecs import codec_generators
 from diloco.core.comm import all_reduce
-from diloco.core.outer import copy_outer_state, outer_optimizer
 from diloco.core.mechanisms import draw_dropped, mean_pairwise_cosine
+from diloco.core.outer import copy_outer_state, outer_optimizer
 from diloco.model import Params
 from diloco.outer import OuterState
 from diloco.params import average_params, scale_params, subtract_params
@@ -106,17 +107,18 @@ def merge_targets(kept: list, arriving, drop_rule: str) -> tuple:
 
 
 def sync_fragment(global_params: Params, keys: tuple, outer_state, executor, config, rng, weights, residuals: dict,
-                  *, workers=None, starts: dict | None = None, outer_update=None) -> SyncResult:
+                  *, workers=None, starts: dict | None = None, outer_update=None, stamp: tuple = ()) -> SyncResult:
     """Synchronise fragment ``keys`` (steps 1-4 of the module doc); the merge is the driver's, later.
 
     Asynchronous DiLoCo syncs a group of arrivals: ``workers`` (default: all K), each
     with ``starts[k] = (version, params)``, the global model it started from (default:
     ``global_params`` for every worker); the group's outer gradient is applied to the
     current ``global_params`` by ``outer_update(params, delta, state, config, count=...)``
-    (default: the config's outer optimizer), ``count`` the arrivals kept.
+    (default: the config's outer optimizer), ``count`` the arrivals kept. ``stamp`` names
+    this synchronisation for the codec's generators (``begin_sync``).
     """
     started = begin_sync(global_params, keys, executor, config, rng, weights, residuals, workers=workers,
-                         starts=starts)
+                         starts=starts, stamp=stamp)
     return finish_sync(started, global_params, outer_state, executor, config, outer_update)
 
 
@@ -135,25 +137,30 @@ class Started(NamedTuple):
 
 
 def begin_sync(global_params: Params, keys: tuple, executor, config, rng, weights, residuals: dict, *,
-               workers=None, starts: dict | None = None, overlap: bool = False) -> Started:
+               workers=None, starts: dict | None = None, overlap: bool = False, stamp: tuple = ()) -> Started:
     """Steps 1-3 of the module doc: drop, weights, encode and all-reduce, left in flight with
-    ``overlap`` where the executor can (``MPIExecutor.reduce_messages``); ``finish_sync`` does the rest."""
+    ``overlap`` where the executor can (``MPIExecutor.reduce_messages``); ``finish_sync`` does the rest.
+    ``stamp`` (round, step, fragment) seeds each worker's generator for the codec (``codec_generators``)."""
     arriving = range(config.num_workers) if workers is None else sorted(workers)
     dropped = [k for k in draw_dropped(rng, config) if k in arriving]  # [] unless drop_prob > 0; drawn for all K
     kept = [k for k in arriving if k not in dropped]
     local = {k: v for k, v in executor.read(keys).items() if k in arriving}
     sub_global = {key: global_params[key] for key in keys}
-    cosine = None
-    if config.record_similarity:
-        items, base = _bases(local, sub_global, keys, list(arriving), starts)
-        everyone = executor.gather(items)
-        cosine = mean_pairwise_cosine(base, [everyone[k] for k in sorted(everyone)])
+    cosine = _similarity(local, sub_global, keys, arriving, starts, executor) if config.record_similarity else None
     if not kept:  # every outer gradient was dropped: nothing reaches the server
         return Started(sub_global, None, list(arriving), dropped, kept, cosine, residuals)
     items, base = _bases({k: v for k, v in local.items() if k in kept}, sub_global, keys, kept, starts)
     ex = all_reduce(items, config.family.comm, {k: residuals.get(k, {}) for k in local if k in kept},
-                    _kept_weights(weights, kept), global_params=base, **collective(executor, overlap))
+                    _kept_weights(weights, kept), global_params=base, **collective(executor, overlap),
+                    rngs=codec_generators(config.seed, stamp, items))
     return Started(sub_global, ex, list(arriving), dropped, kept, cosine, {**residuals, **ex.residuals})
+
+
+def _similarity(local: dict, sub_global: Params, keys: tuple, arriving, starts, executor) -> float:
+    """The mean pairwise cosine of the arriving workers' outer gradients (``record_similarity``)."""
+    items, base = _bases(local, sub_global, keys, list(arriving), starts)
+    everyone = executor.gather(items)
+    return mean_pairwise_cosine(base, [everyone[k] for k in sorted(everyone)])
 
 
 def finish_sync(started: Started, global_params: Params, outer_state, executor, config,
@@ -208,8 +215,10 @@ def eager_outer_gradient(local_now: Params, local_previous: Params | None, globa
     return {key: own[key] + others[key] for key in own}
 
 
-def eager_sync(eager: dict, executor, config, weights, shares, residuals: dict) -> tuple[dict, object, dict]:
+def eager_sync(eager: dict, executor, config, weights, shares, residuals: dict, stamp: tuple = ()
+               ) -> tuple[dict, object, dict]:
     """One eager update of every local worker (tau = H); returns ``(eager state, exchange, residuals)``.
+    ``stamp`` seeds the codec's generators (``begin_sync``).
 
     ``eager`` holds ``thetas``, ``outer`` (each worker's outer copy and state, by worker
     index), ``previous_local`` and ``previous_global``.
@@ -218,7 +227,8 @@ def eager_sync(eager: dict, executor, config, weights, shares, residuals: dict) 
     local = executor.read(keys)
     deltas = {k: subtract_params(eager["thetas"][k], local[k]) for k in local}
     ex = all_reduce(deltas, config.family.comm, {k: residuals.get(k, {}) for k in local},
-                    None if weights is None else dict(enumerate(weights)), **collective(executor))
+                    None if weights is None else dict(enumerate(weights)), **collective(executor),
+                    rngs=codec_generators(config.seed, stamp, deltas))
     update = outer_optimizer(config).update
     thetas, outer, previous = {}, {}, {}
     for k in local:

@@ -34,7 +34,7 @@ import numpy as np
 from diloco.core.model_seam import fragment_units
 from diloco.core.netsim import all_reduce_seconds
 from diloco.core.outer import outer_optimizer
-from diloco.core.schedule import async_plan, block_fragment_keys, event_steps, fragment_keys, merge_step, round_plan
+from diloco.core.schedule import async_plan, event_steps, merge_step, round_plan
 from diloco.core.state import RunState
 from diloco.core.sync import begin_sync, eager_consensus, eager_sync, finish_sync, merge_fragment, sync_fragment
 from diloco.methods.asynchrony import AsyncOuterState, delayed_outer_update
@@ -171,11 +171,8 @@ class FragmentState(NamedTuple):
 
 
 def _fragments(config, params: Params) -> list[tuple[str, ...]]:
-    """The P fragments' keys: the MLP's layers (``fragment_keys``), or the model's blocks."""
-    family, units = config.family, fragment_units(config, params)
-    if units is None:
-        return fragment_keys(params, family.fragments, family.pattern)
-    return block_fragment_keys(units, family.fragments, family.pattern)
+    """The P fragments' keys: the model's (the MLP's layers, ``fragment_keys``; a transformer's blocks)."""
+    return fragment_units(config, params)
 
 
 class FragmentSync:
@@ -236,7 +233,7 @@ class FragmentSync:
         residuals = state.residuals
         for event in (e for e in self.plan if e.h == h):
             started = begin_sync(state.params, event.keys, executor, self.config, rng, self.weights, residuals,
-                                 overlap=self.tau > 0)
+                                 overlap=self.tau > 0, stamp=(round_index, h, event.fragment))
             residuals = started.residuals
             flying += ((merge_step(round_index, h, self.config), event.fragment, h, started),)
         return state._replace(residuals=residuals), flying
@@ -314,7 +311,7 @@ class EagerSync:
         inner_steps, log = self.config.inner_steps, _Log(executor.workers)
         log.ran(executor.run(rng.spawn(self.config.num_workers), inner_steps))
         eager, exchange, residuals = eager_sync(state.eager, executor, self.config, self.weights, self.shares,
-                                                state.residuals)
+                                                state.residuals, stamp=(round_index,))
         log.delta.update(exchange.delta)
         log.syncs.append([inner_steps, exchange.bytes_sent, inner_steps])
         params = eager_consensus(eager["thetas"], executor, self.weights)
@@ -392,10 +389,11 @@ class AsyncSync:
         log, clock = _Log(executor.workers), state.clock
         params, outer, residuals = state.params, self._wrap(state.outer, clock["delayed"]), state.residuals
         starts, version, arrived, stale = dict(clock["starts"]), clock["version"], [], 0
-        for group in self.groups[round_index - 1]:
+        for number, group in enumerate(self.groups[round_index - 1]):
             self._steps(group, executor, rng.spawn(self.config.num_workers), log)
             result = sync_fragment(params, self.order, outer, executor, self.config, rng, self.weights, residuals,
-                                   workers=group.workers, starts=starts, outer_update=self.update)
+                                   workers=group.workers, starts=starts, outer_update=self.update,
+                                   stamp=(round_index, number))
             params, outer, residuals = result.global_params, result.outer_state, result.residuals
             log.delta.clear()  # the round's record shows its last group's outer gradient
             log.synced(self.config.inner_steps, result, 0)

@@ -4,7 +4,7 @@ The same ``Executor`` methods as ``diloco.core.executors.ReferenceExecutor``, so
 driver (``diloco.core.driver``) runs every algorithm and mechanism on it. Only storage
 and stepping differ:
 
-* the K workers' parameters and AdamW moments are ``(K, P)`` buffers
+* the K workers' parameters and optimizer states are ``(K, P)`` buffers
   (``diloco.engine.flat``); in the *stacked* layout the K workers take each step
   together (``WorkerStack`` with S = K models, one AdamW pass over the buffer); in the
   *per-worker* layout one ``(1, P)`` model steps each worker in turn
@@ -18,10 +18,11 @@ and stepping differ:
 * a transformer (``config.model``) takes the MLP kernel's place: ``ModelStack`` calls its
   ``loss_and_grads`` on views of the flat buffers, one worker at a time, and the flat
   optimizer kernels step it as they step the MLP;
-* the inner optimizer (``diloco.core.inner``) keeps its stored form in the ``m`` and ``v``
-  buffers (``to_moments`` / ``from_moments``) and its flat kernel steps them
-  (``diloco.engine.optim.flat_updater``: AdamW; Muon, one batched Newton-Schulz over the K
-  workers' ``(K, m, n)`` matrices; SGD with momentum).
+* the inner optimizer (``diloco.core.inner.Optimizer``) keeps its state in one ``(K, P)``
+  buffer per slot (``to_slots`` / ``from_slots``: AdamW's ``m`` and ``v``) and its flat
+  form steps them (``diloco.engine.optim.flat_updater``: the engine's AdamW kernel; Muon,
+  one batched Newton-Schulz over the K workers' ``(K, m, n)`` matrices; any other
+  entry's per-array rule lifted to the rows).
 
 The random draws are the milestones': worker k draws each batch from its child
 generator with ``sample_worker_batch``'s rule, so for a seed the fast executor sees
@@ -33,16 +34,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from diloco.adamw import AdamWState
 from diloco.core import progress
 from diloco.core.inner import inner_optimizer
-from diloco.core.model_seam import model_kind, model_of
+from diloco.core.mechanisms import clip_scale, scheduled_lr
+from diloco.core.model_seam import model_for, model_kind
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.layout import choose_layout
 from diloco.engine.model_stack import ModelStack
 from diloco.engine.optim import adamw_scratch, flat_updater
 from diloco.engine.stack import WorkerStack
-from diloco.core.mechanisms import clip_scale, inner_lr
 from diloco.sharding import sample_worker_batch
 
 __all__ = ["FastExecutor", "draw_batch"]
@@ -86,19 +86,19 @@ class FastExecutor:
         self.sync_model = len(worker_params) == 1 and 0 in worker_params and len(worker_states) == 1
         rows = 1 if self.sync_model else K
         self.params = np.empty((rows, P), dtype=self.dtype)
-        self.m, self.v = np.empty((rows, P), dtype=self.dtype), np.empty((rows, P), dtype=self.dtype)
-        self.optimizer = inner_optimizer(self.config)  # its stored form in the m and v buffers
-        worker_states = {k: self.optimizer.to_moments(worker_states[k], worker_params[k]) for k in range(rows)}
+        self.optimizer = inner_optimizer(self.config)  # its state: one (rows, P) buffer per slot
+        self.slots = tuple(np.empty((rows, P), dtype=self.dtype) for _ in self.optimizer.slots)
+        stored = {k: self.optimizer.to_slots(worker_states[k], worker_params[k]) for k in range(rows)}
         for k in range(rows):
             pack(worker_params[k], self.params[k], self.flat)
-            pack(worker_states[k].m, self.m[k], self.flat)
-            pack(worker_states[k].v, self.v[k], self.flat)
-        self.steps = [int(worker_states[k].step) for k in range(rows)]  # per worker: asynchronous ones differ
+            for buffer, values in zip(self.slots, stored[k][1], strict=True):
+                pack(values, buffer[k], self.flat)
+        self.steps = [int(stored[k][0]) for k in range(rows)]  # per worker: asynchronous ones differ
         self.step = self.steps[0]
-        model = model_of(self.config, first)
-        if model is not None:  # one worker at a time (engine/model_stack.py says why)
+        if not model_kind(self.config).milestone_model:  # no batched kernel: one worker at a time (model_stack.py)
             self.stacked = self.sync_model
-            self.stack = ModelStack(model, self.flat, 1, K if self.sync_model else 1, b, self.dtype)
+            self.stack = ModelStack(model_for(self.config, first), self.flat, 1, K if self.sync_model else 1, b,
+                                    self.dtype)
         elif self.sync_model:
             self.stack = WorkerStack(self.flat, 1, K, b, self.dtype, self.context)
             self.stacked = True
@@ -111,9 +111,10 @@ class FastExecutor:
         scratch = adamw_scratch(self.stack.params.size, self.dtype)
         self.flat_update = flat_updater(self.config, self.flat, first, scratch)
 
-    def _inner_lr(self, step: int) -> float | None:
-        """Step ``step``'s scheduled inner lr, or None for ``config.inner.lr`` (no config built per step)."""
-        return None if self.config.lr_schedule == "constant" else inner_lr(self.config, step)
+    def _lr_at(self, step: int):
+        """``lr_at(peak)``: step ``step``'s learning rate on the run's schedule for a peak."""
+        config = self.config
+        return lambda peak: scheduled_lr(peak, config, step)
 
     def _clip(self, grads: np.ndarray) -> None:
         """Clip each row of ``grads`` to ``clip_norm`` (``clip_by_global_norm``'s rule, per worker)."""
@@ -126,7 +127,8 @@ class FastExecutor:
     def _update(self, rows: slice) -> None:
         self._clip(self.stack.grads)
         step = self.step + 1
-        self.flat_update(self.stack.params, self.m[rows], self.v[rows], self.stack.grads, step, self._inner_lr(step))
+        self.flat_update(self.stack.params, tuple(buffer[rows] for buffer in self.slots), self.stack.grads, step,
+                         self._lr_at(step))
 
     def run(self, rngs, steps: int, workers=None) -> dict:
         K, b, stack = self.config.num_workers, self.config.batch_size, self.stack
@@ -199,7 +201,6 @@ class FastExecutor:
     def snapshot(self) -> tuple[dict, dict]:
         rows = range(self.params.shape[0])
         params = {k: unpack(self.params[k], self.flat) for k in rows}
-        states = {k: self.optimizer.from_moments(AdamWState(self.steps[k], unpack(self.m[k], self.flat),
-                                                            unpack(self.v[k], self.flat)), self.config)
-                  for k in rows}
+        states = {k: self.optimizer.from_slots(self.steps[k], tuple(unpack(b[k], self.flat) for b in self.slots),
+                                               self.config) for k in rows}
         return params, states

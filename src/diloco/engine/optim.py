@@ -1,4 +1,4 @@
-"""AdamW, Muon and SGD, in place on flat buffers (the outer step is the core's: ``diloco.core.outer``).
+"""AdamW and Muon, in place on flat buffers (the outer step is the core's: ``diloco.core.outer``).
 
 The same equations as milestones 08-11 (``diloco.adamw``) and ``diloco.methods.muon``.
 AdamW folds both bias corrections into two scalars, computed once per step::
@@ -41,11 +41,11 @@ import os
 import numpy as np
 
 from diloco.config import AdamWConfig
+from diloco.core.inner import inner_optimizer
 
 __all__ = ["CHUNK", "KERNEL", "KERNELS", "SWITCH_VALUES", "kernel_for", "current_kernel", "numba_loaded",
            "adamw_scratch", "adamw_update", "adamw_update_numpy", "adamw_update_numba", "adamw_scalars", "muon_update",
-           "sgd_update",
-           "FLAT_UPDATES", "flat_updater", "numba_jit"]
+           "FAST_PATHS", "flat_updater", "numba_jit"]
 
 # Values per NumPy chunk (256 kB of float64 per array). Smaller chunks fit the L2 cache
 # better but pay NumPy's per-call cost more often: 2**13 to 2**15 measured, 2**15 fastest.
@@ -217,12 +217,11 @@ def muon_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.ndar
                 adam: AdamWConfig, layout, matrices: tuple, scratch: tuple, *, adam_lr: float | None = None) -> None:
     """One Muon step (``diloco.methods.muon.muon_step``) on every row of ``(S, P)`` buffers, in place.
 
-    The Muon matrices are views ``(S, fan_in, fan_out)`` of the buffers (``layer_views``):
-    ``B = mu B + G`` in place in ``m``, then one batched Newton-Schulz over the S rows
-    (``newton_schulz`` of the ``(S, m, n)`` stack) and ``W = W (1 - lr wd) - lr s NS5(U)``,
-    the reference's operations in its order. The other arrays (the biases) are gathered
-    into contiguous copies, stepped by ``adamw_update`` with ``adam`` (``v`` is theirs;
-    its entries of the matrices stay zero) and written back.
+    The Muon matrices are views ``(S, fan_in, fan_out)`` of the buffers (``layer_views``),
+    stepped by ``muon_matrix_step``, the reference's rule, on the stack at once (one
+    batched Newton-Schulz over the S rows) and written back. The other arrays (the
+    biases) are gathered into contiguous copies, stepped by ``adamw_update`` with ``adam``
+    (``v`` is theirs; its entries of the matrices stay zero) and written back.
 
     Parameters
     ----------
@@ -237,19 +236,11 @@ def muon_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.ndar
         The biases' scheduled AdamW lr in place of ``adam.lr`` (``adamw_update``'s ``lr``).
     """
     from diloco.engine.flat import layer_views
-    from diloco.methods.muon import newton_schulz, shape_scale
+    from diloco.methods.muon import muon_matrix_step
 
     p_views, m_views, g_views = (layer_views(a, layout) for a in (params, m, grads))
-    mu, lr = muon.momentum, muon.lr
-    decay = 1.0 - lr * muon.weight_decay
     for key in matrices:
-        buffer, g = m_views[key], g_views[key]
-        buffer *= mu                                    # B = mu B + G
-        buffer += g
-        direction = g + mu * buffer if muon.nesterov else buffer
-        update = newton_schulz(direction, muon.ns_steps) * shape_scale(p_views[key].shape[1:], muon.scale)
-        p_views[key] *= decay                           # W (1 - lr wd) - lr s NS5(U)
-        p_views[key] -= lr * update
+        p_views[key][...], m_views[key][...] = muon_matrix_step(p_views[key], g_views[key], m_views[key], muon)
     others = [i for i, key in enumerate(layout.keys) if key not in matrices]
     if others:
         idx = np.concatenate([np.arange(layout.offsets[i], layout.offsets[i] + int(np.prod(layout.shapes[i])))
@@ -259,62 +250,45 @@ def muon_update(params: np.ndarray, m: np.ndarray, v: np.ndarray, grads: np.ndar
         params[:, idx], m[:, idx], v[:, idx] = rows[0], rows[1], rows[2]
 
 
-def sgd_update(params: np.ndarray, m: np.ndarray, grads: np.ndarray, step: int, lr: float, momentum: float,
-               weight_decay: float) -> None:
-    """One SGD step with heavy-ball momentum (``diloco.core.inner``'s ``"sgd"``) on ``(S, P)`` rows, in place.
-
-    ``g += wd theta``; ``b = g`` at step 1, else ``b = mu b + g``; ``theta -= lr b``: the
-    reference's operations in its order (``grads`` is consumed).
-    """
-    if weight_decay:
-        grads += weight_decay * params
-    if step == 1:
-        m[...] = grads
-    else:
-        m *= momentum
-        m += grads
-    params -= lr * m
-
-
 def _adamw_flat(config, layout, params, scratch):
-    def update(p, m, v, grads, step, lr):
-        adamw_update(p, m, v, grads, step, config.inner, scratch, lr=lr)
+    def update(p, slots, grads, step, lr_at):
+        adamw_update(p, *slots, grads, step, config.inner, scratch, lr=_scheduled(config, lr_at, config.inner.lr))
     return update
+
+
+def _scheduled(config, lr_at, peak: float) -> float | None:
+    """``lr_at(peak)``, or None (the config's own lr: no config built per step) at a constant lr."""
+    return None if config.lr_schedule == "constant" else lr_at(peak)
 
 
 def _muon_flat(config, layout, params, scratch):
     import dataclasses
 
-    from diloco.core.mechanisms import scheduled_lr
     from diloco.methods.muon import muon_keys
 
     matrices = muon_keys(params, config.muon)
 
-    def update(p, m, v, grads, step, lr):
+    def update(p, slots, grads, step, lr_at):
         muon = config.muon
-        if lr is not None:  # the matrices' lr on the run's schedule, as the biases' AdamW lr
-            muon = dataclasses.replace(muon, lr=scheduled_lr(muon.lr, config, step))
-        muon_update(p, m, v, grads, step, muon, config.inner, layout, matrices, scratch, adam_lr=lr)
+        if config.lr_schedule != "constant":  # the matrices' lr on the run's schedule, as the biases' AdamW lr
+            muon = dataclasses.replace(muon, lr=lr_at(muon.lr))
+        muon_update(p, *slots, grads, step, muon, config.inner, layout, matrices, scratch,
+                    adam_lr=_scheduled(config, lr_at, config.inner.lr))
     return update
 
 
-def _sgd_flat(config, layout, params, scratch):
-    inner = config.inner
-
-    def update(p, m, v, grads, step, lr):
-        sgd_update(p, m, grads, step, inner.lr if lr is None else lr, inner.beta1, inner.weight_decay)
-    return update
-
-
-# The fast executor's kernel of every entry of diloco.core.inner.INNER_OPTIMIZERS (a test checks they agree).
-FLAT_UPDATES = {"adamw": _adamw_flat, "muon": _muon_flat, "sgd": _sgd_flat}
+# The engine's own kernels of registry entries (diloco.core.registry.INNER_OPTIMIZERS): AdamW's folded
+# kernel, which agrees with the entry's lifted rule to 1e-10 (tests/tooling/test_inner_optimizers.py), and
+# Muon's batched one. Every other entry runs its rule lifted to the rows (diloco.core.inner.lift_flat).
+FAST_PATHS = {"adamw": _adamw_flat, "muon": _muon_flat}
 
 
 def flat_updater(config, layout, params, scratch: tuple):
-    """``update(params, m, v, grads, step, lr)``: ``config.inner_optimizer``'s step on ``(S, P)`` rows, in place.
+    """``update(params, slots, grads, step, lr_at)``: ``config.inner_optimizer``'s step on ``(S, P)`` rows, in place.
 
-    ``lr`` is the step's scheduled ``config.inner.lr``, or None at a constant lr; ``m`` and
-    ``v`` hold the optimizer's stored form (``diloco.core.inner``); ``params`` (one model's
-    dict) tells the factory the arrays' shapes (Muon's matrices).
+    ``slots`` are the rows of the optimizer's state buffers (``Optimizer.slots``: AdamW's
+    ``m`` and ``v``); ``lr_at(peak)`` is the step's lr on the run's schedule; ``params``
+    (one model's dict) tells the factory the arrays' shapes (Muon's matrices).
     """
-    return FLAT_UPDATES[config.inner_optimizer](config, layout, params, scratch)
+    factory = FAST_PATHS.get(config.inner_optimizer) or inner_optimizer(config).flat
+    return factory(config, layout, params, scratch)

@@ -43,7 +43,7 @@ from diloco.config import MUON_SCALES, AdamWConfig, MuonConfig
 from diloco.model import Params
 
 __all__ = ["NS_COEFFICIENTS", "SHAPE_SCALES", "MuonConfig", "MuonState", "newton_schulz", "shape_scale",
-           "muon_keys", "init_muon", "muon_step", "as_moments", "from_moments"]
+           "muon_keys", "init_muon", "muon_step", "muon_matrix_step", "as_moments", "from_moments"]
 
 # The quintic's coefficients in the Muon reference implementation (Jordan et al., 2024).
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -200,6 +200,40 @@ def muon_step(params: Params, state: MuonState, grads: Params, config: MuonConfi
         Mismatched structures (naming ``grads`` or ``state.momentum``), non-finite values,
         a ``config`` that is not a MuonConfig, an ``adam`` that is not an AdamWConfig.
     """
+    adam = _checked_args(params, state, grads, config, adam)
+    matrices = muon_keys(params, config)
+    _check_state(params, state, matrices)
+    new_params, new_momentum = {}, {}
+    for key in matrices:
+        new_params[key], new_momentum[key] = muon_matrix_step(params[key], grads[key], state.momentum[key], config)
+    others = [key for key in params if key not in matrices]
+    adam_state = state.adam
+    if others:
+        updated, adam_state = adamw_step({k: params[k] for k in others}, state.adam,
+                                         {k: grads[k] for k in others}, adam)
+        new_params.update(updated)
+    return {key: new_params[key] for key in params}, MuonState(state.step + 1, new_momentum, adam_state)
+
+
+def muon_matrix_step(weight: np.ndarray, grad: np.ndarray, momentum: np.ndarray, config: MuonConfig) -> tuple:
+    """Muon's rule for one weight matrix (fan_in, fan_out), or a stack of them (S, fan_in, fan_out)::
+
+        B' = mu B + G
+        U  = G + mu B'   (nesterov)   or   B'
+        W' = W (1 - lr wd) - lr s NS5(U)
+
+    Returns new arrays ``(W', B')``: the one rule of ``muon_step`` and of the fast engine's
+    ``diloco.engine.optim.muon_update`` (which passes the K workers' stack at once).
+    """
+    mu, lr = config.momentum, config.lr
+    buffer = mu * momentum + grad
+    direction = grad + mu * buffer if config.nesterov else buffer
+    update = newton_schulz(direction, config.ns_steps) * shape_scale(weight.shape[-2:], config.scale)
+    return weight * (1.0 - lr * config.weight_decay) - lr * update, buffer
+
+
+def _checked_args(params: Params, state, grads: Params, config, adam) -> AdamWConfig:
+    """``muon_step``'s argument checks; returns ``adam`` (``AdamWConfig()`` for None)."""
     if not isinstance(config, MuonConfig):
         raise TypeError(f"config must be a MuonConfig, got {type(config).__name__}")
     adam = AdamWConfig() if adam is None else adam
@@ -210,29 +244,17 @@ def muon_step(params: Params, state: MuonState, grads: Params, config: MuonConfi
     check_same_structure(params, grads, "params", "grads")
     if not isinstance(state, MuonState):
         raise TypeError(f"state must be a MuonState (from init_muon), got {type(state).__name__}")
-    matrices = muon_keys(params, config)
+    return adam
+
+
+def _check_state(params: Params, state: MuonState, matrices: tuple) -> None:
+    """``state`` holds momentum for exactly the Muon ``matrices`` and AdamW's state for the rest."""
     if list(state.momentum) != list(matrices):
         raise ValueError(f"state.momentum must hold the Muon matrices {list(matrices)}, got {list(state.momentum)}")
     check_same_structure({k: params[k] for k in matrices}, state.momentum, "params", "state.momentum")
     others = [key for key in params if key not in matrices]
     if (state.adam is None) != (not others):
         raise ValueError(f"state.adam must be {'an AdamWState' if others else 'None'} for the arrays {others}")
-
-    mu, lr = config.momentum, config.lr
-    decay = 1.0 - lr * config.weight_decay
-    new_params, new_momentum = {}, {}
-    for key in matrices:
-        buffer = mu * state.momentum[key] + grads[key]
-        direction = grads[key] + mu * buffer if config.nesterov else buffer
-        step = newton_schulz(direction, config.ns_steps) * shape_scale(params[key].shape, config.scale)
-        new_params[key] = params[key] * decay - lr * step
-        new_momentum[key] = buffer
-    adam_state = state.adam
-    if others:
-        updated, adam_state = adamw_step({k: params[k] for k in others}, state.adam,
-                                         {k: grads[k] for k in others}, adam)
-        new_params.update(updated)
-    return {key: new_params[key] for key in params}, MuonState(state.step + 1, new_momentum, adam_state)
 
 
 def as_moments(state: MuonState, params: Params) -> AdamWState:

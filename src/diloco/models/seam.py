@@ -13,7 +13,8 @@ What a core executor calls, per worker-step and per evaluation::
     loss, grads = model.loss_and_grads(params, x_batch, y_batch)
     eval_loss, eval_accuracy = model.metrics(params, x_eval, y_eval)
     MuonConfig(keys=model.muon_keys())                       # Muon on the hidden matrices
-    model.blocks()                                           # Streaming's fragment units
+    model.blocks(), model.fragments(params, P, pattern)      # Streaming's fragment units, fragments
+    model.parameter_shapes(), model.parameter_count()
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from diloco.models.transformer import (
     transformer_forward,
     transformer_hidden_matrices,
     transformer_loss_and_grads,
+    transformer_param_shapes,
 )
 
 __all__ = ["TransformerModel"]
@@ -142,6 +144,19 @@ class TransformerModel:
     def muon_keys(self) -> tuple[str, ...]:
         """``transformer_hidden_matrices(config)``: for ``MuonConfig(keys=...)``."""
         return transformer_hidden_matrices(self.config)
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """``transformer_param_shapes(config)``, the one table of the parameters' shapes."""
+        return transformer_param_shapes(self.config)
+
+    def parameter_count(self) -> int:
+        return sum(int(np.prod(shape)) for shape in self.parameter_shapes().values())
+
+    def fragments(self, params: Params, count: int, pattern: str) -> list[tuple[str, ...]]:
+        """Streaming DiLoCo's fragments: unions of ``blocks()`` (``block_fragment_keys``)."""
+        from diloco.core.schedule import block_fragment_keys
+
+        return block_fragment_keys(self.blocks(), count, pattern)
 
     def blocks(self) -> list[tuple[str, ...]]:
         """``transformer_blocks(config)``: embeddings, each layer, head; Streaming's fragments are unions."""

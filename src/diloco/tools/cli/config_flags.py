@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from diloco.config import INNER_OPTIMIZER_NAMES
+from diloco.core.registry import INNER_OPTIMIZERS
 from diloco.tools.cli.arg_types import positive_finite
 from diloco.tools.cli.async_flags import add_async_flags
 from diloco.tools.cli.config_file import DEFAULT_DATA
@@ -42,10 +42,12 @@ CONFIG_FLAGS = {
     "seed": (("--seed",), {"type": int, "help": "seeds sharding, initialisation and batches (0)"}),
     "dtype": (("--dtype",), {"choices": ("float32", "float64"),
                              "help": "parameter dtype (float64; float32 with --model transformer)"}),
-    "inner_optimizer": (("--inner-optimizer",), {"choices": INNER_OPTIMIZER_NAMES,
+    # the registry itself: a name a plugin registers before the parser reads the flags is a choice too
+    "inner_optimizer": (("--inner-optimizer",), {"choices": INNER_OPTIMIZERS,
                                                  "help": "the workers' optimizer: AdamW (default), Muon on the "
-                                                         "weight matrices with AdamW on the biases (MuLoCo), or "
-                                                         "SGD with momentum --beta1"}),
+                                                         "weight matrices with AdamW on the biases (MuLoCo), "
+                                                         "SGD with momentum --beta1, or one a plugin registered "
+                                                         "in diloco.core.registry.INNER_OPTIMIZERS"}),
     "model": (("--model",), {"choices": ("mlp", "transformer"),
                              "help": "the MLP of the milestones (mlp, default) or a causal transformer language "
                                      "model (transformer: --data shakespeare only; docs/transformer.md)"}),

@@ -36,6 +36,10 @@ def add_family_flags(parser: argparse.ArgumentParser) -> None:
                        help="--topk: top-k of the values (none) or of their chunked DCT (dct, DeMo)")
     group.add_argument("--topk-decay", type=float, default=None, metavar="BETA",
                        help="--topk --error-feedback: the buffer's decay, e <- beta e + delta (1)")
+    group.add_argument("--compress", default=None, metavar="NAME[:KEY=VALUE,...]",
+                       help="outer gradients through a codec by name, with the options it owns: a built-in "
+                            "(native, dense, topk: set by the flags above) or one a plugin registered in "
+                            "diloco.core.registry.CODECS (docs/cli.md)")
     group.add_argument("--fragments", type=int, default=None, metavar="P",
                        help="Streaming DiLoCo: sync P fragments of layers in turn (1)")
     group.add_argument("--fragment-pattern", dest="pattern", choices=PATTERNS, default=None,

@@ -6,8 +6,9 @@ calls it: every training command passes there). Each refusal is a ``CliError``: 
 line, exit status 2. A flag is refused when it is silently ignored or cut down to
 something else:
 
-* ``--error-feedback`` without a lossy wire (``--comm-dtype`` int8, fp4, float16,
-  bfloat16, float32 under float64 params, or ``--sign-prune``): no error to carry;
+* ``--error-feedback`` when the run's codec says it is not ``lossy`` (``codec_for``: no
+  lossy ``--comm-dtype``, ``--sign-prune``, ``--topk`` or ``--compress`` codec): no error
+  to carry; a ``--compress`` codec's options are checked here too (it is built once);
 * ``--comm-block`` without ``--comm-dtype`` int8 or fp4 (only they have scale blocks), or
   larger than the largest tensor (then it is one scale per tensor: ``--comm-block 0``);
 * ``--context``, ``--eval-windows`` without ``--data shakespeare``; ``--eval-windows``
@@ -29,18 +30,20 @@ reading anything).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import numpy as np
 
+from diloco.config.sections import WIRE_FIELDS
+from diloco.core.codecs import codec_for
 from diloco.core.model_seam import data_model, model_kind, parameter_shapes
+from diloco.models.mlp import MLPModel
 from diloco.tools.cli.config_file import run_data_name
 from diloco.tools.cli.errors import CliError
 
-__all__ = ["check_flags", "check_data_file", "usable_cores", "LOSSY_FORMATS", "NPZ_CONTENTS"]
-
-LOSSY_FORMATS = ("int8", "fp4", "float16", "bfloat16")  # and float32 under float64 params
+__all__ = ["check_flags", "check_data_file", "usable_cores", "NPZ_CONTENTS"]
 _BLOCK_FORMATS = ("int8", "fp4")
 _OWN_SPLIT = ("shakespeare", "mnist1d")  # data with a held-out part of its own
 NPZ_CONTENTS = ("a NumPy .npz archive (np.savez) holding x, float features of shape (n, d), and y, n integer "
@@ -77,22 +80,26 @@ def _given(args, name: str):
 
 
 def _largest_tensor(config, data) -> int:
-    model = data_model(config, data.x_train, data.encode)
-    if model is not None:
-        return max(int(np.prod(shape)) for shape in parameter_shapes(model).values())
-    widths = (data.x_train.shape[1], *config.hidden_sizes, data.num_classes)
-    return max(a * b for a, b in zip(widths[:-1], widths[1:], strict=True))
+    """The most values one tensor of the run's model holds (the MLP's widths as the data gives them)."""
+    model = data_model(config, data.x_train, data.encode) or MLPModel(
+        (data.x_train.shape[1], *config.hidden_sizes, data.num_classes))
+    return max(int(np.prod(shape)) for shape in parameter_shapes(model).values())
 
 
 def _check_family(args, config, data) -> None:
     comm_dtype = _given(args, "comm_dtype")
-    lossy = comm_dtype in LOSSY_FORMATS or (comm_dtype == "float32" and config.dtype == "float64") or bool(
-        _given(args, "sign_prune")) or config.family.topk is not None
+    given = {name: _given(args, name) for name in WIRE_FIELDS if _given(args, name) is not None}
+    try:  # the run's wire, with the flags given (the config holds them already where a command built it)
+        codec = codec_for(dataclasses.replace(config.family.comm, **given), config.dtype)  # checks its options
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"--compress: {exc}") from None
     wire = f"--comm-dtype {comm_dtype}" if comm_dtype else "no --comm-dtype"
-    if _given(args, "error_feedback") and not lossy:
+    if config.family.compress is not None:
+        wire = f"--compress {config.family.compress}"
+    if _given(args, "error_feedback") and not getattr(codec, "lossy", True):  # the codec says what it loses
         raise CliError(f"--error-feedback has no effect with {wire}: nothing is lost on the wire; it needs a lossy "
-                       f"--comm-dtype (int8, fp4, float16, bfloat16, or float32 with float64 params), --sign-prune "
-                       f"or --topk")
+                       f"--comm-dtype (int8, fp4, float16, bfloat16, or float32 with float64 params), --sign-prune, "
+                       f"--topk or a lossy --compress codec")
     block = _given(args, "comm_block")
     if block is None:
         return
