@@ -93,8 +93,8 @@ def run_eval(spec: dict, repeats: int = 5) -> dict:
     """CPU seconds of one held-out evaluation and of its matmul floor (best of ``repeats``)."""
     import numpy as np
 
-    from diloco.model import init_model_params
     from diloco.core.run_records import held_out_metrics
+    from diloco.model import init_model_params
     from diloco.text import load_shakespeare
 
     text = load_shakespeare(6)

@@ -26,15 +26,6 @@ from diloco._validation import check_args, milestone
 from diloco.adamw import AdamWState, adamw_step, init_adamw_state
 from diloco.config import DiLoCoConfig
 from diloco.core.mechanisms import global_norm
-from diloco.model import Params, cross_entropy_loss, model_backward, model_forward
-from diloco.outer import (
-    OuterState,
-    compute_outer_gradient,
-    init_outer_optimizer,
-    nesterov_param_update,
-    update_outer_momentum,
-)
-from diloco.params import average_params
 from diloco.core.run_records import (
     EVAL_CHUNK,
     RoundCallback,
@@ -47,6 +38,15 @@ from diloco.core.run_records import (
     refuse_mechanisms,
     round_record,
 )
+from diloco.model import Params, cross_entropy_loss, model_backward, model_forward
+from diloco.outer import (
+    OuterState,
+    compute_outer_gradient,
+    init_outer_optimizer,
+    nesterov_param_update,
+    update_outer_momentum,
+)
+from diloco.params import average_params
 from diloco.sharding import inner_train_worker, sample_worker_batch
 
 __all__ = [

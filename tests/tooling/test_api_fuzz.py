@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 import diloco
 from diloco.config import DiLoCoConfig
 from diloco.core.comm import native_bytes
+from diloco.core.mechanisms import clip_by_global_norm, draw_dropped, global_norm, inner_lr, mean_pairwise_cosine
 from diloco.core.netsim import all_reduce_seconds, parse_bandwidth, parse_duration
 from diloco.core.quantize import (
     bfloat16_bits,
@@ -47,7 +48,6 @@ from diloco.core.schedule import fragment_keys, fragment_layers, sync_offsets, s
 from diloco.core.sync import eager_outer_gradient
 from diloco.data import make_synthetic, stratified_split
 from diloco.engine import choose_layout
-from diloco.core.mechanisms import clip_by_global_norm, draw_dropped, global_norm, inner_lr, mean_pairwise_cosine
 from diloco.text import bits_per_char, char_windows, perplexity
 
 HANG_SECONDS = 5.0

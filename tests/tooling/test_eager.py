@@ -11,11 +11,11 @@ from hypothesis.extra import numpy as hnp
 from diloco import DiLoCoConfig, train_diloco
 from diloco.config.sections import FamilyConfig
 from diloco.core.driver import train
+from diloco.core.mechanisms import normalised_weights
+from diloco.core.run_records import prepare_training
 from diloco.core.sync import eager_outer_gradient
 from diloco.core.trainers import train_eager
 from diloco.data import load_digits_split
-from diloco.core.mechanisms import normalised_weights
-from diloco.core.run_records import prepare_training
 
 
 @pytest.fixture(scope="module")

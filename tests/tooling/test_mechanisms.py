@@ -17,7 +17,6 @@ import pytest
 from diloco import DiLoCoConfig
 from diloco.adamw import AdamWState, init_adamw_state
 from diloco.config import AdamWConfig
-from diloco.core.outer import outer_optimizer
 from diloco.core.mechanisms import (
     clip_by_global_norm,
     draw_dropped,
@@ -27,6 +26,7 @@ from diloco.core.mechanisms import (
     pseudo_grad_weights,
     train_worker,
 )
+from diloco.core.outer import outer_optimizer
 from diloco.model import init_model_params
 from diloco.outer import OuterState, init_outer_optimizer
 from diloco.sharding import inner_train_worker

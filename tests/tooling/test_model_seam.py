@@ -19,8 +19,8 @@ from diloco import DiLoCoConfig
 from diloco.config import TransformerShape
 from diloco.config.sections import FamilyConfig
 from diloco.core.model_seam import data_model, parameter_keys
-from diloco.core.synchronisers import FragmentSync
 from diloco.core.run_records import prepare_training
+from diloco.core.synchronisers import FragmentSync
 from diloco.text import OneHot, char_windows, load_shakespeare
 
 TINY = TransformerShape(d_model=8, n_heads=2, n_layers=2)

@@ -36,8 +36,8 @@ pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not insta
 
 import diloco.core.sync as sync  # noqa: E402
 from diloco.core.driver import train  # noqa: E402
-from diloco.data import load_digits_split  # noqa: E402
 from diloco.core.mechanisms import init_inner_state  # noqa: E402
+from diloco.data import load_digits_split  # noqa: E402
 from diloco.tools.cli.flags import build_config  # noqa: E402
 from diloco.tools.cli.main import build_parser  # noqa: E402
 

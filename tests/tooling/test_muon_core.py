@@ -21,10 +21,10 @@ from diloco.config import AdamWConfig, MuonConfig
 from diloco.core.divergence import Diverged
 from diloco.core.driver import is_course_algorithm, train
 from diloco.core.hooks import Guard
+from diloco.core.mechanisms import init_inner_state, inner_step, scheduled_adamw_step
 from diloco.data import load_digits_split
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.optim import adamw_scratch, muon_update
-from diloco.core.mechanisms import init_inner_state, inner_step, scheduled_adamw_step
 from diloco.methods.muon import MuonState, as_moments, from_moments, init_muon, muon_step
 from diloco.text import OneHot, char_windows
 

@@ -273,8 +273,8 @@ def test_a_study_records_each_variants_divergence_beside_its_result(tmp_path, ca
 
 
 def test_a_paper_study_arm_records_its_shards_divergence_cached_or_not(tmp_path):
-    from diloco.data import load_digits_split
     from diloco.corpus.shard_divergence import run_split_divergence
+    from diloco.data import load_digits_split
     from diloco.tools.studies.paper_report import render_arms_table, summarise_arms
     from diloco.tools.studies.paper_runs import Arm, RunCache, run_arm
 

@@ -73,9 +73,9 @@ def test_the_gathered_first_layer_equals_the_one_hot_product(vocab, context, row
 
 
 def test_held_out_metrics_gather_the_first_layer_and_match_the_dense_milestones():
+    from diloco.core.run_records import EVAL_CHUNK, held_out_metrics
     from diloco.evaluation import classification_accuracy, evaluate_loss
     from diloco.model import init_model_params
-    from diloco.core.run_records import EVAL_CHUNK, held_out_metrics
 
     rng = np.random.default_rng(3)
     encode = OneHot(5, 3)

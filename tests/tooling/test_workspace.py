@@ -99,7 +99,8 @@ def test_stub_keeps_signature_docstring_and_checks_and_raises():
 
 def test_workspace_layout(fresh):
     for path in ("pyproject.toml", "conftest.py", "Makefile", "README.md", ".gitignore",
-                 "src/diloco/__init__.py", "src/diloco/config/__init__.py", "src/diloco/tools/cli/main.py", "src/diloco/data.py",
+                 "src/diloco/__init__.py", "src/diloco/config/__init__.py", "src/diloco/tools/cli/main.py",
+                 "src/diloco/data.py",
                  "src/diloco/_datasets/digits.npz", "tests/conftest.py", "tests/helpers.py",
                  "tests/strategies.py"):
         assert (fresh / path).is_file(), path

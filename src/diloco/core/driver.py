@@ -32,11 +32,11 @@ from diloco._validation import milestone
 from diloco.config import DiLoCoConfig
 from diloco.config.sections import WIRE_FIELDS
 from diloco.core.executors import MPIExecutor, ReferenceExecutor
+from diloco.core.mechanisms import init_inner_state, normalised_weights, pseudo_grad_weights, uses_plain_worker
 from diloco.core.records import SimulatedClock, round_fields
 from diloco.core.state import RunState
 from diloco.core.synchronisers import initial_extra, is_eager, synchroniser
 from diloco.loop import TrainResult, finish_record, prepare_training
-from diloco.core.mechanisms import init_inner_state, normalised_weights, pseudo_grad_weights, uses_plain_worker
 from diloco.model import Params
 from diloco.outer import init_outer_optimizer
 

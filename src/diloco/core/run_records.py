@@ -23,9 +23,9 @@ from diloco._validation import (
     check_params,
 )
 from diloco.config import DiLoCoConfig
+from diloco.core.mechanisms import global_norm
 from diloco.core.model_seam import data_model, model_of, parameter_count, with_model_defaults
 from diloco.evaluation import classification_accuracy, communication_savings, evaluate_loss
-from diloco.core.mechanisms import global_norm
 from diloco.model import Params, init_model_params, relu
 from diloco.sharding import iid_shard_dataset, noniid_shard_dataset
 from diloco.text import bits_per_char, perplexity

@@ -34,11 +34,11 @@ import numpy as np
 from diloco.config import DiLoCoConfig
 from diloco.core.driver import baseline_config
 from diloco.core.model_seam import model_kind
+from diloco.corpus.ngram import baseline_sentence, dataset_baselines
+from diloco.corpus.shard_divergence import split_report, split_sentence
 from diloco.data import Dataset
 from diloco.evaluation import communication_savings
 from diloco.loop import num_values
-from diloco.corpus.ngram import baseline_sentence, dataset_baselines
-from diloco.corpus.shard_divergence import split_report, split_sentence
 from diloco.tools.cli.config_file import run_file_settings
 from diloco.tools.cli.family_run import check_family, family_summary, print_family, run_with_family
 from diloco.tools.cli.flags import (

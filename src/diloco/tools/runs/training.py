@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from diloco.runtime import stop_signals
 from diloco.core.divergence import Diverged, check_record
 from diloco.core.driver import RunState, train
 from diloco.core.hooks import Callback, Guard, NetworkTimer
+from diloco.runtime import stop_signals
 from diloco.tools.runs.checkpoint import Checkpoint, data_fingerprint, load_checkpoint, save_checkpoint
 from diloco.tools.runs.checkpoint_records import generator_state, restore_generator
 

@@ -39,8 +39,8 @@ from typing import NamedTuple
 from diloco.config import DiLoCoConfig
 from diloco.core.driver import is_course_algorithm, train
 from diloco.core.hooks import NetworkTimer, callbacks
-from diloco.loop import train_diloco, train_synchronous_baseline
 from diloco.corpus.shard_divergence import run_split_divergence
+from diloco.loop import train_diloco, train_synchronous_baseline
 from diloco.tools.studies.study_loop import run_arms
 from diloco.tools.studies.study_stats import (
     format_bytes,
