@@ -18,14 +18,14 @@ from diloco.tools.studies.beyond_sparse import (
     BLOCK,
     TASKS,
     fp4_round_bytes,
-    load_summaries,
     matched_density,
-    rebuild,
     render_block,
     sparse_arms,
     sparse_round_bytes,
     tensor_shapes,
 )
+from diloco.tools.studies.results_page import load_summaries, rebuild
+from diloco.tools.studies.summaries import exports
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "results-beyond.md"
@@ -85,7 +85,8 @@ def test_the_command_refuses_in_one_line(argv, message, tmp_path, capsys):
 
 def test_the_results_page_section_is_exactly_the_rendering_of_the_files():
     page = PAGE.read_text(encoding="utf-8")
-    summaries = load_summaries(RESULTS)
+    loaded = load_summaries(RESULTS)
+    summaries = exports(loaded, "beyond-sparse")
     assert set(summaries) == set(TASKS), "docs/assets/results/beyond-sparse-<task>.json: run the study"
     names = [m.group("name") for m in BLOCK.finditer(page)]
     assert sorted(names) == sorted(f"beyond-sparse-{task}" for task in TASKS)
@@ -101,7 +102,7 @@ def test_the_results_page_section_is_exactly_the_rendering_of_the_files():
         assert int(re.search(r"--seeds (\d+)", command).group(1)) == len(summaries[task]["seeds"]) >= 5
         steps = re.search(r"--total-steps (\d+)", command)
         assert (int(steps.group(1)) if steps else TASKS[task]["steps"]) == summaries[task]["steps_per_worker"]
-    assert rebuild(page, summaries) == page
+    assert rebuild(page, loaded) == page
 
 
 def test_every_arm_is_tuned_and_sparseloco_tunes_its_feedback_decay_in_place_of_momentum():

@@ -302,11 +302,11 @@ def test_the_arms_pair_every_k_at_equal_bytes():
 
 
 def test_the_results_page_holds_the_rendered_summaries():
-    from diloco.tools.studies.beyond_muon import rebuild_page
+    from diloco.tools.studies.results_page import load_summaries, rebuild
 
     root = Path(__file__).resolve().parents[2]
     page = (root / "docs" / "results-beyond.md").read_text(encoding="utf-8")
-    assert rebuild_page(page, root / "docs" / "assets" / "results") == page, \
+    assert rebuild(page, load_summaries(root / "docs" / "assets" / "results")) == page, \
         "docs/results-beyond.md: run python -m diloco.tools.studies.beyond_muon"
     for task in ("shakespeare", "mnist1d"):
         assert f"<!-- generated: beyond-muon-{task} -->" in page

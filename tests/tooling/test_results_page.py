@@ -161,14 +161,8 @@ BEYOND_BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)
 
 
 def _beyond_rebuilt(text: str) -> str:
-    """The beyond page with every block of its three studies rendered again from the files."""
-    from diloco.tools.studies import beyond_async, beyond_muon, beyond_sparse
-
-    text = beyond_async.BLOCK.sub(lambda m: f"<!-- generated: {m['name']} -->\n"
-                                            f"{beyond_async.render_named(m['name'], RESULTS)}<!-- end: {m['name']} -->",
-                                  text)
-    text = beyond_sparse.rebuild(text, beyond_sparse.load_summaries(RESULTS))
-    return beyond_muon.rebuild_page(text, RESULTS)
+    """The beyond page with every block of its three studies rendered again from the files (the one renderer)."""
+    return rebuild(text, load_summaries(RESULTS))
 
 
 def test_the_beyond_page_holds_exactly_the_renderings_of_its_files_and_their_commands():

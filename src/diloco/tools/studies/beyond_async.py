@@ -16,16 +16,15 @@ metrics at T (the last evaluation at or before T) are compared seed by seed
 (``diloco.tools.studies.paper_report``: paired 95% intervals and the verdict words). The
 time each arm takes to reach synchronous DiLoCo's mean loss at T is reported beside it.
 
-``--export DIR`` writes ``DIR/beyond-async-<task>.json``; ``render_block`` renders it for
-``docs/results-beyond.md`` (``rebuild`` rewrites the page's generated blocks, and
-``tests/tooling/test_beyond_async.py`` checks the page holds exactly them).
+``--export DIR`` writes ``DIR/beyond-async-<task>.json``; ``render_named`` renders it for
+``docs/results-beyond.md`` (through ``results_page``, the one renderer, which
+``python -m diloco.tools.studies.beyond_async`` runs on that page).
 """
 
 from __future__ import annotations
 
-import json
+import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -33,7 +32,6 @@ from diloco.config import AdamWConfig
 from diloco.core.driver import train
 from diloco.core.schedule import async_plan, synchronous_round_seconds, worker_local_steps
 from diloco.tools.cli.errors import CliError
-from diloco.tools.runs.folders import atomic_write_text
 from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     combine_verdicts,
@@ -56,9 +54,9 @@ from diloco.tools.studies.paper_runs import (
 from diloco.tools.studies.paper_studies import Claim
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
 from diloco.tools.studies.study_stats import mean_interval
-from diloco.tools.studies.summaries import block_pattern, fill_blocks
+from diloco.tools.studies.summaries import block_pattern, exports
 
-__all__ = ["NAME", "TASKS", "arms", "claims", "AsyncSpec", "run_async_study", "render_block", "rebuild",
+__all__ = ["NAME", "TASKS", "arms", "claims", "AsyncSpec", "run_async_study", "render_block", "render_named",
            "equal_time_rounds"]
 
 NAME = "async"
@@ -357,33 +355,21 @@ def _label(name: str) -> str:
     return f"{words}, " + ("one straggler" if not setting else setting.replace("spread", "speeds spread "))
 
 
-def render_named(name: str, directory) -> str:
-    """The body of the page's block ``name``: ``beyond-async`` (the claims) or ``beyond-async-<task>``."""
-    summaries = {path.stem.removeprefix("beyond-async-"): json.loads(path.read_text(encoding="utf-8"))
-                 for path in sorted(Path(directory).glob("beyond-async-*.json"))}
-    for summary in summaries.values():
+def render_named(name: str, summaries: dict) -> str:
+    """The body of the page's block ``name``: ``beyond-async`` (the claims) or ``beyond-async-<task>``,
+    from ``summaries`` (``summaries.load_summaries``), judged by today's claims and words."""
+    exported = exports(summaries, "beyond-async")
+    for summary in exported.values():
         summary["claims"] = judge_claims(claims(), summary["rows"], summary["task"])
     if name == "beyond-async":
-        return _summary_table(summaries)
+        return _summary_table(exported)
     task = name.removeprefix("beyond-async-")
-    if task not in summaries:
+    if task not in exported:
         raise ValueError(f"no summary docs/assets/results/{name}.json for the block {name}")
-    summary = summaries[task]
-    summary["claims"] = judge_claims(claims(), summary["rows"], summary["task"])  # today's claims and words
-    return render_block(summary)
+    return render_block(exported[task])
 
 
-def rebuild(page, directory) -> str:
-    """``page`` (a Markdown path) with every ``beyond-async*`` block rendered again; written if changed."""
-    path = Path(page)
-    text = path.read_text(encoding="utf-8")
-    new = fill_blocks(text, BLOCK, lambda name: render_named(name, directory))
-    if new != text:
-        atomic_write_text(path, new)
-    return new
+if __name__ == "__main__":  # python -m diloco.tools.studies.beyond_async: the page's blocks, by the one renderer
+    from diloco.tools.studies.results_page import main
 
-
-if __name__ == "__main__":  # python -m diloco.tools.studies.beyond_async: rebuild the page's blocks
-    root = Path(__file__).resolve().parents[4]
-    rebuild(root / "docs" / "results-beyond.md", root / "docs" / "assets" / "results")
-    print("docs/results-beyond.md: asynchronous blocks rebuilt")
+    raise SystemExit(main(sys.argv[1:] or ["docs/results-beyond.md"]))

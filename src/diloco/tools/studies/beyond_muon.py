@@ -21,14 +21,13 @@ arms keep the uncompressed arms' lrs. Claims are judged seed by seed with
 about a *gap* (Muon's advantage growing with K, the gap to the data-parallel baseline,
 the cost of compression) is an interaction, the per-seed difference of two paired
 differences. ``--export DIR`` writes ``DIR/beyond-muon-<task>.json``, which
-``docs/results-beyond.md`` renders (``python -m diloco.tools.studies.beyond_muon``).
+``docs/results-beyond.md`` renders (``render_named``, through ``results_page``, the one
+renderer; ``python -m diloco.tools.studies.beyond_muon`` runs it on that page).
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -49,11 +48,11 @@ from diloco.tools.studies.paper_studies import Arm, Claim
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
 from diloco.tools.studies.study_loop import run_arms
 from diloco.tools.studies.study_stats import mean_interval
-from diloco.tools.studies.summaries import block_pattern, fill_blocks
+from diloco.tools.studies.summaries import exports
 
 __all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting",
            "muon_arms", "muon_claims", "interaction_specs", "judge_interactions", "MuonSpec", "run_muon_study",
-           "render_section", "render_claims", "rebuild_page", "main"]
+           "render_section", "render_claims", "render_named"]
 
 # Per task: the model, H, the budget (steps per worker), small enough that the whole study
 # runs in minutes on one core, and Muon's lr grid (MNIST-1D's best lr sat at the lower edge
@@ -454,33 +453,16 @@ def render_claims(summaries: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-BLOCK = block_pattern(r"beyond-muon-\w+")
+def render_named(name: str, summaries: dict) -> str:
+    """The page's block ``beyond-muon-<task>`` (or ``beyond-muon-claims``, every task's verdicts)
+    from ``summaries`` (``summaries.load_summaries``)."""
+    exported, task = exports(summaries, "beyond-muon"), name.removeprefix("beyond-muon-")
+    if task == "claims":
+        return render_claims(exported) if exported else "*Not run yet.*\n"
+    return render_section(exported[task]) if task in exported else "*Not run yet.*\n"
 
 
-def rebuild_page(page: str, directory) -> str:
-    """``page`` with every ``beyond-muon-<task>`` block rendered from ``directory``'s summaries."""
-    def render(name: str) -> str:
-        task = name.removeprefix("beyond-muon-")
-        if task == "claims":
-            summaries = {t: json.loads((Path(directory) / f"beyond-muon-{t}.json").read_text(encoding="utf-8"))
-                         for t in TASKS if (Path(directory) / f"beyond-muon-{t}.json").is_file()}
-            return render_claims(summaries) if summaries else "*Not run yet.*\n"
-        path = Path(directory) / f"beyond-muon-{task}.json"
-        return render_section(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else "*Not run yet.*\n"
+if __name__ == "__main__":  # python -m diloco.tools.studies.beyond_muon: the page's blocks, by the one renderer
+    from diloco.tools.studies.results_page import main
 
-    return fill_blocks(page, BLOCK, render)
-
-
-def main(argv=None) -> int:
-    """``python -m diloco.tools.studies.beyond_muon [PAGE] [DIR]``: rebuild the Muon blocks of the page."""
-    from diloco.tools.runs.folders import atomic_write_text
-
-    argv = sys.argv[1:] if argv is None else argv
-    page = Path(argv[0] if argv else "docs/results-beyond.md")
-    directory = Path(argv[1] if len(argv) > 1 else "docs/assets/results")
-    atomic_write_text(page, rebuild_page(page.read_text(encoding="utf-8"), directory))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:] or ["docs/results-beyond.md"]))

@@ -33,16 +33,15 @@ Every run (tuning included) is kept in the run cache (``--run-cache DIR``, by de
 ``RUNS_DIR/study-cache``; ``diloco.tools.studies.runner``), so a study cut short resumes.
 The claims (``Claim``) are judged as the paper studies' (``paper_report``): paired over
 seeds, 95% interval, the five verdict words. ``--export DIR`` writes
-``DIR/beyond-sparse-<task>.json``; ``python -m diloco.tools.studies.beyond_sparse`` renders
-the ``beyond-sparse-*`` blocks of ``docs/results-beyond.md`` from those files (a test
-requires the page to hold exactly that).
+``DIR/beyond-sparse-<task>.json``; ``render_named`` renders the ``beyond-sparse-*`` blocks of
+``docs/results-beyond.md`` from those files, through ``results_page`` (the one renderer, which
+``python -m diloco.tools.studies.beyond_sparse`` runs on that page; a test requires the page
+to hold exactly that).
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -51,7 +50,6 @@ from diloco.core.quantize import encode
 from diloco.methods.sparse import SparseConfig, encoded_nbytes
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.flags import build_config, load_dataset
-from diloco.tools.runs.folders import atomic_write_text
 from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     judge_claims,
@@ -71,12 +69,12 @@ from diloco.tools.studies.paper_runs import (
 )
 from diloco.tools.studies.paper_studies import Arm, Claim
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
-from diloco.tools.studies.summaries import block_pattern, fill_blocks, missing_block
+from diloco.tools.studies.summaries import block_pattern, exports, missing_block
 from diloco.tools.studies.tuning_table import render_tuning
 
 __all__ = ["TASKS", "K", "H", "FP4_BLOCK", "tensor_shapes", "fp4_round_bytes", "sparse_round_bytes",
            "matched_density", "sparse_arms", "sparse_claims", "SparseSpec", "run_sparse_study", "render_bytes_table",
-           "render_block", "rebuild", "main"]
+           "render_block", "render_named"]
 
 TASKS = {
     "shakespeare": {"hidden_sizes": (128,), "inner": {"lr": 3e-3}, "steps": 1000},
@@ -267,34 +265,18 @@ def render_block(summary: dict) -> str:
               + render_tuning(summary))
 
 
-def load_summaries(directory) -> dict:
-    """``{task: summary}`` of every ``beyond-sparse-<task>.json`` in ``directory``, verdicts judged again."""
-    summaries = {}
-    for path in sorted(Path(directory).glob("beyond-sparse-*.json")):
-        summary = json.loads(path.read_text(encoding="utf-8"))
-        for claim in summary["claims"]:
-            claim["verdict"] = verdict(claim["metric_difference"], claim.get("margin"))
-        summaries[path.stem.removeprefix("beyond-sparse-")] = summary
-    return summaries
+def render_named(name: str, summaries: dict) -> str:
+    """The page's block ``beyond-sparse-<task>`` from ``summaries`` (``summaries.load_summaries``),
+    each verdict judged again."""
+    summary = exports(summaries, "beyond-sparse").get(name.removeprefix("beyond-sparse-"))
+    if summary is None:
+        return missing_block(name)
+    for claim in summary["claims"]:
+        claim["verdict"] = verdict(claim["metric_difference"], claim.get("margin"))
+    return render_block(summary)
 
 
-def rebuild(page: str, summaries: dict) -> str:
-    """``page`` with every ``beyond-sparse-<task>`` block rendered again from ``summaries``."""
-    def body(name: str) -> str:
-        task = name.removeprefix("beyond-sparse-")
-        return render_block(summaries[task]) if task in summaries else missing_block(name)
-    return fill_blocks(page, BLOCK, body)
+if __name__ == "__main__":  # python -m diloco.tools.studies.beyond_sparse: the page's blocks, by the one renderer
+    from diloco.tools.studies.results_page import main
 
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    page_path = Path(argv[0] if argv else "docs/results-beyond.md")
-    results = Path(argv[1] if len(argv) > 1 else page_path.parent / "assets" / "results")
-    atomic_write_text(page_path, rebuild(page_path.read_text(encoding="utf-8"), load_summaries(results)))
-    print(f"{page_path}: beyond-sparse blocks rendered from {results}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
+    raise SystemExit(main(sys.argv[1:] or ["docs/results-beyond.md"]))

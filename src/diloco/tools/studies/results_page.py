@@ -19,6 +19,9 @@ and each ``NAME`` is rendered here from ``docs/assets/results/<study>-<task>.jso
 ``docs/results-transformer.md`` has ``paper-transformer``, ``compute-transformer`` and
 ``costs-transformer`` (per claim, each arm's tokens and bytes: ``claim_curves``), rendered
 from ``docs/assets/results/transformer/`` (``TRANSFORMER_ORDER``).
+``docs/results-beyond.md`` has ``beyond-async*``, ``beyond-sparse-<task>`` and
+``beyond-muon-<task>`` (and ``beyond-muon-claims``), each rendered by its study's module
+(``render_named``) from ``beyond-<study>-<task>.json``.
 
 ``tests/tooling/test_results_page.py`` renders every block again and requires the page
 to hold exactly that, so no number on the page can drift from the files.
@@ -55,7 +58,7 @@ from diloco.tools.studies.tuning_table import render_tuning  # re-exported
 __all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "TRANSFORMER_ORDER", "BLOCK",
            "load_summaries", "render_block", "render_tuning", "block_names", "rebuild", "main"]
 
-BLOCK = block_pattern()
+BLOCK = block_pattern(r"[\w.-]+")  # a beyond block may hold a dot (beyond-async-digits-spread0.5)
 
 
 def _similarity(summaries: dict) -> str:
@@ -223,9 +226,19 @@ def _study(name: str, summaries: dict) -> str:
     return render_arms_table(summary) + "\n" + render_claims_table(summary) + render_tuning(summary)
 
 
+def _beyond(name: str, summaries: dict) -> str:
+    """``beyond-<study>...``: a block of ``docs/results-beyond.md``, by its study's ``render_named``."""
+    from diloco.tools.studies import beyond_async, beyond_muon, beyond_sparse
+
+    study = {"async": beyond_async, "sparse": beyond_sparse, "muon": beyond_muon}[name.split("-")[1]]
+    return study.render_named(name, summaries)
+
+
 def render_block(name: str, summaries: dict) -> str:
     """The Markdown of block ``name`` (see the module docstring): a block named outright
-    (``_NAMED``), ``costs-<task>``, ``family-<study>``, else ``<study>-<task>``."""
+    (``_NAMED``), ``costs-<task>``, ``family-<study>``, ``beyond-<study>...``, else ``<study>-<task>``."""
+    if name.startswith("beyond-"):
+        return _beyond(name, summaries)
     if name in _NAMED:
         return _NAMED[name](summaries)
     if name.startswith("costs-") and name.partition("-")[2] in TASKS:
