@@ -46,12 +46,12 @@ from diloco.tools.studies.paper_report import (
 from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, outer_step_grid, tune_arms, write_study
 from diloco.tools.studies.paper_studies import Arm, Claim
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
-from diloco.tools.studies.study_loop import run_arms
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import exports
 
 __all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting",
-           "muon_arms", "muon_claims", "interaction_specs", "judge_interactions", "MuonSpec", "run_muon_study",
+           "muon_arms", "muon_claims", "lr_tuning", "lr_records", "interaction_specs", "judge_interactions", "MuonSpec",
+           "run_muon_study",
            "render_section", "render_claims", "render_named"]
 
 # Per task: the model, H, the budget (steps per worker), small enough that the whole study
@@ -194,22 +194,36 @@ def judge_interactions(specs: list, rows: list, task: str) -> list:
 
 # --- the command ------------------------------------------------------------------------------
 
-def _tune(optimizer, grid, algo, k, plan, lrs, train, on_run) -> tuple[float, list]:
-    """The grid value with the lowest mean final held-out loss of ``algo`` at K = ``k`` on the
-    tuning seeds (``train``: the runner's run, cached)."""
-    base, muon, h, steps = plan.config, plan.extra["muon"], plan.config.inner_steps, plan.extra["steps"]
-    records = []
-    for value in grid:
-        arm = Arm(f"tune {optimizer} {setting(algo, k)} lr {value:g}", algo,
-                  {"num_workers": k, "inner_steps": h, "rounds": steps // h,
-                   **_optimizer(optimizer, {**lrs, optimizer: value}, muon)})
-        losses = [o["eval_loss"] for o in run_arms([arm], plan.tune_seeds, train, base, plan.data, on_run=on_run)]
-        records.append({"optimizer": optimizer, "setting": setting(algo, k), "lr": value,
-                        "seeds": list(plan.tune_seeds), "eval_loss": float(np.mean(losses))})
-    finite = [r for r in records if np.isfinite(r["eval_loss"])]
-    if not finite:
-        raise CliError(f"study muon: every {optimizer} lr of the grid diverged ({setting(algo, k)})")
-    return min(finite, key=lambda r: r["eval_loss"])["lr"], records
+def lr_tuning(ks, grids: dict, base, muon: MuonConfig, steps: int) -> tuple[list, list]:
+    """Each setting's lrs as probe arms (``tune <optimizer> <setting>``) and two ``TuneStep``:
+    AdamW's inner lr on the AdamW probe, given to the Muon probe too (a Muon arm's biases use
+    AdamW at AdamW's chosen lr of the same setting), then Muon's lr on the Muon probe."""
+    h, lrs, probes, groups = base.inner_steps, {"adamw": base.inner.lr, "muon": muon.lr}, [], {"adamw": [], "muon": []}
+    for algo, k in [("diloco", k) for k in ks] + [("sync", max(ks))]:
+        shared = {"num_workers": k, "inner_steps": h, "rounds": steps // h}
+        adamw, own = (Arm(f"tune {optimizer} {setting(algo, k)}", algo, {**shared, **_optimizer(optimizer, lrs, muon)})
+                      for optimizer in ("adamw", "muon"))
+        probes += [adamw, own]
+        groups["adamw"].append((adamw.label, (adamw.label, own.label)))
+        groups["muon"].append((own.label, (own.label,)))
+    return probes, [TuneStep(INNER_LR, tuple(grids["adamw"]), tuple(groups["adamw"])),
+                    TuneStep(MUON_LR, tuple(grids["muon"]), tuple(groups["muon"]))]
+
+
+def lr_records(records: list, seeds) -> tuple[dict, list]:
+    """``tune_arms``' records of ``lr_tuning`` as the export keeps them, setting by setting:
+    ``({setting: {"adamw": lr, "muon": lr}}, [{optimizer, setting, lr, seeds, eval_loss}, ...])``."""
+    order = list(dict.fromkeys(r["arm"].split(" ", 2)[2] for r in records))
+    lrs, tuning = {}, []
+    for record in sorted(records, key=lambda r: (order.index(r["arm"].split(" ", 2)[2]), r["step"])):
+        _, optimizer, key = record["arm"].split(" ", 2)
+        tuning.append({"optimizer": optimizer, "setting": key, "lr": record["value"], "seeds": list(seeds),
+                       "eval_loss": record["eval_loss"]})
+        if record["chosen"] and not np.isfinite(record["eval_loss"]):  # the best of the grid diverged: all did
+            raise CliError(f"study muon: every {optimizer} lr of the grid diverged ({key})")
+        if record["chosen"]:
+            lrs.setdefault(key, {})[optimizer] = record["value"]
+    return lrs, tuning
 
 
 def outer_tuning_steps(arms: list, grids: dict) -> list:
@@ -247,9 +261,10 @@ def _steps(args, spec: dict, h: int) -> int:
 
 
 class MuonSpec(StudySpec):
-    """``diloco study muon`` as a spec of the one runner (``runner.run_spec``). Its tuning is its
-    own (``tune``): each setting's AdamW and Muon lrs first, the arms built at them, then each
-    DiLoCo arm's outer step (``outer_tuning_steps``)."""
+    """``diloco study muon`` as a spec of the one runner (``runner.run_spec``). Its tuning, through
+    ``tune_arms`` as every study's: each setting's AdamW and Muon lrs on probe arms first
+    (``lr_tuning``, each grid tried as it is), the arms built at them, then each DiLoCo arm's
+    outer step (``outer_tuning_steps``)."""
 
     name = "muon"
 
@@ -284,16 +299,11 @@ class MuonSpec(StudySpec):
                            "num_samples": getattr(args, "num_samples", None)})
 
     def tune(self, plan: Plan, train, on_run) -> tuple[list, dict]:
-        ks, grids, base = plan.extra["ks"], plan.extra["grids"], plan.config
-        lrs, tuning = {}, []
-        for algo, k in [("diloco", k) for k in ks] + [("sync", max(ks))]:
-            chosen = {"adamw": base.inner.lr, "muon": plan.extra["muon"].lr}
-            for optimizer in ("adamw", "muon"):  # Muon's biases at AdamW's chosen lr
-                chosen[optimizer], records = _tune(optimizer, grids[optimizer], algo, k, plan, chosen, train, on_run)
-                tuning += records
-            lrs[setting(algo, k)] = chosen
-        arms = muon_arms(base.inner_steps, plan.extra["steps"], ks, lrs, plan.extra["muon"])
-        outer = []
+        ks, grids, base, muon = plan.extra["ks"], plan.extra["grids"], plan.config, plan.extra["muon"]
+        probes, steps = lr_tuning(ks, grids, base, muon, plan.extra["steps"])
+        _, records = tune_arms(steps, probes, base, plan.data, plan.tune_seeds, run=train, on_run=on_run, extend=0)
+        lrs, tuning = lr_records(records, plan.tune_seeds)
+        arms, outer = muon_arms(base.inner_steps, plan.extra["steps"], ks, lrs, muon), []
         if plan.extra["tune_outer"]:
             arms, outer = tune_arms(outer_tuning_steps(arms, grids), arms, base, plan.data, plan.tune_seeds,
                                     run=train, on_run=on_run)
