@@ -45,7 +45,7 @@ from diloco.tools.studies.paper_report import (
 )
 from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, outer_step_grid, tune_arms, write_study
 from diloco.tools.studies.paper_studies import Arm, Claim
-from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, run_spec, task_of
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import exports
 
@@ -252,14 +252,6 @@ def _ks(values) -> tuple:
     return ks
 
 
-def _steps(args, spec: dict, h: int) -> int:
-    steps = args.total_steps if getattr(args, "total_steps", None) is not None else (
-        args.rounds * h if getattr(args, "rounds", None) is not None else spec["steps"])
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or steps % h:
-        raise CliError(f"--total-steps must be a positive multiple of H={h}, got {steps!r}")
-    return steps
-
-
 class MuonSpec(StudySpec):
     """``diloco study muon`` as a spec of the one runner (``runner.run_spec``). Its tuning, through
     ``tune_arms`` as every study's: each setting's AdamW and Muon lrs on probe arms first
@@ -278,7 +270,7 @@ class MuonSpec(StudySpec):
                                      "engine": default_engine()})
         muon = config.muon  # --muon-* flags (with --inner-optimizer muon) set Muon's other hyper-parameters
         base = config.replace(inner_optimizer="adamw", muon=MuonConfig())
-        steps = _steps(args, spec, config.inner_steps)
+        steps = budget(args, spec["steps"], config.inner_steps)
         seeds = check_seeds(args, config)
         tune_seeds = check_tune_seeds(args, seeds, TUNE_SEED_BASE)
         ks = _ks(split_values(args.values) if getattr(args, "values", None) else None)

@@ -68,7 +68,7 @@ from diloco.tools.studies.paper_runs import (
     write_study,
 )
 from diloco.tools.studies.paper_studies import Arm, Claim
-from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, run_spec, task_of
 from diloco.tools.studies.summaries import block_pattern, exports, missing_block
 from diloco.tools.studies.tuning_table import render_tuning
 
@@ -203,9 +203,7 @@ class SparseSpec(StudySpec):
         defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
                     "num_workers": K, "inner_steps": H, "engine": default_engine()}
         config = build_config(args, defaults)
-        steps = args.total_steps if getattr(args, "total_steps", None) is not None else TASKS[task]["steps"]
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or steps % config.inner_steps:
-            raise CliError(f"--total-steps must be a positive multiple of H={config.inner_steps}, got {steps!r}")
+        steps = budget(args, TASKS[task]["steps"], config.inner_steps, rounds=False)
         seeds = check_seeds(args, config, 5, "this study's paired intervals")
         if task == "shakespeare" and getattr(args, "eval_windows", None) is None:
             args.eval_windows = EVAL_WINDOWS

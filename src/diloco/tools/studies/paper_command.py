@@ -33,25 +33,13 @@ from diloco.tools.studies.paper_report import (
 from diloco.tools.studies.paper_runs import parse_numbers, write_study
 from diloco.tools.studies.paper_studies import PAPER_STUDIES, TASKS, H, K, tuning_steps, with_warmup
 from diloco.tools.studies.plots import plot_paper_study, plot_scaling_gap  # re-exported: where they were
-from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, run_spec, task_of
 
 __all__ = ["PaperSpec", "run_paper_study", "plot_paper_study", "plot_scaling_gap", "TUNE_SEED_BASE"]
 
 # Tuning seeds start here, far from the evaluation seeds (0, 1, ...), so the lr chosen for
 # an outer optimizer is never picked on the runs it is then judged on.
 TUNE_SEED_BASE = 1000  # runner.check_tune_seeds' default base
-
-
-def _budget(args, config, task: str) -> int:
-    if getattr(args, "total_steps", None) is not None:
-        steps = args.total_steps
-    elif getattr(args, "rounds", None) is not None:
-        steps = args.rounds * config.inner_steps
-    else:
-        steps = TASKS[task]["steps"]
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise CliError(f"--total-steps must be a positive int, got {steps!r}")
-    return steps
 
 
 def _inner_grid(args, task: str) -> tuple:
@@ -96,7 +84,7 @@ class PaperSpec(StudySpec):
         defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
                     "num_workers": K, "inner_steps": H, "lr_schedule": "cosine", "engine": default_engine()}
         config = build_config(args, defaults)
-        steps = _budget(args, config, task)
+        steps = budget(args, TASKS[task]["steps"], config.inner_steps, multiple=False)
         seeds = check_seeds(args, config)
         values = split_values(args.values) if getattr(args, "values", None) else None
         inner_grid, outer_grid = _inner_grid(args, task), _outer_grid(args)

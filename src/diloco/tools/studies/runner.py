@@ -43,7 +43,7 @@ from diloco.tools.studies.run_cache import RunCache
 from diloco.tools.studies.study_loop import run_arms
 
 __all__ = ["Plan", "Done", "StudySpec", "run_spec", "study_cache", "check_seeds", "check_tune_seeds", "task_of",
-           "DEFAULT_CACHE"]
+           "budget", "DEFAULT_CACHE"]
 
 DEFAULT_CACHE = "study-cache"  # under --runs-dir: where a study keeps its finished runs without --run-cache
 
@@ -115,6 +115,18 @@ def task_of(args, tasks, study: str, default: str = "digits") -> str:
     if task not in tasks:
         raise CliError(f"study {study} runs on --data {' or --data '.join(tasks)}, got --data {task}")
     return task
+
+
+def budget(args, default: int, h: int, *, multiple: bool = True, rounds: bool = True) -> int:
+    """Steps per worker: ``--total-steps``, else (with ``rounds``) ``--rounds`` x ``h``, else
+    ``default``; a positive int and, with ``multiple``, a multiple of H (a one-line ``CliError``)."""
+    steps = getattr(args, "total_steps", None)
+    if steps is None:
+        steps = args.rounds * h if rounds and getattr(args, "rounds", None) is not None else default
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or (multiple and steps % h):
+        raise CliError(f"--total-steps must be {f'a positive multiple of H={h}' if multiple else 'a positive int'}, "
+                       f"got {steps!r}")
+    return steps
 
 
 def check_seeds(args, config, at_least: int = 2, why: str = "paired intervals") -> list:
