@@ -34,13 +34,13 @@ from diloco.core.schedule import async_plan, synchronous_round_seconds, worker_l
 from diloco.tools.cli.errors import CliError
 from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
-    combine_verdicts,
+    NOT_RUN,
+    claim_rows,
     interval_text,
     judge_claims,
     render_arms_table,
     render_claims_table,
     summarise_arms,
-    verdict,
 )
 from diloco.tools.studies.paper_runs import (
     INNER_LR,
@@ -338,14 +338,9 @@ def _summary_table(summaries: dict) -> str:
     tasks = sorted(summaries, key=lambda name: (not name.startswith("shakespeare"), name))
     lines = ["| claim | the paper | " + " | ".join(f"{_label(t)}" for t in tasks) + " | verdict |",
              "|---|---|" + "---|" * len(tasks) + "---|"]
-    for claim in claims():
-        words = []
-        for task in tasks:
-            judged = next((c for c in summaries[task]["claims"] if c["text"] == claim.text), None)
-            words.append("not run" if judged is None else verdict(judged["metric_difference"]))
-        lines.append(f"| {claim.text} | {claim.paper} | " + " | ".join(words)
-                     + f" | **{combine_verdicts(words)}** |")
-    return "\n".join(lines) + "\n"
+    rows = claim_rows([(c.text, c.paper, c.text) for c in claims()], [summaries[t] for t in tasks],
+                      lambda _, judged: NOT_RUN if judged is None else judged["verdict"])
+    return "\n".join(lines + rows) + "\n"
 
 
 def _label(name: str) -> str:

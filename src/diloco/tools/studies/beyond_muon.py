@@ -36,7 +36,8 @@ from diloco.tools.cli.errors import CliError
 from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     NOT_RUN,
-    combine_verdicts,
+    claim_rows,
+    first_seen,
     interval_text,
     judge_claims,
     metric_of,
@@ -434,25 +435,21 @@ def render_claims(summaries: dict) -> str:
     names = {"shakespeare": "char-LM (perplexity)", "mnist1d": "MNIST-1D (held-out loss)"}
     lines = ["| claim | the paper | " + " | ".join(f"{names[t]}: paired difference [95% CI], verdict" for t in tasks)
              + " | verdict |", "|---|---|" + "---|" * len(tasks) + "---|"]
-    order, found = [], {}
-    for task in tasks:
-        for item in summaries[task]["claims"] + summaries[task]["gaps"]:
-            if item["text"] not in found:
-                order.append(item["text"])
-                found[item["text"]] = item["paper"]
-    for text in order:
-        cells, verdicts = [], []
-        for task in tasks:
-            item = next((c for c in summaries[task]["claims"] + summaries[task]["gaps"] if c["text"] == text), None)
-            if item is None or item["verdict"] == NOT_RUN:
-                cells.append(NOT_RUN)
-                continue
-            diff = item["metric_difference"]
-            relative = item.get("relative") or item.get("margin") is not None
-            cells.append(f"{_gap_text(diff, relative)}: {item['verdict']}")
-            verdicts.append(item["verdict"])
-        lines.append(f"| {text} | {found[text]} | " + " | ".join(cells) + f" | **{combine_verdicts(verdicts)}** |")
-    return "\n".join(lines) + "\n"
+    columns = [summaries[task] for task in tasks]
+    claims = [(c["text"], c["paper"], c["text"]) for c, _ in first_seen(columns, _claims_and_gaps)]
+    return "\n".join(lines + claim_rows(claims, columns, _task_cell, _claims_and_gaps)) + "\n"
+
+
+def _claims_and_gaps(summary: dict) -> list:
+    return summary["claims"] + summary["gaps"]
+
+
+def _task_cell(_summary: dict, item: dict | None) -> str:
+    """A claim's cell on one task: its paired difference and verdict, or that it was not run."""
+    if item is None or item["verdict"] == NOT_RUN:
+        return NOT_RUN
+    return f"{_gap_text(item['metric_difference'], item.get('relative') or item.get('margin') is not None)}: " \
+           f"{item['verdict']}"
 
 
 def render_named(name: str, summaries: dict) -> str:

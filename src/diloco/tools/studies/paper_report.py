@@ -29,6 +29,7 @@ checked by ``tests/tooling/test_results_page.py``).
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 
 import numpy as np
 
@@ -43,7 +44,7 @@ from diloco.tools.studies.study_stats import (
 
 __all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "VERDICTS", "paired_difference", "verdict",
            "combine_verdicts", "summarise_arms", "judge_claims", "arm_value", "render_arms_table",
-           "render_claims_table", "render_paper_table", "metric_of"]
+           "render_claims_table", "render_paper_table", "first_seen", "claim_rows", "metric_of"]
 
 HOLDS, PARTLY, TIE, REVERSED, NOT_RUN = "holds", "holds partly", "tie", "reversed", "not run"
 VERDICTS = (HOLDS, PARTLY, TIE, REVERSED, NOT_RUN)  # strongest first; NOT_RUN is no evidence
@@ -256,23 +257,36 @@ def render_paper_table(summaries: dict, order: list, columns: tuple = PAPER_COLU
     lines = [f"| claim (paper) | the paper | {heads} | verdict |", "|---|---|" + "---|" * len(columns) + "---|"]
     for study in order:
         tasks = [summaries.get((study, task)) for task, _ in columns]
-        claims, seen = [], set()
-        for summary in tasks:  # every claim either task judged, in first-seen order
-            for claim in [] if summary is None else summary["claims"]:
-                if claim["text"] not in seen:
-                    seen.add(claim["text"])
-                    claims.append((claim, summary["reference"]))
-        for claim, reference in claims:
-            cells, verdicts = [], []
-            for summary in tasks:
-                judged = None if summary is None else next(
-                    (c for c in summary["claims"] if c["text"] == claim["text"]), None)
-                if judged is None:
-                    cells.append("not run (arm not in this task's study)" if summary is not None else "not run")
-                    continue
-                cells.append(f"{arm_value(judged, 'better_metric')} vs {arm_value(judged, 'worse_metric')}; "
-                             f"diff {_difference(judged)}: {judged['verdict']}")
-                verdicts.append(judged["verdict"])
-            lines.append(f"| {claim['text']} ({reference}) | {claim['paper']} | {' | '.join(cells)} "
-                         f"| **{combine_verdicts(verdicts)}** |")
+        claims = [(f"{c['text']} ({summary['reference']})", c["paper"], c["text"]) for c, summary in first_seen(tasks)]
+        lines += claim_rows(claims, tasks, _paper_cell)
     return "\n".join(lines) + "\n"
+
+
+def _paper_cell(summary: dict | None, judged: dict | None) -> str:
+    if judged is None:
+        return "not run (arm not in this task's study)" if summary is not None else "not run"
+    return (f"{arm_value(judged, 'better_metric')} vs {arm_value(judged, 'worse_metric')}; "
+            f"diff {_difference(judged)}: {judged['verdict']}")
+
+
+def first_seen(summaries: list, items=itemgetter("claims")) -> list:
+    """Each judged claim of ``summaries`` (``items`` of each; None: not run) once, by its text, in
+    first-seen order: ``(claim, the summary it was first seen in)``."""
+    seen: dict = {}
+    for summary in summaries:
+        for claim in [] if summary is None else items(summary):
+            seen.setdefault(claim["text"], (claim, summary))
+    return list(seen.values())
+
+
+def claim_rows(claims: list, summaries: list, cell, items=itemgetter("claims")) -> list:
+    """A claims-across-tasks table's rows, ``| name | paper | a cell per summary | **verdict** |``, for
+    each ``(name, paper, text)`` of ``claims``: ``cell(summary, judged)`` (``judged``: the claim
+    ``text`` among ``items(summary)``, None where not judged; ``summary`` None where not run), and
+    the weakest verdict of the judged ones (``combine_verdicts``)."""
+    lines = []
+    for name, paper, text in claims:
+        judged = [None if s is None else next((c for c in items(s) if c["text"] == text), None) for s in summaries]
+        cells = " | ".join(cell(s, j) for s, j in zip(summaries, judged, strict=True))
+        lines.append(f"| {name} | {paper} | {cells} | **{combine_verdicts([j['verdict'] for j in judged if j])}** |")
+    return lines
