@@ -41,11 +41,12 @@ from diloco.tools.studies.paper_report import (
     interval_text,
     judge_claims,
     metric_of,
+    number,
     summarise_arms,
     verdict,
 )
-from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, outer_step_grid, tune_arms, write_study
-from diloco.tools.studies.paper_studies import Arm, Claim
+from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, tune_arms, write_study
+from diloco.tools.studies.paper_studies import Arm, Claim, outer_step_then_lr
 from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, run_spec, task_of
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import exports
@@ -228,17 +229,14 @@ def lr_records(records: list, seeds) -> tuple[dict, list]:
 
 
 def outer_tuning_steps(arms: list, grids: dict) -> list:
-    """Each DiLoCo arm's outer lr x momentum (``paper_runs.outer_step_grid``) on itself, then
-    its inner lr again at the chosen pair (AdamW arms: ``inner.lr`` over ``grids["adamw"]``;
-    Muon arms: ``muon.lr`` over ``grids["muon"]``); an fp4 arm takes the choices of its
-    uncompressed arm at the same K. The synchronous arms have no outer step."""
-    fp4 = ", fp4 + error feedback"
-    diloco = [a.label for a in arms if a.algo == "diloco" and not a.label.endswith(fp4)]
-    groups = {label: (label, *([label + fp4] if label + fp4 in {a.label for a in arms} else [])) for label in diloco}
-    muon = {a.label for a in arms if a.changes.get("inner_optimizer") == "muon"}
-    return [outer_step_grid(tuple(groups.items())),
-            TuneStep(INNER_LR, tuple(grids["adamw"]), tuple((p, t) for p, t in groups.items() if p not in muon)),
-            TuneStep(MUON_LR, tuple(grids["muon"]), tuple((p, t) for p, t in groups.items() if p in muon))]
+    """Each DiLoCo arm's outer lr x momentum on itself, then its own lr again at the chosen pair
+    (``paper_studies.outer_step_then_lr``: AdamW arms' ``inner.lr`` over ``grids["adamw"]``, Muon
+    arms' ``muon.lr`` over ``grids["muon"]``); an fp4 arm takes the choices of its uncompressed
+    arm at the same K. The synchronous arms have no outer step."""
+    fp4, labels = ", fp4 + error feedback", {a.label for a in arms}
+    groups = tuple((a.label, (a.label, *([a.label + fp4] if a.label + fp4 in labels else []))) for a in arms
+                   if a.algo == "diloco" and not a.label.endswith(fp4))
+    return outer_step_then_lr(groups, {a.label: a for a in arms}, grids["adamw"], (), grids["muon"])
 
 
 def _ks(values) -> tuple:
@@ -333,10 +331,6 @@ def run_muon_study(args) -> int:
 
 # --- the results page -------------------------------------------------------------------------
 
-def _num(value, digits: int = 3) -> str:
-    return "n/a" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
-
-
 def _gap_text(stats, relative: bool) -> str:
     if stats is None:
         return "n/a"
@@ -377,7 +371,7 @@ def _lr_lines(summary: dict) -> list:
              "| setting | optimizer | held-out loss at each lr |", "|---|---|---|"]
     for key, chosen in summary["tuned_lr"].items():
         for optimizer in ("adamw", "muon"):
-            cells = [f"{'**' if r['lr'] == chosen[optimizer] else ''}{r['lr']:g}: {_num(r['eval_loss'], 4)}"
+            cells = [f"{'**' if r['lr'] == chosen[optimizer] else ''}{r['lr']:g}: {number(r['eval_loss'], 4)}"
                      f"{'**' if r['lr'] == chosen[optimizer] else ''}"
                      for r in summary["tuning"] if r["setting"] == key and r["optimizer"] == optimizer]
             lines.append(f"| {key} | {optimizer} | {', '.join(cells)} |")
@@ -413,8 +407,8 @@ def _claim_line(claim: dict) -> str:
     diff = claim["metric_difference"]
     text = (f"{100 * diff['mean']:+.2f}% [{100 * diff['low']:+.2f}%, {100 * diff['high']:+.2f}%], "
             f"margin {100 * claim['margin']:.0f}%") if claim.get("margin") is not None else interval_text(diff)
-    return (f"| {claim['text']} | {claim['paper']} | {_num(claim['better_metric'])} vs "
-            f"{_num(claim['worse_metric'])} | {text} | **{claim['verdict']}** |")
+    return (f"| {claim['text']} | {claim['paper']} | {number(claim['better_metric'])} vs "
+            f"{number(claim['worse_metric'])} | {text} | **{claim['verdict']}** |")
 
 
 def _gap_line(gap: dict) -> str:

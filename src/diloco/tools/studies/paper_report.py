@@ -44,7 +44,7 @@ from diloco.tools.studies.study_stats import (
 
 __all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "VERDICTS", "paired_difference", "verdict",
            "combine_verdicts", "summarise_arms", "judge_claims", "arm_value", "render_arms_table",
-           "render_claims_table", "render_paper_table", "first_seen", "claim_rows", "metric_of"]
+           "render_claims_table", "render_paper_table", "first_seen", "claim_rows", "metric_of", "number"]
 
 HOLDS, PARTLY, TIE, REVERSED, NOT_RUN = "holds", "holds partly", "tie", "reversed", "not run"
 VERDICTS = (HOLDS, PARTLY, TIE, REVERSED, NOT_RUN)  # strongest first; NOT_RUN is no evidence
@@ -173,7 +173,7 @@ def _judge_contrast(claim, better: dict, worse: dict, by_arm: dict) -> dict:
             "metric": "loss gap", "verdict": verdict(difference)}
 
 
-def _number(value: float, digits: int = 3) -> str:
+def number(value: float, digits: int = 3) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
@@ -181,7 +181,7 @@ def interval_text(stats: dict, digits: int = 3, field: str | None = None) -> str
     """``mean [low, high]``; with ``field`` clipped to its ``RANGES`` entry and marked when clipped."""
     if field is not None:
         stats = clip_interval(stats, RANGES[field])
-    text = f"{_number(stats['mean'], digits)} [{_number(stats['low'], digits)}, {_number(stats['high'], digits)}]"
+    text = f"{number(stats['mean'], digits)} [{number(stats['low'], digits)}, {number(stats['high'], digits)}]"
     return text + (CLIPPED_MARK if stats.get("clipped") else "")
 
 
@@ -189,7 +189,7 @@ def arm_value(claim: dict, key: str) -> str:
     """A claim's ``better_metric`` or ``worse_metric``: the metric, or a loss gap for a contrast."""
     if claim.get("metric") == "loss gap":
         return f"gap {claim[key]:+.3f}"
-    return _number(claim[key])
+    return number(claim[key])
 
 
 def _difference(claim: dict) -> str:
@@ -217,7 +217,7 @@ def render_arms_table(summary: dict) -> str:
         accuracy = interval_text(row["eval_accuracy"], field="eval_accuracy")
         clipped = clipped or CLIPPED_MARK in metric + accuracy
         lines.append(f"| {row['arm']} | {row['steps_per_worker']} | {row['all_reduces']} | {metric} "
-                     f"| {accuracy} | {_number(row['best_eval_loss']['mean'])} |"
+                     f"| {accuracy} | {number(row['best_eval_loss']['mean'])} |"
                      + (f" {row['split_divergence']:.4f} |" if kl else ""))
     if clipped:
         lines += ["", CLIPPED_NOTE]

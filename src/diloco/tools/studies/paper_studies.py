@@ -59,7 +59,7 @@ from diloco.tools.studies.paper_runs import (
 )
 
 __all__ = ["Arm", "Claim", "PaperStudy", "TuneStep", "RunCache", "TASKS", "PAPER_STUDIES", "OUTER_GRIDS",
-           "arm_engine", "run_arm", "tune_arms", "outcome_of", "with_warmup", "tuning_steps"]
+           "arm_engine", "run_arm", "tune_arms", "outcome_of", "with_warmup", "tuning_steps", "outer_step_then_lr"]
 
 
 class Claim(NamedTuple):
@@ -159,7 +159,7 @@ def tuning_steps(study: PaperStudy, arms: list, inner_grid: tuple, outer_values=
     steps = [TuneStep(INNER_LR, tuple(inner_grid), (study.inner_groups or per_arm)(arms)),
              TuneStep(MUON_LR, MUON_GRID, muon), *_per_arm_outer_lr(study, by_label, outer_values)]
     if study.outer_groups:
-        steps += _outer_step_then_lr(study.outer_groups(arms), by_label, inner_grid, outer_grid)
+        steps += outer_step_then_lr(study.outer_groups(arms), by_label, inner_grid, outer_grid)
     return [step for step in steps if step.grid and step.groups]
 
 
@@ -169,11 +169,13 @@ def _per_arm_outer_lr(study: PaperStudy, by_label: dict, outer_values) -> list:
             for label, grid in (study.outer_tune or {}).items() if label in by_label]
 
 
-def _outer_step_then_lr(groups: tuple, by_label: dict, inner_grid: tuple, outer_grid: tuple) -> list:
-    """Each group's outer lr x momentum, then its probe's own lr (inner, or Muon's) again."""
+def outer_step_then_lr(groups: tuple, by_label: dict, inner_grid: tuple, outer_grid: tuple = (),
+                       muon_grid: tuple = MUON_GRID) -> list:
+    """Each group's outer lr x momentum (``outer_grid``: ``(lrs, momenta)``, the default grid when
+    empty), then its probe's own lr (``lr_field``: inner over ``inner_grid``, or Muon's) again."""
     return [outer_step_grid(groups, *outer_grid),
             *(TuneStep(field, tuple(grid), tuple(g for g in groups if lr_field(by_label[g[0]]) == field))
-              for field, grid in ((INNER_LR, inner_grid), (MUON_LR, MUON_GRID)))]
+              for field, grid in ((INNER_LR, inner_grid), (MUON_LR, muon_grid)))]
 
 
 def _outer_tune_step(arm: Arm, lrs: tuple) -> TuneStep:
