@@ -10,8 +10,7 @@ lr (``INNER_LR``) and the outer lr are tuned this way. ``RunCache``
 (``diloco.tools.studies.run_cache``) stores outcomes by a hash of everything a run depends on
 (algorithm, config changes, seed, data), so an arm that two studies share (DiLoCo at K = 8,
 H = 50 is in five) is trained once per ``make results``.
-The studies themselves (arms, claims) are in ``diloco.tools.studies.paper_studies``,
-which re-exports these names.
+The studies themselves (arms, claims) are in ``diloco.tools.studies.paper_studies``.
 """
 
 from __future__ import annotations
@@ -196,8 +195,6 @@ def _with_divergence(outcome: dict, config: DiLoCoConfig, dataset, encode) -> di
 def next_on_ladder(value: float, *, up: bool) -> float:
     """The next value past ``value`` on the 1-3-10 ladder (..., 0.01, 0.03, 0.1, 0.3, ...):
     up from 0.01 is 0.03, from 0.03 (or 0.02, 0.05) is 0.1; down from 0.01 is 0.003."""
-    import math
-
     exponent = math.floor(math.log10(value))
     mantissa = value / 10.0 ** exponent
     if up:

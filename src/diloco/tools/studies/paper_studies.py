@@ -1,6 +1,6 @@
 """The paper's tables and figures in miniature: arms, claims, and the runs behind them.
 
-Eight studies; the first six are named after the artefact of Douillard et al. (2023) they
+Ten studies; the first six are named after the artefact of Douillard et al. (2023) they
 reproduce:
 
 * ``table2``: a 1-worker baseline, the 8x-batch synchronous baseline, 8x the updates on
@@ -17,6 +17,8 @@ reproduce:
   topic segments of the rows), alpha swept.
 * ``scaling``: the hidden width swept at a fixed token budget, DiLoCo at K = 1, 2, 4, 8
   against data parallelism at the same global batch (Charles et al. 2025).
+* ``inner-muon``: Muon against AdamW inside DiLoCo and in synchronous training (MuLoCo).
+* ``fragments``: Streaming DiLoCo's P fragments against DiLoCo (Douillard et al. 2025).
 
 An arm is a label, an algorithm and the config fields it changes on the study's base.
 Every arm runs on every seed; a seed fixes the shards, the initial model and the
@@ -32,9 +34,8 @@ the task's grid on tuning seeds that are not the evaluation seeds; in every stud
 (``outer_groups``) each DiLoCo arm's (or its group's probe's) outer lr x momentum is tuned
 too, past the grid's edges where one is chosen (scaling: tried as it is), and its own lr
 again after it; scaling tunes every arm's inner lr on itself (DiLoCo apart from data
-parallelism). Running an arm,
-tuning and the run cache are in ``diloco.tools.studies.paper_runs`` (re-exported here). NumPy only; the command is
-``diloco.tools.studies.paper_command``.
+parallelism). Running an arm, tuning and the run cache are in ``diloco.tools.studies.paper_runs``;
+the command is ``diloco.tools.studies.paper_command``.
 """
 
 from __future__ import annotations
@@ -47,19 +48,15 @@ from diloco.tools.studies.paper_runs import (
     INNER_LR,
     MUON_LR,
     Arm,
-    RunCache,
     TuneStep,
     arm_engine,
-    outcome_of,
     outer_step_grid,
     parse_numbers,
-    run_arm,
-    tune_arms,
     with_warmup,
 )
 
-__all__ = ["Arm", "Claim", "PaperStudy", "TuneStep", "RunCache", "TASKS", "PAPER_STUDIES", "OUTER_GRIDS",
-           "arm_engine", "run_arm", "tune_arms", "outcome_of", "with_warmup", "tuning_steps", "outer_step_then_lr"]
+__all__ = ["Arm", "Claim", "PaperStudy", "TuneStep", "TASKS", "PAPER_STUDIES", "OUTER_GRIDS", "arm_engine",
+           "with_warmup", "tuning_steps", "outer_step_then_lr"]
 
 
 class Claim(NamedTuple):
