@@ -51,10 +51,9 @@ from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_see
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import exports
 
-__all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting",
-           "muon_arms", "muon_claims", "lr_tuning", "lr_records", "interaction_specs", "judge_interactions", "MuonSpec",
-           "run_muon_study",
-           "render_section", "render_claims", "render_named"]
+__all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting", "muon_arms",
+           "muon_claims", "lr_tuning", "lr_records", "interaction_specs", "judge_interactions", "MuonSpec",
+           "run_muon_study", "render_section", "render_claims", "render_named"]
 
 # Per task: the model, H, the budget (steps per worker), small enough that the whole study
 # runs in minutes on one core, and Muon's lr grid (MNIST-1D's best lr sat at the lower edge
