@@ -7,6 +7,7 @@ asserted in tests); what is checked is where the section goes and the arithmetic
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from pathlib import Path
 
@@ -24,7 +25,17 @@ def bench_modules(monkeypatch):
     import charlm
     import report
 
+    monkeypatch.setattr(report, "datetime", FixedClock)  # two writes in different minutes compare equal
     return charlm, report
+
+
+class FixedClock:
+    """Stands in for the ``datetime`` module in ``report``: its "measured ..." line names one fixed minute."""
+
+    class datetime:
+        @staticmethod
+        def now():
+            return dt.datetime(2026, 1, 2, 3, 4)
 
 
 def fake_result(charlm, fast_fixed: float) -> dict:

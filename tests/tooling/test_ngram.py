@@ -147,7 +147,7 @@ def test_the_sentence_names_each_order():
 
 
 RESULTS_PAGES = sorted((Path(__file__).resolve().parents[2] / "docs").glob("results*.md"))
-SHOWN = re.compile(r'^\.venv/bin/python -c "(from diloco\.ngram import [^"]*)"$', re.M)
+SHOWN = re.compile(r'^\.venv/bin/python -c "(from diloco\.corpus\.ngram import [^"]*)"$', re.M)
 
 
 def test_every_results_page_shows_what_its_n_gram_commands_print():
