@@ -141,6 +141,7 @@ def test_a_feedback_decay_chosen_at_its_grids_top_is_tried_higher_up_to_no_decay
     assert past_the_edge(field, grid, (0.5, 1.0), added, 2) == []
 
 
+@pytest.mark.slow
 def test_the_study_tunes_every_arm_then_reads_every_run_back_from_its_cache(tmp_path, capsys):
     import json
 

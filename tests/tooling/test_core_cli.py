@@ -280,6 +280,7 @@ def _finished(run_dir):
     return params, [{k: v for k, v in r.items() if k != "time"} for r in _history(run_dir)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["reference", "fast"])
 @pytest.mark.parametrize("command", ["train", "compare"])
 def test_an_interrupted_transformer_run_resumes_as_printed_to_the_uninterrupted_result(command, engine, tmp_path,

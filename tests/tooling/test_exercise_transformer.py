@@ -67,6 +67,7 @@ def workspace(tmp_path_factory):
     return ws
 
 
+@pytest.mark.slow
 def test_a_completed_workspace_trains_the_transformer_bit_for_bit_as_the_reference(workspace, tmp_path):
     mine = train(workspace / "src", tmp_path / "mine" / "runs")
     assert mine.returncode == 0, mine.stderr

@@ -254,6 +254,7 @@ def interrupted_after(rounds: int, runs_dir, cwd) -> tuple:
     return proc, err, found[0].parent
 
 
+@pytest.mark.slow
 def test_train_200_rounds_stopped_at_round_25_resumes_at_26_and_ends_identical(tmp_path):
     clean = subprocess.run([sys.executable, "-m", "diloco", *RUN, "--runs-dir", tmp_path / "clean"], env=ENV,
                            capture_output=True, text=True, timeout=600)

@@ -69,6 +69,7 @@ def test_the_fast_engines_stacked_layout_holds_k_models_at_once(tmp_path):
     assert LOWEST * peak <= estimate <= HIGHEST * peak, f"estimate {estimate:,} bytes, measured peak {peak:,}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["reference", "fast"])
 def test_the_transformers_estimate_counts_its_parameters_and_activations(engine):
     from diloco.core.driver import train

@@ -99,6 +99,7 @@ def test_the_command_line_refuses_transformer_flags_without_it_and_other_data(ca
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_compare_runs_the_transformer_in_float32_on_64_characters(capsys, tmp_path):
     status, out, err = run_cli(["compare", "--model", "transformer", "--data", "shakespeare", "--d-model", "16",
                                 "--n-heads", "2", "--n-layers", "1", "-K", "2", "-H", "2", "--rounds", "1",

@@ -179,6 +179,7 @@ def same_run(tmp_path, want, deaths: dict) -> None:
         assert all(got[k].tobytes() == v.tobytes() for k, v in want.params.items())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("killed, flags", [(1, ()), (0, ()), (1, ("--comm-dtype", "fp4", "--error-feedback"))],
                          ids=["worker 1", "worker 0, whose rank writes the outputs", "fp4 with error feedback"])
 def test_a_replacement_joins_at_the_round_boundary_from_the_global_state(killed, flags, tmp_path, monkeypatch):

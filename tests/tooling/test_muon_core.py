@@ -312,6 +312,7 @@ def test_the_results_page_holds_the_rendered_summaries():
         assert f"<!-- generated: beyond-muon-{task} -->" in page
 
 
+@pytest.mark.slow
 def test_a_tiny_muon_study_tunes_runs_judges_and_exports(tmp_path, capsys):
     export = tmp_path / "export"
     argv = ["study", "muon", "--data", "shakespeare", "--seeds", "2", "--total-steps", "4", "-H", "2",

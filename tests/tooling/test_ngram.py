@@ -150,6 +150,7 @@ RESULTS_PAGES = sorted((Path(__file__).resolve().parents[2] / "docs").glob("resu
 SHOWN = re.compile(r'^\.venv/bin/python -c "(from diloco\.corpus\.ngram import [^"]*)"$', re.M)
 
 
+@pytest.mark.slow
 def test_every_results_page_shows_what_its_n_gram_commands_print():
     shown = 0
     for page in RESULTS_PAGES:

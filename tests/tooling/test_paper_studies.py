@@ -121,6 +121,7 @@ def test_arms_run_on_the_engine_their_config_names_whatever_their_mechanisms_and
     assert arm_engine(fast.replace(engine="reference"), "diloco", encode=object()) == "reference"
 
 
+@pytest.mark.slow
 def test_a_paper_study_runs_on_the_fast_engine_unless_told_reference(tmp_path, capsys):
     """--engine reference was silently ignored (every arm ran on the fast engine)."""
     pytest.importorskip("diloco.engine")

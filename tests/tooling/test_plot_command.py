@@ -89,6 +89,7 @@ def test_a_run_with_no_round_yet_says_so(tmp_path, capsys):
     assert status == 2 and "no finished round to draw yet" in err
 
 
+@pytest.mark.slow
 def test_follow_redraws_while_the_run_trains_and_stops_when_it_ends(tmp_path):
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     train = subprocess.Popen([sys.executable, "-m", "diloco", "train", "--rounds", "100000", "-K", "2", "-H", "5",

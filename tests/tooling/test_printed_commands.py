@@ -48,6 +48,7 @@ def where_from(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_the_usage_hint_runs_as_printed_wherever_the_user_stands(tmp_path):
     printed = []
     for start, cwd, path in where_from(tmp_path):

@@ -156,6 +156,7 @@ SCRIPT = "import sys\nprint('ready', flush=True)\nsys.argv = ['diloco', *sys.arg
          "from diloco.tools.cli.main import main\nraise SystemExit(main())\n"
 
 
+@pytest.mark.slow
 def test_a_signal_at_any_early_moment_is_one_line_and_leaves_nothing_half_made(tmp_path):
     outcomes = []
     for index, (sig, delay) in enumerate(EARLY):

@@ -222,6 +222,7 @@ def test_speaker_shards_are_measurably_more_divergent_than_iid_and_topic(shakesp
     assert speaker["iid_divergence"] == pytest.approx(floor, rel=0.1), f"mine {speaker['iid_divergence']}"
 
 
+@pytest.mark.slow
 def test_train_prints_and_records_the_split_divergence(tmp_path, capsys):
     argv = ["train", "--data", "shakespeare", "--noniid", "--noniid-split", "speaker", "-K", "4", "--rounds", "1",
             "-H", "1", "--hidden-sizes", "4", "--eval-windows", "16", "--no-plots", "--runs-dir", str(tmp_path)]

@@ -140,6 +140,7 @@ TRANSFORMER_FIG9 = ["study", "fig9", "--data", "shakespeare", "--model", "transf
                     "-q", "--no-plots"]
 
 
+@pytest.mark.slow
 def test_a_transformer_study_stopped_by_a_real_sigint_resumes_as_printed_to_the_uninterrupted_result(tmp_path):
     """The program itself, in a process of its own: a ``--model transformer`` study gets a real
     SIGINT once three runs are in ``results.jsonl``; the command its last line prints, run as

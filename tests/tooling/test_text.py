@@ -136,6 +136,7 @@ def test_compare_on_shakespeare_prints_perplexity_for_both_algorithms(tmp_path, 
 TINY_TRANSFORMER = ["--model", "transformer", "--d-model", "8", "--n-heads", "2", "--n-layers", "1"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [[], TINY_TRANSFORMER])
 def test_config_json_records_the_split_the_text_was_cut_with(model, tmp_path, capsys):
     """Runs recorded test_fraction 0.2 (the digits' default) while the text's tail was its last tenth."""

@@ -205,6 +205,7 @@ def test_a_future_token_changes_nothing_on_the_default_model():
 # --------------------------------------------------------------------------- backward
 
 
+@pytest.mark.slow
 @FEW_EXAMPLES
 @given(small_models())
 def test_gradients_match_central_finite_differences(model):

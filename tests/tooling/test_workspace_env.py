@@ -65,6 +65,7 @@ def test_a_workspace_installs_the_grade_extra_with_the_constraints(tmp_path):
     assert "$(if $(CONSTRAINTS),-c $(CONSTRAINTS),)" in makefile
 
 
+@pytest.mark.slow
 def test_make_workspace_installs_nothing_and_writes_the_same_workspace(tmp_path):
     """``make workspace`` on a Python with nothing installed (no NumPy, no pip): the workspace of
     ``diloco workspace create``, file for file; the target depends on no install."""
