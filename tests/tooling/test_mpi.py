@@ -117,3 +117,35 @@ def test_the_mpi_tool_never_overwrites_a_run_record(tmp_path):
     assert done.returncode == 2
     assert "--run-dir taken already holds a config.json" in done.stderr and "Traceback" not in done.stderr
     assert (tmp_path / "taken" / "config.json").read_text() == "{}"
+
+
+SLOW_RANK = '''
+import sys, time
+from pathlib import Path
+from mpi4py import MPI
+import diloco.tools.cli.mpi as backend
+
+if MPI.COMM_WORLD.rank == 1:  # this rank sets up only once rank 0 has written the record
+    real = backend._setup
+
+    def setup(*args, **kwargs):
+        record, waited = Path("record") / "config.json", 0.0
+        while not record.exists() and waited < 60:
+            time.sleep(0.05)
+            waited += 0.05
+        return real(*args, **kwargs)
+
+    backend._setup = setup
+sys.exit(backend.main(sys.argv[1:]))
+'''
+
+
+def test_a_rank_that_sets_up_after_the_record_is_written_still_trains(tmp_path):
+    """Only worker 0 decides on ``--run-dir`` and tells the others: a rank that reached its set-up after
+    the record existed used to refuse the folder on its own and leave the others waiting in round 1."""
+    (tmp_path / "slow.py").write_text(SLOW_RANK)
+    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "slow.py", "--rounds", "2", "-H", "2",
+                           "--run-dir", "record", "--round-timeout", "20", "--json", "run.json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads((tmp_path / "run.json").read_text())["history"]) == 2

@@ -197,9 +197,9 @@ def _replacement_argv(argv: list, num_workers: int) -> list:
     return [sys.executable, "-m", "diloco.tools.cli.mpi", *argv, "-K", str(num_workers), "--joining"]
 
 
-def _setup(args, comm, *, replacement: bool = False):
+def _setup(args, comm):
     """``(config, data, record)`` of the run, or raise ``CliError`` / ``ValueError`` (one line, before any
-    work; a replacement joins a run whose ``--run-dir`` is written already). ``args.algo`` and
+    work). ``args.algo`` and
     ``args.max_loss`` are settled here: a flag, else the ``--config`` run file's, else ``diloco`` and
     ``DEFAULT_MAX_LOSS``. ``record`` is the run's ``config.json``."""
     from diloco.core.driver import check_algorithm
@@ -215,8 +215,6 @@ def _setup(args, comm, *, replacement: bool = False):
     problem = _fault_refusal(args, config)
     if problem:
         raise CliError(problem)
-    if not replacement:
-        _check_run_dir(args.run_dir)
     data, data_info = load_dataset(args, config.dtype)
     if config.num_workers != comm.size:
         raise CliError(f"-K {config.num_workers} does not match the {comm.size} MPI processes")
@@ -246,14 +244,23 @@ def _check_run_dir(run_dir: str | None) -> None:
         raise CliError(f"--run-dir {run_dir} already holds a config.json (another run's record); choose a new folder")
 
 
-def _write_record(run_dir: str, record: dict) -> None:
+def _write_record(run_dir: str, record: dict) -> str | None:
     """``run_dir/config.json``, written atomically (``diloco.tools.runs.atomic_files``): the run as
-    ``diloco train`` records it, so ``diloco train --config`` and this tool's ``--config`` rerun it."""
+    ``diloco train`` records it, so ``diloco train --config`` and this tool's ``--config`` rerun it.
+    Returns why it was not written (a folder holding a record already, a failed write), else None."""
+    from diloco.tools.cli.errors import CliError
     from diloco.tools.runs.folders import write_json
 
-    folder = Path(run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / "config.json", record)
+    try:
+        _check_run_dir(run_dir)
+        folder = Path(run_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / "config.json", record)
+    except CliError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"cannot write {exc.filename or run_dir}: {exc.strerror or exc}"
+    return None
 
 
 def _write_outputs(args, config, result, seconds: float) -> int:
@@ -322,23 +329,25 @@ def _start(args, comm, start):
 
     A setup error is one line from worker 0 and status 2 on every rank (nothing has started). A
     replacement's start gets fresh AdamW moments (the dead worker's died with it); otherwise worker 0
-    writes ``--run-dir``'s ``config.json`` before any round, and a failed write ends the job (2)."""
+    checks and writes ``--run-dir``'s ``config.json`` before any round and tells every rank how that
+    went (a broadcast: no rank may decide alone, or the others would wait for it in the first round),
+    so a refused folder or a failed write ends every rank with status 2."""
     from diloco.tools.cli.errors import CliError
 
     try:
-        config, data, record = _setup(args, comm, replacement=start is not None)
+        config, data, record = _setup(args, comm)
     except (CliError, ValueError) as exc:
         if comm.rank == 0:
             print(f"diloco.tools.cli.mpi: error: {exc}", file=sys.stderr)
         return None, None, 2
     if start is not None:
         return config, data, replacement_start(start, [comm.rank], config)
-    if args.run_dir and comm.rank == 0:
-        try:
-            _write_record(args.run_dir, record)
-        except OSError as exc:
-            return None, None, _fail(comm, 0, f"cannot write {exc.filename or args.run_dir}: "
-                                              f"{exc.strerror or exc}; aborting the job", 2)
+    if args.run_dir:
+        problem = comm.bcast(_write_record(args.run_dir, record) if comm.rank == 0 else None, root=0)
+        if problem:
+            if comm.rank == 0:
+                print(f"diloco.tools.cli.mpi: error: {problem}", file=sys.stderr)
+            return None, None, 2
     return config, data, None
 
 
