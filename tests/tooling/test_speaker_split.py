@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from cli_helpers import only_run_dir
 
 from diloco import DiLoCoConfig
 from diloco.core.run_records import shard_dataset
@@ -263,7 +264,7 @@ def test_a_study_records_each_variants_divergence_beside_its_result(tmp_path, ca
     argv = ["study", "noniid", "--seeds", "1", "--values", "0.05", "--rounds", "1", "-H", "1", "-K", "4",
             "--hidden-sizes", "4", "--no-plots", "-q", "--runs-dir", str(tmp_path)]
     assert main(argv) == 0, capsys.readouterr().err
-    run_dir = next(tmp_path.iterdir())
+    run_dir = only_run_dir(tmp_path)  # not the study's run cache beside it
     rows = {row["variant"]: row for row in json.loads((run_dir / "summary.json").read_text())["rows"]}
     results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert all(r["split_divergence"] is not None for r in results)
