@@ -179,29 +179,23 @@ def within(limit: float | None, what: str):
     timer = threading.Timer(limit, leave)
     timer.daemon = True
     timer.start()
-    backstop = _exit_on_alarm()
+    libc = _libc()
+    backstop = libc.signal(int(signal.SIGALRM), ctypes.cast(libc._exit, ctypes.c_void_p))  # _exit(SIGALRM)
     signal.setitimer(signal.ITIMER_REAL, limit + 2.0)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        _restore_alarm(backstop)
+        libc.signal(int(signal.SIGALRM), backstop)  # the handler it replaced
         timer.cancel()
 
 
-def _exit_on_alarm():
-    """Make ``SIGALRM`` call libc's ``_exit(SIGALRM)`` itself; returns the handler it replaced."""
+def _libc():
+    """This process's C library, with ``signal(int, handler pointer) -> previous handler pointer``."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.signal.restype = ctypes.c_void_p
     libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
-    return libc.signal(int(signal.SIGALRM), ctypes.cast(libc._exit, ctypes.c_void_p))
-
-
-def _restore_alarm(previous) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.signal.restype = ctypes.c_void_p
-    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
-    libc.signal(int(signal.SIGALRM), previous)
+    return libc
 
 
 def _ordered(merged, worker: int, MPI, spawned):
