@@ -221,11 +221,11 @@ def test_fast_held_out_metrics_equal_the_reference_forward(dtype, rel):
     assert fast.metrics(params, x, y) == (loss, accuracy)  # the kept step's buffers give the same again
 
 
-def test_model_of_evaluates_on_the_runs_engine():
+def test_model_for_evaluates_on_the_runs_engine():
     from diloco.config import DiLoCoConfig
-    from diloco.core.model_seam import model_of
+    from diloco.core.model_seam import model_for
 
     cfg, params, _, _ = _problem()
     for engine in ("reference", "fast"):
-        model = model_of(DiLoCoConfig(model="transformer", engine=engine, dtype="float32"), params)
+        model = model_for(DiLoCoConfig(model="transformer", engine=engine, dtype="float32"), params)
         assert model.engine == engine

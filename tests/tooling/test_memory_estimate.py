@@ -18,6 +18,7 @@ import pytest
 
 from diloco.config import DiLoCoConfig
 from diloco.data import load_digits_split
+from diloco.models.mlp import MLPModel
 from diloco.tools.cli.preflight import estimate_memory
 from diloco.tools.runs.training import train_resumable
 
@@ -55,8 +56,8 @@ def test_the_estimate_is_at_or_just_above_the_measured_peak(engine, checkpoints,
     config = DiLoCoConfig(num_workers=3, inner_steps=2, rounds=3, hidden_sizes=(700, 700), batch_size=16,
                           engine=engine, drop_prob=drop_prob)
     peak = measured_peak(config, data, tmp_path, checkpoints)
-    estimate, _ = estimate_memory(config, data.x_train.shape[1], data.num_classes, len(data.y_test),
-                                  checkpointing=checkpoints != "none")
+    model = MLPModel((data.x_train.shape[1], *config.hidden_sizes, data.num_classes))
+    estimate, _ = estimate_memory(config, model, len(data.y_test), checkpointing=checkpoints != "none")
     assert LOWEST * peak <= estimate <= HIGHEST * peak, f"estimate {estimate:,} bytes, measured peak {peak:,}"
 
 
@@ -65,7 +66,8 @@ def test_the_fast_engines_stacked_layout_holds_k_models_at_once(tmp_path):
     config = DiLoCoConfig(num_workers=8, inner_steps=2, rounds=3, hidden_sizes=(300, 300), batch_size=16,
                           engine="fast")
     peak = measured_peak(config, data, tmp_path, "none")
-    estimate, _ = estimate_memory(config, 64, 10, len(data.y_test), checkpointing=False)
+    estimate, _ = estimate_memory(config, MLPModel((64, *config.hidden_sizes, 10)), len(data.y_test),
+                                  checkpointing=False)
     assert LOWEST * peak <= estimate <= HIGHEST * peak, f"estimate {estimate:,} bytes, measured peak {peak:,}"
 
 
@@ -93,23 +95,24 @@ def test_the_transformers_estimate_counts_its_parameters_and_activations(engine)
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
-    estimate, _ = estimate_memory(config, 64, 65, 256, checkpointing=False, model=data_model(config, x, text.encode))
+    estimate, _ = estimate_memory(config, data_model(config, x, text.encode), 256, checkpointing=False)
     assert LOWEST * peak <= estimate <= HIGHEST * peak, f"estimate {estimate:,} bytes, measured peak {peak:,}"
 
 
 @pytest.mark.parametrize("layers", [1, 2, 3, 7])
 @pytest.mark.parametrize("tied", [True, False])
 def test_the_transformers_count_without_listing_its_blocks_is_its_tables(layers, tied):
-    """``_transformer_parameters`` (one block's table, then each further block's share) against the
-    sum over the whole table (``parameter_count``): a billion blocks are never listed."""
+    """``TransformerModel.parameter_count`` (one block's table, then each further block's share) against
+    the sum over the whole table (``parameter_shapes``): a billion blocks are never listed."""
+    import numpy as np
+
     from diloco.config import TransformerShape
     from diloco.core.model_seam import _transformer, parameter_count
-    from diloco.tools.cli.preflight import _transformer_parameters
 
     config = DiLoCoConfig(model="transformer", transformer=TransformerShape(d_model=12, n_heads=3, n_layers=layers,
                                                                             mlp_ratio=3, tied=tied))
     model = _transformer(config, 11, 5)
-    assert _transformer_parameters(model) == parameter_count(model)
+    assert parameter_count(model) == sum(int(np.prod(shape)) for shape in model.parameter_shapes().values())
 
 
 @pytest.mark.parametrize("flags, named", [(["--model", "transformer", "--n-layers", "1000000000"], "--n-layers"),

@@ -21,6 +21,7 @@ from diloco.config.sections import FamilyConfig
 from diloco.core.model_seam import data_model, parameter_keys
 from diloco.core.run_records import prepare_training
 from diloco.core.synchronisers import FragmentSync
+from diloco.models.mlp import MLPModel
 from diloco.text import OneHot, char_windows, load_shakespeare
 
 TINY = TransformerShape(d_model=8, n_heads=2, n_layers=2)
@@ -52,7 +53,11 @@ def test_the_transformer_needs_character_windows():
         data_model(config, x, None)
     with pytest.raises(ValueError, match="trains on character windows"):
         data_model(config, x, OneHot(7, 3))  # windows of 4, an encoder of 3
-    assert data_model(DiLoCoConfig(), x, None) is None  # the MLP: the milestone path
+    mlp = data_model(DiLoCoConfig(hidden_sizes=(8,)), x, None, 3)  # the MLP: its widths from the data
+    assert isinstance(mlp, MLPModel) and mlp.widths == (4, 8, 3)
+    assert data_model(DiLoCoConfig(hidden_sizes=(8,)), x, OneHot(7, 4), 7).widths == (28, 8, 7)  # one-hot columns
+    with pytest.raises(TypeError, match="needs num_classes"):
+        data_model(DiLoCoConfig(), x, None)
 
 
 def test_muon_acts_on_the_transformers_hidden_matrices_only():

@@ -141,11 +141,13 @@ def test_an_address_space_limit_is_memory_the_run_cannot_have(engine, tmp_path):
 
 
 def test_the_fast_engine_counts_k_batches_of_activations():
+    from diloco.models.mlp import MLPModel
     from diloco.tools.cli.preflight import estimate_memory
 
     config = DiLoCoConfig(num_workers=100, inner_steps=1, hidden_sizes=(512,), batch_size=256)
-    reference, _ = estimate_memory(config, 64, 10, 100, checkpointing=False)
-    fast, _ = estimate_memory(config.replace(engine="fast"), 64, 10, 100, checkpointing=False)
+    model = MLPModel((64, 512, 10))
+    reference, _ = estimate_memory(config, model, 100, checkpointing=False)
+    fast, _ = estimate_memory(config.replace(engine="fast"), model, 100, checkpointing=False)
     assert fast - reference == 8 * 4 * 99 * 256 * (64 + 512 + 10)
 
 

@@ -29,6 +29,7 @@ from diloco._validation import (
     check_seed,
 )
 from diloco.config.sections import MODELS, AsyncConfig, FamilyConfig, TransformerShape, check_known_fields
+from diloco.core.model_kinds import other_kinds
 from diloco.core.registry import INNER_OPTIMIZERS
 
 __all__ = ["AdamWConfig", "MuonConfig", "DiLoCoConfig", "FamilyConfig", "AsyncConfig", "TransformerShape",
@@ -60,6 +61,12 @@ def _dtype_name(dtype) -> str:
     if name not in _DTYPES:
         raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
     return name
+
+
+def _field_default(name: str):
+    """The default of ``DiLoCoConfig``'s field ``name``."""
+    spec = DiLoCoConfig.__dataclass_fields__[name]
+    return spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
 
 
 def _field_error(cls_name: str, exc: Exception) -> Exception:
@@ -327,6 +334,7 @@ class DiLoCoConfig:
                 if check_positive_int(width, f"hidden_sizes[{i}]") > 2**40:
                     raise ValueError(f"hidden_sizes[{i}] must be at most 2**40 (no layer that wide fits in memory), "
                                      f"got {width}")
+            object.__setattr__(self, "hidden_sizes", tuple(int(w) for w in hidden))  # before _check_model reads it
             outer_lr = check_real(self.outer_lr, "outer_lr", low=0.0, low_open=True)
             outer_momentum = check_probability(self.outer_momentum, "outer_momentum")
             flags = {"nesterov": check_bool(self.nesterov, "nesterov"), "iid": check_bool(self.iid, "iid")}
@@ -346,7 +354,6 @@ class DiLoCoConfig:
             raise _field_error("DiLoCoConfig", exc) from None
         for name, value in {**mechanisms, **sizes, **flags, "seed": seed, "dtype": dtype}.items():
             object.__setattr__(self, name, value)  # NumPy ints and dtypes become plain ints and names
-        object.__setattr__(self, "hidden_sizes", tuple(int(w) for w in hidden))
         object.__setattr__(self, "outer_lr", outer_lr)
         object.__setattr__(self, "outer_momentum", outer_momentum)
         object.__setattr__(self, "alpha", alpha)
@@ -399,16 +406,15 @@ class DiLoCoConfig:
         return drop_prob
 
     def _check_model(self) -> None:
-        """The model's name, and no setting of the other model's."""
+        """The model's name, and no setting of another model's (``diloco.core.model_kinds.MODEL_KINDS``:
+        the section each owns)."""
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if not isinstance(self.transformer, TransformerShape):
             raise TypeError(f"transformer must be a TransformerShape, got {type(self.transformer).__name__}")
-        if self.model == "mlp" and self.transformer != TransformerShape():
-            raise ValueError("transformer settings need model='transformer' (the MLP would ignore them)")
-        if self.model == "transformer" and tuple(self.hidden_sizes) != (128,):
-            raise ValueError("hidden_sizes configure the MLP: the transformer's shape is the transformer section "
-                             "(d_model, n_heads, n_layers, mlp_ratio, tied)")
+        for kind in other_kinds(self):  # another model's section stays at its default
+            if getattr(self, kind.section) != _field_default(kind.section):
+                raise ValueError(kind.section_error)
 
     @property
     def total_steps(self) -> int:

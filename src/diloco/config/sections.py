@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diloco._validation import check_nonneg_int, check_positive_int, check_real
+from diloco.core.model_kinds import MODEL_KINDS, model_kind
 from diloco.core.registry import CODECS
 
 __all__ = ["FamilyConfig", "CommSpec", "WIRE_FIELDS", "FORMATS", "PATTERNS", "TRANSFORMS", "SPARSE_BITS",
@@ -279,10 +280,7 @@ class FamilyConfig(CommSpec):
         ``DiLoCoConfig`` composes with these settings (``diloco.core``).
         """
         inner_steps = config.inner_steps
-        if config.model == "transformer":
-            layers, source = config.transformer.blocks(), f"n_layers {config.transformer.n_layers} + 2"
-        else:
-            layers, source = len(config.hidden_sizes) + 1, f"hidden_sizes {config.hidden_sizes}"
+        layers, source = model_kind(config).layers(config)
         if self.fragments > layers:
             raise ValueError(f"fragments ({self.fragments}) must not exceed the model's layers ({layers}, "
                              f"from {source})")
@@ -443,7 +441,7 @@ class AsyncConfig:
 
 # --- The model: the MLP (milestones 01-10) or a causal transformer LM (diloco.models) ---
 
-MODELS = ("mlp", "transformer")
+MODELS = tuple(MODEL_KINDS)
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,14 @@ Every model is an object with the same calls: ``diloco.models.mlp.MLPModel`` (th
 learner's MLP, its milestone functions wrapped) and ``diloco.models.TransformerModel``
 (shaped by ``config.transformer``, with the vocabulary and the window length of the
 character-level data and the run's dtype). ``model_for(config, params, encode)`` gives a
-run's model; the tables below pick it by ``config.model``, so no code outside the model
-classes branches on the model's name. Everything else (sharding, batches, inner and
-outer optimizers, codecs, synchronisers, executors, checkpoints) sees only a parameter
-dict, so it runs either model unchanged.
+run's model from its parameters, ``data_model(config, x, encode, num_classes)`` from its
+data; the tables below pick it by ``config.model``. What else differs between the models
+(the config section each owns, the flags that size it, its default context, how a study
+sets its width) is a ``ModelKind`` field in ``MODEL_KINDS`` (``diloco.core.model_kinds``,
+re-exported here), so no code outside the model classes and these tables compares a
+model's name (``tests/tooling/test_model_seam_branches.py``).
+Everything else (sharding, batches, inner and outer optimizers, codecs, synchronisers,
+executors, checkpoints) sees only a parameter dict, so it runs either model unchanged.
 
 The calls::
 
@@ -16,53 +20,27 @@ The calls::
     model.parameter_shapes(), model.parameter_count()
     model.muon_keys()                               # Muon's matrices (None: Muon's default)
     model.fragments(params, P, pattern)             # Streaming DiLoCo's fragments
-    model.metrics(params, x_eval, y_eval)           # the transformer's held-out record fields
-
-``model_of`` and ``data_model`` give None for the MLP: the form the run records and the
-tools still read (their MLP path is the milestones' held-out metrics, 28-29).
+    model.metrics(params, x_eval, y_eval)           # the held-out record fields (the MLP's: milestones 28-29)
+    model.describe(), model.activation_values(b, batches, n_eval)  # the memory checks
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from diloco.core.model_kinds import (
+    MODEL_KINDS,
+    TRANSFORMER_CONTEXT,
+    TRANSFORMER_DTYPE,
+    ModelKind,
+    model_kind,
+    other_kinds,
+    section_owner,
+)
 from diloco.model import Params
 from diloco.models.mlp import MLPModel
 
-__all__ = ["ModelKind", "MODEL_KINDS", "model_kind", "model_for", "model_of", "data_model", "fragment_units",
-           "with_model_defaults", "parameter_count", "parameter_keys", "parameter_shapes", "TRANSFORMER_CONTEXT"]
-
-TRANSFORMER_CONTEXT = 64  # the transformer's default window (docs/transformer.md); the MLP's is 6
-
-
-class ModelKind(NamedTuple):
-    """What code outside the model classes may ask of a kind of model: what it does, not its name.
-
-    Attributes
-    ----------
-    name : str
-        ``DiLoCoConfig.model``.
-    sequence_model : bool
-        True where the model reads index windows of characters and is trained and scored at
-        every position of a window (the transformer); False where each input has one label
-        (the MLP, which reads a character window's one-hot columns and predicts the next one).
-    milestone_model : bool
-        True where the learner's milestone functions are the model (the MLP): milestone 20
-        can run its workers as they are, and the fast engine steps it with its batched kernel.
-    """
-
-    name: str
-    sequence_model: bool
-    milestone_model: bool
-
-
-MODEL_KINDS = {"mlp": ModelKind("mlp", sequence_model=False, milestone_model=True),
-               "transformer": ModelKind("transformer", sequence_model=True, milestone_model=False)}
-
-
-def model_kind(config) -> ModelKind:
-    """The ``ModelKind`` of ``config.model``."""
-    return MODEL_KINDS[config.model]
+__all__ = ["ModelKind", "MODEL_KINDS", "model_kind", "other_kinds", "section_owner", "model_for", "data_model",
+           "fragment_units", "with_model_defaults", "parameter_count", "parameter_keys", "parameter_shapes",
+           "TRANSFORMER_CONTEXT", "TRANSFORMER_DTYPE"]
 
 
 def _transformer(config, vocab_size: int, context: int):
@@ -85,7 +63,7 @@ def _evaluation_engine(config) -> str:
     return "fast" if fast_transformer_available() else "reference"
 
 
-def _data_transformer(config, x, encode):
+def _data_transformer(config, x, encode, num_classes):
     vocab_size = getattr(encode, "vocab_size", None)
     if vocab_size is None or getattr(encode, "input_width", None) != x.shape[1]:
         raise ValueError("model='transformer' trains on character windows: give the character-level data "
@@ -94,13 +72,16 @@ def _data_transformer(config, x, encode):
     return _transformer(config, vocab_size, x.shape[1])
 
 
-def _no_object(config, x, encode):
-    return None
+def _data_mlp(config, x, encode, num_classes):
+    if num_classes is None:
+        raise TypeError("the MLP's output width needs num_classes (the largest label + 1)")
+    num_features = x.shape[1] if encode is None else encode.num_features  # the one-hot columns of the windows
+    return MLPModel((int(num_features), *config.hidden_sizes, int(num_classes)), config.dtype, encode)
 
 
-# config.model -> the model a run builds: from its data (None: the MLP, see data_model), from its
-# parameters, and with the shapes alone (for the parameter keys).
-_FROM_DATA = {"mlp": _no_object, "transformer": _data_transformer}
+# config.model -> the model a run builds: from its data, from its parameters, and with the shapes
+# alone (for the parameter keys).
+_FROM_DATA = {"mlp": _data_mlp, "transformer": _data_transformer}
 _FROM_PARAMS = {"mlp": lambda config, params, encode: MLPModel.of(params, encode),
                 "transformer": lambda config, params, encode: _transformer(config, params["wte"].shape[0],
                                                                            params["wpe"].shape[0])}
@@ -108,14 +89,15 @@ _SHAPED = {"mlp": lambda config: MLPModel((1, *config.hidden_sizes, 1)),  # the 
            "transformer": lambda config: _transformer(config, 1, 1)}        # nor on V or T
 
 
-def data_model(config, x, encode):
-    """The model a run of ``config`` on windows ``x`` (with ``encode``) trains, for the tools and the run
-    records: None for the MLP (their milestone path), else the ``TransformerModel``.
+def data_model(config, x, encode, num_classes: int | None = None):
+    """The model a run of ``config`` on windows ``x`` (with ``encode``) trains, before it has parameters:
+    an ``MLPModel`` of widths ``(d_in, *hidden_sizes, num_classes)`` (``d_in`` the columns of ``x``, or
+    ``encode.num_features``; ``num_classes`` is needed for it alone), or a ``TransformerModel``.
 
     The transformer reads index windows of a ``diloco.text.OneHot`` encoder's vocabulary:
     its context is their width, its vocabulary the encoder's.
     """
-    return _FROM_DATA[config.model](config, x, encode)
+    return _FROM_DATA[config.model](config, x, encode, num_classes)
 
 
 def parameter_keys(config) -> list[str]:
@@ -136,13 +118,9 @@ def parameter_count(model) -> int:
 def model_for(config, params: Params, encode=None):
     """The model of ``params`` (after initialisation): an ``MLPModel`` (reading its inputs through
     ``encode``) or a ``TransformerModel``, whose vocabulary and context are read from the embeddings'
-    shapes, so every caller that holds the params (executors, records, synchronisers) rebuilds the same model."""
+    shapes, so every caller that holds the params (executors, records, synchronisers, tools) rebuilds the
+    same model."""
     return _FROM_PARAMS[config.model](config, params, encode)
-
-
-def model_of(config, params: Params):
-    """``model_for`` in the form the run records and the tools read: None for the MLP."""
-    return None if model_kind(config).milestone_model else model_for(config, params)
 
 
 def fragment_units(config, params: Params) -> list[tuple[str, ...]]:

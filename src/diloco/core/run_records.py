@@ -24,17 +24,15 @@ from diloco._validation import (
 )
 from diloco.config import DiLoCoConfig
 from diloco.core.mechanisms import global_norm
-from diloco.core.model_seam import data_model, model_of, parameter_count, with_model_defaults
-from diloco.evaluation import classification_accuracy, communication_savings, evaluate_loss
-from diloco.model import Params, init_model_params, relu
+from diloco.core.model_seam import data_model, model_for, parameter_count, with_model_defaults
+from diloco.evaluation import communication_savings
+from diloco.model import Params
+from diloco.models.mlp import EVAL_CHUNK, MLPModel
 from diloco.sharding import iid_shard_dataset, noniid_shard_dataset
 from diloco.text import bits_per_char, perplexity
 
 __all__ = ["RoundRecord", "RoundCallback", "TrainResult", "num_values", "round_record", "prepare_training",
            "refuse_mechanisms", "shard_dataset", "finish_record", "held_out_metrics", "EVAL_CHUNK"]
-
-# Held-out windows encoded at a time by ``held_out_metrics`` (one (2048, c V) block).
-EVAL_CHUNK = 2048
 
 
 class _RoundRecordFields(TypedDict):
@@ -237,20 +235,12 @@ def _num_classes(x, y, x_eval, y_eval) -> int:
     return num_classes
 
 
-def _check_model_fits(config, model, num_features: int, num_classes: int) -> tuple[int, ...] | None:
-    """Refuse a model whose K workers' copies and states would not fit in memory; the MLP's
-    layer sizes (None for a model object)."""
-    if model is None:
-        layer_sizes = (num_features, *config.hidden_sizes, num_classes)
-        num_params = sum(a * b + b for a, b in zip(layer_sizes[:-1], layer_sizes[1:], strict=True))
-        what = f"layer sizes {layer_sizes} (C = largest label in y or y_eval + 1)"
-    else:
-        layer_sizes = None
-        num_params, what = parameter_count(model), f"the transformer {model.config}"
+def _check_model_fits(config, model) -> None:
+    """Refuse a model whose K workers' copies and states would not fit in memory."""
+    num_params = parameter_count(model)
     check_fits_in_memory(num_params * np.dtype(config.dtype).itemsize * (3 * config.num_workers + 4), "the model",
-                         f"{what}, {num_params:,} parameters, with K = {config.num_workers} workers' copies and "
-                         f"states,")
-    return layer_sizes
+                         f"{model.describe()}, {num_params:,} parameters, with K = {config.num_workers} workers' "
+                         f"copies and states,")
 
 
 def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode=None, on_round=None):
@@ -259,8 +249,8 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
     Used by ``train_diloco``, ``train_synchronous_baseline`` and the MPI backend, so for
     one seed they all start from the same shards and the same initial model. With
     ``encode``, ``x`` holds index windows of width ``encode.input_width`` and the model's
-    input width is ``encode.num_features``. With ``config.model == "transformer"`` the
-    model is ``diloco.core.model_seam.data_model``'s, initialised from the same point of
+    input width is ``encode.num_features``. The model is ``diloco.core.model_seam.data_model``'s
+    (the MLP's output width the number of classes), initialised from the same point of
     the rng stream (after the shards), and the returned config carries what the model
     fixes (``with_model_defaults``: Muon's matrices). ``on_round``, if given, is only checked to be
     callable (a trainer's callback, refused before any training).
@@ -277,20 +267,18 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
     """
     config = check_args.diloco_config(config)
     _check_train_data(x, y, config)
-    num_features = x.shape[1] if encode is None else check_args.encoder(encode, x.shape[1])
+    if encode is not None:
+        check_args.encoder(encode, x.shape[1])
     if (x_eval is None) != (y_eval is None):
         raise ValueError("x_eval and y_eval must be given together")
     if on_round is not None and not callable(on_round):
         raise TypeError(f"on_round must be callable (a function of the round's record), got {type(on_round).__name__}")
     num_classes = _num_classes(x, y, x_eval, y_eval)
-    model = data_model(config, x, encode)  # None: the MLP
-    layer_sizes = _check_model_fits(config, model, num_features, num_classes)
+    model = data_model(config, x, encode, num_classes)
+    _check_model_fits(config, model)
     rng = np.random.default_rng(config.seed) if rng is None else check_generator(rng)
     shards = shard_dataset(x, y, config, rng)
-    if model is None:
-        params = init_model_params(layer_sizes, rng, dtype=np.dtype(config.dtype))
-    else:
-        params = model.init_params(rng)
+    params = model.init_params(rng)  # the MLP's: milestone 01, after the shards as always
     return with_model_defaults(config, params), rng, shards, params
 
 
@@ -311,39 +299,12 @@ def shard_dataset(x, y, config: DiLoCoConfig, rng) -> list:
     return noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
 
 
-def held_out_metrics(params: Params, x_eval, y_eval, encode=None, model=None) -> tuple[float, float]:
-    """``(evaluate_loss, classification_accuracy)`` of ``params`` on held-out data.
-
-    Without ``encode`` these are milestones 28 and 29 on the whole array. With an encoder
-    that has ``first_layer`` (``diloco.text.OneHot``) and a model with a hidden layer, the
-    first layer's pre-activation is gathered from the index windows (no one-hot matrix),
-    ``relu`` (milestone 02) applied once, and milestones 28 and 29 run on the remaining
-    layers. With another encoder, the windows are encoded ``EVAL_CHUNK`` rows at a time.
-    Either way the chunks' means are combined, weighted by their sizes, so no dense
-    ``(n, c V)`` matrix is ever built. With a ``model`` (the transformer), its ``metrics``.
-    """
-    if model is not None:
-        return model.metrics(params, x_eval, y_eval)
-    if encode is None:
-        return evaluate_loss(params, x_eval, y_eval), classification_accuracy(params, x_eval, y_eval)
-    dtype = next(iter(params.values())).dtype
-    gather, layers = getattr(encode, "first_layer", None), len(params) // 2
-    if gather is not None and layers >= 2:  # a hidden layer to apply relu to
-        rest = {f"{kind}{layer - 1}": params[f"{kind}{layer}"] for layer in range(2, layers + 1) for kind in "Wb"}
-
-        def inputs(x_chunk):
-            return relu(gather(x_chunk, params["W1"]) + params["b1"])
-    else:
-        rest = params
-
-        def inputs(x_chunk):
-            return encode(x_chunk, dtype)
-    loss_sum = correct = 0.0
-    for start in range(0, len(y_eval), EVAL_CHUNK):
-        x_chunk, y_chunk = inputs(x_eval[start:start + EVAL_CHUNK]), y_eval[start:start + EVAL_CHUNK]
-        loss_sum += evaluate_loss(rest, x_chunk, y_chunk) * len(y_chunk)
-        correct += classification_accuracy(rest, x_chunk, y_chunk) * len(y_chunk)
-    return loss_sum / len(y_eval), correct / len(y_eval)
+def held_out_metrics(params: Params, x_eval, y_eval, encode=None) -> tuple[float, float]:
+    """The MLP's ``(evaluate_loss, classification_accuracy)`` of ``params`` on held-out data, reading
+    its inputs through ``encode``: ``diloco.models.mlp.MLPModel.metrics`` (milestones 28 and 29, the
+    windows ``EVAL_CHUNK`` rows at a time, no dense one-hot matrix). A run's records ask its model
+    (``model_for``), whichever it is."""
+    return MLPModel.of(params, encode).metrics(params, x_eval, y_eval)
 
 
 def finish_record(record: RoundRecord, round_index: int, config, params, x_eval, y_eval, history: list, *,
@@ -360,8 +321,8 @@ def finish_record(record: RoundRecord, round_index: int, config, params, x_eval,
     if x_eval is None:
         record["eval_loss"] = record["eval_accuracy"] = record["eval_perplexity"] = record["eval_bits"] = None
     else:
-        record["eval_loss"], record["eval_accuracy"] = held_out_metrics(params, x_eval, y_eval, encode,
-                                                                        model_of(config, params))
+        record["eval_loss"], record["eval_accuracy"] = model_for(config, params, encode).metrics(params, x_eval,
+                                                                                                 y_eval)
         record["eval_perplexity"] = perplexity(record["eval_loss"])
         record["eval_bits"] = bits_per_char(record["eval_loss"])
     history.append(record)

@@ -15,11 +15,12 @@ What a core executor calls, per worker-step and per evaluation::
     MuonConfig(keys=model.muon_keys())                       # Muon on the hidden matrices
     model.blocks(), model.fragments(params, P, pattern)      # Streaming's fragment units, fragments
     model.parameter_shapes(), model.parameter_count()
+    model.describe(), model.activation_values(b, batches, n_eval)  # the memory checks' words and sizes
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -150,7 +151,23 @@ class TransformerModel:
         return transformer_param_shapes(self.config)
 
     def parameter_count(self) -> int:
-        return sum(int(np.prod(shape)) for shape in self.parameter_shapes().values())
+        """The number of parameters, without listing every block (``--n-layers 1000000000``): a one-block
+        model's table, plus each further block's share (two blocks' table minus one's)."""
+        one, two = (sum(int(np.prod(shape)) for shape in
+                        transformer_param_shapes(replace(self.config, n_layers=n)).values()) for n in (1, 2))
+        return one + (self.config.n_layers - 1) * (two - one)
+
+    def describe(self) -> str:
+        """The model as the memory check names it."""
+        return f"the transformer {self.config}"
+
+    def activation_values(self, batch_size: int, batches: int, num_eval: int) -> int:
+        """Values held by activations at once, roughly (``diloco.tools.cli.preflight.estimate_memory``): one
+        batch and one held-out chunk of windows (``batches``, the workers stepped at once, not counted), per
+        token and block its cache (about 16 d) and attention probabilities (2 h T), and the logits (3 V)."""
+        cfg = self.config
+        per_token = cfg.n_layers * (16 * cfg.d_model + 2 * cfg.n_heads * cfg.context) + 3 * cfg.vocab_size
+        return (batch_size + min(num_eval, self.eval_chunk)) * cfg.context * per_token
 
     def fragments(self, params: Params, count: int, pattern: str) -> list[tuple[str, ...]]:
         """Streaming DiLoCo's fragments: unions of ``blocks()`` (``block_fragment_keys``)."""

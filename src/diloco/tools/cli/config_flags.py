@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from diloco.core.model_seam import MODEL_KINDS, TRANSFORMER_DTYPE
 from diloco.core.registry import INNER_OPTIMIZERS
 from diloco.tools.cli.arg_types import positive_finite
 from diloco.tools.cli.async_flags import add_async_flags
@@ -48,7 +49,7 @@ CONFIG_FLAGS = {
                                                          "weight matrices with AdamW on the biases (MuLoCo), "
                                                          "SGD with momentum --beta1, or one a plugin registered "
                                                          "in diloco.core.registry.INNER_OPTIMIZERS"}),
-    "model": (("--model",), {"choices": ("mlp", "transformer"),
+    "model": (("--model",), {"choices": tuple(MODEL_KINDS),
                              "help": "the MLP of the milestones (mlp, default) or a causal transformer language "
                                      "model (transformer: --data shakespeare only; docs/transformer.md)"}),
     "engine": (("--engine",), {"choices": ("reference", "fast"),
@@ -85,7 +86,6 @@ TRANSFORMER_FLAGS = {
     "tied": (("--tied",), {"action": argparse.BooleanOptionalAction,
                            "help": "output head tied to the token embedding (default) or its own (--no-tied)"}),
 }
-TRANSFORMER_DTYPE = "float32"  # the transformer's default dtype: float32 for speed (float64 for the checks)
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:

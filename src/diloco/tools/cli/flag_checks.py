@@ -39,7 +39,6 @@ import numpy as np
 from diloco.config.sections import WIRE_FIELDS
 from diloco.core.codecs import codec_for
 from diloco.core.model_seam import data_model, model_kind, parameter_shapes
-from diloco.models.mlp import MLPModel
 from diloco.tools.cli.config_file import run_data_name
 from diloco.tools.cli.errors import CliError
 
@@ -80,9 +79,8 @@ def _given(args, name: str):
 
 
 def _largest_tensor(config, data) -> int:
-    """The most values one tensor of the run's model holds (the MLP's widths as the data gives them)."""
-    model = data_model(config, data.x_train, data.encode) or MLPModel(
-        (data.x_train.shape[1], *config.hidden_sizes, data.num_classes))
+    """The most values one tensor of the run's model holds."""
+    model = data_model(config, data.x_train, data.encode, data.num_classes)
     return max(int(np.prod(shape)) for shape in parameter_shapes(model).values())
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from diloco.config import DiLoCoConfig
 from diloco.config.sections import WIRE_FIELDS, AsyncConfig, FamilyConfig
+from diloco.core.model_seam import MODEL_KINDS, model_kind, section_owner
 from diloco.core.netsim import parse_bandwidth, parse_duration
 from diloco.data import (
     DIGITS_PROVENANCE,
@@ -30,7 +31,6 @@ from diloco.tools.cli.config_flags import (
     DEFAULT_MAX_LOSS,
     INNER_FLAGS,
     MUON_FLAGS,
-    TRANSFORMER_DTYPE,
     TRANSFORMER_FLAGS,
     add_config_flags,
     add_data_flags,
@@ -132,16 +132,16 @@ def _model_changes(args, config: DiLoCoConfig, changes: dict) -> dict:
     otherwise, and the MLP widths of a study's defaults dropped (``--hidden-sizes`` is refused)."""
     shape = {name: getattr(args, f"transformer_{name}") for name in TRANSFORMER_FLAGS
              if getattr(args, f"transformer_{name}", None) is not None}
-    model = changes.get("model", config.model)
-    if shape and model != "transformer":
+    kind, owner = MODEL_KINDS[changes.get("model", config.model)], section_owner("transformer")
+    if shape and kind is not owner:
         given = ", ".join(TRANSFORMER_FLAGS[name][0][0] for name in shape)
-        raise CliError(f"{given} configure(s) the transformer: add --model transformer")
+        raise CliError(f"{given} configure(s) the transformer: add --model {owner.name}")
     out = {"transformer": shape} if shape else {}
-    if model == "transformer" and config.model != "transformer":
-        if "dtype" not in changes:
-            out["dtype"] = TRANSFORMER_DTYPE
-        if "hidden_sizes" not in changes:  # a study's MLP widths: not the transformer's (a flag's are refused)
-            out["hidden_sizes"] = DiLoCoConfig().hidden_sizes
+    if kind is not model_kind(config):  # --model changes the model: what the new one sets, unless given
+        if kind.flag_dtype is not None and "dtype" not in changes:
+            out["dtype"] = kind.flag_dtype
+        defaults = DiLoCoConfig()  # a study's MLP widths: not the transformer's (a flag's are refused)
+        out.update({name: getattr(defaults, name) for name in kind.flag_resets if name not in changes})
     return out
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from diloco.config import NONIID_SPLITS, OUTER_OPTIMIZER_NAMES
-from diloco.core.model_seam import TRANSFORMER_CONTEXT
+from diloco.config import NONIID_SPLITS, OUTER_OPTIMIZER_NAMES, DiLoCoConfig
+from diloco.core.model_seam import MODEL_KINDS
 from diloco.tools.cli.errors import CliError
 
 __all__ = ["MECHANISM_FLAGS", "add_mechanism_flags", "mechanism_changes", "add_text_flags", "load_text_dataset",
@@ -76,7 +76,7 @@ def text_sizes(args) -> tuple[int, int]:
     """``(--context, --eval-windows)`` of ``--data shakespeare``, their defaults filled in, checked positive."""
     context, eval_windows = (getattr(args, name, None) for name in ("context", "eval_windows"))
     if context is None:
-        context = TRANSFORMER_CONTEXT if getattr(args, "model", None) == "transformer" else 6
+        context = MODEL_KINDS[getattr(args, "model", None) or DiLoCoConfig().model].default_context
     eval_windows = 8192 if eval_windows is None else eval_windows
     for flag, value in (("--context", context), ("--eval-windows", eval_windows)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

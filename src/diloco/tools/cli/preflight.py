@@ -23,13 +23,12 @@ text's length and vocabulary alone, so ``--context 1000000`` (15 GB of windows) 
 from __future__ import annotations
 
 import inspect
-from dataclasses import replace
 
 import numpy as np
 
 from diloco._validation import available_memory
 from diloco.config import DiLoCoConfig
-from diloco.core.model_seam import data_model
+from diloco.core.model_seam import data_model, model_kind, parameter_count
 from diloco.core.schedule import check_speeds
 from diloco.data import Dataset
 from diloco.loop import prepare_training
@@ -62,10 +61,6 @@ def check_run_count(runs: int, rounds: int = 1, *, flag: str = "--seeds") -> Non
                        f"records alone, but only {shown_bytes(available)} is available; use fewer")
 
 
-def _num_params(layer_sizes) -> int:
-    return sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(layer_sizes[:-1], layer_sizes[1:], strict=True))
-
-
 # Parameter-sized arrays a run holds besides the workers' own (``_copies``): the global params, the
 # outer momentum and the last round's pseudo-gradient (3), round 0's params and outer momentum,
 # which the driver keeps referenced for the whole run (2), and one reference AdamW step's new
@@ -96,27 +91,7 @@ def _copies(config, params: int, checkpointing: bool) -> int:
     return copies
 
 
-def _transformer_parameters(model) -> int:
-    """The transformer's parameter count without listing every block (``--n-layers 1000000000``):
-    a one-block model's table, plus each further block's share (two blocks' table minus one's)."""
-    from diloco.models.transformer import transformer_param_shapes
-
-    cfg = model.config
-    one, two = (sum(int(np.prod(shape)) for shape in transformer_param_shapes(replace(cfg, n_layers=n)).values())
-                for n in (1, 2))
-    return one + (cfg.n_layers - 1) * (two - one)
-
-
-def _transformer_activations(model, windows: int) -> int:
-    """Values ``windows`` windows of T tokens hold through the transformer at once: per token and
-    block its cache (about 16 d) and attention probabilities (2 h T), and the logits (3 V)."""
-    cfg = model.config
-    per_token = cfg.n_layers * (16 * cfg.d_model + 2 * cfg.n_heads * cfg.context) + 3 * cfg.vocab_size
-    return windows * cfg.context * per_token
-
-
-def estimate_memory(config: DiLoCoConfig, num_features: int, num_classes: int, num_eval: int,
-                    *, checkpointing: bool = True, model=None) -> tuple[int, str]:
+def estimate_memory(config: DiLoCoConfig, model, num_eval: int, *, checkpointing: bool = True) -> tuple[int, str]:
     """Peak bytes a run needs beyond its data, roughly, and how the figure is made.
 
     With ``P`` parameters of ``b`` bytes and ``K`` workers, a run holds ``5K + 15``
@@ -130,26 +105,21 @@ def estimate_memory(config: DiLoCoConfig, num_features: int, num_classes: int, n
     moments, 2K, and their own params, K more, when a checkpoint needs them,
     ``keeps_worker_starts``) and, while it writes it, the serialised copy (the kept arrays
     and 2); on the fast engine the kept round is a copy made beside the one it replaces
-    (3K). Activations: a batch through the widest layers (4 arrays of
+    (3K). Activations: the ``model``'s (``diloco.core.model_seam.data_model``)
+    ``activation_values``: the MLP's a batch through the widest layers (4 arrays of
     ``batch * sum(widths)``; K batches on the fast engine) and the held-out set through the
-    model at once (3 arrays of ``n_eval * max(width)``). A round keeps every worker's
+    model at once (3 arrays of ``n_eval * max(width)``); the transformer's one batch and one
+    held-out chunk through it. A round keeps every worker's
     per-step loss (``K H`` float64s), and the history a record per round (with one loss per
     worker). Not counted: the state a family mechanism adds (error-feedback residuals,
     eager updates' copies, asynchronous starts). Python ints, so absurd sizes do not
     overflow. It is 1.0-1.3x the peaks tracemalloc measures (tests/tooling/test_memory_estimate.py).
-    With a ``model`` (the transformer, ``diloco.core.model_seam``) the parameters are its own and
-    the activations those of one batch and one held-out chunk through it (``_transformer_activations``).
     """
-    widths = (num_features, *config.hidden_sizes, num_classes)
     itemsize = np.dtype(config.dtype).itemsize
-    params = _num_params(widths) if model is None else _transformer_parameters(model)
+    params = parameter_count(model)
     workers = config.num_workers
     copies = _copies(config, params, checkpointing)
-    batches = workers if config.engine == "fast" else 1
-    if model is None:
-        activations = 4 * batches * config.batch_size * sum(widths) + 3 * num_eval * max(widths)
-    else:
-        activations = _transformer_activations(model, config.batch_size + min(num_eval, model.eval_chunk))
+    activations = model.activation_values(config.batch_size, workers if config.engine == "fast" else 1, num_eval)
     step_losses = 8 * workers * config.inner_steps
     history = config.rounds * (RECORD_BYTES + 32 * workers)
     total = itemsize * (copies * params + activations) + step_losses + history
@@ -177,17 +147,15 @@ def check_run(config: DiLoCoConfig, data: Dataset, *, checkpointing: bool = True
     except ValueError as exc:
         raise CliError(f"{prefix}workers' speeds (--step-times, --speed-spread, --straggler-factor): {exc}") from None
     try:
-        model = data_model(config, data.x_train, data.encode)  # None: the MLP
+        model = data_model(config, data.x_train, data.encode, data.num_classes)
     except ValueError as exc:
         raise CliError(f"{prefix}cannot train: {exc}") from None
-    needed, how = estimate_memory(config, data.x_train.shape[1], data.num_classes, len(data.y_test),
-                                  model=model, checkpointing=checkpointing)
+    needed, how = estimate_memory(config, model, len(data.y_test), checkpointing=checkpointing)
     available = available_memory()
     if available is not None and needed > available:
         raise CliError(f"{prefix}this run needs about {shown_bytes(needed)} of memory ({how}) but only "
-                       f"{shown_bytes(available)} is available; use a smaller "
-                       f"{'--hidden-sizes' if model is None else '--d-model or --n-layers'}, fewer workers, fewer "
-                       f"inner steps (-H) or a smaller --batch-size")
+                       f"{shown_bytes(available)} is available; use a smaller {model_kind(config).size_flags}, "
+                       f"fewer workers, fewer inner steps (-H) or a smaller --batch-size")
     try:
         prepare_training(data.x_train, data.y_train, config, data.x_test, data.y_test, encode=data.encode)
     except (TypeError, ValueError) as exc:
@@ -216,15 +184,14 @@ def check_text_run(args, config: DiLoCoConfig) -> None:
     train, held = max(cut - context, 0), min(eval_windows, max(len(text) - cut - context, 0))
     windows = 4 * context * (train + held) * (1 + (np.dtype(config.dtype).itemsize != 4))  # float32, then cast
     try:
-        model = data_model(config, np.empty((0, context), np.float32), SimpleNamespace(vocab_size=vocab,
-                                                                                       input_width=context))
+        model = data_model(config, np.empty((0, context), np.float32),
+                           SimpleNamespace(vocab_size=vocab, input_width=context, num_features=context * vocab), vocab)
     except ValueError as exc:
         raise CliError(f"cannot train: {exc}") from None
-    needed, how = estimate_memory(config, context * vocab, vocab, held, model=model)
+    needed, how = estimate_memory(config, model, held)
     available = available_memory()
     if available is not None and windows + needed > available:
         raise CliError(f"this run needs about {shown_bytes(windows + needed)} of memory ({train + held:,} windows "
                        f"of {context:,} characters, {shown_bytes(windows)}; the run: {how}) but only "
-                       f"{shown_bytes(available)} is available; use a smaller --context"
-                       f"{'' if model is None else ', --d-model or --n-layers'}, fewer workers or a smaller "
-                       f"--batch-size")
+                       f"{shown_bytes(available)} is available; use a smaller {model_kind(config).text_size_flags}, "
+                       f"fewer workers or a smaller --batch-size")

@@ -29,6 +29,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from diloco.config import DiLoCoConfig
+from diloco.core.model_seam import MODEL_KINDS
 from diloco.core.netsim import all_reduce_seconds
 from diloco.tools.studies.summaries import TASKS, load_summaries
 
@@ -78,7 +80,8 @@ def token_unit(summary: dict) -> str:
 def tokens_per_step(summary: dict, row: dict) -> int:
     """Tokens (``token_unit``: examples for MNIST-1D) one worker trains on in one step of ``row``'s arm."""
     config = {**summary["config"], **{k: v for k, v in row.get("changes", {}).items() if not isinstance(v, dict)}}
-    per_example = summary["data"].get("context", 1) if config.get("model") == "transformer" else 1
+    sequence_model = MODEL_KINDS[config.get("model", DiLoCoConfig().model)].sequence_model  # scored at every position
+    per_example = summary["data"].get("context", 1) if sequence_model else 1
     return int(config["batch_size"]) * int(per_example)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
-from diloco.core.model_seam import model_of
+from diloco.core.model_seam import model_for, model_kind
 from diloco.corpus.shard_divergence import run_split_divergence
 from diloco.tools.runs.atomic_files import atomic_write_text, write_json
 from diloco.tools.studies.ablations import Arm, fast_engine_available, trainer
@@ -175,8 +175,8 @@ def _train_arm(arm: Arm, config: DiLoCoConfig, seed: int, dataset, engine: str, 
                    on_round=on_round, **extra)
     outcome = outcome_of(arm, seed, config, result.history, time.perf_counter() - start, engine)
     outcome = _with_divergence(outcome, config, dataset, encode)
-    model = model_of(config, result.params)
-    if model is not None:  # the transformer: its held-out loss at each position of a window
+    if model_kind(config).sequence_model:  # its held-out loss at each position of a window
+        model = model_for(config, result.params)
         outcome["eval_position_loss"] = [float(v) for v in model.position_losses(result.params, dataset.x_test,
                                                                                  dataset.y_test)]
     return outcome

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
+from diloco.core.model_seam import model_kind
 from diloco.tools.studies.paper_runs import (
     INNER_LR,
     MUON_LR,
@@ -424,9 +425,7 @@ GLOBAL_BATCH = 256  # data parallelism: 8 workers x 32; DiLoCo with K workers: 2
 
 def _width(base: DiLoCoConfig, width: int) -> dict:
     """The model at ``width``: the MLP's hidden width, or the transformer's d_model (its heads kept)."""
-    if base.model == "transformer":
-        return {"transformer": {"d_model": width}}
-    return {"hidden_sizes": (width,)}
+    return model_kind(base).width(width)
 
 
 def _scaling_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
