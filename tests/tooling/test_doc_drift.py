@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -130,8 +131,10 @@ def test_make_test_m_runs_the_marker_expression(tmp_path):
     """`make test M="m26 and not slow"` reaches pytest as one quoted argument."""
     shutil.copy(TEMPLATE_DIR / "Makefile", tmp_path / "Makefile")
     (tmp_path / "pyproject.toml").touch()
+    # Not the variables of a make this suite runs under (`make test JOBS=3` passes JOBS down in MAKEFLAGS).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "JOBS", "M")}
     for makefile_dir in (tmp_path, ROOT):
-        out = subprocess.run(["make", "-n", "-s", "test", "M=m26 and not slow"], cwd=makefile_dir,
+        out = subprocess.run(["make", "-n", "-s", "test", "M=m26 and not slow"], cwd=makefile_dir, env=env,
                              capture_output=True, text=True, check=True).stdout.strip().splitlines()
         assert out[-1] == ".venv/bin/python -m pytest -m 'm26 and not slow'", (makefile_dir, out)
 
