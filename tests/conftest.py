@@ -20,6 +20,8 @@
 * In a learner workspace, the property tests of a milestone that is still a stub (or
   that needs one) do not shrink or explain their failing example: every example fails the
   same way, with the stub's NotImplementedError, and shrinking it only costs seconds.
+* SIGINT, SIGTERM and SIGHUP are set back to their defaults where the suite was started
+  ignoring them (a shell script's background job): the commands the tests signal inherit them.
 * ``make test`` runs the suite on two processes (pytest-xdist, ``--dist loadfile``): each
   test file runs whole on one process, so its module-scoped fixtures are built once, and the
   files holding a ``slow`` test are handed out first, so no long file starts last. Tests that
@@ -78,6 +80,20 @@ def _is_unit_marker(name: str) -> bool:
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "examples(fraction): run this Hypothesis test with that fraction of the profile's examples")
+    _stop_signals_not_ignored()
+
+
+def _stop_signals_not_ignored() -> None:
+    """SIGINT, SIGTERM and SIGHUP at their defaults in this process, so the ``diloco`` commands the tests
+    start inherit no ignored stop signal: ``diloco`` keeps a signal it was started ignoring ignored
+    (``nohup``), and a suite started as a shell script's background job would otherwise find the
+    SIGINT it sends to a run ignored."""
+    import signal
+
+    for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL),
+                            (signal.SIGHUP, signal.SIG_DFL)):
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, default)
 
 
 def _slow_files_first(config, items) -> None:

@@ -36,14 +36,17 @@ def diloco(*argv, **kwargs):
                             stderr=subprocess.PIPE, text=True, env=ENV, **kwargs)
 
 
-def wait_for_rounds(runs_dir: Path, rounds: int, timeout: float = 60) -> Path:
+def wait_for_rounds(runs_dir: Path, rounds: int, timeout: float = 60, proc=None) -> Path:
+    """The run folder once its history holds ``rounds`` rounds; fails at once if ``proc`` has ended."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         folders = list(runs_dir.glob("*/history.jsonl")) if runs_dir.is_dir() else []
         if folders and len(folders[0].read_bytes().splitlines()) >= rounds:
             return folders[0].parent
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run ended with status {proc.returncode}: {proc.stderr.read()}")
         time.sleep(0.05)
-    raise AssertionError("the run did not start")
+    raise AssertionError(f"the run's history did not reach {rounds} rounds in {timeout} s")
 
 
 def without_time(records):
@@ -143,6 +146,34 @@ def test_a_signal_mid_run_is_interrupted_with_the_resume_command_that_finishes_i
     assert resumed.returncode == 0, resumed.stderr
     want = read_jsonl(next((tmp_path / "clean").iterdir()) / "history.jsonl")
     assert without_time(read_jsonl(run_dir / "history.jsonl")) == without_time(want)
+
+
+def _ignoring(*signums):
+    """A Popen ``preexec_fn``: the child starts with these signals ignored, as ``nohup`` (SIGHUP) and a
+    shell script's background job (SIGINT) start it."""
+    def preexec():
+        for signum in signums:
+            signal.signal(signum, signal.SIG_IGN)
+    return preexec
+
+
+@pytest.mark.parametrize("ignored", [signal.SIGHUP, signal.SIGINT])
+def test_a_signal_the_run_was_started_ignoring_stays_ignored_and_the_others_still_stop_it(ignored, tmp_path):
+    """``nohup diloco train ...`` keeps training when its terminal closes: a signal ignored at start
+    is left ignored (as Python leaves an ignored SIGINT), while SIGTERM still stops the run as usual."""
+    proc = diloco(*LONG, "--runs-dir", tmp_path, preexec_fn=_ignoring(ignored))
+    try:
+        run_dir = wait_for_rounds(tmp_path, 2)
+        proc.send_signal(ignored)
+        seen = len((run_dir / "history.jsonl").read_bytes().splitlines())
+        wait_for_rounds(tmp_path, seen + 50, proc=proc)  # the run goes on: handled, the signal would end it
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.startswith("diloco train: interrupted by SIGTERM; round "), err
+    assert json.loads((run_dir / "summary.json").read_text())["signal"] == "SIGTERM"
 
 
 # From the first import on: a signal at each of these moments after the process starts.

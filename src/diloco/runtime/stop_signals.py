@@ -84,12 +84,17 @@ def _stop(signum: int) -> Stopped:
 
 
 def install() -> bool:
-    """Put the handler on every stop signal (``"exit"`` mode); False outside the main thread."""
+    """Put the handler on every stop signal (``"exit"`` mode); False outside the main thread.
+
+    A signal the process was started ignoring stays ignored, as Python leaves an ignored SIGINT:
+    ``nohup diloco train ...`` keeps training when its terminal closes (SIGHUP), and a shell
+    script's background job is not stopped by the Ctrl-C meant for the script."""
     if _state["mode"] is None:
         previous = {}
         try:
             for signum in SIGNALS:
-                previous[signum] = _signal.signal(signum, _handler)
+                if _signal.getsignal(signum) != _signal.SIG_IGN:
+                    previous[signum] = _signal.signal(signum, _handler)
         except ValueError:  # not the main thread
             for signum, handler in previous.items():
                 _signal.signal(signum, handler)
