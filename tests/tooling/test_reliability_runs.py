@@ -181,10 +181,22 @@ EARLY = [(signal.SIGINT, d) for d in (0.02, 0.05, 0.15, 0.3, 0.5, 0.8, 1.2, 1.8)
     (signal.SIGTERM, d) for d in (0.1, 0.6, 1.4)] + [(signal.SIGHUP, d) for d in (0.1, 0.6, 1.4)]
 
 
-# The ``diloco`` script, once the interpreter is up and has begun importing diloco (a signal in Python's own
-# start-up, or in the millisecond before diloco's first line runs, is Python's): it says "ready", then imports it.
-SCRIPT = "import sys\nprint('ready', flush=True)\nsys.argv = ['diloco', *sys.argv[1:]]\n" \
-         "from diloco.tools.cli.main import main\nraise SystemExit(main())\n"
+# The ``diloco`` script, from the moment its handlers are in place (a signal in Python's own start-up, or in
+# the millisecond before diloco's first line has run, is Python's): a thread says "ready" as soon as all three
+# signals have left Python's defaults, while the main thread imports diloco and runs the command. The moments
+# below count from there, so a busy machine that is slow to start the interpreter does not move them earlier.
+SCRIPT = """import sys, threading, time, _signal
+STOPS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
+DEFAULTS = [_signal.getsignal(s) for s in STOPS]
+def ready():
+    while any(_signal.getsignal(s) is d for s, d in zip(STOPS, DEFAULTS)):
+        time.sleep(0.0001)
+    print('ready', flush=True)
+threading.Thread(target=ready, daemon=True).start()
+sys.argv = ['diloco', *sys.argv[1:]]
+from diloco.tools.cli.main import main
+raise SystemExit(main())
+"""
 
 
 @pytest.mark.slow
