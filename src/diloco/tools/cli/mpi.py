@@ -51,6 +51,7 @@ import numpy as np
 
 from diloco._validation import milestone
 from diloco.config import DiLoCoConfig
+from diloco.core.deadline import exit_after
 from diloco.core.driver import train
 from diloco.core.executors import RoundTimeout, replacement_start
 from diloco.core.hooks import Guard, NetworkTimer, callbacks
@@ -422,26 +423,16 @@ FINALIZE_SECONDS = 20.0
 
 def _finalize_within(seconds: float, code: int) -> None:
     """``MPI_Finalize``; if it has not returned after ``seconds``, the process exits with ``code``
-    (its outputs are written and flushed by then), so that a finished job never hangs.
+    (its outputs are written and flushed by then; ``diloco.core.deadline.exit_after``), so that a
+    finished job never hangs.
 
-    mpi4py's ``MPI.Finalize`` keeps the GIL, so a timer thread could not run: the call goes through
+    mpi4py's ``MPI.Finalize`` keeps the GIL, so the timer thread could not run: the call goes through
     ctypes, which lets it go (mpi4py's own finalize at exit then sees MPI finalized and skips).
     """
-    import os
-    import threading
-
-    def leave() -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
     sys.stdout.flush()
     sys.stderr.flush()
-    timer = threading.Timer(seconds, leave)
-    timer.daemon = True
-    timer.start()
-    _finalize_without_the_gil()
-    timer.cancel()
+    with exit_after(seconds, code):
+        _finalize_without_the_gil()
 
 
 def _finalize_without_the_gil() -> None:
