@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,10 @@ from diloco.tools.cli.flags import build_config  # noqa: E402
 from diloco.tools.cli.main import build_parser  # noqa: E402
 
 
-def run_mpi(processes: int, *flags: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_mpi(processes: int, *flags: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [mpiexec(), "-n", str(processes), sys.executable, "-m", "diloco.tools.cli.mpi", *flags],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
+        cwd=cwd, capture_output=True, text=True, timeout=300, env=env,
     )
 
 
@@ -149,3 +150,48 @@ def test_a_rank_that_sets_up_after_the_record_is_written_still_trains(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert len(json.loads((tmp_path / "run.json").read_text())["history"]) == 2
+
+
+# --- a plugin's parts in every rank: --plugin (tests/tooling/plugins: Lion, random-k) ---
+
+PLUGIN_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                                           os.environ.get("PYTHONPATH", "")])}
+PLUGGED = [("--inner-optimizer", "lion", "--compress", "randk:fraction=0.5", "--error-feedback"),
+           ("--algo", "sync", "--inner-optimizer", "lion")]
+
+
+@pytest.mark.parametrize("flags", PLUGGED, ids=["lion-randk", "sync-lion"])
+def test_the_mpi_command_loads_a_plugin_in_every_rank_and_runs_it_bit_for_bit(flags, tmp_path):
+    """``--plugin plugins.enable`` registers Lion and random-k in each rank before the flags are read;
+    the ranks' run equals the single-process run with the plugin registered, bit for bit."""
+    import plugins
+
+    base = ("--rounds", "2", "-H", "3", "--hidden-sizes", "8", "--seed", "1")
+    done = run_mpi(2, "--plugin", "plugins.enable", *base, *flags, "--save-params", "params.npz", cwd=tmp_path,
+                   env=PLUGIN_ENV)
+    assert done.returncode == 0, done.stderr
+    plugins.register()
+    try:
+        train_flags = [f for f in flags if f not in ("--algo", "sync")]
+        args = build_parser().parse_args(["train", "-K", "2", *base, *train_flags])
+        data = load_digits_split(0)
+        want = train("sync" if "sync" in flags else "diloco", data.x_train, data.y_train, build_config(args),
+                     x_eval=data.x_test, y_eval=data.y_test)
+        plain = train("diloco", data.x_train, data.y_train, build_config(build_parser().parse_args(
+            ["train", "-K", "2", *base])), x_eval=data.x_test, y_eval=data.y_test)
+    finally:
+        plugins.unregister()
+    with np.load(tmp_path / "params.npz") as saved:
+        assert all(saved[k].tobytes() == v.tobytes() for k, v in want.params.items())
+        assert any(saved[k].tobytes() != v.tobytes() for k, v in plain.params.items()), "the plugin changed nothing"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--inner-optimizer", "lion"), "argument --inner-optimizer: invalid choice: 'lion'"),
+    (("--plugin", "plugins.no_such_plugin", "--inner-optimizer", "lion"),
+     "cannot load --plugin plugins.no_such_plugin: ModuleNotFoundError: No module named 'plugins.no_such_plugin'"),
+], ids=["not-loaded", "missing"])
+def test_a_plugin_not_loaded_is_refused_in_one_line(flags, message, tmp_path):
+    done = run_mpi(2, "--rounds", "1", "-H", "2", *flags, cwd=tmp_path, env=PLUGIN_ENV)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr

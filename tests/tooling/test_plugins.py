@@ -2,7 +2,8 @@
 
 ``plugins/lion.py`` (Lion, one per-array rule) and ``plugins/randk.py`` (random-k with
 error feedback, drawing from the round's generator) are registered here, by name, and run
-on the reference and the fast executors. Each is checked against a hand-written step that
+on the reference and the fast executors (on MPI ranks: ``test_core.py``'s composition matrix
+and ``test_mpi.py``'s ``--plugin``). Each is checked against a hand-written step that
 shares no code with the package's lifts or collectives, and the two executors against
 each other.
 """
@@ -13,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+from tests.tooling.plugins import register, unregister
 from tests.tooling.plugins.lion import LION, LionState
 from tests.tooling.plugins.randk import RandomK
 
@@ -30,11 +32,9 @@ BASE = DiLoCoConfig(num_workers=2, inner_steps=3, rounds=2, hidden_sizes=(8,), b
 
 @pytest.fixture(autouse=True)
 def plugins():
-    INNER_OPTIMIZERS.register("lion", LION)
-    CODECS.register("randk", RandomK)
+    register()
     yield
-    INNER_OPTIMIZERS.unregister("lion")
-    CODECS.unregister("randk")
+    unregister()
 
 
 def _runs(config, algo="diloco"):

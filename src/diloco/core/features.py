@@ -1,6 +1,9 @@
 """The table of features the one core composes: the composition test's and the docs' single source.
 
-Every ``Feature`` is a flag of ``diloco train`` and the ``DiLoCoConfig`` change it makes.
+Every ``Feature`` is a flag of ``diloco train`` and the ``DiLoCoConfig`` change it makes. A
+plugin's row (``hook="plugin"``) names a part registered from outside the package
+(``diloco.core.registry``): the test registers ``tests/tooling/plugins/`` (Lion, random-k) first,
+in every MPI rank too.
 ``tests/tooling/test_core.py`` runs every feature, on every executor (reference, fast,
 MPI) and for both algorithms, and proves each cell one of two things:
 
@@ -30,7 +33,7 @@ class Feature(NamedTuple):
     flag: str
     changes: dict
     diloco_only: bool = False
-    hook: str | None = None  # a driver hook rather than a config field
+    hook: str | None = None  # a driver hook rather than a config field; "plugin": a part registered from outside
 
 
 FEATURES = (
@@ -42,6 +45,8 @@ FEATURES = (
     Feature("Muon inner optimizer", "--inner-optimizer muon", {"inner_optimizer": "muon"}),
     Feature("SGD inner optimizer", "--inner-optimizer sgd", {"inner_optimizer": "sgd"}),
     Feature("character-level LM", "--data shakespeare", {}, hook="encode"),
+    Feature("inner optimizer of a plugin (Lion)", "--inner-optimizer lion", {"inner_optimizer": "lion"},
+            hook="plugin"),
     Feature("outer Adam", "--outer-optimizer adam", {"outer_optimizer": "adam", "outer_lr": 0.05}, True),
     Feature("outer Lion", "--outer-optimizer lion", {"outer_optimizer": "lion", "outer_lr": 0.01}, True),
     Feature("heavy-ball outer momentum", "--no-nesterov", {"nesterov": False}, True),
@@ -62,6 +67,8 @@ FEATURES = (
     Feature("DeMo DCT top-k", "--topk 0.1 --topk-chunk 64 --topk-transform dct --error-feedback --topk-decay 0.9",
             {"family": {"topk": 0.1, "topk_chunk": 64, "topk_transform": "dct", "error_feedback": True,
                         "topk_decay": 0.9}}, True),
+    Feature("codec of a plugin, by name (random-k)", "--compress randk:fraction=0.25 --error-feedback",
+            {"family": {"compress": "randk:fraction=0.25", "error_feedback": True}}, True, hook="plugin"),
     Feature("streaming fragments", "--fragments 2", {"family": {"fragments": 2}}, True),
     Feature("overlap tau", "--fragments 2 --overlap 1", {"family": {"fragments": 2, "overlap": 1}}, True),
     Feature("mixing", "--fragments 2 --mix 0.5", {"family": {"fragments": 2, "mix": 0.5}}, True),
@@ -106,7 +113,10 @@ def render_matrix() -> str:
         cells = [cell(feature, algo, ex) for algo in ("diloco", "sync") for ex in EXECUTOR_NAMES]
         lines.append(f"| {feature.name} | `{feature.flag}` | " + " | ".join(cells) + " |")
     lines += ["", "Every cell holds for both models, the MLP and the transformer (`--model transformer`): the "
-              "composition test runs each.", ""]
+              "composition test runs each.", "",
+              "A plugin's row runs a part registered from outside the package (`tests/tooling/plugins/`: Lion, "
+              "random-k), in every MPI rank too (the MPI tool's `--plugin MODULE`); the DiLoCo cells also equal "
+              "the independent oracle (`tests/tooling/oracles`).", ""]
     lines += ["Refused by design, in one line (on every executor):", ""]
     lines += [f"* {feature} with {others}: {why}." for feature, others, why in REFUSED_COMBINATIONS]
     return "\n".join(lines) + "\n"

@@ -32,15 +32,12 @@ process.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import pickle
-import signal
-import sys
-import threading
 
 import numpy as np
+
+from diloco.core.deadline import exit_after
 
 __all__ = ["Membership", "ulfm_problem", "is_replacement", "join"]
 
@@ -153,49 +150,21 @@ def join() -> tuple:
 ADMISSION_EXIT = 4  # the exit status of a rank whose admission outlasted its limit (as a collective's time-out)
 
 
-@contextlib.contextmanager
 def within(limit: float | None, what: str):
     """Run the block; if it has not finished after ``limit`` seconds (None: no limit), end this process.
 
     For the admission, whose spawn, merge and point-to-point messages block and are not fault
     tolerant: a process that dies during it leaves the others waiting forever (the survivors in
     ``MPI_Comm_spawn``, a replacement already in ``MPI_Init``, whose connection to the survivors
-    never completes; Open MPI's launcher then waits for it). A timer thread prints one line and
-    exits with ``ADMISSION_EXIT`` where the call lets the GIL go; ``MPI_Init`` (mpi4py's import)
-    keeps it, so an interval timer whose signal runs libc's ``_exit`` directly (no Python, no GIL)
-    ends the process two seconds later with status 14 (``SIGALRM``'s number), silently. What the
-    run saved before the admission (its history and outputs written so far) is kept.
+    never completes; Open MPI's launcher then waits for it). ``diloco.core.deadline.exit_after``
+    prints one line and exits with ``ADMISSION_EXIT`` where the call lets the GIL go; ``MPI_Init``
+    (mpi4py's import) keeps it, so its backstop (libc's ``_exit`` on ``SIGALRM``) ends the process
+    two seconds later with status 14, silently. What the run saved before the admission (its
+    history and outputs written so far) is kept.
     """
-    if limit is None:
-        yield
-        return
-
-    def leave() -> None:
-        print(f"diloco.tools.cli.mpi: error: {what} did not finish within {limit:g} s (--round-timeout): a process "
-              f"died during the admission, which cannot be survived; this process ends", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(ADMISSION_EXIT)
-
-    timer = threading.Timer(limit, leave)
-    timer.daemon = True
-    timer.start()
-    libc = _libc()
-    backstop = libc.signal(int(signal.SIGALRM), ctypes.cast(libc._exit, ctypes.c_void_p))  # _exit(SIGALRM)
-    signal.setitimer(signal.ITIMER_REAL, limit + 2.0)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        libc.signal(int(signal.SIGALRM), backstop)  # the handler it replaced
-        timer.cancel()
-
-
-def _libc():
-    """This process's C library, with ``signal(int, handler pointer) -> previous handler pointer``."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.signal.restype = ctypes.c_void_p
-    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
-    return libc
+    return exit_after(limit, ADMISSION_EXIT, f"diloco.tools.cli.mpi: error: {what} did not finish within "
+                      f"{limit:g} s (--round-timeout): a process died during the admission, which cannot be "
+                      f"survived; this process ends" if limit is not None else None, backstop=True)
 
 
 def _ordered(merged, worker: int, MPI, spawned):

@@ -28,7 +28,7 @@ from diloco.sharding import iid_shard_dataset, noniid_shard_dataset, sample_work
 
 __all__ = ["OracleResult", "check_supported", "start", "worker_steps", "transformer", "model_of", "loss_and_grads",
            "held_out_loss", "uses_size_weights", "weighted_mean",
-           "outer_sgd", "draw_drops", "fresh_inner", "inner_sgd", "norm", "round_entry", "ring_bytes"]
+           "outer_sgd", "draw_drops", "fresh_inner", "inner_sgd", "inner_lion", "norm", "round_entry", "ring_bytes"]
 
 
 class OracleResult(NamedTuple):
@@ -42,11 +42,12 @@ def check_supported(config) -> None:
     """Refuse what the oracles do not model, rather than ignore it."""
     unsupported = {
         "lr_schedule": config.lr_schedule != "constant", "clip_norm": config.clip_norm is not None,
-        "inner_optimizer": config.inner_optimizer not in ("adamw", "sgd"),
+        "inner_optimizer": config.inner_optimizer not in ("adamw", "sgd", "lion"),
         "outer_optimizer": config.outer_optimizer != "sgd",
         "dtype": config.dtype != "float64", "noniid_split": config.noniid_split != "label",
         "comm_dtype": config.family.comm_dtype is not None, "sign_prune": config.family.sign_prune != 0,
         "topk_bits": config.family.topk_bits is not None,
+        "compress": (config.family.compress or "").partition(":")[0] not in ("", "native", "dense", "topk", "randk"),
     }
     named = [name for name, bad in unsupported.items() if bad]
     if named:
@@ -108,7 +109,8 @@ def held_out_loss(params: dict, x_eval, y_eval, config=None) -> float | None:
 
 def worker_steps(params: dict, state, shard, steps: int, config, rng) -> tuple[dict, object, list]:
     """``steps`` inner steps of one worker from ``params``: the batch, forward, loss, backward, then
-    AdamW (milestone 11) or SGD (``inner_sgd``), as ``config.inner_optimizer`` says."""
+    AdamW (milestone 11), SGD (``inner_sgd``) or Lion (``inner_lion``, the plugin's name for it), as
+    ``config.inner_optimizer`` says."""
     x_k, y_k = shard
     losses = []
     for _ in range(steps):
@@ -117,13 +119,18 @@ def worker_steps(params: dict, state, shard, steps: int, config, rng) -> tuple[d
         losses.append(loss)
         if config.inner_optimizer == "sgd":
             params, state = inner_sgd(params, state, grads, config.inner)
+        elif config.inner_optimizer == "lion":
+            params, state = inner_lion(params, state, grads, config.inner)
         else:
             params, state = adamw_step(params, state, grads, config.inner)
     return params, state, losses
 
 
 def fresh_inner(params: dict, config):
-    """A worker's first inner state: AdamW's zero moments, or SGD's ``(0 steps, no momentum yet)``."""
+    """A worker's first inner state: AdamW's zero moments, SGD's ``(0 steps, no momentum yet)`` or
+    Lion's zero momentum."""
+    if config.inner_optimizer == "lion":
+        return {key: np.zeros_like(value) for key, value in params.items()}
     return (0, None) if config.inner_optimizer == "sgd" else init_adamw_state(params)
 
 
@@ -138,6 +145,19 @@ def inner_sgd(params: dict, state: tuple, grads: dict, inner) -> tuple[dict, tup
         b = g if steps == 0 else inner.beta1 * momentum[key] + g
         new_params[key], new_momentum[key] = theta - inner.lr * b, b
     return new_params, (steps + 1, new_momentum)
+
+
+def inner_lion(params: dict, momentum: dict, grads: dict, inner) -> tuple[dict, dict]:
+    """Lion, Algorithm 2 of Chen et al. (2023, arXiv 2302.06675), with ``beta1``, ``beta2``, the
+    decoupled weight decay ``wd`` and ``lr`` of ``inner`` (the plugin ``tests/tooling/plugins/lion.py``
+    registers it as ``lion``): ``c = beta1 m + (1 - beta1) g``; ``theta <- theta - lr (sign(c) +
+    wd theta)``; ``m <- beta2 m + (1 - beta2) g``. ``momentum`` is ``{key: m}``."""
+    new_params, new_momentum = {}, {}
+    for key, theta in params.items():
+        c = inner.beta1 * momentum[key] + (1 - inner.beta1) * grads[key]
+        new_params[key] = theta - inner.lr * (np.sign(c) + inner.weight_decay * theta)
+        new_momentum[key] = inner.beta2 * momentum[key] + (1 - inner.beta2) * grads[key]
+    return new_params, new_momentum
 
 
 def draw_drops(rng, config) -> list:

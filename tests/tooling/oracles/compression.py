@@ -29,7 +29,8 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["dct_ii", "inverse_dct_ii", "kept_in_chunk", "top_positions", "compress", "message_bytes"]
+__all__ = ["dct_ii", "inverse_dct_ii", "kept_in_chunk", "top_positions", "compress", "message_bytes", "random_k",
+           "send_random_k"]
 
 
 def _dct_weight(k: int, i: int, n: int) -> float:
@@ -92,3 +93,35 @@ def send(delta: dict, residual: dict, spec) -> tuple[dict, dict]:
         sent[key] = compress(buffer, spec)
         left[key] = buffer - sent[key] if spec.error_feedback else residual[key]
     return sent, left
+
+
+def random_k(compress: str) -> float | None:
+    """The kept fraction of ``compress="randk:fraction=F"`` (the plugin codec
+    ``tests/tooling/plugins/randk.py``), None for any other codec."""
+    name, _, options = (compress or "").partition(":")
+    if name != "randk":
+        return None
+    return float(dict(item.split("=") for item in options.split(",") if item).get("fraction", 0.1))
+
+
+def send_random_k(delta: dict, residual: dict, fraction: float, error_feedback: bool, seed: int, stamp: tuple,
+                  worker: int) -> tuple[dict, dict, int]:
+    """Random-k: ``(decoded message, new buffer, message bytes)`` of one worker.
+
+    Per tensor (in order), ``e = Delta`` plus the buffer with error feedback; ``ceil(fraction N)``
+    distinct positions drawn with ``Generator.choice(N, m, replace=False)`` from worker k's
+    generator of the sync, ``default_rng(SeedSequence(seed, spawn_key=(*stamp, k)))`` with
+    ``stamp = (round, step, fragment)`` (the core's convention for a codec's draws); the rest waits in
+    the buffer. The message: an int64 position and a float64 value per kept entry."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(*stamp, worker)))
+    sent, left, size = {}, dict(residual), 0
+    for key, d in delta.items():
+        buffer = (d + residual[key] if error_feedback else d).ravel()
+        positions = rng.choice(buffer.size, math.ceil(fraction * buffer.size), replace=False)
+        kept = np.zeros_like(buffer)
+        kept[positions] = buffer[positions]
+        sent[key] = kept.reshape(d.shape)
+        if error_feedback:
+            left[key] = (buffer - kept).reshape(d.shape)
+        size += 16 * len(positions)
+    return sent, left, size

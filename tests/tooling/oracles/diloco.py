@@ -21,7 +21,8 @@ ablations and the core name them:
   the rule: ``"carry"``, its own ``theta_k`` (so its next ``Delta_k`` holds the lost
   work too), or ``"restart"``, ``theta^(t)`` like everyone else;
 * **sparse outer gradients** (``compression``): each kept worker sends ``C(e_k)`` of its
-  error-feedback buffer instead of ``Delta_k``.
+  error-feedback buffer instead of ``Delta_k``: top-k (of the DCT), or random-k
+  (``send_random_k``, a plugin's codec).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from oracles.common import (
     weighted_mean,
     worker_steps,
 )
-from oracles.compression import message_bytes, send
+from oracles.compression import message_bytes, random_k, send, send_random_k
 
 __all__ = ["diloco"]
 
@@ -52,14 +53,14 @@ def diloco(x, y, config, x_eval=None, y_eval=None, vocab_size=None) -> OracleRes
             or config.asynchrony.asynchronous:
         raise NotImplementedError("plain DiLoCo only (see oracles.streaming, .eager, .asynchronous)")
     rng, shards, theta = start(x, y, config, y_eval, vocab_size)
-    num_workers, spec = config.num_workers, config.family
+    num_workers = config.num_workers
     sizes = [len(y_k) for _, y_k in shards]
     adam = [fresh_inner(theta, config) for _ in range(num_workers)]
     momentum = {key: 0.0 * value for key, value in theta.items()}
     residual = [{key: 0.0 * value for key, value in theta.items()} for _ in range(num_workers)]
     begin = [theta] * num_workers  # where each worker starts its next round
     rounds = []
-    for _ in range(config.rounds):
+    for number in range(1, config.rounds + 1):
         streams = rng.spawn(num_workers)
         local, losses = {}, {}
         for k in range(num_workers):
@@ -71,12 +72,7 @@ def diloco(x, y, config, x_eval=None, y_eval=None, vocab_size=None) -> OracleRes
         sent_bytes = 0.0
         if kept:
             outer = {k: {key: theta[key] - local[k][key] for key in theta} for k in kept}
-            if spec.topk is not None:
-                for k in kept:
-                    outer[k], residual[k] = send(outer[k], residual[k], spec)
-                sent_bytes = float((len(kept) - 1) * message_bytes(theta, spec))
-            else:
-                sent_bytes = ring_bytes(sum(v.size for v in theta.values()), len(kept))
+            sent_bytes = _send(outer, residual, kept, theta, config, (number, config.inner_steps, 0))
             weights = [sizes[k] if uses_size_weights(config) else 1.0 for k in kept]
             delta = {key: weighted_mean([outer[k][key] for k in kept], weights) for key in theta}
             theta, momentum = outer_sgd(theta, delta, momentum, config)
@@ -86,3 +82,22 @@ def diloco(x, y, config, x_eval=None, y_eval=None, vocab_size=None) -> OracleRes
         rounds.append(round_entry(losses, theta, delta, x_eval, y_eval, config, dropped=dropped,
                                   syncs=[[config.inner_steps, sent_bytes, 0]]))
     return OracleResult(theta, rounds)
+
+
+def _send(outer: dict, residual: list, kept: list, theta: dict, config, stamp: tuple) -> float:
+    """Replace each kept worker's ``outer[k]`` by what the server decodes of it, feeding
+    ``residual[k]``; return the bytes each worker sends: top-k (of the DCT), random-k (a plugin's
+    codec, its draws stamped (round, step, fragment)), or the dense ring all-reduce."""
+    spec, fraction = config.family, random_k(config.family.compress)
+    if spec.topk is not None:
+        for k in kept:
+            outer[k], residual[k] = send(outer[k], residual[k], spec)
+        return float((len(kept) - 1) * message_bytes(theta, spec))
+    if fraction is not None:
+        sizes = []
+        for k in kept:
+            outer[k], residual[k], size = send_random_k(outer[k], residual[k], fraction, spec.error_feedback,
+                                                        config.seed, stamp, k)
+            sizes.append(size)
+        return float((len(kept) - 1) * sum(sizes) / len(kept))
+    return ring_bytes(sum(v.size for v in theta.values()), len(kept))

@@ -30,6 +30,11 @@ keeps the run's record, ``DIR/config.json`` (written atomically by rank 0 before
 as ``diloco train`` writes it), from which ``diloco train --config`` or this tool's ``--config`` runs
 it again.
 
+A part registered from outside the package (``diloco.core.registry``) reaches the ranks as it
+reaches any process, by being registered in it: ``--plugin MODULE`` imports the module that
+registers it in every rank, before the flags are read, and in a replacement too (it gets the same
+flags).
+
 Under an MPI with ULFM (Open MPI 5, ``mpiexec --with-ft ulfm``), ``--survive-failures`` makes a
 rank that dies a dropped worker, and ``--replace-failed`` starts a process in its place at the
 end of that round (``diloco.core.membership``; docs/failure-and-recovery.md).
@@ -46,6 +51,7 @@ import numpy as np
 
 from diloco._validation import milestone
 from diloco.config import DiLoCoConfig
+from diloco.core.deadline import exit_after
 from diloco.core.driver import train
 from diloco.core.executors import RoundTimeout, replacement_start
 from diloco.core.hooks import Guard, NetworkTimer, callbacks
@@ -168,7 +174,26 @@ def _parser():
                              "died in, from the global parameters and outer state (MPI_Comm_spawn)")
     add_recovery_flags(parser, resume=False)  # --max-loss
     parser.add_argument("--joining", action="store_true", help=argparse.SUPPRESS)  # a replacement (_replacement_argv)
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE in every rank (a replacement too) before the other flags are read, so "
+                             "that the parts it registers in diloco.core.registry (an inner optimizer, a codec) are "
+                             "choices of --inner-optimizer and --compress; repeatable")
     return parser
+
+
+def _load_plugins(argv: list) -> str | None:
+    """Import every ``--plugin MODULE`` of ``argv``, in order, before the flags are read (their choices
+    are the registry's then); why one could not be imported, or None."""
+    import importlib
+
+    plugins = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    plugins.add_argument("--plugin", action="append", default=[])
+    for module in plugins.parse_known_args(argv)[0].plugin:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any failure of the plugin's import is one line
+            return f"cannot load --plugin {module}: {type(exc).__name__}: {exc}"
+    return None
 
 
 def _fault_refusal(args, config) -> str | None:
@@ -358,6 +383,10 @@ def main(argv=None) -> int:
     (``diloco.core.membership.join``) and goes on as the worker it replaces.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
+    problem = _load_plugins(argv)
+    if problem:
+        print(f"diloco.tools.cli.mpi: error: {problem}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     # a replacement's MPI_Init and join wait for the survivors: if one dies meanwhile, end after --round-timeout
     with within(args.round_timeout if args.joining else None, "a replacement process: joining the survivors"):
@@ -394,26 +423,16 @@ FINALIZE_SECONDS = 20.0
 
 def _finalize_within(seconds: float, code: int) -> None:
     """``MPI_Finalize``; if it has not returned after ``seconds``, the process exits with ``code``
-    (its outputs are written and flushed by then), so that a finished job never hangs.
+    (its outputs are written and flushed by then; ``diloco.core.deadline.exit_after``), so that a
+    finished job never hangs.
 
-    mpi4py's ``MPI.Finalize`` keeps the GIL, so a timer thread could not run: the call goes through
+    mpi4py's ``MPI.Finalize`` keeps the GIL, so the timer thread could not run: the call goes through
     ctypes, which lets it go (mpi4py's own finalize at exit then sees MPI finalized and skips).
     """
-    import os
-    import threading
-
-    def leave() -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
     sys.stdout.flush()
     sys.stderr.flush()
-    timer = threading.Timer(seconds, leave)
-    timer.daemon = True
-    timer.start()
-    _finalize_without_the_gil()
-    timer.cancel()
+    with exit_after(seconds, code):
+        _finalize_without_the_gil()
 
 
 def _finalize_without_the_gil() -> None:
