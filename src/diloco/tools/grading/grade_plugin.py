@@ -85,6 +85,20 @@ def _marker(item):
     return names[0] if len(names) == 1 else None
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection_modifyitems(items):
+    """Each test file with the markers of its tests, in collection order, deselected tests
+    included (their markers as they are once every hook has run; ``None`` for a test with no
+    single one): the grader collects only the files it needs in its later waves
+    (``grade_waves.wave_files``)."""
+    every = list(items)
+    yield
+    files = {}
+    for item in every:
+        files.setdefault(item.nodeid.split("::", 1)[0], set()).add(_marker(item))
+    _write({"kind": "files", "files": [[name, sorted(markers, key=str)] for name, markers in files.items()]})
+
+
 def pytest_collection_finish(session):
     _write({"kind": "collected", "items": [[i.nodeid, _marker(i)] for i in session.items]})
 

@@ -23,8 +23,8 @@ from typing import NamedTuple
 from diloco.tools.sandbox.box import Sandbox, SandboxError, full_note, missing, protections
 
 __all__ = ["GRADER_ROOT", "GradingError", "Workdir", "grader_folders", "kill_leftovers", "make_workdir",
-           "probe_import", "probe_sandbox", "run_wave", "unreported", "STARTUP_LIMIT", "WALL_FACTOR", "tree_cpu",
-           "timed_out"]
+           "probe_import", "probe_sandbox", "run_wave", "unreported", "wave_files", "STARTUP_LIMIT", "WALL_FACTOR",
+           "tree_cpu", "timed_out"]
 
 
 class GradingError(Exception):
@@ -277,8 +277,26 @@ def _own(records: list[dict], markers: set[str]) -> list[dict]:
     return kept
 
 
+def wave_files(first: list[dict], units: list, tests_dir: Path) -> list[Path] | None:
+    """The test files a later wave of ``units`` needs, in the order the first wave collected
+    them, from the first wave's records (``first``); ``None`` (collect the whole folder) when
+    that run did not list its files, had a collection error, or collected a test with no single
+    marker (``-m`` may still select it). Every test of ``units`` lies in these files, so the
+    wave collects the same tests in the same order, without importing the other modules."""
+    listed = [r for r in first if r["kind"] == "files"]
+    if len(listed) != 1 or any(r["kind"] == "collect_error" for r in first):
+        return None
+    wanted, files = set(_markers(units)), []
+    for name, markers in listed[0].get("files", []):
+        if None in markers or not isinstance(name, str):
+            return None
+        if wanted & set(markers):
+            files.append(tests_dir.parent / name)
+    return files or None
+
+
 def run_wave(units: list, tests_dir: Path, workdir: Workdir, python: str,
-             budget: float) -> tuple[list[dict], dict[str, str]]:
+             budget: float, files: list[Path] | None = None) -> tuple[list[dict], dict[str, str]]:
     """Run the tests of ``units`` (milestone numbers, exercise codes ``x01``); the plugin's records
     and a crash text per unit's marker (``m04``) that did not end normally.
 
@@ -287,14 +305,15 @@ def run_wave(units: list, tests_dir: Path, workdir: Workdir, python: str,
     time as a backstop. When one unit uses either up, the run is stopped, that unit is timed
     out, and the units it had not finished run again without it (their time so far still
     counts): a slow unit fails only itself, and a wave takes at most
-    ``len(units) * (WALL_FACTOR * budget + STARTUP_LIMIT)`` of wall-clock time.
+    ``len(units) * (WALL_FACTOR * budget + STARTUP_LIMIT)`` of wall-clock time. Given
+    ``files`` (``wave_files``), pytest collects only those instead of all of ``tests_dir``.
     """
     pending = _markers(units)
     records: list[dict] = []
     crashes: dict[str, str] = {}
     used: dict[str, list[float]] = {}
     while pending:
-        run_records, ended, (over, why) = _run_once(pending, tests_dir, workdir, python, budget, used)
+        run_records, ended, (over, why) = _run_once(pending, tests_dir, workdir, python, budget, used, files)
         done = {m for m in pending if _finished(run_records, m)}
         if over == "*":
             crashes.update({m: f"the test run did not reach its first test within {STARTUP_LIMIT:g} s"
@@ -312,12 +331,12 @@ def run_wave(units: list, tests_dir: Path, workdir: Workdir, python: str,
 
 
 def _run_once(markers: list[str], tests_dir: Path, workdir: Workdir, python: str, budget: float,
-              used: dict[str, list[float]]) -> tuple[list[dict], str, tuple[str | None, str]]:
+              used: dict[str, list[float]], files: list[Path] | None) -> tuple[list[dict], str, tuple[str | None, str]]:
     """One pytest run of the tests of ``markers``: its records, its crash text, and the marker
     that ran out of ``budget`` with which clock (``"*"``: the run never reached a test;
     ``None``: none did)."""
     command = [
-        python, "-m", "pytest", str(tests_dir),
+        python, "-m", "pytest", *map(str, files or [tests_dir]),
         "-m", " or ".join(markers),
         "-c", str(workdir.path / "pytest.ini"), "--rootdir", str(tests_dir.parent),
         "--confcutdir", str(tests_dir), "--ignore", str(tests_dir / "tooling"),

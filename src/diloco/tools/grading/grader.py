@@ -73,6 +73,7 @@ from diloco.tools.grading.grade_waves import (
     probe_sandbox,
     run_wave,
     unreported,
+    wave_files,
 )
 from diloco.tools.sandbox.box import Refused, Unavailable, full_note, prepare
 
@@ -281,6 +282,7 @@ def _run_waves(tests_dir: Path, workdir, python: str, timeout: float, on_wave, i
     by milestone number and exercise code. The sandbox's notes (``box.full_note``) go into ``found``."""
     status: dict[int, MilestoneResult] = {}
     done: dict[str, MilestoneResult] = {}  # the optional exercises, by code: never in the score
+    first: list[dict] | None = None  # the first wave's records: which file holds which unit's tests
     while True:
         locked_any = _lock_blocked(status, done)
         wave, extra = _ready(status, done)
@@ -290,7 +292,9 @@ def _run_waves(tests_dir: Path, workdir, python: str, timeout: float, on_wave, i
             break
         if on_wave is not None:
             on_wave(wave, extra)
-        records, crashes = run_wave([*wave, *extra], tests_dir, workdir, python, timeout)
+        files = None if first is None else wave_files(first, [*wave, *extra], tests_dir)
+        records, crashes = run_wave([*wave, *extra], tests_dir, workdir, python, timeout, files)
+        first = records if first is None else first
         found.update(_sandbox_notes(workdir, records))
         _check_imported(records, imported)
         for unit in [*map(by_number, wave), *map(by_code, extra)]:

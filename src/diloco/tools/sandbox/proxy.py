@@ -68,6 +68,7 @@ class _Session:
         # milestone that keeps crashing, or runs out of time once, fails only itself.
         self.scope, self.budget, self.broken_in = "", {}, {}
         self.noted_full = False
+        self.unused = False  # the worker has answered its hello and not one call yet
 
     def note_full(self, reply: dict) -> None:
         """Tell the grader (a ``note`` record, once) when the worker's folder ran out of files."""
@@ -110,8 +111,23 @@ class _Session:
             where = f" ({hello['where']})" if hello.get("where") else ""
             self.broken_in[scope] = f"the graded package does not import in the sandbox: {hello.get('error')}{where}"
             raise SandboxError(self.broken)
-        self.box, self.hello = box, hello
+        self.box, self.hello, self.unused = box, hello, True
         return box
+
+    def hand_over(self, scope: str) -> bool:
+        """Give the worker to ``scope`` when it has served no call yet (the one the plugin's hello
+        started at the start of the run); whether it did.
+
+        Such a worker has run nothing of the submission but its import, which any worker of
+        ``scope`` would run first too, and has seen no argument of any test: it is what a
+        worker started for ``scope`` would be. It counts as one of ``scope``'s starts, its
+        CPU-time limit is still its own, and a worker that served a call is never handed on.
+        """
+        if not (self.unused and self.box is not None and self.box.alive()):
+            return False
+        self.scope = scope
+        self.budget[scope] = self.budget.get(scope, 0) + 1
+        return True
 
 
 _session: _Session | None = None
@@ -156,8 +172,10 @@ def _proxy(name: str, function):
 def begin(scope: str) -> None:
     """Charge the sandbox's restarts from now on to ``scope`` (the grading plugin passes the
     marker of the test about to run): each milestone has its own ``MAX_STARTS``, and its own
-    worker, so its CPU-time limit is the milestone's alone."""
-    if _session is not None and _session.scope != str(scope):
+    worker, so its CPU-time limit is the milestone's alone. A worker that has served no call
+    yet (the hello's, at the start of a run) is handed to ``scope`` instead of started again
+    (``_Session.hand_over``)."""
+    if _session is not None and _session.scope != str(scope) and not _session.hand_over(str(scope)):
         shutdown()
         _session.scope = str(scope)
 
@@ -179,6 +197,7 @@ def call(name: str, args: tuple, kwargs: dict):
     """Run ``name`` (``"model.softmax"``) in the sandbox as if it ran here."""
     session = _session
     box = session.sandbox()
+    session.unused = False
     encoder = Encoder(session.registry, session.names, lenient=True)
     session.next_id += 1
     header = {"kind": "call", "id": session.next_id, "fn": name,
