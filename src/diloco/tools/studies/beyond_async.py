@@ -52,11 +52,11 @@ from diloco.tools.studies.paper_runs import (
     write_study,
 )
 from diloco.tools.studies.paper_studies import Claim
-from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, task_of
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import block_pattern, exports
 
-__all__ = ["NAME", "TASKS", "arms", "claims", "AsyncSpec", "run_async_study", "render_block", "render_named",
+__all__ = ["NAME", "TASKS", "arms", "claims", "AsyncSpec", "render_block", "render_named",
            "equal_time_rounds"]
 
 NAME = "async"
@@ -254,10 +254,6 @@ class AsyncSpec(StudySpec):
         write_study(done.run_dir, summary, f"Asynchronous DiLoCo ({task})", render_block(summary, export), export,
                     f"beyond-async-{task}{_suffix(plan.config)}", plots=not args.no_plots)
 
-
-def run_async_study(args) -> int:
-    """``diloco study async``: its spec through the one runner."""
-    return run_spec(AsyncSpec(), args)
 
 
 def _speed_flags(config) -> list:

@@ -47,13 +47,13 @@ from diloco.tools.studies.paper_report import (
 )
 from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, tune_arms, write_study
 from diloco.tools.studies.paper_studies import Arm, Claim, outer_step_then_lr
-from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_of
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import exports
 
 __all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting", "muon_arms",
            "muon_claims", "lr_tuning", "lr_records", "interaction_specs", "judge_interactions", "MuonSpec",
-           "run_muon_study", "render_section", "render_claims", "render_named"]
+           "render_section", "render_claims", "render_named"]
 
 # Per task: the model, H, the budget (steps per worker), small enough that the whole study
 # runs in minutes on one core, and Muon's lr grid (MNIST-1D's best lr sat at the lower edge
@@ -321,11 +321,6 @@ class MuonSpec(StudySpec):
         write_study(done.run_dir, summary, f"MuLoCo in miniature ({task})", render_section(summary, export), export,
                     f"beyond-muon-{task}", plots=not args.no_plots)
 
-
-def run_muon_study(args) -> int:
-    """``diloco study muon``: its spec through the one runner (tune, run every arm on every seed,
-    judge, write, export)."""
-    return run_spec(MuonSpec(), args)
 
 
 # --- the results page -------------------------------------------------------------------------

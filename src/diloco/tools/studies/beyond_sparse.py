@@ -68,12 +68,12 @@ from diloco.tools.studies.paper_runs import (
     write_study,
 )
 from diloco.tools.studies.paper_studies import Arm, Claim
-from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_of
 from diloco.tools.studies.summaries import block_pattern, exports, missing_block
 from diloco.tools.studies.tuning_table import render_tuning
 
 __all__ = ["TASKS", "K", "H", "FP4_BLOCK", "tensor_shapes", "fp4_round_bytes", "sparse_round_bytes",
-           "matched_density", "sparse_arms", "sparse_claims", "SparseSpec", "run_sparse_study", "render_bytes_table",
+           "matched_density", "sparse_arms", "sparse_claims", "SparseSpec", "render_bytes_table",
            "render_block", "render_named"]
 
 TASKS = {
@@ -238,10 +238,6 @@ class SparseSpec(StudySpec):
         write_study(done.run_dir, summary, f"Sparse outer gradients ({plan.extra['task']})", render_block(summary),
                     getattr(args, "export", None), f"beyond-sparse-{plan.extra['task']}", plots=not args.no_plots)
 
-
-def run_sparse_study(args) -> int:
-    """The ``diloco study sparse`` command (module doc): its spec through the one runner."""
-    return run_spec(SparseSpec(), args)
 
 
 def render_bytes_table(summary: dict) -> str:

@@ -53,10 +53,10 @@ from diloco.tools.studies.family_tables import (
     time_to_target,
 )
 from diloco.tools.studies.paper_runs import INNER_LR, TuneStep, outer_step_grid, tune_arms, write_study
-from diloco.tools.studies.runner import Done, Plan, check_tune_seeds, run_spec
+from diloco.tools.studies.runner import Done, Plan, check_tune_seeds
 
 __all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_variant", "time_to_target", "paired_difference",
-           "bandwidth_rows", "FamilySpec", "run_family_study_command"]
+           "bandwidth_rows", "FamilySpec"]
 
 
 class FamilyVariant(NamedTuple):
@@ -314,7 +314,3 @@ def _plots(study, summary: dict, plan: Plan, done: Done, export) -> None:
     if study.name == "bandwidth":
         save_figure(plot_time_to_target(summary["bandwidth"], values, target), done.run_dir / "time_to_target.png")
 
-
-def run_family_study_command(args) -> int:
-    """``diloco study compression|streaming|bandwidth`` (see the module doc): its spec through the one runner."""
-    return run_spec(FamilySpec(FAMILY_STUDIES[args.study]), args)

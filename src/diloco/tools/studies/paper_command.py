@@ -31,11 +31,11 @@ from diloco.tools.studies.paper_report import (
     summarise_arms,
 )
 from diloco.tools.studies.paper_runs import parse_numbers, write_study
-from diloco.tools.studies.paper_studies import PAPER_STUDIES, TASKS, H, K, tuning_steps, with_warmup
+from diloco.tools.studies.paper_studies import TASKS, H, K, tuning_steps, with_warmup
 from diloco.tools.studies.plots import plot_paper_study, plot_scaling_gap  # re-exported: where they were
-from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_of
 
-__all__ = ["PaperSpec", "run_paper_study", "plot_paper_study", "plot_scaling_gap", "TUNE_SEED_BASE"]
+__all__ = ["PaperSpec", "plot_paper_study", "plot_scaling_gap", "TUNE_SEED_BASE"]
 
 # Tuning seeds start here, far from the evaluation seeds (0, 1, ...), so the lr chosen for
 # an outer optimizer is never picked on the runs it is then judged on.
@@ -137,7 +137,3 @@ class PaperSpec(StudySpec):
                     preface=f"Seeds {plan.seeds}; {plan.extra['steps']} steps per worker; paired differences "
                             f"over seeds.\n\n")
 
-
-def run_paper_study(args) -> int:
-    """``diloco study <paper study>``: its spec through the one runner."""
-    return run_spec(PaperSpec(PAPER_STUDIES[args.study]), args)
