@@ -42,15 +42,7 @@ from diloco.tools.studies.paper_report import (
     render_claims_table,
     summarise_arms,
 )
-from diloco.tools.studies.paper_runs import (
-    INNER_LR,
-    Arm,
-    TuneStep,
-    next_on_ladder,
-    outcome_of,
-    outer_step_grid,
-    write_study,
-)
+from diloco.tools.studies.paper_runs import Arm, around, outcome_of, self_tuning, write_study
 from diloco.tools.studies.paper_studies import Claim
 from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, task_of
 from diloco.tools.studies.study_stats import mean_interval
@@ -80,18 +72,6 @@ def arms(config) -> list:
             Arm(DN, "diloco", {"asynchrony": {**speeds, "asynchronous": True, "delayed_nesterov": period}}),
             Arm(DYLU, "diloco", {"asynchrony": {**speeds, "asynchronous": True, "delayed_nesterov": period,
                                                 "dynamic_local_steps": True}})]
-
-
-TUNE_SEED = 1000  # each arm's lrs are tuned on this seed (its own speeds and T), never a reported seed
-
-
-def tuning_steps(study_arms: list, inner_lr: float) -> list:
-    """Each arm on itself, as the paper studies tune (``paper_runs.tune_arms``): its inner lr over
-    the task's and its two neighbours on the 1-3-10 ladder (``next_on_ladder``), its
-    outer lr x momentum (``outer_step_grid``), its inner lr again."""
-    groups = tuple((a.label, (a.label,)) for a in study_arms)
-    grid = (next_on_ladder(inner_lr, up=False), inner_lr, next_on_ladder(inner_lr, up=True))
-    return [TuneStep(INNER_LR, grid, groups), outer_step_grid(groups), TuneStep(INNER_LR, grid, groups)]
 
 
 def claims(_arms=None) -> list:
@@ -229,7 +209,7 @@ class AsyncSpec(StudySpec):
         banner = (f"study async (Liu et al. 2024) on {task}: {len(study_arms)} arms x {len(seeds)} seeds, "
                   f"equal simulated time {horizon} s ({config.rounds} synchronous rounds)")
         return Plan(NAME, f"study-async-{task}", config, study_arms, seeds,
-                    check_tune_seeds(args, seeds, TUNE_SEED, count=1), tuning_steps(study_arms, config.inner.lr),
+                    check_tune_seeds(args, seeds, count=1), self_tuning(study_arms, around(config.inner.lr)),
                     data, data_info, record, banner, run=run_arm, runner="async",
                     extra={"task": task, "horizon": horizon, "seeds_flag": args.seeds})
 

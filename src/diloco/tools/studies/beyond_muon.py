@@ -51,7 +51,7 @@ from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_see
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import exports
 
-__all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting", "muon_arms",
+__all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "PAPER", "setting", "muon_arms",
            "muon_claims", "lr_tuning", "lr_records", "interaction_specs", "judge_interactions", "MuonSpec",
            "render_section", "render_claims", "render_named"]
 
@@ -67,7 +67,6 @@ TASKS = {
 KS = (1, 2, 4, 8)
 COMPRESSION_K = 4
 ADAMW_GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
-TUNE_SEED_BASE = 1000
 
 # The paper's words (arXiv 2505.23725: v2's abstract for the K claims, v1's for compression).
 PAPER = {
@@ -270,7 +269,7 @@ class MuonSpec(StudySpec):
         base = config.replace(inner_optimizer="adamw", muon=MuonConfig())
         steps = budget(args, spec["steps"], config.inner_steps)
         seeds = check_seeds(args, config)
-        tune_seeds = check_tune_seeds(args, seeds, TUNE_SEED_BASE)
+        tune_seeds = check_tune_seeds(args, seeds)
         ks = _ks(split_values(args.values) if getattr(args, "values", None) else None)
         check_plotting(args)
         data, data_info = load_dataset(args, config.dtype)

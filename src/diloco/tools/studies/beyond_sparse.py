@@ -63,8 +63,9 @@ from diloco.tools.studies.paper_runs import (
     INNER_LR,
     OUTER_STEP,
     TuneStep,
-    next_on_ladder,
+    around,
     outer_step_grid,
+    per_arm,
     write_study,
 )
 from diloco.tools.studies.paper_studies import Arm, Claim
@@ -94,7 +95,6 @@ OUTER_LRS, OUTER_MOMENTA = (0.5, 0.7, 1.0), (0.5, 0.9)
 # a steady step about tenfold: on the char-LM its tuning still improved at lr 8 on a grid
 # of 1, 2, 4 extended twice.
 SGD_LRS, DECAYS = (2.0, 4.0, 8.0), (0.9, 0.95, 0.99)
-TUNE_SEED = 1000
 MARGIN = 0.05  # "comparable": a relative cost under 5% of the metric
 BLOCK = block_pattern(r"beyond-sparse-[\w-]+")
 
@@ -161,11 +161,10 @@ def sparse_tuning_steps(arms, inner_lr: float) -> list:
     1-3-10 neighbours) probed on the first arm for all, then each Nesterov arm's outer lr x
     momentum, then each SGD-outer (SparseLoCo) arm's outer lr x feedback decay."""
     labels = tuple(arm.label for arm in arms)
-    sgd = tuple((a.label, (a.label,)) for a in arms if a.changes.get("outer_optimizer") == "sgd")
-    nesterov = tuple((a.label, (a.label,)) for a in arms if a.changes.get("outer_optimizer") != "sgd")
-    inner = (next_on_ladder(inner_lr, up=False), inner_lr, next_on_ladder(inner_lr, up=True))
+    sgd = per_arm(arms, lambda a: a.changes.get("outer_optimizer") == "sgd")
+    nesterov = per_arm(arms, lambda a: a.changes.get("outer_optimizer") != "sgd")
     decay = (OUTER_STEP[0], FEEDBACK_DECAY)
-    return [TuneStep(INNER_LR, inner, ((labels[0], labels),)),
+    return [TuneStep(INNER_LR, around(inner_lr), ((labels[0], labels),)),
             outer_step_grid(nesterov, OUTER_LRS, OUTER_MOMENTA),
             TuneStep(decay, tuple((lr, beta) for lr in SGD_LRS for beta in DECAYS), sgd)]
 
@@ -210,7 +209,7 @@ class SparseSpec(StudySpec):
         data, data_info = load_dataset(args, config.dtype)
         shapes = tensor_shapes(_num_features(data), config.hidden_sizes, data.num_classes)
         arms = sparse_arms(shapes, config.num_workers, steps, config.inner_steps)
-        tune_seeds = check_tune_seeds(args, seeds, TUNE_SEED, count=1)
+        tune_seeds = check_tune_seeds(args, seeds, count=1)
         record = {"study": "sparse", "task": task, "steps_per_worker": steps, "seeds": seeds,
                   "arms": [a._asdict() for a in arms]}
         banner = f"study sparse on {task}: {len(arms)} arms x {len(seeds)} seeds, {steps} steps per worker"

@@ -35,12 +35,7 @@ from diloco.tools.studies.paper_studies import TASKS, H, K, tuning_steps, with_w
 from diloco.tools.studies.plots import plot_paper_study, plot_scaling_gap  # re-exported: where they were
 from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_of
 
-__all__ = ["PaperSpec", "plot_paper_study", "plot_scaling_gap", "TUNE_SEED_BASE"]
-
-# Tuning seeds start here, far from the evaluation seeds (0, 1, ...), so the lr chosen for
-# an outer optimizer is never picked on the runs it is then judged on.
-TUNE_SEED_BASE = 1000  # runner.check_tune_seeds' default base
-
+__all__ = ["PaperSpec", "plot_paper_study", "plot_scaling_gap"]
 
 def _inner_grid(args, task: str) -> tuple:
     """``--inner-grid``: the task's grid by default, ``()`` for ``off`` (keep ``--lr``)."""

@@ -53,6 +53,7 @@ from diloco.tools.studies.paper_runs import (
     arm_engine,
     outer_step_grid,
     parse_numbers,
+    per_arm,
     with_warmup,
 )
 
@@ -114,14 +115,9 @@ OUTER_GRIDS = {"Nesterov": (0.3, 0.7, 1.0), "heavy ball": (0.3, 0.7, 1.0),
 OUTER_TUNE_MOMENTA = (0.5, 0.9)  # fig6: each momentum method's momentum (Adam's beta1), with its lr
 
 
-def per_arm(arms) -> tuple:
-    """Every arm tuned on itself."""
-    return tuple((a.label, (a.label,)) for a in arms)
-
-
 def diloco_arms(arms) -> tuple:
     """Every DiLoCo arm tuned on itself (the synchronous arms have no outer step)."""
-    return per_arm([a for a in arms if a.algo == "diloco"])
+    return per_arm(arms, lambda a: a.algo == "diloco")
 
 
 def shared(probe_of: Callable[[Arm], str]) -> Callable[[list], tuple]:
@@ -153,7 +149,7 @@ def tuning_steps(study: PaperStudy, arms: list, inner_grid: tuple, outer_values=
     ``--outer-grid``) replaces the default outer grid. An empty ``inner_grid``
     (``--inner-grid off``) leaves the inner lr out."""
     by_label = {arm.label: arm for arm in arms}
-    muon = tuple((a.label, (a.label,)) for a in arms if lr_field(a) == MUON_LR)
+    muon = per_arm(arms, lambda a: lr_field(a) == MUON_LR)
     steps = [TuneStep(INNER_LR, tuple(inner_grid), (study.inner_groups or per_arm)(arms)),
              TuneStep(MUON_LR, MUON_GRID, muon), *_per_arm_outer_lr(study, by_label, outer_values)]
     if study.outer_groups:

@@ -43,7 +43,7 @@ from diloco.tools.studies.run_cache import RunCache
 from diloco.tools.studies.study_loop import run_arms
 
 __all__ = ["Plan", "Done", "StudySpec", "run_spec", "study_cache", "check_seeds", "check_tune_seeds", "task_of",
-           "budget", "DEFAULT_CACHE"]
+           "budget", "DEFAULT_CACHE", "TUNE_SEED_BASE"]
 
 DEFAULT_CACHE = "study-cache"  # under --runs-dir: where a study keeps its finished runs without --run-cache
 
@@ -136,7 +136,12 @@ def check_seeds(args, config, at_least: int = 2, why: str = "paired intervals") 
     return list(range(config.seed, config.seed + args.seeds))
 
 
-def check_tune_seeds(args, seeds, base: int = 1000, count: int | None = None) -> list:
+# Tuning seeds start here, far from the evaluation seeds (0, 1, ...), so a value is never chosen
+# on the runs it is then judged on.
+TUNE_SEED_BASE = 1000
+
+
+def check_tune_seeds(args, seeds, base: int = TUNE_SEED_BASE, count: int | None = None) -> list:
     """The tuning seeds, ``base`` on (``--tune-seeds`` of them unless ``count``), none of them reported."""
     count = getattr(args, "tune_seeds", 1) if count is None else count
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
