@@ -46,14 +46,12 @@ from diloco.tools.studies.study_stats import (
     format_bytes,
     markdown_table,
     mean_curves,
-    mean_interval,
     summarise,
-    t_quantile_975,
 )
 
 __all__ = [
     "Arm", "Variant", "Study", "STUDIES", "TRAINERS", "trainer", "default_engine", "fast_engine_available",
-    "t_quantile_975", "mean_interval", "run_study", "run_variant", "outcome_fields", "replay_rounds",
+    "run_study", "run_variant", "outcome_fields", "replay_rounds",
     "summarise", "mean_curves", "markdown_table", "format_bytes",
 ]
 

@@ -37,11 +37,13 @@ from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     NOT_RUN,
     claim_rows,
+    difference_text,
     first_seen,
     interval_text,
     judge_claims,
     metric_of,
     number,
+    percent_interval,
     summarise_arms,
     verdict,
 )
@@ -328,7 +330,7 @@ def _gap_text(stats, relative: bool) -> str:
     if stats is None:
         return "n/a"
     if relative:
-        return f"{100 * stats['mean']:+.2f}% [{100 * stats['low']:+.2f}%, {100 * stats['high']:+.2f}%]"
+        return percent_interval(stats, 2)
     return interval_text(stats)
 
 
@@ -397,11 +399,8 @@ def _arm_lines(summary: dict, field: str, name: str) -> list:
 
 def _claim_line(claim: dict) -> str:
     """A claim's row: the two arms' metrics, the paired difference (relative with a margin), the verdict."""
-    diff = claim["metric_difference"]
-    text = (f"{100 * diff['mean']:+.2f}% [{100 * diff['low']:+.2f}%, {100 * diff['high']:+.2f}%], "
-            f"margin {100 * claim['margin']:.0f}%") if claim.get("margin") is not None else interval_text(diff)
     return (f"| {claim['text']} | {claim['paper']} | {number(claim['better_metric'])} vs "
-            f"{number(claim['worse_metric'])} | {text} | **{claim['verdict']}** |")
+            f"{number(claim['worse_metric'])} | {difference_text(claim, percent_digits=2)} | **{claim['verdict']}** |")
 
 
 def _gap_line(gap: dict) -> str:

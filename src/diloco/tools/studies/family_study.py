@@ -25,7 +25,7 @@ runs, rows, claims and verdicts (``diloco.tools.studies.family_report``) are wri
 ``DIR/family-<study>.json``, the file ``docs/results-family.md`` is rendered from. The
 rows reuse ``diloco.tools.studies.ablations``' statistics (mean and 95% Student-t interval
 over seeds); the tables, the time to target and its plot are in
-``diloco.tools.studies.family_tables``, re-exported here.
+``diloco.tools.studies.family_tables``.
 """
 
 from __future__ import annotations
@@ -46,17 +46,11 @@ from diloco.tools.cli.run_setup import check_plotting, max_loss_flag, study_valu
 from diloco.tools.studies.ablation_spec import AblationSpec, save_study_plots, study_preface
 from diloco.tools.studies.ablations import Study, default_engine, outcome_fields, replay_rounds, summarise
 from diloco.tools.studies.family_report import family_claims, judge_family_claims, render_family_block
-from diloco.tools.studies.family_tables import (
-    bandwidth_rows,
-    paired_difference,
-    plot_time_to_target,
-    time_to_target,
-)
+from diloco.tools.studies.family_tables import bandwidth_rows, plot_time_to_target, time_to_target
 from diloco.tools.studies.paper_runs import self_tuning, tune_arms, write_study
 from diloco.tools.studies.runner import Done, Plan, check_tune_seeds
 
-__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_variant", "time_to_target", "paired_difference",
-           "bandwidth_rows", "FamilySpec"]
+__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_variant", "FamilySpec"]
 
 
 class FamilyVariant(NamedTuple):

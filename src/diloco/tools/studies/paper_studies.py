@@ -57,7 +57,7 @@ from diloco.tools.studies.paper_runs import (
     with_warmup,
 )
 
-__all__ = ["Arm", "Claim", "PaperStudy", "TuneStep", "TASKS", "PAPER_STUDIES", "OUTER_GRIDS", "arm_engine",
+__all__ = ["Arm", "Claim", "PaperStudy", "TASKS", "PAPER_STUDIES", "OUTER_GRIDS", "arm_engine",
            "with_warmup", "tuning_steps", "outer_step_then_lr"]
 
 
