@@ -218,10 +218,10 @@ class AsyncSpec(StudySpec):
         rows = summarise_arms(outcomes, done.arms)
         for row in rows:
             row["sim_seconds"] = float(np.mean([o["sim_seconds"] for o in outcomes if o["arm"] == row["arm"]]))
-        command = ["diloco study async", "--data", task, "--seeds", str(plan.extra["seeds_flag"])]
-        for flag, name in (("--workers", "num_workers"), ("--inner-steps", "inner_steps"), ("--rounds", "rounds")):
-            if getattr(config, name) != TASKS[task][name]:
-                command += [flag, str(getattr(config, name))]
+        changed = [(flag, getattr(config, name) if getattr(config, name) != TASKS[task][name] else None)
+                   for flag, name in (("--workers", "num_workers"), ("--inner-steps", "inner_steps"),
+                                      ("--rounds", "rounds"))]
+        command = [self.command(task, plan.extra["seeds_flag"], *changed)]
         return {"study": NAME, "title": "asynchronous DiLoCo against synchronous DiLoCo at equal simulated time",
                 "reference": "Liu et al. 2024, arXiv 2401.09135", "task": task, "data": plan.data_info,
                 "config": config.to_dict(), "horizon_seconds": plan.extra["horizon"], "seeds": plan.seeds,

@@ -303,10 +303,10 @@ class MuonSpec(StudySpec):
     def summary(self, plan: Plan, done: Done) -> dict:
         task, steps, ks, extra = plan.extra["task"], plan.extra["steps"], plan.extra["ks"], plan.extra
         rows = summarise_arms(done.outcomes, done.arms)
-        command = " ".join(["diloco study muon", "--data", task, "--seeds", str(extra["seeds_flag"])]
-                           + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
-                           + (["--values", ",".join(str(k) for k in ks)] if ks != KS else [])
-                           + (["--num-samples", str(extra["num_samples"])] if extra["num_samples"] else []))
+        command = self.command(task, extra["seeds_flag"],
+                               ("--total-steps", steps if steps != TASKS[task]["steps"] else None),
+                               ("--values", ",".join(str(k) for k in ks) if ks != KS else None),
+                               ("--num-samples", extra["num_samples"]))
         return {
             "study": "muon", "title": "MuLoCo: Muon as DiLoCo's inner optimizer",
             "reference": "MuLoCo, arXiv 2505.23725", "task": task, "data": plan.data_info,

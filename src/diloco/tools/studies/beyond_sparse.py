@@ -221,9 +221,9 @@ class SparseSpec(StudySpec):
     def summary(self, plan: Plan, done: Done) -> dict:
         task, steps, extra = plan.extra["task"], plan.extra["steps"], plan.extra
         rows = summarise_arms(done.outcomes, done.arms)
-        command = " ".join([".venv/bin/diloco study sparse --data", task, "--seeds", str(extra["seeds_flag"])]
-                           + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
-                           + (["--num-samples", str(extra["num_samples"])] if extra["num_samples"] else []))
+        command = ".venv/bin/" + self.command(task, extra["seeds_flag"],
+                                              ("--total-steps", steps if steps != TASKS[task]["steps"] else None),
+                                              ("--num-samples", extra["num_samples"]))
         runs = done.tuned + done.outcomes
         return {"study": "sparse", "title": "Sparse outer gradients at equal bytes", "reference": "SparseLoCo, DeMo",
                 "task": task, "data": plan.data_info, "config": plan.config.to_dict(), "steps_per_worker": steps,

@@ -115,12 +115,11 @@ class PaperSpec(StudySpec):
             "cached_runs": sum(bool(o.get("cached")) for o in done.tuned + done.outcomes),
             "claims": judge_claims(study.claims(done.arms), rows, task),
             "seconds": done.seconds,
-            "command": " ".join(["diloco study", study.name, "--data", task, "--seeds", str(len(plan.seeds))]
-                                + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
-                                + (["--values", ",".join(values)] if values else [])
-                                + (["--num-samples", str(info["num_samples"])] if "num_samples" in info else [])
-                                + (["--eval-windows", str(info["eval_windows"])] if "eval_windows" in info
-                                   else [])),
+            "command": self.command(task, len(plan.seeds),
+                                    ("--total-steps", steps if steps != TASKS[task]["steps"] else None),
+                                    ("--values", ",".join(values) if values else None),
+                                    ("--num-samples", info.get("num_samples")),
+                                    ("--eval-windows", info.get("eval_windows"))),
         }
 
     def write(self, plan: Plan, summary: dict, done: Done, args) -> None:

@@ -103,6 +103,12 @@ class StudySpec:
     def summary(self, plan: Plan, done: Done) -> dict:
         raise NotImplementedError
 
+    def command(self, task: str, seeds: int, *flags: tuple) -> str:
+        """The command a summary records: ``diloco study NAME --data TASK --seeds SEEDS``, then
+        each ``(flag, value)`` of ``flags`` whose value is given (not None)."""
+        words = ["diloco study", self.name, "--data", task, "--seeds", str(seeds)]
+        return " ".join(words + [str(word) for flag, value in flags if value is not None for word in (flag, value)])
+
     def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
         raise NotImplementedError
 
