@@ -38,8 +38,7 @@ from diloco.tools.studies.paper_report import (
     claim_rows,
     interval_text,
     judge_claims,
-    render_arms_table,
-    render_claims_table,
+    render_tables,
     summarise_arms,
 )
 from diloco.tools.studies.paper_runs import Arm, around, outcome_of, self_tuning, write_study
@@ -284,7 +283,7 @@ def render_block(summary: dict, export="docs/assets/results") -> str:
             f"{_speeds(speeds, config['num_workers'])}; every arm is compared at T = {horizon}, "
             f"{config['rounds']} synchronous rounds; seeds {summary['seeds']}. Steps/worker: the fastest worker's "
             f"steps by T, and all-reduces: outer steps (groups of arrivals), both of seed {summary['seeds'][0]}.\n\n"
-            + render_arms_table(summary) + "\n" + render_claims_table(summary) + "\n" + _time_table(summary)
+            + render_tables(summary) + "\n" + _time_table(summary)
             + _tuning_text(summary))
 
 

@@ -53,8 +53,7 @@ from diloco.tools.cli.flags import build_config, load_dataset
 from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     judge_claims,
-    render_arms_table,
-    render_claims_table,
+    render_tables,
     summarise_arms,
     verdict,
 )
@@ -250,7 +249,7 @@ def render_bytes_table(summary: dict) -> str:
 
 def render_block(summary: dict) -> str:
     """The results page's block of one task: bytes, arms, claims."""
-    return (render_bytes_table(summary) + "\n" + render_arms_table(summary) + "\n" + render_claims_table(summary)
+    return (render_bytes_table(summary) + "\n" + render_tables(summary)
             + f"\nSeeds {summary['seeds']}; {summary['steps_per_worker']} steps per worker, H = "
               f"{summary['config']['inner_steps']}; {summary['runs']} runs, tuning included, which trained for "
               f"{summary['run_seconds'] / 60:.1f} min in all (one process each; a run read from the run cache is "

@@ -26,8 +26,7 @@ from diloco.tools.cli.run_setup import check_plotting, split_values
 from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     judge_claims,
-    render_arms_table,
-    render_claims_table,
+    render_tables,
     summarise_arms,
 )
 from diloco.tools.studies.paper_runs import parse_numbers, write_study
@@ -124,7 +123,7 @@ class PaperSpec(StudySpec):
 
     def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
         study, task = self.study, plan.extra["task"]
-        table = render_arms_table(summary) + "\n" + render_claims_table(summary)
+        table = render_tables(summary)
         figure = plot_scaling_gap if study.name == "scaling" else plot_paper_study
         write_study(done.run_dir, summary, f"{study.reference}: {study.title} ({task})", table,
                     getattr(args, "export", None), f"{study.name}-{task}", plots=not args.no_plots, figure=figure,

@@ -42,10 +42,10 @@ from diloco.tools.studies.study_stats import (
     mean_or_none,
 )
 
-__all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "paired_difference", "verdict",
-           "combine_verdicts", "summarise_arms", "judge_claims", "arm_value", "render_arms_table",
-           "render_claims_table", "render_paper_table", "first_seen", "claim_rows", "metric_of", "number",
-           "interval_text", "percent_interval", "difference_text"]
+__all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "paired_difference", "verdict", "combine_verdicts",
+           "summarise_arms", "judge_claims", "arm_value", "render_arms_table", "render_claims_table", "render_tables",
+           "render_paper_table", "first_seen", "claim_rows", "metric_of", "number", "interval_text",
+           "percent_interval", "difference_text"]
 
 HOLDS, PARTLY, TIE, REVERSED, NOT_RUN = "holds", "holds partly", "tie", "reversed", "not run"
 
@@ -244,6 +244,11 @@ def render_claims_table(summary: dict) -> str:
                      f"| {arm_value(claim, 'worse_metric')} | {difference_text(claim)} "
                      f"| **{claim['verdict']}** |")
     return "\n".join(lines) + "\n"
+
+
+def render_tables(summary: dict) -> str:
+    """A study's two tables: its arms, then its claims."""
+    return render_arms_table(summary) + "\n" + render_claims_table(summary)
 
 
 PAPER_COLUMNS = (("shakespeare", "char-LM: perplexity"), ("mnist1d", "MNIST-1D: held-out loss"))

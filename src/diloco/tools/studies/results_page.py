@@ -38,9 +38,8 @@ import numpy as np
 from diloco.tools.runs.folders import atomic_write_text
 from diloco.tools.studies.paper_report import (
     interval_text,
-    render_arms_table,
-    render_claims_table,
     render_paper_table,
+    render_tables,
 )
 from diloco.tools.studies.summaries import (  # re-exported: the page's names, where they were
     FAMILY_ORDER,
@@ -223,7 +222,7 @@ def _study(name: str, summaries: dict) -> str:
     summary = summaries.get((study, task))
     if summary is None:
         return missing_block(name)
-    return render_arms_table(summary) + "\n" + render_claims_table(summary) + render_tuning(summary)
+    return render_tables(summary) + render_tuning(summary)
 
 
 def _beyond(name: str, summaries: dict) -> str:
