@@ -28,11 +28,9 @@ import time
 
 import numpy as np
 
-from diloco.config import AdamWConfig
 from diloco.core.driver import train
 from diloco.core.schedule import async_plan, synchronous_round_seconds, worker_local_steps
 from diloco.tools.cli.errors import CliError
-from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     NOT_RUN,
     claim_rows,
@@ -43,7 +41,7 @@ from diloco.tools.studies.paper_report import (
 )
 from diloco.tools.studies.paper_runs import Arm, around, outcome_of, self_tuning, write_study
 from diloco.tools.studies.paper_studies import Claim
-from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, task_config
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import block_pattern, exports
 
@@ -164,19 +162,15 @@ def _time_to_target(outcomes: list, rows: list) -> dict:
     return table
 
 
-def _base(args, spec: dict):
-    """The study's config: the task's, the flags', the default straggler; the per-arm flags refused."""
-    from diloco.tools.cli.flags import build_config
-
-    defaults = {"hidden_sizes": spec["hidden_sizes"], "inner": AdamWConfig(**spec["inner"]), "engine": default_engine(),
-                "num_workers": spec["num_workers"], "inner_steps": spec["inner_steps"], "rounds": spec["rounds"]}
-    config = build_config(args, defaults)
+def _base(args) -> tuple:
+    """``(task, config)``: the task's, the flags', the default straggler; the per-arm flags refused."""
+    task, config = task_config(args, TASKS, NAME, own=("num_workers", "inner_steps", "rounds"))
     if not config.asynchrony.simulates_speeds:  # the default straggler: the last worker, 4x slower
         config = config.replace(asynchrony={"straggler": config.num_workers - 1, "straggler_factor": 4.0})
     if config.asynchrony.asynchronous or config.asynchrony.delayed_nesterov or config.asynchrony.dynamic_local_steps:
         raise CliError("study async sets --async, --delayed-nesterov and --dynamic-local-steps per arm: "
                        "give only the speeds (--step-times, --speed-spread, --straggler, --straggler-factor)")
-    return config
+    return task, config
 
 
 class AsyncSpec(StudySpec):
@@ -189,8 +183,7 @@ class AsyncSpec(StudySpec):
         from diloco.core.driver import check_algorithm
         from diloco.tools.cli.flags import load_dataset
 
-        task = task_of(args, TASKS, NAME)
-        config = _base(args, TASKS[task])
+        task, config = _base(args)
         seeds = check_seeds(args, config)
         study_arms = arms(config)
         try:

@@ -33,7 +33,6 @@ import numpy as np
 
 from diloco.config import MuonConfig
 from diloco.tools.cli.errors import CliError
-from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     NOT_RUN,
     claim_rows,
@@ -49,7 +48,7 @@ from diloco.tools.studies.paper_report import (
 )
 from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, tune_arms, write_study
 from diloco.tools.studies.paper_studies import Arm, Claim, outer_step_then_lr
-from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_config
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import exports
 
@@ -260,13 +259,11 @@ class MuonSpec(StudySpec):
     name = "muon"
 
     def plan(self, args) -> Plan:
-        from diloco.tools.cli.flags import build_config, load_dataset
+        from diloco.tools.cli.flags import load_dataset
         from diloco.tools.cli.run_setup import check_plotting, split_values
 
-        task = task_of(args, TASKS, "muon", default="shakespeare")
+        task, config = task_config(args, TASKS, "muon", "shakespeare", own=("inner_steps",))
         spec = TASKS[task]
-        config = build_config(args, {"hidden_sizes": spec["hidden_sizes"], "inner_steps": spec["inner_steps"],
-                                     "engine": default_engine()})
         muon = config.muon  # --muon-* flags (with --inner-optimizer muon) set Muon's other hyper-parameters
         base = config.replace(inner_optimizer="adamw", muon=MuonConfig())
         steps = budget(args, spec["steps"], config.inner_steps)

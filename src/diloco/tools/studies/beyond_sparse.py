@@ -45,12 +45,10 @@ import sys
 
 import numpy as np
 
-from diloco.config import AdamWConfig
 from diloco.core.quantize import encode
 from diloco.methods.sparse import SparseConfig, encoded_nbytes
 from diloco.tools.cli.errors import CliError
-from diloco.tools.cli.flags import build_config, load_dataset
-from diloco.tools.studies.ablations import default_engine
+from diloco.tools.cli.flags import load_dataset
 from diloco.tools.studies.paper_report import (
     judge_claims,
     render_tables,
@@ -68,7 +66,7 @@ from diloco.tools.studies.paper_runs import (
     write_study,
 )
 from diloco.tools.studies.paper_studies import Arm, Claim
-from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_config
 from diloco.tools.studies.summaries import block_pattern, exports, missing_block
 from diloco.tools.studies.tuning_table import render_tuning
 
@@ -195,12 +193,9 @@ class SparseSpec(StudySpec):
     name = "sparse"
 
     def plan(self, args) -> Plan:
-        task = task_of(args, TASKS, "sparse")
+        task, config = task_config(args, TASKS, "sparse", num_workers=K, inner_steps=H)
         if getattr(args, "values", None):
             raise CliError("study sparse has fixed arms and takes no --values")
-        defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
-                    "num_workers": K, "inner_steps": H, "engine": default_engine()}
-        config = build_config(args, defaults)
         steps = budget(args, TASKS[task]["steps"], config.inner_steps, rounds=False)
         seeds = check_seeds(args, config, 5, "this study's paired intervals")
         if task == "shakespeare" and getattr(args, "eval_windows", None) is None:

@@ -19,11 +19,9 @@ and ``.png``: the files ``docs/results.md`` quotes.
 
 from __future__ import annotations
 
-from diloco.config import AdamWConfig
 from diloco.tools.cli.errors import CliError
-from diloco.tools.cli.flags import build_config, load_dataset
+from diloco.tools.cli.flags import load_dataset
 from diloco.tools.cli.run_setup import check_plotting, split_values
-from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     judge_claims,
     render_tables,
@@ -32,7 +30,7 @@ from diloco.tools.studies.paper_report import (
 from diloco.tools.studies.paper_runs import parse_numbers, write_study
 from diloco.tools.studies.paper_studies import TASKS, H, K, tuning_steps, with_warmup
 from diloco.tools.studies.plots import plot_paper_study, plot_scaling_gap  # re-exported: where they were
-from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_config
 
 __all__ = ["PaperSpec", "plot_paper_study", "plot_scaling_gap"]
 
@@ -74,10 +72,7 @@ class PaperSpec(StudySpec):
 
     def plan(self, args) -> Plan:
         study = self.study
-        task = task_of(args, TASKS, study.name)
-        defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
-                    "num_workers": K, "inner_steps": H, "lr_schedule": "cosine", "engine": default_engine()}
-        config = build_config(args, defaults)
+        task, config = task_config(args, TASKS, study.name, num_workers=K, inner_steps=H, lr_schedule="cosine")
         steps = budget(args, TASKS[task]["steps"], config.inner_steps, multiple=False)
         seeds = check_seeds(args, config)
         values = split_values(args.values) if getattr(args, "values", None) else None

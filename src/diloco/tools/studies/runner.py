@@ -33,17 +33,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from diloco.config import AdamWConfig
 from diloco.runtime import stop_signals
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.run_setup import progress_factory, start_run, thread_limit
 from diloco.tools.runs.faults import quiet_numpy, run_outcome
 from diloco.tools.runs.folders import JsonlWriter, write_json
+from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_runs import check_tuning_seeds, run_arm, tune_arms
 from diloco.tools.studies.run_cache import RunCache
 from diloco.tools.studies.study_loop import run_arms
 
 __all__ = ["Plan", "Done", "StudySpec", "run_spec", "study_cache", "check_seeds", "check_tune_seeds", "task_of",
-           "budget", "DEFAULT_CACHE", "TUNE_SEED_BASE"]
+           "task_config", "budget", "DEFAULT_CACHE", "TUNE_SEED_BASE"]
 
 DEFAULT_CACHE = "study-cache"  # under --runs-dir: where a study keeps its finished runs without --run-cache
 
@@ -121,6 +123,18 @@ def task_of(args, tasks, study: str, default: str = "digits") -> str:
     if task not in tasks:
         raise CliError(f"study {study} runs on --data {' or --data '.join(tasks)}, got --data {task}")
     return task
+
+
+def task_config(args, tasks: dict, study: str, default: str = "digits", own: tuple = (), **fields) -> tuple:
+    """``(task, config)``: ``--data`` (``task_of``), and the flags over the task's model, its inner
+    AdamW (where ``tasks`` gives one), the default engine, ``fields`` and the task's ``own`` fields."""
+    from diloco.tools.cli.flags import build_config
+
+    task = task_of(args, tasks, study, default)
+    spec = tasks[task]
+    inner = {"inner": AdamWConfig(**spec["inner"])} if "inner" in spec else {}
+    return task, build_config(args, {"hidden_sizes": spec["hidden_sizes"], **inner, "engine": default_engine(),
+                                     **fields, **{name: spec[name] for name in own}})
 
 
 def budget(args, default: int, h: int, *, multiple: bool = True, rounds: bool = True) -> int:
