@@ -15,12 +15,11 @@ import numpy as np
 
 from diloco.core.netsim import parse_bandwidth, simulate
 from diloco.tools.studies.study_stats import (
-    CLIPPED_MARK,
-    CLIPPED_NOTE,
     RANGES,
     format_bytes,
     format_interval,
     mean_interval,
+    table_text,
 )
 
 __all__ = ["time_to_target", "paired_difference", "bandwidth_rows", "plot_time_to_target"]
@@ -57,13 +56,6 @@ def _bounded(stats: dict, field: str) -> str:
     return format_interval(stats, 4, RANGES[field])
 
 
-def _with_note(lines: list) -> str:
-    """The table's lines joined, with ``CLIPPED_NOTE`` under it when an interval was clipped."""
-    if any(CLIPPED_MARK in line for line in lines):
-        lines = [*lines, "", CLIPPED_NOTE]
-    return "\n".join(lines) + "\n"
-
-
 def compression_table(rows, outcomes) -> str:
     native = next((r for r in rows if r["variant"] == "native"), rows[0])
     lines = ["| wire format | held-out accuracy [95% CI] | held-out loss [95% CI] | loss minus the first arm's, "
@@ -74,7 +66,7 @@ def compression_table(rows, outcomes) -> str:
         lines.append(f"| {row['variant']} | {_bounded(acc, 'eval_accuracy')} "
                      f"| {_bounded(loss, 'eval_loss')} | {_difference(diff)} "
                      f"| {format_bytes(row['bytes_sent'])} | {native['bytes_sent'] / row['bytes_sent']:.1f}x |")
-    return _with_note(lines)
+    return table_text(lines)
 
 
 def streaming_table(rows, outcomes) -> str:
@@ -90,7 +82,7 @@ def streaming_table(rows, outcomes) -> str:
         lines.append(f"| {row['variant']} | {_bounded(acc, 'eval_accuracy')} "
                      f"| {_bounded(loss, 'eval_loss')} | {_difference(diff)} "
                      f"| {format_bytes(peak)} | {reference / peak:.2f}x lower | {format_bytes(row['bytes_sent'])} |")
-    return _with_note(lines)
+    return table_text(lines)
 
 
 def bandwidth_rows(outcomes, bandwidths, latency: float, step_time: float, target: float) -> list:

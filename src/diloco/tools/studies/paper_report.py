@@ -35,11 +35,11 @@ import numpy as np
 
 from diloco.tools.studies.study_stats import (
     CLIPPED_MARK,
-    CLIPPED_NOTE,
     RANGES,
     clip_interval,
     mean_interval,
     mean_or_none,
+    table_text,
 )
 
 __all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "paired_difference", "verdict", "combine_verdicts",
@@ -216,17 +216,13 @@ def render_arms_table(summary: dict) -> str:
              f"| best {('loss' if field == 'eval_loss' else 'loss')} over rounds |"
              + (" shard KL (nats) |" if kl else ""),
              "|---|---:|---:|---|---|---:|" + ("---:|" if kl else "")]
-    clipped = False
     for row in summary["rows"]:
         metric = interval_text(row[field], field=field)
         accuracy = interval_text(row["eval_accuracy"], field="eval_accuracy")
-        clipped = clipped or CLIPPED_MARK in metric + accuracy
         lines.append(f"| {row['arm']} | {row['steps_per_worker']} | {row['all_reduces']} | {metric} "
                      f"| {accuracy} | {number(row['best_eval_loss']['mean'])} |"
                      + (f" {row['split_divergence']:.4f} |" if kl else ""))
-    if clipped:
-        lines += ["", CLIPPED_NOTE]
-    return "\n".join(lines) + "\n"
+    return table_text(lines)
 
 
 def render_claims_table(summary: dict) -> str:
