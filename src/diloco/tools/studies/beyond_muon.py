@@ -82,6 +82,7 @@ PAPER = {
     "less_bytes": "\"MuLoCo (Muon inner optimizer DiLoCo) significantly outperforms DiLoCo while communicating 8X "
                   "less\" (abstract, v1)",
 }
+FP4 = ", fp4 + error feedback"  # the compressed arms' label suffix
 LOSSLESS_MARGIN = 0.01  # "next to no degradation", read as less than 1% of the metric
 
 
@@ -114,25 +115,17 @@ def muon_arms(h: int, steps: int, ks, lrs: dict, muon: MuonConfig | None = None)
     muon = MuonConfig() if muon is None else muon
     if steps % h:
         raise ValueError(f"steps per worker ({steps}) must be a multiple of H={h}")
-    rounds = steps // h
-    arms = []
-    for k in ks:
-        for optimizer in ("adamw", "muon"):
-            arms.append(Arm(_label(optimizer, k), "diloco", {"num_workers": k, "inner_steps": h, "rounds": rounds,
-                                                             "record_similarity": k > 1,
-                                                             **_optimizer(optimizer, lrs[setting("diloco", k)],
-                                                                          muon)}))
-    top = max(ks)
-    for optimizer in ("adamw", "muon"):
-        arms.append(Arm(_dp_label(optimizer, top), "sync", {"num_workers": top, "inner_steps": h, "rounds": rounds,
-                                                            **_optimizer(optimizer, lrs[setting("sync", top)],
-                                                                         muon)}))
+
+    def arm(label: str, algo: str, k: int, optimizer: str, **extra) -> Arm:
+        return Arm(label, algo, {"num_workers": k, "inner_steps": h, "rounds": steps // h, **extra,
+                                 **_optimizer(optimizer, lrs[setting(algo, k)], muon)})
+
+    both, top = ("adamw", "muon"), max(ks)
+    arms = [arm(_label(o, k), "diloco", k, o, record_similarity=k > 1) for k in ks for o in both]
+    arms += [arm(_dp_label(o, top), "sync", top, o) for o in both]
     if COMPRESSION_K in ks:
-        for optimizer in ("adamw", "muon"):
-            arms.append(Arm(_label(optimizer, COMPRESSION_K, ", fp4 + error feedback"), "diloco",
-                            {"num_workers": COMPRESSION_K, "inner_steps": h, "rounds": rounds,
-                             "family": {"comm_dtype": "fp4", "error_feedback": True},
-                             **_optimizer(optimizer, lrs[setting("diloco", COMPRESSION_K)], muon)}))
+        arms += [arm(_label(o, COMPRESSION_K, FP4), "diloco", COMPRESSION_K, o,
+                     family={"comm_dtype": "fp4", "error_feedback": True}) for o in both]
     return arms
 
 
@@ -142,7 +135,7 @@ def muon_claims(ks) -> list:
     claims = [Claim(f"MuLoCo beats DiLoCo at K={k} (equal bytes)", _label("muon", k), _label("adamw", k),
                     PAPER["absolute"]) for k in ks]
     if COMPRESSION_K in ks:
-        fp4 = ", fp4 + error feedback"
+        fp4 = FP4
         claims.append(Claim(f"fp4 + error feedback costs MuLoCo (K={COMPRESSION_K}) less than "
                             f"{100 * LOSSLESS_MARGIN:.0f}%", _label("muon", COMPRESSION_K),
                             _label("muon", COMPRESSION_K, fp4), PAPER["lossless"], margin=LOSSLESS_MARGIN))
@@ -166,7 +159,7 @@ def interaction_specs(ks) -> list:
                   (_label("adamw", top), _dp_label("adamw", top)), (_label("muon", top), _dp_label("muon", top)),
                   False))
     if COMPRESSION_K in ks:
-        fp4 = ", fp4 + error feedback"
+        fp4 = FP4
         specs.append((f"fp4 + error feedback costs Muon less than AdamW (K={COMPRESSION_K}, relative)",
                       PAPER["lossless"], (_label("adamw", COMPRESSION_K, fp4), _label("adamw", COMPRESSION_K)),
                       (_label("muon", COMPRESSION_K, fp4), _label("muon", COMPRESSION_K)), True))
@@ -232,7 +225,7 @@ def outer_tuning_steps(arms: list, grids: dict) -> list:
     (``paper_studies.outer_step_then_lr``: AdamW arms' ``inner.lr`` over ``grids["adamw"]``, Muon
     arms' ``muon.lr`` over ``grids["muon"]``); an fp4 arm takes the choices of its uncompressed
     arm at the same K. The synchronous arms have no outer step."""
-    fp4, labels = ", fp4 + error feedback", {a.label for a in arms}
+    fp4, labels = FP4, {a.label for a in arms}
     groups = tuple((a.label, (a.label, *([a.label + fp4] if a.label + fp4 in labels else []))) for a in arms
                    if a.algo == "diloco" and not a.label.endswith(fp4))
     return outer_step_then_lr(groups, {a.label: a for a in arms}, grids["adamw"], (), grids["muon"])
