@@ -192,10 +192,10 @@ def _rounds(steps: int, h: int) -> int:
     return steps // h
 
 
-def _setting(base: DiLoCoConfig, steps: int) -> dict:
-    """The study's K and H, and the rounds that make ``steps`` per worker."""
-    h = base.inner_steps
-    return {"num_workers": base.num_workers, "inner_steps": h, "rounds": _rounds(steps, h)}
+def _setting(base: DiLoCoConfig, steps: int, k: int | None = None, h: int | None = None) -> dict:
+    """K and H (the study's unless given), and the rounds that make ``steps`` per worker."""
+    h = base.inner_steps if h is None else h
+    return {"num_workers": base.num_workers if k is None else k, "inner_steps": h, "rounds": _rounds(steps, h)}
 
 
 def _diloco_label(k: int, h: int) -> str:
@@ -205,7 +205,7 @@ def _diloco_label(k: int, h: int) -> str:
 def _table2_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     _no_values("table2", values)
     k, h = base.num_workers, base.inner_steps
-    one = {**_setting(base, steps), "num_workers": 1}
+    one = _setting(base, steps, k=1)
     return [
         Arm("baseline (1 worker)", "sync", one),
         Arm(f"{k}x batch (sync, K={k})", "sync", _setting(base, steps)),
@@ -230,15 +230,11 @@ FIG4_H = (10, 50, 250, 500)
 
 
 def _fig4_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
-    k, h_sync = base.num_workers, base.inner_steps
     chosen = parse_numbers(values, int, "H") or FIG4_H
-    arms = [Arm(f"H={h}", "diloco", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)})
-            for h in chosen if steps % h == 0 and steps // h >= 2]
+    arms = [Arm(f"H={h}", "diloco", _setting(base, steps, h=h)) for h in chosen if steps % h == 0 and steps // h >= 2]
     if not arms:
         raise ValueError(f"no H in {chosen} leaves two rounds or more of {steps} steps per worker")
-    arms.append(Arm(f"sync (K={k})", "sync", {"num_workers": k, "inner_steps": h_sync,
-                                              "rounds": _rounds(steps, h_sync)}))
-    return arms
+    return arms + [Arm(f"sync (K={base.num_workers})", "sync", _setting(base, steps))]
 
 
 def _fig4_claims(arms) -> list:
@@ -298,8 +294,7 @@ def _table3_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "labe
     arms = []
     setting, noniid = _noniid_setting(base, split)
     for name, label, shards in (("IID", "IID", {"iid": True}), ("non-IID", setting, noniid)):
-        arms += [Arm(f"{label} / K={k}", "diloco", {"num_workers": k, "inner_steps": base.inner_steps,
-                                                    "rounds": _rounds(steps, base.inner_steps), **shards})
+        arms += [Arm(f"{label} / K={k}", "diloco", {**_setting(base, steps, k=k), **shards})
                  for k in (chosen or TABLE3_K[name])]
     return arms
 
@@ -369,9 +364,8 @@ def _fig8_claims(arms) -> list:
 
 def _fig9_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     _no_values("fig9", values)
-    h = base.inner_steps
-    one = {"num_workers": 1, "inner_steps": h, "rounds": _rounds(steps, h)}
-    return [Arm("baseline (1 worker)", "sync", one), Arm(f"DiLoCo (1 worker, H={h})", "diloco", one)]
+    one = _setting(base, steps, k=1)
+    return [Arm("baseline (1 worker)", "sync", one), Arm(f"DiLoCo (1 worker, H={base.inner_steps})", "diloco", one)]
 
 
 def _fig9_claims(arms) -> list:
