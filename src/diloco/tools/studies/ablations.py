@@ -46,12 +46,14 @@ from diloco.tools.studies.study_stats import (
     format_bytes,
     markdown_table,
     mean_curves,
+    mean_interval,
     summarise,
+    t_quantile_975,
 )
 
 __all__ = [
     "Arm", "Variant", "Study", "STUDIES", "TRAINERS", "trainer", "default_engine", "fast_engine_available",
-    "run_study", "run_variant", "outcome_fields", "replay_rounds",
+    "t_quantile_975", "mean_interval", "run_study", "run_variant", "outcome_fields", "replay_rounds",
     "summarise", "mean_curves", "markdown_table", "format_bytes",
 ]
 
