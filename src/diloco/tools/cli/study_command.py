@@ -10,41 +10,42 @@ from __future__ import annotations
 from diloco.tools.cli.errors import CliError
 from diloco.tools.studies.family_study import FAMILY_STUDIES
 from diloco.tools.studies.paper_studies import PAPER_STUDIES
+from diloco.tools.studies.runner import run_spec
 
-__all__ = ["run_study_command"]
+__all__ = ["run_study_command", "study_spec"]
 
 
 def run_study_command(args) -> int:
-    runner = _own_runner(args.study)
-    if runner is not None:
-        return runner(args)
+    return run_spec(study_spec(args), args)
+
+
+def study_spec(args):
+    """The spec of ``args.study``: a study with its own module (sparse, async, muon, the
+    family's), a paper study (``paper_command``), else an ablation (``ablation_spec``)."""
+    name = args.study
+    if name == "sparse":  # SparseLoCo and DeMo at equal bytes
+        from diloco.tools.studies.beyond_sparse import SparseSpec
+
+        return SparseSpec()
+    if name == "async":  # asynchronous DiLoCo at equal simulated time
+        from diloco.tools.studies.beyond_async import AsyncSpec
+
+        return AsyncSpec()
+    if name == "muon":  # MuLoCo's claims
+        from diloco.tools.studies.beyond_muon import MuonSpec
+
+        return MuonSpec()
+    if name in FAMILY_STUDIES:  # compression, streaming, bandwidth
+        from diloco.tools.studies.family_study import FamilySpec
+
+        return FamilySpec(FAMILY_STUDIES[name])
     if getattr(args, "target_loss", None) is not None:
         raise CliError("--target-loss applies only to the bandwidth study")
-    if args.study in PAPER_STUDIES:  # the paper's tables and figures: diloco.tools.studies.paper_command
-        from diloco.tools.studies.paper_command import run_paper_study
+    if name in PAPER_STUDIES:  # the paper's tables and figures
+        from diloco.tools.studies.paper_command import PaperSpec
 
-        return run_paper_study(args)
-    from diloco.tools.studies.ablation_spec import run_ablation_study  # the four ablations
+        return PaperSpec(PAPER_STUDIES[name])
+    from diloco.tools.studies.ablation_spec import AblationSpec  # the four ablations
+    from diloco.tools.studies.ablations import STUDIES
 
-    return run_ablation_study(args)
-
-
-def _own_runner(name: str):
-    """The runner of a study with its own module (sparse, async, muon, the family's), else None."""
-    if name == "sparse":  # SparseLoCo and DeMo at equal bytes: diloco.tools.studies.beyond_sparse
-        from diloco.tools.studies.beyond_sparse import run_sparse_study
-
-        return run_sparse_study
-    if name == "async":  # asynchronous DiLoCo at equal simulated time: diloco.tools.studies.beyond_async
-        from diloco.tools.studies.beyond_async import run_async_study
-
-        return run_async_study
-    if name == "muon":  # MuLoCo's claims: diloco.tools.studies.beyond_muon
-        from diloco.tools.studies.beyond_muon import run_muon_study
-
-        return run_muon_study
-    if name in FAMILY_STUDIES:  # compression, streaming, bandwidth: diloco.tools.studies.family_study
-        from diloco.tools.studies.family_study import run_family_study_command
-
-        return run_family_study_command
-    return None
+    return AblationSpec(STUDIES[name])

@@ -25,7 +25,6 @@ from diloco.tools.runs.faults import late_step
 from diloco.tools.runs.folders import atomic_write_text, write_json
 from diloco.tools.runs.training import check_record
 from diloco.tools.studies.ablations import (
-    STUDIES,
     Study,
     default_engine,
     markdown_table,
@@ -35,10 +34,9 @@ from diloco.tools.studies.ablations import (
     summarise,
 )
 from diloco.tools.studies.paper_report import judge_claims, render_claims_table
-from diloco.tools.studies.runner import Done, Plan, StudySpec, run_spec
+from diloco.tools.studies.runner import Done, Plan, StudySpec
 
-__all__ = ["AblationSpec", "ablation_arms", "judge_study_claims", "study_preface", "save_study_plots",
-           "run_ablation_study"]
+__all__ = ["AblationSpec", "ablation_arms", "judge_study_claims", "study_preface", "save_study_plots"]
 
 LOSS = "held-out loss"  # the metric a study's claims are judged on (``paper_report.metric_of``: the loss)
 
@@ -174,7 +172,3 @@ def save_study_plots(study: Study, rows: list, done: Done, curves_title: str) ->
     save_figure(plot_curves(mean_curves(done.history.records), x=study_curve_axis(study.name), title=curves_title),
                 done.run_dir / "study_curves.png")
 
-
-def run_ablation_study(args) -> int:
-    """``diloco study NAME`` for an ablation: its spec through the one runner."""
-    return run_spec(AblationSpec(STUDIES[args.study]), args)

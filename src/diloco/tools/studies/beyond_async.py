@@ -28,35 +28,24 @@ import time
 
 import numpy as np
 
-from diloco.config import AdamWConfig
 from diloco.core.driver import train
 from diloco.core.schedule import async_plan, synchronous_round_seconds, worker_local_steps
 from diloco.tools.cli.errors import CliError
-from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     NOT_RUN,
     claim_rows,
     interval_text,
     judge_claims,
-    render_arms_table,
-    render_claims_table,
+    render_tables,
     summarise_arms,
 )
-from diloco.tools.studies.paper_runs import (
-    INNER_LR,
-    Arm,
-    TuneStep,
-    next_on_ladder,
-    outcome_of,
-    outer_step_grid,
-    write_study,
-)
+from diloco.tools.studies.paper_runs import Arm, around, outcome_of, self_tuning, write_study
 from diloco.tools.studies.paper_studies import Claim
-from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, check_seeds, check_tune_seeds, task_config
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import block_pattern, exports
 
-__all__ = ["NAME", "TASKS", "arms", "claims", "AsyncSpec", "run_async_study", "render_block", "render_named",
+__all__ = ["NAME", "TASKS", "arms", "claims", "AsyncSpec", "render_block", "render_named",
            "equal_time_rounds"]
 
 NAME = "async"
@@ -80,18 +69,6 @@ def arms(config) -> list:
             Arm(DN, "diloco", {"asynchrony": {**speeds, "asynchronous": True, "delayed_nesterov": period}}),
             Arm(DYLU, "diloco", {"asynchrony": {**speeds, "asynchronous": True, "delayed_nesterov": period,
                                                 "dynamic_local_steps": True}})]
-
-
-TUNE_SEED = 1000  # each arm's lrs are tuned on this seed (its own speeds and T), never a reported seed
-
-
-def tuning_steps(study_arms: list, inner_lr: float) -> list:
-    """Each arm on itself, as the paper studies tune (``paper_runs.tune_arms``): its inner lr over
-    the task's and its two neighbours on the 1-3-10 ladder (``next_on_ladder``), its
-    outer lr x momentum (``outer_step_grid``), its inner lr again."""
-    groups = tuple((a.label, (a.label,)) for a in study_arms)
-    grid = (next_on_ladder(inner_lr, up=False), inner_lr, next_on_ladder(inner_lr, up=True))
-    return [TuneStep(INNER_LR, grid, groups), outer_step_grid(groups), TuneStep(INNER_LR, grid, groups)]
 
 
 def claims(_arms=None) -> list:
@@ -185,19 +162,15 @@ def _time_to_target(outcomes: list, rows: list) -> dict:
     return table
 
 
-def _base(args, spec: dict):
-    """The study's config: the task's, the flags', the default straggler; the per-arm flags refused."""
-    from diloco.tools.cli.flags import build_config
-
-    defaults = {"hidden_sizes": spec["hidden_sizes"], "inner": AdamWConfig(**spec["inner"]), "engine": default_engine(),
-                "num_workers": spec["num_workers"], "inner_steps": spec["inner_steps"], "rounds": spec["rounds"]}
-    config = build_config(args, defaults)
+def _base(args) -> tuple:
+    """``(task, config)``: the task's, the flags', the default straggler; the per-arm flags refused."""
+    task, config = task_config(args, TASKS, NAME, own=("num_workers", "inner_steps", "rounds"))
     if not config.asynchrony.simulates_speeds:  # the default straggler: the last worker, 4x slower
         config = config.replace(asynchrony={"straggler": config.num_workers - 1, "straggler_factor": 4.0})
     if config.asynchrony.asynchronous or config.asynchrony.delayed_nesterov or config.asynchrony.dynamic_local_steps:
         raise CliError("study async sets --async, --delayed-nesterov and --dynamic-local-steps per arm: "
                        "give only the speeds (--step-times, --speed-spread, --straggler, --straggler-factor)")
-    return config
+    return task, config
 
 
 class AsyncSpec(StudySpec):
@@ -210,8 +183,7 @@ class AsyncSpec(StudySpec):
         from diloco.core.driver import check_algorithm
         from diloco.tools.cli.flags import load_dataset
 
-        task = task_of(args, TASKS, NAME)
-        config = _base(args, TASKS[task])
+        task, config = _base(args)
         seeds = check_seeds(args, config)
         study_arms = arms(config)
         try:
@@ -229,7 +201,7 @@ class AsyncSpec(StudySpec):
         banner = (f"study async (Liu et al. 2024) on {task}: {len(study_arms)} arms x {len(seeds)} seeds, "
                   f"equal simulated time {horizon} s ({config.rounds} synchronous rounds)")
         return Plan(NAME, f"study-async-{task}", config, study_arms, seeds,
-                    check_tune_seeds(args, seeds, TUNE_SEED, count=1), tuning_steps(study_arms, config.inner.lr),
+                    check_tune_seeds(args, seeds, count=1), self_tuning(study_arms, around(config.inner.lr)),
                     data, data_info, record, banner, run=run_arm, runner="async",
                     extra={"task": task, "horizon": horizon, "seeds_flag": args.seeds})
 
@@ -238,10 +210,10 @@ class AsyncSpec(StudySpec):
         rows = summarise_arms(outcomes, done.arms)
         for row in rows:
             row["sim_seconds"] = float(np.mean([o["sim_seconds"] for o in outcomes if o["arm"] == row["arm"]]))
-        command = ["diloco study async", "--data", task, "--seeds", str(plan.extra["seeds_flag"])]
-        for flag, name in (("--workers", "num_workers"), ("--inner-steps", "inner_steps"), ("--rounds", "rounds")):
-            if getattr(config, name) != TASKS[task][name]:
-                command += [flag, str(getattr(config, name))]
+        changed = [(flag, getattr(config, name) if getattr(config, name) != TASKS[task][name] else None)
+                   for flag, name in (("--workers", "num_workers"), ("--inner-steps", "inner_steps"),
+                                      ("--rounds", "rounds"))]
+        command = [self.command(task, plan.extra["seeds_flag"], *changed)]
         return {"study": NAME, "title": "asynchronous DiLoCo against synchronous DiLoCo at equal simulated time",
                 "reference": "Liu et al. 2024, arXiv 2401.09135", "task": task, "data": plan.data_info,
                 "config": config.to_dict(), "horizon_seconds": plan.extra["horizon"], "seeds": plan.seeds,
@@ -254,10 +226,6 @@ class AsyncSpec(StudySpec):
         write_study(done.run_dir, summary, f"Asynchronous DiLoCo ({task})", render_block(summary, export), export,
                     f"beyond-async-{task}{_suffix(plan.config)}", plots=not args.no_plots)
 
-
-def run_async_study(args) -> int:
-    """``diloco study async``: its spec through the one runner."""
-    return run_spec(AsyncSpec(), args)
 
 
 def _speed_flags(config) -> list:
@@ -308,7 +276,7 @@ def render_block(summary: dict, export="docs/assets/results") -> str:
             f"{_speeds(speeds, config['num_workers'])}; every arm is compared at T = {horizon}, "
             f"{config['rounds']} synchronous rounds; seeds {summary['seeds']}. Steps/worker: the fastest worker's "
             f"steps by T, and all-reduces: outer steps (groups of arrivals), both of seed {summary['seeds'][0]}.\n\n"
-            + render_arms_table(summary) + "\n" + render_claims_table(summary) + "\n" + _time_table(summary)
+            + render_tables(summary) + "\n" + _time_table(summary)
             + _tuning_text(summary))
 
 

@@ -33,27 +33,28 @@ import numpy as np
 
 from diloco.config import MuonConfig
 from diloco.tools.cli.errors import CliError
-from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     NOT_RUN,
     claim_rows,
+    difference_text,
     first_seen,
     interval_text,
     judge_claims,
     metric_of,
     number,
+    percent_interval,
     summarise_arms,
     verdict,
 )
 from diloco.tools.studies.paper_runs import INNER_LR, MUON_LR, TuneStep, tune_arms, write_study
 from diloco.tools.studies.paper_studies import Arm, Claim, outer_step_then_lr
-from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_config
 from diloco.tools.studies.study_stats import mean_interval
 from diloco.tools.studies.summaries import exports
 
-__all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "TUNE_SEED_BASE", "PAPER", "setting", "muon_arms",
+__all__ = ["TASKS", "KS", "ADAMW_GRID", "COMPRESSION_K", "PAPER", "setting", "muon_arms",
            "muon_claims", "lr_tuning", "lr_records", "interaction_specs", "judge_interactions", "MuonSpec",
-           "run_muon_study", "render_section", "render_claims", "render_named"]
+           "render_section", "render_claims", "render_named"]
 
 # Per task: the model, H, the budget (steps per worker), small enough that the whole study
 # runs in minutes on one core, and Muon's lr grid (MNIST-1D's best lr sat at the lower edge
@@ -67,7 +68,6 @@ TASKS = {
 KS = (1, 2, 4, 8)
 COMPRESSION_K = 4
 ADAMW_GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
-TUNE_SEED_BASE = 1000
 
 # The paper's words (arXiv 2505.23725: v2's abstract for the K claims, v1's for compression).
 PAPER = {
@@ -82,6 +82,7 @@ PAPER = {
     "less_bytes": "\"MuLoCo (Muon inner optimizer DiLoCo) significantly outperforms DiLoCo while communicating 8X "
                   "less\" (abstract, v1)",
 }
+FP4 = ", fp4 + error feedback"  # the compressed arms' label suffix
 LOSSLESS_MARGIN = 0.01  # "next to no degradation", read as less than 1% of the metric
 
 
@@ -114,25 +115,17 @@ def muon_arms(h: int, steps: int, ks, lrs: dict, muon: MuonConfig | None = None)
     muon = MuonConfig() if muon is None else muon
     if steps % h:
         raise ValueError(f"steps per worker ({steps}) must be a multiple of H={h}")
-    rounds = steps // h
-    arms = []
-    for k in ks:
-        for optimizer in ("adamw", "muon"):
-            arms.append(Arm(_label(optimizer, k), "diloco", {"num_workers": k, "inner_steps": h, "rounds": rounds,
-                                                             "record_similarity": k > 1,
-                                                             **_optimizer(optimizer, lrs[setting("diloco", k)],
-                                                                          muon)}))
-    top = max(ks)
-    for optimizer in ("adamw", "muon"):
-        arms.append(Arm(_dp_label(optimizer, top), "sync", {"num_workers": top, "inner_steps": h, "rounds": rounds,
-                                                            **_optimizer(optimizer, lrs[setting("sync", top)],
-                                                                         muon)}))
+
+    def arm(label: str, algo: str, k: int, optimizer: str, **extra) -> Arm:
+        return Arm(label, algo, {"num_workers": k, "inner_steps": h, "rounds": steps // h, **extra,
+                                 **_optimizer(optimizer, lrs[setting(algo, k)], muon)})
+
+    both, top = ("adamw", "muon"), max(ks)
+    arms = [arm(_label(o, k), "diloco", k, o, record_similarity=k > 1) for k in ks for o in both]
+    arms += [arm(_dp_label(o, top), "sync", top, o) for o in both]
     if COMPRESSION_K in ks:
-        for optimizer in ("adamw", "muon"):
-            arms.append(Arm(_label(optimizer, COMPRESSION_K, ", fp4 + error feedback"), "diloco",
-                            {"num_workers": COMPRESSION_K, "inner_steps": h, "rounds": rounds,
-                             "family": {"comm_dtype": "fp4", "error_feedback": True},
-                             **_optimizer(optimizer, lrs[setting("diloco", COMPRESSION_K)], muon)}))
+        arms += [arm(_label(o, COMPRESSION_K, FP4), "diloco", COMPRESSION_K, o,
+                     family={"comm_dtype": "fp4", "error_feedback": True}) for o in both]
     return arms
 
 
@@ -142,7 +135,7 @@ def muon_claims(ks) -> list:
     claims = [Claim(f"MuLoCo beats DiLoCo at K={k} (equal bytes)", _label("muon", k), _label("adamw", k),
                     PAPER["absolute"]) for k in ks]
     if COMPRESSION_K in ks:
-        fp4 = ", fp4 + error feedback"
+        fp4 = FP4
         claims.append(Claim(f"fp4 + error feedback costs MuLoCo (K={COMPRESSION_K}) less than "
                             f"{100 * LOSSLESS_MARGIN:.0f}%", _label("muon", COMPRESSION_K),
                             _label("muon", COMPRESSION_K, fp4), PAPER["lossless"], margin=LOSSLESS_MARGIN))
@@ -166,7 +159,7 @@ def interaction_specs(ks) -> list:
                   (_label("adamw", top), _dp_label("adamw", top)), (_label("muon", top), _dp_label("muon", top)),
                   False))
     if COMPRESSION_K in ks:
-        fp4 = ", fp4 + error feedback"
+        fp4 = FP4
         specs.append((f"fp4 + error feedback costs Muon less than AdamW (K={COMPRESSION_K}, relative)",
                       PAPER["lossless"], (_label("adamw", COMPRESSION_K, fp4), _label("adamw", COMPRESSION_K)),
                       (_label("muon", COMPRESSION_K, fp4), _label("muon", COMPRESSION_K)), True))
@@ -232,7 +225,7 @@ def outer_tuning_steps(arms: list, grids: dict) -> list:
     (``paper_studies.outer_step_then_lr``: AdamW arms' ``inner.lr`` over ``grids["adamw"]``, Muon
     arms' ``muon.lr`` over ``grids["muon"]``); an fp4 arm takes the choices of its uncompressed
     arm at the same K. The synchronous arms have no outer step."""
-    fp4, labels = ", fp4 + error feedback", {a.label for a in arms}
+    fp4, labels = FP4, {a.label for a in arms}
     groups = tuple((a.label, (a.label, *([a.label + fp4] if a.label + fp4 in labels else []))) for a in arms
                    if a.algo == "diloco" and not a.label.endswith(fp4))
     return outer_step_then_lr(groups, {a.label: a for a in arms}, grids["adamw"], (), grids["muon"])
@@ -259,18 +252,16 @@ class MuonSpec(StudySpec):
     name = "muon"
 
     def plan(self, args) -> Plan:
-        from diloco.tools.cli.flags import build_config, load_dataset
+        from diloco.tools.cli.flags import load_dataset
         from diloco.tools.cli.run_setup import check_plotting, split_values
 
-        task = task_of(args, TASKS, "muon", default="shakespeare")
+        task, config = task_config(args, TASKS, "muon", "shakespeare", own=("inner_steps",))
         spec = TASKS[task]
-        config = build_config(args, {"hidden_sizes": spec["hidden_sizes"], "inner_steps": spec["inner_steps"],
-                                     "engine": default_engine()})
         muon = config.muon  # --muon-* flags (with --inner-optimizer muon) set Muon's other hyper-parameters
         base = config.replace(inner_optimizer="adamw", muon=MuonConfig())
         steps = budget(args, spec["steps"], config.inner_steps)
         seeds = check_seeds(args, config)
-        tune_seeds = check_tune_seeds(args, seeds, TUNE_SEED_BASE)
+        tune_seeds = check_tune_seeds(args, seeds)
         ks = _ks(split_values(args.values) if getattr(args, "values", None) else None)
         check_plotting(args)
         data, data_info = load_dataset(args, config.dtype)
@@ -302,10 +293,10 @@ class MuonSpec(StudySpec):
     def summary(self, plan: Plan, done: Done) -> dict:
         task, steps, ks, extra = plan.extra["task"], plan.extra["steps"], plan.extra["ks"], plan.extra
         rows = summarise_arms(done.outcomes, done.arms)
-        command = " ".join(["diloco study muon", "--data", task, "--seeds", str(extra["seeds_flag"])]
-                           + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
-                           + (["--values", ",".join(str(k) for k in ks)] if ks != KS else [])
-                           + (["--num-samples", str(extra["num_samples"])] if extra["num_samples"] else []))
+        command = self.command(task, extra["seeds_flag"],
+                               ("--total-steps", steps if steps != TASKS[task]["steps"] else None),
+                               ("--values", ",".join(str(k) for k in ks) if ks != KS else None),
+                               ("--num-samples", extra["num_samples"]))
         return {
             "study": "muon", "title": "MuLoCo: Muon as DiLoCo's inner optimizer",
             "reference": "MuLoCo, arXiv 2505.23725", "task": task, "data": plan.data_info,
@@ -322,11 +313,6 @@ class MuonSpec(StudySpec):
                     f"beyond-muon-{task}", plots=not args.no_plots)
 
 
-def run_muon_study(args) -> int:
-    """``diloco study muon``: its spec through the one runner (tune, run every arm on every seed,
-    judge, write, export)."""
-    return run_spec(MuonSpec(), args)
-
 
 # --- the results page -------------------------------------------------------------------------
 
@@ -334,7 +320,7 @@ def _gap_text(stats, relative: bool) -> str:
     if stats is None:
         return "n/a"
     if relative:
-        return f"{100 * stats['mean']:+.2f}% [{100 * stats['low']:+.2f}%, {100 * stats['high']:+.2f}%]"
+        return percent_interval(stats, 2)
     return interval_text(stats)
 
 
@@ -403,11 +389,8 @@ def _arm_lines(summary: dict, field: str, name: str) -> list:
 
 def _claim_line(claim: dict) -> str:
     """A claim's row: the two arms' metrics, the paired difference (relative with a margin), the verdict."""
-    diff = claim["metric_difference"]
-    text = (f"{100 * diff['mean']:+.2f}% [{100 * diff['low']:+.2f}%, {100 * diff['high']:+.2f}%], "
-            f"margin {100 * claim['margin']:.0f}%") if claim.get("margin") is not None else interval_text(diff)
     return (f"| {claim['text']} | {claim['paper']} | {number(claim['better_metric'])} vs "
-            f"{number(claim['worse_metric'])} | {text} | **{claim['verdict']}** |")
+            f"{number(claim['worse_metric'])} | {difference_text(claim, percent_digits=2)} | **{claim['verdict']}** |")
 
 
 def _gap_line(gap: dict) -> str:

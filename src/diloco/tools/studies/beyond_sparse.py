@@ -45,16 +45,13 @@ import sys
 
 import numpy as np
 
-from diloco.config import AdamWConfig
 from diloco.core.quantize import encode
 from diloco.methods.sparse import SparseConfig, encoded_nbytes
 from diloco.tools.cli.errors import CliError
-from diloco.tools.cli.flags import build_config, load_dataset
-from diloco.tools.studies.ablations import default_engine
+from diloco.tools.cli.flags import load_dataset
 from diloco.tools.studies.paper_report import (
     judge_claims,
-    render_arms_table,
-    render_claims_table,
+    render_tables,
     summarise_arms,
     verdict,
 )
@@ -63,17 +60,18 @@ from diloco.tools.studies.paper_runs import (
     INNER_LR,
     OUTER_STEP,
     TuneStep,
-    next_on_ladder,
+    around,
     outer_step_grid,
+    per_arm,
     write_study,
 )
 from diloco.tools.studies.paper_studies import Arm, Claim
-from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_config
 from diloco.tools.studies.summaries import block_pattern, exports, missing_block
 from diloco.tools.studies.tuning_table import render_tuning
 
 __all__ = ["TASKS", "K", "H", "FP4_BLOCK", "tensor_shapes", "fp4_round_bytes", "sparse_round_bytes",
-           "matched_density", "sparse_arms", "sparse_claims", "SparseSpec", "run_sparse_study", "render_bytes_table",
+           "matched_density", "sparse_arms", "sparse_claims", "SparseSpec", "render_bytes_table",
            "render_block", "render_named"]
 
 TASKS = {
@@ -94,7 +92,6 @@ OUTER_LRS, OUTER_MOMENTA = (0.5, 0.7, 1.0), (0.5, 0.9)
 # a steady step about tenfold: on the char-LM its tuning still improved at lr 8 on a grid
 # of 1, 2, 4 extended twice.
 SGD_LRS, DECAYS = (2.0, 4.0, 8.0), (0.9, 0.95, 0.99)
-TUNE_SEED = 1000
 MARGIN = 0.05  # "comparable": a relative cost under 5% of the metric
 BLOCK = block_pattern(r"beyond-sparse-[\w-]+")
 
@@ -161,11 +158,10 @@ def sparse_tuning_steps(arms, inner_lr: float) -> list:
     1-3-10 neighbours) probed on the first arm for all, then each Nesterov arm's outer lr x
     momentum, then each SGD-outer (SparseLoCo) arm's outer lr x feedback decay."""
     labels = tuple(arm.label for arm in arms)
-    sgd = tuple((a.label, (a.label,)) for a in arms if a.changes.get("outer_optimizer") == "sgd")
-    nesterov = tuple((a.label, (a.label,)) for a in arms if a.changes.get("outer_optimizer") != "sgd")
-    inner = (next_on_ladder(inner_lr, up=False), inner_lr, next_on_ladder(inner_lr, up=True))
+    sgd = per_arm(arms, lambda a: a.changes.get("outer_optimizer") == "sgd")
+    nesterov = per_arm(arms, lambda a: a.changes.get("outer_optimizer") != "sgd")
     decay = (OUTER_STEP[0], FEEDBACK_DECAY)
-    return [TuneStep(INNER_LR, inner, ((labels[0], labels),)),
+    return [TuneStep(INNER_LR, around(inner_lr), ((labels[0], labels),)),
             outer_step_grid(nesterov, OUTER_LRS, OUTER_MOMENTA),
             TuneStep(decay, tuple((lr, beta) for lr in SGD_LRS for beta in DECAYS), sgd)]
 
@@ -197,12 +193,9 @@ class SparseSpec(StudySpec):
     name = "sparse"
 
     def plan(self, args) -> Plan:
-        task = task_of(args, TASKS, "sparse")
+        task, config = task_config(args, TASKS, "sparse", num_workers=K, inner_steps=H)
         if getattr(args, "values", None):
             raise CliError("study sparse has fixed arms and takes no --values")
-        defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
-                    "num_workers": K, "inner_steps": H, "engine": default_engine()}
-        config = build_config(args, defaults)
         steps = budget(args, TASKS[task]["steps"], config.inner_steps, rounds=False)
         seeds = check_seeds(args, config, 5, "this study's paired intervals")
         if task == "shakespeare" and getattr(args, "eval_windows", None) is None:
@@ -210,7 +203,7 @@ class SparseSpec(StudySpec):
         data, data_info = load_dataset(args, config.dtype)
         shapes = tensor_shapes(_num_features(data), config.hidden_sizes, data.num_classes)
         arms = sparse_arms(shapes, config.num_workers, steps, config.inner_steps)
-        tune_seeds = check_tune_seeds(args, seeds, TUNE_SEED, count=1)
+        tune_seeds = check_tune_seeds(args, seeds, count=1)
         record = {"study": "sparse", "task": task, "steps_per_worker": steps, "seeds": seeds,
                   "arms": [a._asdict() for a in arms]}
         banner = f"study sparse on {task}: {len(arms)} arms x {len(seeds)} seeds, {steps} steps per worker"
@@ -222,9 +215,9 @@ class SparseSpec(StudySpec):
     def summary(self, plan: Plan, done: Done) -> dict:
         task, steps, extra = plan.extra["task"], plan.extra["steps"], plan.extra
         rows = summarise_arms(done.outcomes, done.arms)
-        command = " ".join([".venv/bin/diloco study sparse --data", task, "--seeds", str(extra["seeds_flag"])]
-                           + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
-                           + (["--num-samples", str(extra["num_samples"])] if extra["num_samples"] else []))
+        command = ".venv/bin/" + self.command(task, extra["seeds_flag"],
+                                              ("--total-steps", steps if steps != TASKS[task]["steps"] else None),
+                                              ("--num-samples", extra["num_samples"]))
         runs = done.tuned + done.outcomes
         return {"study": "sparse", "title": "Sparse outer gradients at equal bytes", "reference": "SparseLoCo, DeMo",
                 "task": task, "data": plan.data_info, "config": plan.config.to_dict(), "steps_per_worker": steps,
@@ -239,10 +232,6 @@ class SparseSpec(StudySpec):
                     getattr(args, "export", None), f"beyond-sparse-{plan.extra['task']}", plots=not args.no_plots)
 
 
-def run_sparse_study(args) -> int:
-    """The ``diloco study sparse`` command (module doc): its spec through the one runner."""
-    return run_spec(SparseSpec(), args)
-
 
 def render_bytes_table(summary: dict) -> str:
     """Markdown: each arm's bytes sent per worker over the run, and against full-precision DiLoCo."""
@@ -255,7 +244,7 @@ def render_bytes_table(summary: dict) -> str:
 
 def render_block(summary: dict) -> str:
     """The results page's block of one task: bytes, arms, claims."""
-    return (render_bytes_table(summary) + "\n" + render_arms_table(summary) + "\n" + render_claims_table(summary)
+    return (render_bytes_table(summary) + "\n" + render_tables(summary)
             + f"\nSeeds {summary['seeds']}; {summary['steps_per_worker']} steps per worker, H = "
               f"{summary['config']['inner_steps']}; {summary['runs']} runs, tuning included, which trained for "
               f"{summary['run_seconds'] / 60:.1f} min in all (one process each; a run read from the run cache is "

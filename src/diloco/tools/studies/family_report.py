@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco.tools.studies.paper_report import NOT_RUN, interval_text, verdict
+from diloco.tools.studies.paper_report import NOT_RUN, difference_text, verdict
 from diloco.tools.studies.study_stats import mean_interval
 
 __all__ = ["FamilyClaim", "NO_LOSS_MARGIN", "family_claims", "judge_family_claims",
@@ -138,11 +138,8 @@ def render_family_claims(claims: list) -> str:
         diff = claim["metric_difference"]
         if diff is None:
             text = claim.get("note") or "not run"
-        elif claim.get("margin") is not None:
-            text = (f"{100 * diff['mean']:+.1f}% [{100 * diff['low']:+.1f}%, {100 * diff['high']:+.1f}%], "
-                    f"margin {100 * claim['margin']:.0f}%")
         else:
-            text = interval_text(diff, 4)
+            text = difference_text(claim, 4)
         unit = " s" if claim["field"].startswith("seconds@") else ""
         lines.append(f"| {claim['text']} | {claim['paper']} | {claim['better']}: {_cell(claim['better_metric'])}{unit} "
                      f"| {claim['worse']}: {_cell(claim['worse_metric'])}{unit} | {text} | **{claim['verdict']}** |")

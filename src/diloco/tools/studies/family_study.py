@@ -25,7 +25,7 @@ runs, rows, claims and verdicts (``diloco.tools.studies.family_report``) are wri
 ``DIR/family-<study>.json``, the file ``docs/results-family.md`` is rendered from. The
 rows reuse ``diloco.tools.studies.ablations``' statistics (mean and 95% Student-t interval
 over seeds); the tables, the time to target and its plot are in
-``diloco.tools.studies.family_tables``, re-exported here.
+``diloco.tools.studies.family_tables``.
 """
 
 from __future__ import annotations
@@ -46,17 +46,11 @@ from diloco.tools.cli.run_setup import check_plotting, max_loss_flag, study_valu
 from diloco.tools.studies.ablation_spec import AblationSpec, save_study_plots, study_preface
 from diloco.tools.studies.ablations import Study, default_engine, outcome_fields, replay_rounds, summarise
 from diloco.tools.studies.family_report import family_claims, judge_family_claims, render_family_block
-from diloco.tools.studies.family_tables import (
-    bandwidth_rows,
-    paired_difference,
-    plot_time_to_target,
-    time_to_target,
-)
-from diloco.tools.studies.paper_runs import INNER_LR, TuneStep, outer_step_grid, tune_arms, write_study
-from diloco.tools.studies.runner import Done, Plan, check_tune_seeds, run_spec
+from diloco.tools.studies.family_tables import bandwidth_rows, plot_time_to_target, time_to_target
+from diloco.tools.studies.paper_runs import self_tuning, tune_arms, write_study
+from diloco.tools.studies.runner import Done, Plan, check_tune_seeds
 
-__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_variant", "time_to_target", "paired_difference",
-           "bandwidth_rows", "FamilySpec", "run_family_study_command"]
+__all__ = ["FAMILY_STUDIES", "FamilyVariant", "run_family_variant", "FamilySpec"]
 
 
 class FamilyVariant(NamedTuple):
@@ -128,7 +122,6 @@ def _bandwidth_variants(config, values) -> list:
 
 
 _BASE = {"rounds": 24, "inner_steps": 25, "hidden_sizes": (64, 64, 64), "engine": default_engine()}
-TUNE_SEED = 1000  # every arm is tuned on this seed, never an evaluation seed
 INNER_GRID = (3e-4, 1e-3, 3e-3)  # around AdamWConfig's default lr, 1e-3
 
 FAMILY_STUDIES = {
@@ -192,19 +185,10 @@ def family_runner(config, family, max_loss=None):
     return run
 
 
-def tuning_steps(variants) -> list:
-    """Every arm on itself: its inner lr; then each DiLoCo arm's outer lr x momentum and its
-    inner lr again (``paper_runs.tune_arms``, the paper studies' tuning, grids extended past a
-    chosen edge). The synchronous arms have no outer step."""
-    every = tuple((v.label, (v.label,)) for v in variants)
-    diloco = tuple((v.label, (v.label,)) for v in variants if v.algo == "diloco")
-    return [TuneStep(INNER_LR, INNER_GRID, every), outer_step_grid(diloco), TuneStep(INNER_LR, INNER_GRID, diloco)]
-
-
 def tune_outer_step(variants, config, family, dataset, seeds, max_loss=None) -> tuple:
-    """``tuning_steps(variants)`` run by ``paper_runs.tune_arms`` on ``seeds``."""
-    return tune_arms(tuning_steps(variants), variants, config, dataset, seeds, run=family_runner(config, family,
-                                                                                                 max_loss))
+    """``paper_runs.self_tuning`` over ``INNER_GRID`` run by ``paper_runs.tune_arms`` on ``seeds``."""
+    return tune_arms(self_tuning(variants, INNER_GRID), variants, config, dataset, seeds,
+                     run=family_runner(config, family, max_loss))
 
 
 def reached_by_every_run(outcomes) -> float:
@@ -264,8 +248,8 @@ class FamilySpec(AblationSpec):
         record = {**self.record(values, seeds, variants), "family": family.to_dict(), "target_loss": target}
         max_loss = max_loss_flag(args)
         return Plan(study.name, f"study-{study.name}", config, variants, seeds,
-                    check_tune_seeds(args, seeds, TUNE_SEED, count=1) if tune else [],
-                    tuning_steps(variants) if tune else [], data, data_info, record,
+                    check_tune_seeds(args, seeds, count=1) if tune else [],
+                    self_tuning(variants, INNER_GRID) if tune else [], data, data_info, record,
                     f"study {study.name}: {len(variants)} arms x {len(seeds)} seeds on {data_info['name']}; "
                     f"claim: {study.claim}", run=family_runner(config, family, max_loss),
                     runner=f"family {json.dumps(family.to_dict(), sort_keys=True)} max loss {max_loss}",
@@ -314,7 +298,3 @@ def _plots(study, summary: dict, plan: Plan, done: Done, export) -> None:
     if study.name == "bandwidth":
         save_figure(plot_time_to_target(summary["bandwidth"], values, target), done.run_dir / "time_to_target.png")
 
-
-def run_family_study_command(args) -> int:
-    """``diloco study compression|streaming|bandwidth`` (see the module doc): its spec through the one runner."""
-    return run_spec(FamilySpec(FAMILY_STUDIES[args.study]), args)

@@ -15,12 +15,11 @@ import numpy as np
 
 from diloco.core.netsim import parse_bandwidth, simulate
 from diloco.tools.studies.study_stats import (
-    CLIPPED_MARK,
-    CLIPPED_NOTE,
     RANGES,
     format_bytes,
     format_interval,
     mean_interval,
+    table_text,
 )
 
 __all__ = ["time_to_target", "paired_difference", "bandwidth_rows", "plot_time_to_target"]
@@ -48,33 +47,21 @@ def paired_difference(outcomes, variant: str, reference: str, field: str) -> dic
     return mean_interval([o[field] - ref[o["seed"]] for o in outcomes if o["variant"] == variant])
 
 
-def _difference(d: dict, digits: int = 4) -> str:
-    return f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
-
-
-def _bounded(stats: dict, field: str) -> str:
-    """``mean [low, high]`` clipped to the metric's range (``study_stats.RANGES``), marked when clipped."""
-    return format_interval(stats, 4, RANGES[field])
-
-
-def _with_note(lines: list) -> str:
-    """The table's lines joined, with ``CLIPPED_NOTE`` under it when an interval was clipped."""
-    if any(CLIPPED_MARK in line for line in lines):
-        lines = [*lines, "", CLIPPED_NOTE]
-    return "\n".join(lines) + "\n"
+def _quality(row: dict, outcomes, reference: str) -> str:
+    """A row's first cells: the arm, its held-out accuracy and loss (clipped to their ``RANGES``,
+    marked when clipped) and its loss minus ``reference``'s, paired over seeds."""
+    acc, loss = (format_interval(row[field], 4, RANGES[field]) for field in ("eval_accuracy", "eval_loss"))
+    d = paired_difference(outcomes, row["variant"], reference, "eval_loss")
+    return f"| {row['variant']} | {acc} | {loss} | {d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}] "
 
 
 def compression_table(rows, outcomes) -> str:
     native = next((r for r in rows if r["variant"] == "native"), rows[0])
     lines = ["| wire format | held-out accuracy [95% CI] | held-out loss [95% CI] | loss minus the first arm's, "
              "paired [95% CI] | bytes/worker | compression vs the first arm |", "|---|---|---|---|---:|---:|"]
-    for row in rows:
-        acc, loss = row["eval_accuracy"], row["eval_loss"]
-        diff = paired_difference(outcomes, row["variant"], native["variant"], "eval_loss")
-        lines.append(f"| {row['variant']} | {_bounded(acc, 'eval_accuracy')} "
-                     f"| {_bounded(loss, 'eval_loss')} | {_difference(diff)} "
-                     f"| {format_bytes(row['bytes_sent'])} | {native['bytes_sent'] / row['bytes_sent']:.1f}x |")
-    return _with_note(lines)
+    lines += [f"{_quality(row, outcomes, native['variant'])}| {format_bytes(row['bytes_sent'])} "
+              f"| {native['bytes_sent'] / row['bytes_sent']:.1f}x |" for row in rows]
+    return table_text(lines)
 
 
 def streaming_table(rows, outcomes) -> str:
@@ -84,13 +71,9 @@ def streaming_table(rows, outcomes) -> str:
     reference = peaks[rows[0]["variant"]]
     lines = ["| arm | held-out accuracy [95% CI] | held-out loss [95% CI] | loss minus the first arm's, paired "
              "[95% CI] | peak bytes/sync | peak vs first arm | bytes/worker |", "|---|---|---|---|---:|---:|---:|"]
-    for row in rows:
-        acc, loss, peak = row["eval_accuracy"], row["eval_loss"], peaks[row["variant"]]
-        diff = paired_difference(outcomes, row["variant"], rows[0]["variant"], "eval_loss")
-        lines.append(f"| {row['variant']} | {_bounded(acc, 'eval_accuracy')} "
-                     f"| {_bounded(loss, 'eval_loss')} | {_difference(diff)} "
-                     f"| {format_bytes(peak)} | {reference / peak:.2f}x lower | {format_bytes(row['bytes_sent'])} |")
-    return _with_note(lines)
+    lines += [f"{_quality(row, outcomes, rows[0]['variant'])}| {format_bytes(peaks[row['variant']])} "
+              f"| {reference / peaks[row['variant']]:.2f}x lower | {format_bytes(row['bytes_sent'])} |" for row in rows]
+    return table_text(lines)
 
 
 def bandwidth_rows(outcomes, bandwidths, latency: float, step_time: float, target: float) -> list:

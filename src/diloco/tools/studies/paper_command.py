@@ -19,28 +19,20 @@ and ``.png``: the files ``docs/results.md`` quotes.
 
 from __future__ import annotations
 
-from diloco.config import AdamWConfig
 from diloco.tools.cli.errors import CliError
-from diloco.tools.cli.flags import build_config, load_dataset
+from diloco.tools.cli.flags import load_dataset
 from diloco.tools.cli.run_setup import check_plotting, split_values
-from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_report import (
     judge_claims,
-    render_arms_table,
-    render_claims_table,
+    render_tables,
     summarise_arms,
 )
 from diloco.tools.studies.paper_runs import parse_numbers, write_study
-from diloco.tools.studies.paper_studies import PAPER_STUDIES, TASKS, H, K, tuning_steps, with_warmup
+from diloco.tools.studies.paper_studies import TASKS, H, K, tuning_steps, with_warmup
 from diloco.tools.studies.plots import plot_paper_study, plot_scaling_gap  # re-exported: where they were
-from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, run_spec, task_of
+from diloco.tools.studies.runner import Done, Plan, StudySpec, budget, check_seeds, check_tune_seeds, task_config
 
-__all__ = ["PaperSpec", "run_paper_study", "plot_paper_study", "plot_scaling_gap", "TUNE_SEED_BASE"]
-
-# Tuning seeds start here, far from the evaluation seeds (0, 1, ...), so the lr chosen for
-# an outer optimizer is never picked on the runs it is then judged on.
-TUNE_SEED_BASE = 1000  # runner.check_tune_seeds' default base
-
+__all__ = ["PaperSpec", "plot_paper_study", "plot_scaling_gap"]
 
 def _inner_grid(args, task: str) -> tuple:
     """``--inner-grid``: the task's grid by default, ``()`` for ``off`` (keep ``--lr``)."""
@@ -80,10 +72,7 @@ class PaperSpec(StudySpec):
 
     def plan(self, args) -> Plan:
         study = self.study
-        task = task_of(args, TASKS, study.name)
-        defaults = {"hidden_sizes": TASKS[task]["hidden_sizes"], "inner": AdamWConfig(**TASKS[task]["inner"]),
-                    "num_workers": K, "inner_steps": H, "lr_schedule": "cosine", "engine": default_engine()}
-        config = build_config(args, defaults)
+        task, config = task_config(args, TASKS, study.name, num_workers=K, inner_steps=H, lr_schedule="cosine")
         steps = budget(args, TASKS[task]["steps"], config.inner_steps, multiple=False)
         seeds = check_seeds(args, config)
         values = split_values(args.values) if getattr(args, "values", None) else None
@@ -120,24 +109,19 @@ class PaperSpec(StudySpec):
             "cached_runs": sum(bool(o.get("cached")) for o in done.tuned + done.outcomes),
             "claims": judge_claims(study.claims(done.arms), rows, task),
             "seconds": done.seconds,
-            "command": " ".join(["diloco study", study.name, "--data", task, "--seeds", str(len(plan.seeds))]
-                                + (["--total-steps", str(steps)] if steps != TASKS[task]["steps"] else [])
-                                + (["--values", ",".join(values)] if values else [])
-                                + (["--num-samples", str(info["num_samples"])] if "num_samples" in info else [])
-                                + (["--eval-windows", str(info["eval_windows"])] if "eval_windows" in info
-                                   else [])),
+            "command": self.command(task, len(plan.seeds),
+                                    ("--total-steps", steps if steps != TASKS[task]["steps"] else None),
+                                    ("--values", ",".join(values) if values else None),
+                                    ("--num-samples", info.get("num_samples")),
+                                    ("--eval-windows", info.get("eval_windows"))),
         }
 
     def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
         study, task = self.study, plan.extra["task"]
-        table = render_arms_table(summary) + "\n" + render_claims_table(summary)
+        table = render_tables(summary)
         figure = plot_scaling_gap if study.name == "scaling" else plot_paper_study
         write_study(done.run_dir, summary, f"{study.reference}: {study.title} ({task})", table,
                     getattr(args, "export", None), f"{study.name}-{task}", plots=not args.no_plots, figure=figure,
                     preface=f"Seeds {plan.seeds}; {plan.extra['steps']} steps per worker; paired differences "
                             f"over seeds.\n\n")
 
-
-def run_paper_study(args) -> int:
-    """``diloco study <paper study>``: its spec through the one runner."""
-    return run_spec(PaperSpec(PAPER_STUDIES[args.study]), args)

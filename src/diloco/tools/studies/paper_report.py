@@ -35,19 +35,19 @@ import numpy as np
 
 from diloco.tools.studies.study_stats import (
     CLIPPED_MARK,
-    CLIPPED_NOTE,
     RANGES,
     clip_interval,
     mean_interval,
     mean_or_none,
+    table_text,
 )
 
-__all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "VERDICTS", "paired_difference", "verdict",
-           "combine_verdicts", "summarise_arms", "judge_claims", "arm_value", "render_arms_table",
-           "render_claims_table", "render_paper_table", "first_seen", "claim_rows", "metric_of", "number"]
+__all__ = ["HOLDS", "PARTLY", "TIE", "REVERSED", "NOT_RUN", "paired_difference", "verdict", "combine_verdicts",
+           "summarise_arms", "judge_claims", "arm_value", "render_arms_table", "render_claims_table", "render_tables",
+           "render_paper_table", "first_seen", "claim_rows", "metric_of", "number", "interval_text",
+           "percent_interval", "difference_text"]
 
 HOLDS, PARTLY, TIE, REVERSED, NOT_RUN = "holds", "holds partly", "tie", "reversed", "not run"
-VERDICTS = (HOLDS, PARTLY, TIE, REVERSED, NOT_RUN)  # strongest first; NOT_RUN is no evidence
 
 
 def metric_of(task: str) -> tuple[str, str]:
@@ -192,13 +192,18 @@ def arm_value(claim: dict, key: str) -> str:
     return number(claim[key])
 
 
-def _difference(claim: dict) -> str:
-    """The paired difference of a claim: absolute, or relative (in %) for a margin claim."""
+def percent_interval(stats: dict, digits: int = 1) -> str:
+    """A relative interval in percent: ``+m% [+l%, +h%]``."""
+    return f"{100 * stats['mean']:+.{digits}f}% [{100 * stats['low']:+.{digits}f}%, {100 * stats['high']:+.{digits}f}%]"
+
+
+def difference_text(claim: dict, digits: int = 3, percent_digits: int = 1) -> str:
+    """The paired difference of a claim: absolute (``interval_text``), or relative (in %, with
+    its margin) for a margin claim."""
     diff = claim["metric_difference"]
     if claim.get("margin") is None:
-        return interval_text(diff)
-    return (f"{100 * diff['mean']:+.1f}% [{100 * diff['low']:+.1f}%, {100 * diff['high']:+.1f}%], "
-            f"margin {100 * claim['margin']:.0f}%")
+        return interval_text(diff, digits)
+    return f"{percent_interval(diff, percent_digits)}, margin {100 * claim['margin']:.0f}%"
 
 
 def render_arms_table(summary: dict) -> str:
@@ -211,17 +216,13 @@ def render_arms_table(summary: dict) -> str:
              f"| best {('loss' if field == 'eval_loss' else 'loss')} over rounds |"
              + (" shard KL (nats) |" if kl else ""),
              "|---|---:|---:|---|---|---:|" + ("---:|" if kl else "")]
-    clipped = False
     for row in summary["rows"]:
         metric = interval_text(row[field], field=field)
         accuracy = interval_text(row["eval_accuracy"], field="eval_accuracy")
-        clipped = clipped or CLIPPED_MARK in metric + accuracy
         lines.append(f"| {row['arm']} | {row['steps_per_worker']} | {row['all_reduces']} | {metric} "
                      f"| {accuracy} | {number(row['best_eval_loss']['mean'])} |"
                      + (f" {row['split_divergence']:.4f} |" if kl else ""))
-    if clipped:
-        lines += ["", CLIPPED_NOTE]
-    return "\n".join(lines) + "\n"
+    return table_text(lines)
 
 
 def render_claims_table(summary: dict) -> str:
@@ -236,9 +237,14 @@ def render_claims_table(summary: dict) -> str:
              "|---|---|---:|---:|---|---|"]
     for claim in summary["claims"]:
         lines.append(f"| {claim['text']} | {claim['paper']} | {arm_value(claim, 'better_metric')} "
-                     f"| {arm_value(claim, 'worse_metric')} | {_difference(claim)} "
+                     f"| {arm_value(claim, 'worse_metric')} | {difference_text(claim)} "
                      f"| **{claim['verdict']}** |")
     return "\n".join(lines) + "\n"
+
+
+def render_tables(summary: dict) -> str:
+    """A study's two tables: its arms, then its claims."""
+    return render_arms_table(summary) + "\n" + render_claims_table(summary)
 
 
 PAPER_COLUMNS = (("shakespeare", "char-LM: perplexity"), ("mnist1d", "MNIST-1D: held-out loss"))
@@ -266,7 +272,7 @@ def _paper_cell(summary: dict | None, judged: dict | None) -> str:
     if judged is None:
         return "not run (arm not in this task's study)" if summary is not None else "not run"
     return (f"{arm_value(judged, 'better_metric')} vs {arm_value(judged, 'worse_metric')}; "
-            f"diff {_difference(judged)}: {judged['verdict']}")
+            f"diff {difference_text(judged)}: {judged['verdict']}")
 
 
 def first_seen(summaries: list, items=itemgetter("claims")) -> list:

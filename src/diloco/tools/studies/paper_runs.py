@@ -32,7 +32,8 @@ from diloco.tools.studies.study_loop import run_arms
 __all__ = ["Arm", "TuneStep", "INNER_LR", "OUTER_STEP", "OUTER_LR_GRID", "OUTER_MOMENTUM_GRID", "RunCache", "MUON_LR",
            "FEEDBACK_DECAY",
            "arm_engine", "outcome_of", "run_arm", "tune_arms", "outer_step_grid", "check_tuning_seeds", "write_study",
-           "apply_value", "next_on_ladder", "past_the_edge", "JOINT_LADDERS", "with_warmup", "WARMUP_FRACTION"]
+           "apply_value", "next_on_ladder", "per_arm", "around", "self_tuning", "past_the_edge", "JOINT_LADDERS",
+           "with_warmup", "WARMUP_FRACTION"]
 
 INNER_LR = "inner lr"  # the tuning field that sets ``inner.lr`` (every other field is a DiLoCoConfig field)
 MUON_LR = "muon lr"  # the tuning field that sets ``muon.lr`` (a Muon arm's matrices; its biases keep ``inner.lr``)
@@ -61,6 +62,23 @@ def outer_step_grid(groups: tuple, lrs: tuple = OUTER_LR_GRID, momenta: tuple = 
     """The outer lr x outer momentum grid (every pair) as one ``TuneStep`` over ``groups``;
     ``tune_arms`` extends it past an edge that is chosen (``past_the_edge``)."""
     return TuneStep(OUTER_STEP, tuple((lr, mu) for lr in lrs for mu in momenta), groups)
+
+
+def per_arm(arms, keep=None) -> tuple:
+    """Each arm (each that ``keep(arm)`` accepts) tuned on itself: ``((label, (label,)), ...)``."""
+    return tuple((a.label, (a.label,)) for a in arms if keep is None or keep(a))
+
+
+def around(value: float) -> tuple:
+    """``value`` and its two neighbours on the 1-3-10 ladder (``next_on_ladder``)."""
+    return next_on_ladder(value, up=False), value, next_on_ladder(value, up=True)
+
+
+def self_tuning(arms, grid: tuple) -> list:
+    """Every arm on itself: its inner lr over ``grid``; then each DiLoCo arm's outer lr x momentum
+    (``outer_step_grid``) and its inner lr again. The synchronous arms have no outer step."""
+    diloco = per_arm(arms, lambda a: a.algo == "diloco")
+    return [TuneStep(INNER_LR, grid, per_arm(arms)), outer_step_grid(diloco), TuneStep(INNER_LR, grid, diloco)]
 
 
 def check_tuning_seeds(tuning_seeds, seeds) -> None:

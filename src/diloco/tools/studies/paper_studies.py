@@ -53,10 +53,11 @@ from diloco.tools.studies.paper_runs import (
     arm_engine,
     outer_step_grid,
     parse_numbers,
+    per_arm,
     with_warmup,
 )
 
-__all__ = ["Arm", "Claim", "PaperStudy", "TuneStep", "TASKS", "PAPER_STUDIES", "OUTER_GRIDS", "arm_engine",
+__all__ = ["Arm", "Claim", "PaperStudy", "TASKS", "PAPER_STUDIES", "OUTER_GRIDS", "arm_engine",
            "with_warmup", "tuning_steps", "outer_step_then_lr"]
 
 
@@ -114,14 +115,9 @@ OUTER_GRIDS = {"Nesterov": (0.3, 0.7, 1.0), "heavy ball": (0.3, 0.7, 1.0),
 OUTER_TUNE_MOMENTA = (0.5, 0.9)  # fig6: each momentum method's momentum (Adam's beta1), with its lr
 
 
-def per_arm(arms) -> tuple:
-    """Every arm tuned on itself."""
-    return tuple((a.label, (a.label,)) for a in arms)
-
-
 def diloco_arms(arms) -> tuple:
     """Every DiLoCo arm tuned on itself (the synchronous arms have no outer step)."""
-    return per_arm([a for a in arms if a.algo == "diloco"])
+    return per_arm(arms, lambda a: a.algo == "diloco")
 
 
 def shared(probe_of: Callable[[Arm], str]) -> Callable[[list], tuple]:
@@ -153,7 +149,7 @@ def tuning_steps(study: PaperStudy, arms: list, inner_grid: tuple, outer_values=
     ``--outer-grid``) replaces the default outer grid. An empty ``inner_grid``
     (``--inner-grid off``) leaves the inner lr out."""
     by_label = {arm.label: arm for arm in arms}
-    muon = tuple((a.label, (a.label,)) for a in arms if lr_field(a) == MUON_LR)
+    muon = per_arm(arms, lambda a: lr_field(a) == MUON_LR)
     steps = [TuneStep(INNER_LR, tuple(inner_grid), (study.inner_groups or per_arm)(arms)),
              TuneStep(MUON_LR, MUON_GRID, muon), *_per_arm_outer_lr(study, by_label, outer_values)]
     if study.outer_groups:
@@ -196,10 +192,10 @@ def _rounds(steps: int, h: int) -> int:
     return steps // h
 
 
-def _setting(base: DiLoCoConfig, steps: int) -> dict:
-    """The study's K and H, and the rounds that make ``steps`` per worker."""
-    h = base.inner_steps
-    return {"num_workers": base.num_workers, "inner_steps": h, "rounds": _rounds(steps, h)}
+def _setting(base: DiLoCoConfig, steps: int, k: int | None = None, h: int | None = None) -> dict:
+    """K and H (the study's unless given), and the rounds that make ``steps`` per worker."""
+    h = base.inner_steps if h is None else h
+    return {"num_workers": base.num_workers if k is None else k, "inner_steps": h, "rounds": _rounds(steps, h)}
 
 
 def _diloco_label(k: int, h: int) -> str:
@@ -209,7 +205,7 @@ def _diloco_label(k: int, h: int) -> str:
 def _table2_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     _no_values("table2", values)
     k, h = base.num_workers, base.inner_steps
-    one = {**_setting(base, steps), "num_workers": 1}
+    one = _setting(base, steps, k=1)
     return [
         Arm("baseline (1 worker)", "sync", one),
         Arm(f"{k}x batch (sync, K={k})", "sync", _setting(base, steps)),
@@ -234,15 +230,11 @@ FIG4_H = (10, 50, 250, 500)
 
 
 def _fig4_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
-    k, h_sync = base.num_workers, base.inner_steps
     chosen = parse_numbers(values, int, "H") or FIG4_H
-    arms = [Arm(f"H={h}", "diloco", {"num_workers": k, "inner_steps": h, "rounds": _rounds(steps, h)})
-            for h in chosen if steps % h == 0 and steps // h >= 2]
+    arms = [Arm(f"H={h}", "diloco", _setting(base, steps, h=h)) for h in chosen if steps % h == 0 and steps // h >= 2]
     if not arms:
         raise ValueError(f"no H in {chosen} leaves two rounds or more of {steps} steps per worker")
-    arms.append(Arm(f"sync (K={k})", "sync", {"num_workers": k, "inner_steps": h_sync,
-                                              "rounds": _rounds(steps, h_sync)}))
-    return arms
+    return arms + [Arm(f"sync (K={base.num_workers})", "sync", _setting(base, steps))]
 
 
 def _fig4_claims(arms) -> list:
@@ -302,8 +294,7 @@ def _table3_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "labe
     arms = []
     setting, noniid = _noniid_setting(base, split)
     for name, label, shards in (("IID", "IID", {"iid": True}), ("non-IID", setting, noniid)):
-        arms += [Arm(f"{label} / K={k}", "diloco", {"num_workers": k, "inner_steps": base.inner_steps,
-                                                    "rounds": _rounds(steps, base.inner_steps), **shards})
+        arms += [Arm(f"{label} / K={k}", "diloco", {**_setting(base, steps, k=k), **shards})
                  for k in (chosen or TABLE3_K[name])]
     return arms
 
@@ -373,9 +364,8 @@ def _fig8_claims(arms) -> list:
 
 def _fig9_arms(base: DiLoCoConfig, steps: int, values=None, split: str = "label") -> list:
     _no_values("fig9", values)
-    h = base.inner_steps
-    one = {"num_workers": 1, "inner_steps": h, "rounds": _rounds(steps, h)}
-    return [Arm("baseline (1 worker)", "sync", one), Arm(f"DiLoCo (1 worker, H={h})", "diloco", one)]
+    one = _setting(base, steps, k=1)
+    return [Arm("baseline (1 worker)", "sync", one), Arm(f"DiLoCo (1 worker, H={base.inner_steps})", "diloco", one)]
 
 
 def _fig9_claims(arms) -> list:

@@ -38,9 +38,9 @@ import numpy as np
 from diloco.tools.runs.folders import atomic_write_text
 from diloco.tools.studies.paper_report import (
     interval_text,
-    render_arms_table,
-    render_claims_table,
+    metric_of,
     render_paper_table,
+    render_tables,
 )
 from diloco.tools.studies.summaries import (  # re-exported: the page's names, where they were
     FAMILY_ORDER,
@@ -61,18 +61,18 @@ __all__ = ["ORDER", "TASKS", "STUDY_TASKS", "FAMILY_ORDER", "TRANSFORMER_ORDER",
 BLOCK = block_pattern(r"[\w.-]+")  # a beyond block may hold a dot (beyond-async-digits-spread0.5)
 
 
+def _task_rows(summaries: dict, study: str) -> list:
+    """``(task, row)`` for each row of ``study``'s summary on each task that has one."""
+    return [(task, row) for task in TASKS for row in (summaries.get((study, task)) or {}).get("rows", [])]
+
+
 def _similarity(summaries: dict) -> str:
     lines = ["| task | arm | mean pairwise cosine of the workers' pseudo-gradients [95% CI] "
              "| final perplexity (char-LM) or held-out loss (MNIST-1D) |", "|---|---|---|---:|"]
-    for task in TASKS:
-        summary = summaries.get(("fig8", task))
-        if summary is None:
-            continue
-        field = "eval_perplexity" if task == "shakespeare" else "eval_loss"
-        for row in summary["rows"]:
-            if row.get("pseudo_grad_cosine"):
-                lines.append(f"| {task} | {row['arm']} | {interval_text(row['pseudo_grad_cosine'])} "
-                             f"| {row[field]['mean']:.3f} |")
+    for task, row in _task_rows(summaries, "fig8"):
+        if row.get("pseudo_grad_cosine"):
+            lines.append(f"| {task} | {row['arm']} | {interval_text(row['pseudo_grad_cosine'])} "
+                         f"| {row[metric_of(task)[0]]['mean']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -106,16 +106,11 @@ def _convergence(summaries: dict) -> str:
     between them, and the best over rounds; a run still falling has a negative change."""
     lines = ["| task | arm | held-out loss at 80% of the run | final held-out loss | change over the last 20% "
              "| best over rounds |", "|---|---|---:|---:|---:|---:|"]
-    for task in TASKS:
-        summary = summaries.get(("table2", task))
-        if summary is None:
-            continue
-        for row in summary["rows"]:
-            curve = row["curve"]
-            late = curve[max(0, round(0.8 * len(curve)) - 1)][1]
-            final = curve[-1][1]
-            lines.append(f"| {task} | {row['arm']} | {late:.3f} | {final:.3f} | {final - late:+.3f} "
-                         f"| {row['best_eval_loss']['mean']:.3f} |")
+    for task, row in _task_rows(summaries, "table2"):
+        curve = row["curve"]
+        late, final = curve[max(0, round(0.8 * len(curve)) - 1)][1], curve[-1][1]
+        lines.append(f"| {task} | {row['arm']} | {late:.3f} | {final:.3f} | {final - late:+.3f} "
+                     f"| {row['best_eval_loss']['mean']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -223,7 +218,7 @@ def _study(name: str, summaries: dict) -> str:
     summary = summaries.get((study, task))
     if summary is None:
         return missing_block(name)
-    return render_arms_table(summary) + "\n" + render_claims_table(summary) + render_tuning(summary)
+    return render_tables(summary) + render_tuning(summary)
 
 
 def _beyond(name: str, summaries: dict) -> str:

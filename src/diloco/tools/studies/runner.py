@@ -33,17 +33,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from diloco.config import AdamWConfig
 from diloco.runtime import stop_signals
 from diloco.tools.cli.errors import CliError
 from diloco.tools.cli.run_setup import progress_factory, start_run, thread_limit
 from diloco.tools.runs.faults import quiet_numpy, run_outcome
 from diloco.tools.runs.folders import JsonlWriter, write_json
+from diloco.tools.studies.ablations import default_engine
 from diloco.tools.studies.paper_runs import check_tuning_seeds, run_arm, tune_arms
 from diloco.tools.studies.run_cache import RunCache
 from diloco.tools.studies.study_loop import run_arms
 
 __all__ = ["Plan", "Done", "StudySpec", "run_spec", "study_cache", "check_seeds", "check_tune_seeds", "task_of",
-           "budget", "DEFAULT_CACHE"]
+           "task_config", "budget", "DEFAULT_CACHE", "TUNE_SEED_BASE"]
 
 DEFAULT_CACHE = "study-cache"  # under --runs-dir: where a study keeps its finished runs without --run-cache
 
@@ -103,6 +105,12 @@ class StudySpec:
     def summary(self, plan: Plan, done: Done) -> dict:
         raise NotImplementedError
 
+    def command(self, task: str, seeds: int, *flags: tuple) -> str:
+        """The command a summary records: ``diloco study NAME --data TASK --seeds SEEDS``, then
+        each ``(flag, value)`` of ``flags`` whose value is given (not None)."""
+        words = ["diloco study", self.name, "--data", task, "--seeds", str(seeds)]
+        return " ".join(words + [str(word) for flag, value in flags if value is not None for word in (flag, value)])
+
     def write(self, plan: Plan, summary: dict, done: Done, args) -> None:
         raise NotImplementedError
 
@@ -115,6 +123,18 @@ def task_of(args, tasks, study: str, default: str = "digits") -> str:
     if task not in tasks:
         raise CliError(f"study {study} runs on --data {' or --data '.join(tasks)}, got --data {task}")
     return task
+
+
+def task_config(args, tasks: dict, study: str, default: str = "digits", own: tuple = (), **fields) -> tuple:
+    """``(task, config)``: ``--data`` (``task_of``), and the flags over the task's model, its inner
+    AdamW (where ``tasks`` gives one), the default engine, ``fields`` and the task's ``own`` fields."""
+    from diloco.tools.cli.flags import build_config
+
+    task = task_of(args, tasks, study, default)
+    spec = tasks[task]
+    inner = {"inner": AdamWConfig(**spec["inner"])} if "inner" in spec else {}
+    return task, build_config(args, {"hidden_sizes": spec["hidden_sizes"], **inner, "engine": default_engine(),
+                                     **fields, **{name: spec[name] for name in own}})
 
 
 def budget(args, default: int, h: int, *, multiple: bool = True, rounds: bool = True) -> int:
@@ -136,7 +156,12 @@ def check_seeds(args, config, at_least: int = 2, why: str = "paired intervals") 
     return list(range(config.seed, config.seed + args.seeds))
 
 
-def check_tune_seeds(args, seeds, base: int = 1000, count: int | None = None) -> list:
+# Tuning seeds start here, far from the evaluation seeds (0, 1, ...), so a value is never chosen
+# on the runs it is then judged on.
+TUNE_SEED_BASE = 1000
+
+
+def check_tune_seeds(args, seeds, base: int = TUNE_SEED_BASE, count: int | None = None) -> list:
     """The tuning seeds, ``base`` on (``--tune-seeds`` of them unless ``count``), none of them reported."""
     count = getattr(args, "tune_seeds", 1) if count is None else count
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:

@@ -19,7 +19,8 @@ import math
 import numpy as np
 
 __all__ = ["t_quantile_975", "mean_interval", "clip_interval", "format_interval", "summarise", "mean_curves",
-           "markdown_table", "mean_or_none", "format_bytes", "RANGES", "CLIPPED_MARK", "CLIPPED_NOTE"]
+           "markdown_table", "mean_or_none", "format_bytes", "RANGES", "CLIPPED_MARK", "CLIPPED_NOTE",
+           "table_text"]
 
 # The possible range (low, high) of each per-seed metric; None = unbounded on that side.
 RANGES = {
@@ -161,17 +162,16 @@ def markdown_table(rows: list[dict], *, digits: int = 4) -> str:
         "| accuracy per seed | all-reduces | bytes/worker |" + (" shard KL (nats) |" if kl else ""),
         "|---|---|---|---|---|---:|---:|" + ("---:|" if kl else ""),
     ]
-    clipped = False
     for row in rows:
-        acc = clip_interval(row["eval_accuracy"], RANGES["eval_accuracy"])
-        loss = clip_interval(row["eval_loss"], RANGES["eval_loss"])
-        clipped = clipped or acc["clipped"] or loss["clipped"]
+        acc, loss = (format_interval(row[field], digits, RANGES[field]) for field in ("eval_accuracy", "eval_loss"))
         per_seed = ", ".join(f"{v:.{digits}f}" for v in row["per_seed_accuracy"])
-        lines.append(
-            f"| {row['variant']} | {row['algo']} | {format_interval(acc, digits)} | {format_interval(loss, digits)} "
-            f"| {per_seed} | {row['all_reduces']} | {format_bytes(row['bytes_sent'])} |"
-            + (f" {row['split_divergence']:.4f} |" if kl else "")
-        )
-    if clipped:
-        lines += ["", CLIPPED_NOTE]
+        lines.append(f"| {row['variant']} | {row['algo']} | {acc} | {loss} | {per_seed} | {row['all_reduces']} "
+                     f"| {format_bytes(row['bytes_sent'])} |" + (f" {row['split_divergence']:.4f} |" if kl else ""))
+    return table_text(lines)
+
+
+def table_text(lines: list) -> str:
+    """A table's lines joined, with ``CLIPPED_NOTE`` under it when an interval was clipped."""
+    if any(CLIPPED_MARK in line for line in lines):
+        lines = [*lines, "", CLIPPED_NOTE]
     return "\n".join(lines) + "\n"
