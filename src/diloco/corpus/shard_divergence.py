@@ -182,12 +182,18 @@ def split_divergence(shards, *, text: bool, every_position: bool = False) -> flo
 def run_split_divergence(x, y, config, *, text: bool) -> float:
     """``split_divergence`` of the shards a run of ``config`` starts from: those of
     ``diloco.core.run_records.shard_dataset`` with ``default_rng(config.seed)``, whose first
-    draws they are in ``prepare_training``. A sequence model (a transformer, ``model_kind``) trains on
-    every position of a window, so its shards are measured there (``every_position``)."""
-    from diloco.core.run_records import shard_dataset
+    draws they are in ``prepare_training`` (``seeded_shards``: inside
+    ``diloco.core.shard_reuse.reusing()`` the run's own shards, not a second split, and their
+    divergence measured once for all the runs that share them, ``of_shards``). A sequence model
+    (a transformer, ``model_kind``) trains on every position of a window, so its shards are
+    measured there (``every_position``)."""
+    from diloco.core import shard_reuse
+    from diloco.core.run_records import seeded_shards
 
-    shards = shard_dataset(x, y, config, np.random.default_rng(config.seed))
-    return split_divergence(shards, text=text, every_position=text and model_kind(config).sequence_model)
+    shards, _ = seeded_shards(x, y, config)
+    every_position = text and model_kind(config).sequence_model
+    return shard_reuse.of_shards(shards, ("split_divergence", text, every_position),
+                                 lambda s: split_divergence(s, text=text, every_position=every_position))
 
 
 # What a split's divergence is conditioned on, by (character-level task, measured at every position).
