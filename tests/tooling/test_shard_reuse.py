@@ -21,6 +21,7 @@ from diloco.core.run_records import prepare_training, seeded_shards, shard_datas
 from diloco.corpus.shard_divergence import run_split_divergence
 from diloco.data import load_digits_split
 from diloco.loop import train_diloco
+from diloco.text import char_windows
 from diloco.tools.cli import main as cli_main
 from diloco.tools.studies import ablations
 
@@ -131,6 +132,26 @@ def test_training_inside_the_block_is_bit_identical_to_training_outside(digits):
         assert all(result.params[k].tobytes() == plain.params[k].tobytes() for k in plain.params)
         assert json.dumps(result.history) == json.dumps(plain.history)
     assert divergences == [plain_divergence, plain_divergence]
+
+
+def test_a_one_hot_shards_columns_are_computed_once_and_read_only():
+    pytest.importorskip("diloco.engine")
+    from diloco.engine.fast import FastExecutor
+    from diloco.text import OneHot
+
+    x, y = char_windows(np.random.default_rng(0).integers(0, 5, 300), 4)
+    x.setflags(write=False)
+    y.setflags(write=False)
+    config = DiLoCoConfig(num_workers=2, seed=0)
+    encode = OneHot(5, 4)
+    outside = FastExecutor(seeded_shards(x, y, config)[0], config, encode)
+    with shard_reuse.reusing():
+        shards, _ = seeded_shards(x, y, config)
+        first, again = FastExecutor(shards, config, encode), FastExecutor(list(shards), config, encode)
+    for (columns, labels), (kept, kept_labels), (same, _) in zip(outside.shards, first.shards, again.shards,
+                                                                 strict=True):
+        assert np.array_equal(columns, kept) and columns.dtype == kept.dtype and np.array_equal(labels, kept_labels)
+        assert same is kept and not kept.flags.writeable
 
 
 def test_a_learner_workspace_never_reuses_shards(monkeypatch):

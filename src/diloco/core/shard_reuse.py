@@ -16,8 +16,8 @@ few shard sets, keyed on everything they are a function of:
 
 Two smaller memos sit beside it, for what a run computes from those arrays: ``of_shards``
 keeps a value of a kept shard set (its split divergence, measured once for every run that
-starts from it), and ``derived`` a value of one read-only array (the data's SHA-256 above,
-so the data a command loaded is hashed once).
+starts from it), and ``derived`` a value of one read-only array (a shard's one-hot columns in
+the fast engine; the data's SHA-256 above, so the data a command loaded is hashed once).
 
 A hit hands back the same arrays, made read-only (``setflags(write=False)``) when they were
 built, so no caller can change a copy another run reads; and the generator after the split,
