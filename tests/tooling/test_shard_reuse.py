@@ -154,6 +154,17 @@ def test_a_one_hot_shards_columns_are_computed_once_and_read_only():
         assert same is kept and not kept.flags.writeable
 
 
+def test_a_read_only_copy_is_made_only_of_data_someone_could_write():
+    data = np.arange(6.0).reshape(2, 3)
+    copy = shard_reuse.unwritable(data)
+    assert copy is not data and not copy.flags.writeable and data.flags.writeable
+    assert np.array_equal(copy, data) and copy.dtype == data.dtype
+    assert shard_reuse.unwritable(copy) is copy
+    view = data[:, :2]
+    view.setflags(write=False)
+    assert shard_reuse.unwritable(view) is not view, "a read-only view of a writable array can still change"
+
+
 def test_a_learner_workspace_never_reuses_shards(monkeypatch):
     monkeypatch.setattr(ablations, "fast_engine_available", lambda: False)
     with ablations.shared_shards():
@@ -161,6 +172,25 @@ def test_a_learner_workspace_never_reuses_shards(monkeypatch):
     monkeypatch.setattr(ablations, "fast_engine_available", lambda: True)
     with ablations.shared_shards():
         assert shard_reuse.is_reusing()
+
+
+def test_run_study_shares_shards_and_gives_what_it_gave_without_and_leaves_the_callers_data_writable(digits,
+                                                                                                     monkeypatch):
+    """``run_study``, the notebooks' call, opens ``shared_shards`` around its runs and hands them a
+    read-only copy of writable data; its outcomes equal those of the runs without reuse."""
+    config = DiLoCoConfig(num_workers=2, inner_steps=2, rounds=2, hidden_sizes=(8,), batch_size=8,
+                          engine=ablations.default_engine())
+    study = ablations.STUDIES["noniid"]
+
+    def outcomes():
+        return [{k: v for k, v in o.items() if k != "seconds"}
+                for o in ablations.run_study(study, config, digits, [0, 1], ("0.5",))]
+
+    reused = outcomes()
+    monkeypatch.setattr(ablations, "shared_shards", contextlib.nullcontext)  # every run splits the data itself
+    fresh = outcomes()
+    assert len(reused) == 8 and reused == fresh
+    assert digits.x_train.flags.writeable and digits.y_train.flags.writeable, "the caller's arrays are untouched"
 
 
 STUDY = ["study", "noniid", "--values", "0.5", "--rounds", "2", "-H", "2", "-K", "2", "--seeds", "2",

@@ -40,8 +40,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["reusing", "is_reusing", "seeded_shards", "of_shards", "derived", "kept", "MAX_ENTRIES", "MAX_BYTES",
-           "MAX_DERIVED"]
+__all__ = ["reusing", "is_reusing", "seeded_shards", "of_shards", "derived", "unwritable", "kept", "MAX_ENTRIES",
+           "MAX_BYTES", "MAX_DERIVED"]
 
 # A study keeps one data set: its seeds' and tuning seeds' shards (x2 for a split's IID
 # counterpart) fit; Tiny Shakespeare's training windows at context 6 in float64 are 56 MB a set.
@@ -185,6 +185,18 @@ def derived(array, name, compute):
             while len(_DERIVED) > MAX_DERIVED or sum(_nbytes(a) + _nbytes(v) for a, v in _DERIVED.values()) > MAX_BYTES:
                 _DERIVED.popitem(last=False)
     return value
+
+
+def unwritable(array) -> np.ndarray:
+    """``array`` itself when no one can write through it (``_unwritable``), else a read-only copy (same
+    dtype, values and memory order): what a study hands its runs inside ``reusing()``, so that
+    ``seeded_shards`` hashes the data once, not at every run."""
+    array = np.asarray(array)
+    if _unwritable(array):
+        return array
+    copy = np.array(array, order="K")
+    copy.setflags(write=False)
+    return copy
 
 
 def _hashable(name) -> bool:

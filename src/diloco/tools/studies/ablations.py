@@ -292,6 +292,10 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
               on_run_end=None) -> list[dict]:
     """Run every variant of ``study`` for every seed (``run_variant``); return one result per run.
 
+    The runs share the shards a seed cuts (``shared_shards``), as the command line's do; they read
+    the training data as read-only arrays (``shard_reuse.unwritable``: the caller's own when they
+    are, else a copy), which ``diloco.core.shard_reuse`` can fingerprint once for all of them.
+
     The study loop is the one runner's (``study_loop.run_arms``); ``diloco study NAME`` runs
     the same arms through the runner itself, with the run cache (``ablation_spec``).
 
@@ -318,4 +322,8 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
         and ``history`` (its rounds) when ``history`` is given.
     """
     variants = study.variants(config, tuple(study.default_values if values is None else values))
-    return run_arms(variants, list(seeds), run_variant, config, dataset, history=history, on_run=on_run_end)
+    with shared_shards():
+        if shard_reuse.is_reusing() and hasattr(dataset, "_replace"):  # read-only data: fingerprinted once
+            dataset = dataset._replace(x_train=shard_reuse.unwritable(dataset.x_train),
+                                       y_train=shard_reuse.unwritable(dataset.y_train))
+        return run_arms(variants, list(seeds), run_variant, config, dataset, history=history, on_run=on_run_end)
