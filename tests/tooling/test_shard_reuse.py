@@ -102,9 +102,24 @@ def test_the_memo_is_bounded_in_sets_and_bytes(digits, monkeypatch):
             assert shard_reuse.kept() <= shard_reuse.MAX_ENTRIES
         assert shard_reuse.kept() == shard_reuse.MAX_ENTRIES
     monkeypatch.setattr(shard_reuse, "MAX_BYTES", digits.x_train.nbytes // 2)
+    x, y = shard_reuse.unwritable(digits.x_train), shard_reuse.unwritable(digits.y_train)
     with shard_reuse.reusing():
-        seeded_shards(digits.x_train, digits.y_train, DiLoCoConfig(num_workers=2, seed=0))
+        seeded_shards(x, y, DiLoCoConfig(num_workers=2, seed=0))
         assert shard_reuse.kept() == 0, "a set larger than MAX_BYTES is built and not kept"
+        assert not shard_reuse._DERIVED, "nor is data that large hashed"
+
+
+def test_what_is_derived_from_a_shard_leaves_with_its_set(digits):
+    x, y = shard_reuse.unwritable(digits.x_train), shard_reuse.unwritable(digits.y_train)
+    with shard_reuse.reusing():
+        first, _ = seeded_shards(x, y, DiLoCoConfig(num_workers=2, seed=0))
+        column_sums = shard_reuse.derived(first[0][0], "column sums", lambda a: a.sum(axis=0))
+        assert shard_reuse.derived(first[0][0], "column sums", lambda a: None) is column_sums
+        for seed in range(1, shard_reuse.MAX_ENTRIES + 1):  # the first set leaves the memo
+            seeded_shards(x, y, DiLoCoConfig(num_workers=2, seed=seed))
+        held = [array for array, _ in shard_reuse._DERIVED.values()]
+        assert not any(array is first[0][0] for array in held), "its values left with it"
+        assert any(array is x for array in held), "the data's digest stays"
 
 
 def test_a_callers_generator_is_never_looked_up(digits):

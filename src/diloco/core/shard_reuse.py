@@ -25,10 +25,10 @@ its state restored to the one the split left (``bit_generator.state``), so the d
 follow (the initial model, the workers' batches) are those of a run that split the data
 itself. Milestones 16 and 17 are pure functions of their arguments and the generator's state,
 which is what makes this exact. The memo holds at most ``MAX_ENTRIES`` shard sets and
-``MAX_BYTES`` bytes (a larger set is built and not kept), is emptied when the outermost
-``reusing()`` ends, and is per process: a forked or spawned worker process starts from its
-own copy or an empty one. Outside ``reusing()`` nothing is kept and the shards are writable,
-as the splitting functions return them.
+``MAX_BYTES`` bytes (data larger than that is split every time, never hashed), is emptied
+when the outermost ``reusing()`` ends, and is per process: a forked or spawned worker
+process starts from its own copy or an empty one. Outside ``reusing()`` nothing is kept and
+the shards are writable, as the splitting functions return them.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def seeded_shards(x, y, num_workers: int, seed: int, split, options: dict) -> tu
         after the split's draws.
     """
     rng = np.random.default_rng(seed)
-    if not is_reusing():
+    if not is_reusing() or _nbytes(x) + _nbytes(y) > MAX_BYTES:  # shards as large as the data: never kept
         return split(x, y, num_workers, rng, **options), rng
     key = (split, tuple(sorted(options.items())), int(num_workers), int(seed), _fingerprint(x), _fingerprint(y))
     with _LOCK:
@@ -143,7 +143,15 @@ def _keep(key, entry) -> None:
             return
         _MEMO[key] = entry
         while len(_MEMO) > MAX_ENTRIES or sum(_entry_bytes(e) for e in _MEMO.values()) > MAX_BYTES:
-            _MEMO.popitem(last=False)
+            _, (gone, _, _) = _MEMO.popitem(last=False)
+            _forget(gone)
+
+
+def _forget(shards) -> None:
+    """Drop the ``derived`` values of a shard set that left the memo, and with them the shards."""
+    parts = {id(part) for shard in shards for part in shard}
+    for key in [key for key, (array, _) in _DERIVED.items() if id(array) in parts]:
+        del _DERIVED[key]
 
 
 def _entry_bytes(entry) -> int:
@@ -167,8 +175,9 @@ def derived(array, name, compute):
 
     ``name`` says what ``compute`` computes: everything it depends on besides the array (an
     unhashable ``name`` is computed every time). The array is held while its entry is kept, so
-    its ``id`` cannot pass to another array; at most ``MAX_DERIVED`` entries and ``MAX_BYTES``
-    bytes, emptied with the shard sets.
+    its ``id`` cannot pass to another array; the entries of a shard leave with its set (the
+    arrays held are then the kept shards and the caller's own data). At most ``MAX_DERIVED``
+    entries and ``MAX_BYTES`` bytes of values, emptied with the shard sets.
     """
     if not (is_reusing() and _unwritable(array) and _hashable(name)):
         return compute(array)
@@ -182,7 +191,7 @@ def derived(array, name, compute):
     with _LOCK:
         if is_reusing():
             _DERIVED[key] = (array, value)
-            while len(_DERIVED) > MAX_DERIVED or sum(_nbytes(a) + _nbytes(v) for a, v in _DERIVED.values()) > MAX_BYTES:
+            while len(_DERIVED) > MAX_DERIVED or sum(_nbytes(v) for _, v in _DERIVED.values()) > MAX_BYTES:
                 _DERIVED.popitem(last=False)
     return value
 
