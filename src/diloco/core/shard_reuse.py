@@ -4,8 +4,9 @@ Every run of ``config`` starts from the shards that ``default_rng(config.seed)``
 the training data (``diloco.core.run_records.prepare_training``), and a run's record
 measures them again (``diloco.corpus.shard_divergence.run_split_divergence``); a study's
 arms share a seed and its data, so the same shards were cut many times over. Inside
-``reusing()`` (the command line opens it for one command) ``seeded_shards`` keeps the last
-few shard sets, keyed on everything they are a function of:
+``reusing()`` (opened for one command of the command line, and by ``ablations.run_study`` for
+one study, through ``ablations.shared_shards``) ``seeded_shards`` keeps the last few shard
+sets, keyed on everything they are a function of:
 
 * the splitting function itself and its options (``alpha``; milestone 16's or 17's rule,
   topic or speaker segments), as ``run_records.shard_dataset`` chooses them;
