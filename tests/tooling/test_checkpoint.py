@@ -312,3 +312,17 @@ def test_fingerprint_sees_dtype_shape_and_values():
     prints = {data_fingerprint(x)} | {data_fingerprint(v) for v in variants}
     assert len(prints) == 5
     assert ckpt.data_fingerprint(x, None) != ckpt.data_fingerprint(x)
+
+
+@pytest.mark.parametrize("array", [np.arange(6.0).reshape(3, 2), np.arange(6.0).reshape(3, 2)[:, ::-1],
+                                   np.asfortranarray(np.arange(6.0).reshape(2, 3)), np.zeros((0, 3)), np.array(2.5),
+                                   np.arange(4, dtype=">f8"), np.arange(5, dtype=np.float16), np.array([True, False])])
+def test_fingerprint_is_the_sha256_of_dtype_shape_and_c_order_bytes(array):
+    """What checkpoints store: a checkpoint made before the digest stopped copying the bytes
+    (``tobytes``) still matches its data."""
+    import hashlib
+
+    contiguous = np.ascontiguousarray(array)
+    expected = hashlib.sha256(f"{contiguous.dtype.str}{contiguous.shape};".encode() + contiguous.tobytes()
+                              + b"none;").hexdigest()
+    assert data_fingerprint(array, None) == expected

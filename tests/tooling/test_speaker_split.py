@@ -92,6 +92,47 @@ def test_position_counts_count_every_pair_of_every_window():
     assert position_counts(x, y, 4).tolist() == expected.tolist()
 
 
+def _pairs_by_hand(x, y, width: int) -> np.ndarray:
+    """``n(c, v)`` counted one (character, next character) pair at a time: the plain reference."""
+    counts = np.zeros((width, width), dtype=np.int64)
+    for window, following in zip(np.asarray(x).tolist(), np.asarray(y).tolist(), strict=True):
+        sequence = [int(v) for v in window] + [int(following)]
+        for before, after in zip(sequence, sequence[1:], strict=False):
+            counts[before, after] += 1
+    return counts
+
+
+# (n, c, width, the largest id drawn): one window, one character a window, a width with ids never
+# drawn (rows and columns of zeros), a single id, and more windows than one block of COUNT_ROWS.
+AWKWARD = [(1, 1, 3, 2), (1, 6, 5, 4), (7, 1, 9, 3), (5, 4, 12, 2), (3, 3, 1, 0), (4096 + 3, 2, 6, 5),
+           (2 * 4096, 3, 4, 3)]
+
+
+@pytest.mark.parametrize("n, c, width, top", AWKWARD)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_position_counts_equal_a_count_pair_by_pair_for_awkward_shapes(n, c, width, top, dtype):
+    rng = np.random.default_rng(n * 31 + c)
+    x, y = rng.integers(0, top + 1, (n, c)).astype(dtype), rng.integers(0, top + 1, n)
+    got = position_counts(x, y, width)
+    expected = _pairs_by_hand(x, y, width)
+    assert got.dtype == np.int64 and got.shape == (width, width)
+    assert np.array_equal(got, expected), f"mine {got.tolist()}, expected {expected.tolist()}"
+    assert int(got.sum()) == n * c
+
+
+def test_position_counts_of_no_windows_or_no_characters_are_zeros_and_bad_ids_are_refused():
+    assert position_counts(np.zeros((0, 3)), np.zeros(0, dtype=int), 4).tolist() == [[0] * 4] * 4
+    assert position_counts(np.zeros((2, 0)), np.array([1, 2]), 3).tolist() == [[0] * 3] * 3
+    with pytest.raises(ValueError, match="contexts must hold non-negative integers"):
+        position_counts(np.array([[-1.0, 1.0]]), np.array([0]), 3)
+    with pytest.raises(ValueError, match="labels must hold non-negative integers"):
+        position_counts(np.array([[0.0, 1.5]]), np.array([0]), 3)
+    with pytest.raises(ValueError, match="labels must hold non-negative integers"):
+        position_counts(np.array([[0.0, 1.0]]), np.array([-1]), 3)
+    with pytest.raises(ValueError, match="windows with one label each"):
+        position_counts(np.zeros((2, 2)), np.array([1]), 3)
+
+
 def test_a_transformer_split_is_measured_at_every_position_where_label_skew_is_nearly_iid():
     """Label skew shards the windows by the character after them: at K = 4, alpha = 0.1 that
     character's distribution given the previous one differs by about 0.9 nats, but a sequence

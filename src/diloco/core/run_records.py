@@ -23,6 +23,7 @@ from diloco._validation import (
     check_params,
 )
 from diloco.config import DiLoCoConfig
+from diloco.core import shard_reuse
 from diloco.core.mechanisms import global_norm
 from diloco.core.model_seam import data_model, model_for, parameter_count, with_model_defaults
 from diloco.evaluation import communication_savings
@@ -32,7 +33,7 @@ from diloco.sharding import iid_shard_dataset, noniid_shard_dataset
 from diloco.text import bits_per_char, perplexity
 
 __all__ = ["RoundRecord", "RoundCallback", "TrainResult", "num_values", "round_record", "prepare_training",
-           "refuse_mechanisms", "shard_dataset", "finish_record", "held_out_metrics", "EVAL_CHUNK"]
+           "refuse_mechanisms", "shard_dataset", "seeded_shards", "finish_record", "held_out_metrics", "EVAL_CHUNK"]
 
 
 class _RoundRecordFields(TypedDict):
@@ -276,8 +277,11 @@ def prepare_training(x, y, config, x_eval=None, y_eval=None, rng=None, *, encode
     num_classes = _num_classes(x, y, x_eval, y_eval)
     model = data_model(config, x, encode, num_classes)
     _check_model_fits(config, model)
-    rng = np.random.default_rng(config.seed) if rng is None else check_generator(rng)
-    shards = shard_dataset(x, y, config, rng)
+    if rng is None:  # default_rng(config.seed): shards a study's runs share (diloco.core.shard_reuse)
+        shards, rng = seeded_shards(x, y, config)
+    else:
+        rng = check_generator(rng)
+        shards = shard_dataset(x, y, config, rng)
     params = model.init_params(rng)  # the MLP's: milestone 01, after the shards as always
     return with_model_defaults(config, params), rng, shards, params
 
@@ -286,17 +290,32 @@ def shard_dataset(x, y, config: DiLoCoConfig, rng) -> list:
     """The K shards ``config`` asks for: IID (milestone 16), or non-IID by ``noniid_split``:
     label skew (milestone 17), topic segments (``diloco.text.topic_shard_dataset``) or
     speakers (``diloco.corpus.speakers.speaker_shard_dataset``, which ignores ``alpha``)."""
+    split, options = _splitter(config)
+    return split(x, y, config.num_workers, rng, **options)
+
+
+def seeded_shards(x, y, config: DiLoCoConfig) -> tuple[list, np.random.Generator]:
+    """``shard_dataset`` with ``default_rng(config.seed)``, and that generator after the split: what
+    ``prepare_training`` starts from without a caller's ``rng``. Inside ``diloco.core.shard_reuse.reusing()``
+    (one command of the command line) the same data, split, K and seed give the same read-only arrays again,
+    not a new split (``shard_reuse.seeded_shards``); bit for bit what a new split would give."""
+    split, options = _splitter(config)
+    return shard_reuse.seeded_shards(x, y, config.num_workers, config.seed, split, options)
+
+
+def _splitter(config: DiLoCoConfig) -> tuple:
+    """The splitting function ``config`` names and its keyword options (``shard_dataset``)."""
     if config.iid:
-        return iid_shard_dataset(x, y, config.num_workers, rng)
+        return iid_shard_dataset, {}
     if config.noniid_split == "topic":
         from diloco.text import topic_shard_dataset
 
-        return topic_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
+        return topic_shard_dataset, {"alpha": config.alpha}
     if config.noniid_split == "speaker":
         from diloco.corpus.speakers import speaker_shard_dataset
 
-        return speaker_shard_dataset(x, y, config.num_workers, rng)
-    return noniid_shard_dataset(x, y, config.num_workers, rng, alpha=config.alpha)
+        return speaker_shard_dataset, {}
+    return noniid_shard_dataset, {"alpha": config.alpha}
 
 
 def held_out_metrics(params: Params, x_eval, y_eval, encode=None) -> tuple[float, float]:

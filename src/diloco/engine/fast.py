@@ -12,7 +12,8 @@ and stepping differ:
 * the baseline is one model seeing the K batches as K groups (S = 1, G = K);
 * the lr schedule, clipping (per worker, by its global norm) and an input encoder run
   here too. A one-hot encoder (the character-level task's ``OneHot``) turns each shard's
-  windows into their one-hot columns once, checked once; a batch draws its columns, and
+  windows into their one-hot columns once, checked once (and, for a shard the runs of one
+  command share, once for all of them: ``diloco.core.shard_reuse.derived``); a batch draws its columns, and
   the first layer gathers and scatters rows by them (``WorkerStack``, ``context``).
   Any other encoder is called on each batch, into the input buffer;
 * a transformer (``config.model``) takes the MLP kernel's place: ``ModelStack`` calls its
@@ -38,6 +39,7 @@ from diloco.core import progress
 from diloco.core.inner import inner_optimizer
 from diloco.core.mechanisms import clip_scale, scheduled_lr
 from diloco.core.model_seam import model_for, model_kind
+from diloco.core.shard_reuse import derived
 from diloco.engine.flat import flat_layout, layer_views, pack, unpack
 from diloco.engine.layout import choose_layout
 from diloco.engine.model_stack import ModelStack
@@ -75,8 +77,9 @@ class FastExecutor:
         self.flat = None
 
     def _inputs(self, x_k, encode) -> np.ndarray:
-        if self.context is not None:
-            return np.ascontiguousarray(encode.columns(x_k), dtype=np.int32)
+        if self.context is not None:  # read-only; a shard another run of the command split: its columns again
+            return derived(x_k, ("one-hot columns", type(encode), encode),
+                           lambda windows: np.ascontiguousarray(encode.columns(windows), dtype=np.int32))
         return np.ascontiguousarray(x_k, dtype=self.dtype if encode is None else x_k.dtype)
 
     def load(self, worker_params: dict, worker_states: dict) -> None:

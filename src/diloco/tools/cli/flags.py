@@ -148,15 +148,18 @@ def _model_changes(args, config: DiLoCoConfig, changes: dict) -> dict:
 def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
     """The dataset named by ``--data`` (cast to ``dtype``) and a description for config.json.
 
-    The description records what ``--resume`` and ``--config`` need to load the same data
-    again. With ``--config`` a run folder's config.json, each data flag not given comes from
-    its ``"data"`` section, and the sizes it recorded must match what is loaded (unless a
-    flag names other data).
+    The arrays are read-only: every run of a command reads the same data, and
+    ``diloco.core.shard_reuse`` fingerprints them once. The description records what
+    ``--resume`` and ``--config`` need to load the same data again. With ``--config`` a run
+    folder's config.json, each data flag not given comes from its ``"data"`` section, and the
+    sizes it recorded must match what is loaded (unless a flag names other data).
     """
     args, recorded = with_run_data(args)  # --config run/config.json: its data, unless a flag says otherwise
     data, info = _load_named_data(args, dtype)
     if recorded is not None:
         check_sizes(args.config, recorded, info)
+    for array in data[:4]:  # every run of the command reads these: none may change them
+        array.setflags(write=False)
     return data, info
 
 

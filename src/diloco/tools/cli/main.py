@@ -21,6 +21,7 @@ from diloco.tools.cli.errors import CliError, Parser
 from diloco.tools.grading import grade_command as grading
 from diloco.tools.runs.faults import describe_os_error, settle_runs, shorten, stop_message
 from diloco.tools.runs.run_lock import release_runs
+from diloco.tools.studies.ablations import shared_shards
 from diloco.tools.workspace import create as workspace
 
 __all__ = ["main", "build_parser", "CliError"]
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # a signal until here: one line, nothing written (stop_signals)
-    with _stops():
+    with _stops(), shared_shards():  # the command's runs share the shards a seed cuts
         return _run(args)
 
 

@@ -77,5 +77,5 @@ def data_fingerprint(*arrays) -> str:
             continue
         array = np.ascontiguousarray(array)
         digest.update(f"{array.dtype.str}{array.shape};".encode())
-        digest.update(array.tobytes())
+        digest.update(memoryview(array.reshape(-1)).cast("B") if array.size else b"")  # its bytes, not a copy
     return digest.hexdigest()

@@ -29,6 +29,7 @@ live in the CLI.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import math
@@ -37,6 +38,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from diloco.config import DiLoCoConfig
+from diloco.core import shard_reuse
 from diloco.core.driver import is_course_algorithm, train
 from diloco.core.hooks import NetworkTimer, callbacks
 from diloco.corpus.shard_divergence import run_split_divergence
@@ -53,6 +55,7 @@ from diloco.tools.studies.study_stats import (
 
 __all__ = [
     "Arm", "Variant", "Study", "STUDIES", "TRAINERS", "trainer", "default_engine", "fast_engine_available",
+    "shared_shards",
     "t_quantile_975", "mean_interval", "run_study", "run_variant", "outcome_fields", "replay_rounds",
     "summarise", "mean_curves", "markdown_table", "format_bytes",
 ]
@@ -64,6 +67,13 @@ TRAINERS = {"diloco": train_diloco, "sync": train_synchronous_baseline}
 def fast_engine_available() -> bool:
     """Whether ``diloco.engine`` is installed (it is not in a learner workspace)."""
     return importlib.util.find_spec("diloco.engine") is not None
+
+
+def shared_shards():
+    """A block in which runs that split the same data with the same seed share the shards
+    (``diloco.core.shard_reuse.reusing``): a command's runs, a study's. In a learner workspace (no fast
+    engine) a null block: there the splitting functions are the learner's own, and every run calls them."""
+    return shard_reuse.reusing() if fast_engine_available() else contextlib.nullcontext()
 
 
 def default_engine() -> str:
@@ -282,6 +292,10 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
               on_run_end=None) -> list[dict]:
     """Run every variant of ``study`` for every seed (``run_variant``); return one result per run.
 
+    The runs share the shards a seed cuts (``shared_shards``), as the command line's do; they read
+    the training data as read-only arrays (``shard_reuse.unwritable``: the caller's own when they
+    are, else a copy), which ``diloco.core.shard_reuse`` can fingerprint once for all of them.
+
     The study loop is the one runner's (``study_loop.run_arms``); ``diloco study NAME`` runs
     the same arms through the runner itself, with the run cache (``ablation_spec``).
 
@@ -308,4 +322,8 @@ def run_study(study: Study, config: DiLoCoConfig, dataset, seeds, values=None, *
         and ``history`` (its rounds) when ``history`` is given.
     """
     variants = study.variants(config, tuple(study.default_values if values is None else values))
-    return run_arms(variants, list(seeds), run_variant, config, dataset, history=history, on_run=on_run_end)
+    with shared_shards():
+        if shard_reuse.is_reusing() and hasattr(dataset, "_replace"):  # read-only data: fingerprinted once
+            dataset = dataset._replace(x_train=shard_reuse.unwritable(dataset.x_train),
+                                       y_train=shard_reuse.unwritable(dataset.y_train))
+        return run_arms(variants, list(seeds), run_variant, config, dataset, history=history, on_run=on_run_end)
