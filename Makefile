@@ -33,13 +33,11 @@ install: $(VENV)/.installed-dev
 
 # `make test M=m07` runs one milestone's tests (M is a pytest marker expression).
 M ?=
-# The whole suite runs on JOBS processes (pytest-xdist, each handed whole test files, slow files first:
-# tests/conftest.py); with M it runs in this one process unless JOBS is given, as starting the workers takes
-# longer than one milestone's tests. JOBS=1: no workers. Three on a 2-core machine: with two, the cores
-# were idle a third of the time (the grader's tests wait on their sandboxes and subprocesses), and a
-# third process fills those waits (docs/contributing: the suite's wall time, measured).
-JOBS ?= $(if $(M),1,3)
-XDIST = $(if $(filter 0 1,$(JOBS)),,-n $(JOBS) --dist loadfile --no-loadscope-reorder)
+# The whole suite runs on JOBS processes (pytest-xdist, at most one per core, each handed whole test files,
+# slow files first: tests/conftest.py); with M it runs in this one process unless JOBS is given, as starting
+# the workers takes longer than one milestone's tests. JOBS=1: no workers.
+JOBS ?= $(if $(M),1,2)
+XDIST = $(if $(filter 0 1,$(JOBS)),,-n logical --maxprocesses=$(JOBS) --dist loadfile --no-loadscope-reorder)
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(if $(M),-m '$(M)',) $(XDIST)

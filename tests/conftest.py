@@ -22,7 +22,7 @@
   same way, with the stub's NotImplementedError, and shrinking it only costs seconds.
 * SIGINT, SIGTERM and SIGHUP are set back to their defaults where the suite was started
   ignoring them (a shell script's background job): the commands the tests signal inherit them.
-* ``make test`` runs the suite on three processes (pytest-xdist, ``--dist loadfile``): each
+* ``make test`` runs the suite on two processes (pytest-xdist, ``--dist loadfile``): each
   test file runs whole on one process, so its module-scoped fixtures are built once, and the
   files holding a ``slow`` test are handed out first, so no long file starts last. Tests that
   must not overlap across the processes take a lock (``tests/tooling/process_quota.py``).

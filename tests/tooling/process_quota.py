@@ -4,7 +4,7 @@ The sandbox runs graded code as ``nobody`` with a limit of 64 processes, and tha
 counts every process of ``nobody``, whoever started it. A fork bomb (test_exploits.py, as
 root and as an unprivileged grader) holds the whole quota until its sandbox dies, and
 test_sandbox.py's fork-bomb test counts the children it could start. Under `make test`'s
-processes (pytest-xdist), or beside another checkout's test run, two of these at once
+two processes (pytest-xdist), or beside another checkout's test run, two of these at once
 would starve each other: each takes this lock, a file lock every process on the machine sees.
 """
 
