@@ -237,3 +237,20 @@ def test_a_study_with_reused_shards_equals_the_same_study_without(tmp_path, caps
     # the IID shards: split once per seed with reuse; without, for every IID run's training and
     # again for its divergence (10 splits, counted when this test was written)
     assert outputs["reused splits"] == 2 and outputs["fresh splits"] >= 8, outputs
+
+
+@pytest.mark.parametrize("make", [lambda: np.arange(12.0).reshape(3, 4), lambda: np.arange(12.0).reshape(3, 4)[:, ::2],
+                                  lambda: np.arange(12, dtype=np.int8).reshape(4, 3).T, lambda: np.zeros((0, 3))],
+                         ids=["contiguous", "strided", "transposed", "empty"])
+def test_the_bytes_hashed_are_the_arrays_c_order_bytes_and_the_fingerprint_is_sha256_over_them(make):
+    """``raw_bytes`` (shared by the shard key and the checkpoint's data fingerprint) against
+    ``tobytes()``; the fingerprint against hashlib over a hand-built string of the same fields."""
+    import hashlib
+
+    from diloco.tools.runs.checkpoint_records import data_fingerprint
+
+    array = make()
+    assert bytes(shard_reuse.raw_bytes(array)) == array.tobytes(order="C")
+    c = np.ascontiguousarray(array)
+    by_hand = hashlib.sha256(f"{c.dtype.str}{c.shape};".encode() + c.tobytes() + b"none;").hexdigest()
+    assert data_fingerprint(array, None) == by_hand

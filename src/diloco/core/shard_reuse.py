@@ -41,8 +41,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["reusing", "is_reusing", "seeded_shards", "of_shards", "derived", "unwritable", "kept", "MAX_ENTRIES",
-           "MAX_BYTES", "MAX_DERIVED"]
+__all__ = ["reusing", "is_reusing", "seeded_shards", "of_shards", "derived", "unwritable", "kept", "raw_bytes",
+           "MAX_ENTRIES", "MAX_BYTES", "MAX_DERIVED"]
 
 # A study keeps one data set: its seeds' and tuning seeds' shards (x2 for a split's IID
 # counterpart) fit; Tiny Shakespeare's training windows at context 6 in float64 are 56 MB a set.
@@ -237,5 +237,11 @@ def _fingerprint(array) -> tuple:
 
 
 def _digest(array) -> str:
+    return hashlib.sha256(raw_bytes(array)).hexdigest() if np.size(array) else ""
+
+
+def raw_bytes(array) -> memoryview | bytes:
+    """The bytes of ``array`` in C order, a view without a copy when it is already contiguous
+    (what ``_digest`` and ``checkpoint_records.data_fingerprint`` hash)."""
     array = np.ascontiguousarray(array)
-    return hashlib.sha256(memoryview(array.reshape(-1)).cast("B")).hexdigest() if array.size else ""
+    return memoryview(array.reshape(-1)).cast("B") if array.size else b""

@@ -158,7 +158,7 @@ def load_dataset(args, dtype: str = "float64") -> tuple[Dataset, dict]:
     data, info = _load_named_data(args, dtype)
     if recorded is not None:
         check_sizes(args.config, recorded, info)
-    for array in data[:4]:  # every run of the command reads these: none may change them
+    for array in (data.x_train, data.y_train, data.x_test, data.y_test):  # every run reads these: none may change them
         array.setflags(write=False)
     return data, info
 

@@ -14,6 +14,8 @@ import hashlib
 
 import numpy as np
 
+from diloco.core.shard_reuse import raw_bytes
+
 __all__ = ["generator_state", "restore_generator", "data_fingerprint"]
 
 
@@ -77,5 +79,5 @@ def data_fingerprint(*arrays) -> str:
             continue
         array = np.ascontiguousarray(array)
         digest.update(f"{array.dtype.str}{array.shape};".encode())
-        digest.update(memoryview(array.reshape(-1)).cast("B") if array.size else b"")  # its bytes, not a copy
+        digest.update(raw_bytes(array))  # its bytes, not a copy
     return digest.hexdigest()
