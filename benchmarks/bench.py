@@ -26,7 +26,8 @@ here, never asserted in tests.
 
 The char-LM workload and one whole study: ``charlm.py``; CPU per worker-step on K = 4 MPI
 processes against both engines: ``mpi_step.py``; the transformer's worker-step against PyTorch:
-``transformer_step.py`` (``EXTRA_WORKLOADS`` below). ``--only NAME`` (``make bench-transformer``)
+``transformer_step.py``; ``make test`` and ``make test-all``: ``suite.py`` (``EXTRA_WORKLOADS`` below).
+``--only NAME`` (``make bench-transformer``; ``--only suite`` for the test suite's time)
 remeasures one of them alone and puts its section and target row into the existing report in place.
 
 ``--only fixed-cost`` measures only the fast engine's fixed cost beside its steady state (the
@@ -56,6 +57,7 @@ sys.path.insert(0, str(HERE))
 import charlm  # noqa: E402
 import layout_grid  # noqa: E402
 import mpi_step  # noqa: E402
+import suite  # noqa: E402
 import transformer_step  # noqa: E402
 from report import EXTRA_SECTIONS, write_fixed_cost, write_report  # noqa: E402
 from workloads import MODELS  # noqa: E402
@@ -291,6 +293,7 @@ def measure_compare(repeats: int, log) -> dict:
 EXTRA_WORKLOADS: dict = {
     "charlm": lambda repeats, log: charlm.measure(repeats, log, run_case, timed_command, sys.executable),
     "transformer": lambda repeats, log: transformer_step.measure(repeats, log, sys.executable),
+    "suite": lambda repeats, log: suite.measure(log, timed_command),  # once: minutes each
 }
 if mpi_step.available():  # the mpi extra: K = 4 real processes against the engines in one process
     EXTRA_WORKLOADS["mpi"] = lambda repeats, log: mpi_step.measure(max(1, min(3, repeats)), log)

@@ -14,9 +14,6 @@
   windows (the first layer gathered from the windows, then milestones 28 and 29), against
   its *matmul floor*: the two dense products ``X W1`` (8,192 x 390 x 128) and
   ``relu(.) W2`` (8,192 x 128 x 65) that a one-hot evaluation would need, timed alone.
-* **the suite**: ``make test`` (the README's command, its quick tier), once, wall and CPU
-  seconds of the whole process tree, against issue 18's 4 minutes and 150 s; then
-  ``make test-all`` (every test, as CI runs it), once, reported beside it with no target.
 * **the fixed cost**: each training case also reads the CPU from its process's start to the
   end of round 1, less one steady round: imports, data, the executor, and for the fast
   engine numba's import and the loading of its kernels (compiled once, then cached on
@@ -40,7 +37,6 @@ STUDY_ARGS = ["study", "table2", "--data", "shakespeare", "--seeds", "5", "--tot
               "-q", "--no-plots"]
 SHORT_ARGS = ["compare", "--data", "shakespeare", "--rounds", "10", "-q", "--no-plots"]
 STUDY_BEFORE_CPU = 152.0  # seconds, issue 18's figure for the same command before
-SUITE_TARGETS = {"wall": 240.0, "cpu": 150.0}  # seconds: `make test` on an idle 2-core machine (issue 18)
 
 
 def run_charlm(spec: dict) -> dict:
@@ -181,7 +177,8 @@ def measure_fixed_cost(repeats: int, log, run_case, timed_command, python: str) 
 
 
 def measure(repeats: int, log, run_case, timed_command, python: str) -> dict:
-    """The fixed-cost cases (``measure_fixed_cost``), the evaluation, the first layer, the study and the suite."""
+    """The fixed-cost cases (``measure_fixed_cost``), the evaluation, the first layer and the study (the
+    suite: ``suite.py``)."""
     out = measure_fixed_cost(repeats, log, run_case, timed_command, python)
     out.update({"eval": {"float64": [], "float32": []}, "study": {}, "first_layer": {"float64": [], "float32": []}})
     for _ in range(repeats):
@@ -196,53 +193,7 @@ def measure(repeats: int, log, run_case, timed_command, python: str) -> dict:
                 result = timed_command([diloco, *STUDY_ARGS, "--runs-dir", runs, *extra])
                 out["study"].setdefault(label, []).append(result)
                 log(f"  study repeat {repeat + 1}/{study_repeats} {label}: {result['cpu']:.0f} CPU s")
-    out.update(measure_suite(log, timed_command))
     return out
-
-
-def measure_suite(log, timed_command) -> dict:
-    """``make test`` (the quick tier) and ``make test-all`` (every test, as CI runs it), once each:
-    ``{"suite": ..., "suite_all": ...}``; a failing one is reported, not the end of the benchmark."""
-    one_thread = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # as .ci/run sets
-    out = {}
-    for key, target in (("suite", "test"), ("suite_all", "test-all")):
-        started = time.perf_counter()
-        try:
-            out[key] = timed_command(["make", "-s", target], one_thread)
-        except RuntimeError as error:
-            log(f"  make {target} FAILED: {str(error)[-2000:]}")
-            out[key] = {"failed": True}
-            continue
-        log(f"  make {target}: {out[key]['wall']:.0f} s wall, {out[key]['cpu']:.0f} s CPU "
-            f"({time.perf_counter() - started:.0f} s)")
-    return out
-
-
-def suite_section(result: dict, state) -> tuple[list, list]:
-    """The report's lines and target rows of ``make test`` (the quick tier, against ``SUITE_TARGETS``)
-    and ``make test-all`` (every test, reported with no target)."""
-    lines: list = []
-    rows: list = []
-    suite = result.get("suite")
-    if suite and suite.get("failed"):
-        lines += ["", "`make test` failed during this run: no suite figures."]
-        rows += [(f"make test in at most {SUITE_TARGETS[k]:.0f} s of {k}", "the suite failed", "**missed**")
-                 for k in ("wall", "cpu")]
-    elif suite:
-        lines += ["", f"`make test` (the quick tier), once, from a load average of {suite['load'][0]:.2f}: "
-                      f"{suite['wall']:.0f} s wall, {suite['cpu']:.0f} s CPU (all its processes included; "
-                      "where that CPU goes: docs/contributing.md, \"What `make test` measures\")."]
-        for kind, label in (("wall", "wall time"), ("cpu", "CPU time")):
-            goal = SUITE_TARGETS[kind]
-            before = [{"load": suite["load"][:1]}]  # at its start: its own two processes raise it after
-            rows.append((f"make test in at most {goal:.0f} s of {label}", f"{suite[kind]:.0f} s",
-                         ("met" if suite[kind] <= goal else "**missed**") + state(before)))
-    every = result.get("suite_all")
-    if every:
-        lines += ["", "`make test-all` (every test, as CI runs it) failed during this run." if every.get("failed") else
-                  f"`make test-all` (every test, as CI runs it; no target), once, from a load average of "
-                  f"{every['load'][0]:.2f}: {every['wall']:.0f} s wall, {every['cpu']:.0f} s CPU."]
-    return lines, rows
 
 
 FIXED_START = "<!-- fixed-cost:start (benchmarks/bench.py --only fixed-cost rewrites this section) -->"
@@ -379,7 +330,5 @@ def section(result: dict, median, loads, idle_load: float) -> tuple[list, list]:
                      f"than --engine reference in this run)",
                      ("met" if STUDY_BEFORE_CPU / fast_cpu >= 3 else "**missed**")
                      + state(study["fast (default)"])))
-    suite_lines, suite_rows = suite_section(result, state)
-    lines, rows = lines + suite_lines, rows + suite_rows
     fixed_lines, fixed_rows = fixed_cost_section(result, median, loads, idle_load)
     return lines + [""] + fixed_lines, rows + fixed_rows

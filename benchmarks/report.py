@@ -13,6 +13,7 @@ from pathlib import Path
 import charlm
 import mpi_step
 import numpy as np
+import suite
 import transformer_step
 from workloads import MODELS, flops_per_worker_step
 
@@ -201,6 +202,7 @@ EXTRA_SECTIONS: dict = {
     "charlm": lambda result: charlm.section(result, _median, loads, IDLE_LOAD),
     "mpi": lambda result: mpi_step.section(result, IDLE_LOAD),
     "transformer": transformer_step.section,
+    "suite": lambda result: suite.section(result, IDLE_LOAD),
 }
 
 

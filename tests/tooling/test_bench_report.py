@@ -20,7 +20,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 def bench_modules(monkeypatch):
     pytest.importorskip("threadpoolctl")
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("charlm", "report", "workloads"):
+    for name in ("charlm", "report", "workloads", "suite"):
         sys.modules.pop(name, None)
     import charlm
     import report
@@ -91,3 +91,24 @@ def test_a_report_without_a_char_lm_section_gets_it_at_the_end(bench_modules, tm
     text = write(report, path, fake_result(charlm, fast_fixed=2.0))
     assert text.startswith("# Benchmarks\n\nnothing yet\n\n## Machine\n\nan AMD EPYC\n\n" + charlm.FIXED_START)
     assert text.endswith(charlm.FIXED_END + "\n")
+
+
+def test_the_suite_section_judges_make_test_alone_and_a_failure_is_missed_not_dropped(bench_modules):
+    """``--only suite``: ``make test`` against 240 s wall and 150 s CPU, ``make test-all`` shown beside it
+    with no target; each row carries the date; a failed command is a missed target, a load at the
+    start marks the row."""
+    _, report = bench_modules
+    import suite
+
+    timed = {"date": "2026-01-02 03:04", "test": {"wall": 239.6, "cpu": 150.4, "load": [0.1, 2.0]},
+             "test-all": {"wall": 900.0, "cpu": 1500.0, "load": [0.2, 2.0]}}
+    lines, rows = report.EXTRA_SECTIONS["suite"](timed)
+    assert rows == [("make test in at most 240 s of wall time", "240 s (`make test`, 2026-01-02 03:04)", "met"),
+                    ("make test in at most 150 s of CPU time", "150 s (`make test`, 2026-01-02 03:04)", "**missed**")]
+    assert "| `make test-all` (every test, as CI runs it; no target) | 900 | 1500 | 0.20 |" in lines
+    assert "## The test suite" in lines and "Measured on 2026-01-02 03:04" in " ".join(lines)
+    loaded = dict(timed, test=dict(timed["test"], load=[report.IDLE_LOAD + 0.5, 2.0]))
+    assert all(verdict.endswith(" (loaded machine)") for _, _, verdict in suite.section(loaded, report.IDLE_LOAD)[1])
+    failed_lines, failed_rows = suite.section({"test": {"failed": True}}, 1.0)
+    assert [verdict for _, _, verdict in failed_rows] == ["**missed**", "**missed**"]
+    assert sum("| failed | failed |" in line for line in failed_lines) == 2  # test-all absent: failed too
