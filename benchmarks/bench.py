@@ -59,7 +59,7 @@ import layout_grid  # noqa: E402
 import mpi_step  # noqa: E402
 import suite  # noqa: E402
 import transformer_step  # noqa: E402
-from report import EXTRA_SECTIONS, write_fixed_cost, write_report  # noqa: E402
+from report import EXTRA_SECTIONS, IDLE_LOAD, write_fixed_cost, write_report  # noqa: E402
 from workloads import MODELS  # noqa: E402
 
 MAIN_COMMIT = "e7f3c6c"
@@ -293,7 +293,7 @@ def measure_compare(repeats: int, log) -> dict:
 EXTRA_WORKLOADS: dict = {
     "charlm": lambda repeats, log: charlm.measure(repeats, log, run_case, timed_command, sys.executable),
     "transformer": lambda repeats, log: transformer_step.measure(repeats, log, sys.executable),
-    "suite": lambda repeats, log: suite.measure(log, timed_command),  # once: minutes each
+    "suite": lambda repeats, log: suite.measure(log, timed_command, IDLE_LOAD),  # once: minutes each
 }
 if mpi_step.available():  # the mpi extra: K = 4 real processes against the engines in one process
     EXTRA_WORKLOADS["mpi"] = lambda repeats, log: mpi_step.measure(max(1, min(3, repeats)), log)

@@ -8,6 +8,8 @@ section alone and rewrites it, and its target rows, in place.
 from __future__ import annotations
 
 import datetime
+import os
+import time
 
 TARGETS = {"wall": 240.0, "cpu": 150.0}  # seconds: `make test` on an idle 2-core machine (issue 18)
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # as .ci/run sets
@@ -15,11 +17,15 @@ COMMANDS = (("test", "`make test` (the quick tier: every test not marked slow)")
             ("test-all", "`make test-all` (every test, as CI runs it; no target)"))
 
 
-def measure(log, timed_command) -> dict:
+def measure(log, timed_command, idle_load: float, settle: float = 300.0) -> dict:
     """``{target: timed_command's result, or {"failed": True}}`` for ``make test`` and ``make test-all``;
-    a failing one is reported, not the end of the benchmark."""
+    a failing one is reported, not the end of the benchmark. Each starts once the load average has
+    fallen below ``idle_load`` (what came before it, the other command included, has left the
+    machine), or after ``settle`` seconds of waiting, when its row is marked as loaded."""
     out: dict = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}
     for target, _ in COMMANDS:
+        waited = settled(idle_load, settle)
+        log(f"  make {target}: starting at a load average of {os.getloadavg()[0]:.2f}, after {waited:.0f} s of waiting")
         try:
             out[target] = timed_command(["make", "-s", target], ONE_THREAD)
         except RuntimeError as error:
@@ -28,6 +34,14 @@ def measure(log, timed_command) -> dict:
             continue
         log(f"  make {target}: {out[target]['wall']:.0f} s wall, {out[target]['cpu']:.0f} s CPU")
     return out
+
+
+def settled(idle_load: float, limit: float, poll: float = 5.0) -> float:
+    """Wait until the one-minute load average is below ``idle_load``, at most ``limit`` seconds; the seconds waited."""
+    start = time.monotonic()
+    while os.getloadavg()[0] >= idle_load and time.monotonic() - start < limit:
+        time.sleep(poll)
+    return time.monotonic() - start
 
 
 def section(result: dict, idle_load: float) -> tuple[list, list]:

@@ -112,3 +112,24 @@ def test_the_suite_section_judges_make_test_alone_and_a_failure_is_missed_not_dr
     failed_lines, failed_rows = suite.section({"test": {"failed": True}}, 1.0)
     assert [verdict for _, _, verdict in failed_rows] == ["**missed**", "**missed**"]
     assert sum("| failed | failed |" in line for line in failed_lines) == 2  # test-all absent: failed too
+
+
+def test_each_suite_command_waits_for_the_load_to_settle_and_no_longer_than_its_limit(bench_modules, monkeypatch):
+    """``suite.measure`` starts a command once the load average is below the idle mark (made-up loads,
+    no real waiting), or once the limit has passed."""
+    import suite
+
+    loads = iter([3.0, 2.0, 1.2, 1.2] + [5.0] * 6)  # the one after each wait is the logged one
+    clock = {"now": 0.0}
+    monkeypatch.setattr(suite.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(suite.time, "sleep", lambda s: clock.__setitem__("now", clock["now"] + s))
+    monkeypatch.setattr(suite.time, "monotonic", lambda: clock["now"])
+    started = []
+
+    def timed(argv, env):
+        started.append((argv[-1], clock["now"]))
+        return {"wall": 1.0, "cpu": 1.0, "load": [0.0, 0.0]}
+
+    out = suite.measure(lambda text: None, timed, idle_load=1.5, settle=12.0)
+    assert started == [("test", 10.0), ("test-all", 25.0)]  # 3.0, 2.0, then 1.2: two polls; then 5.0 past 12 s
+    assert set(out) == {"date", "test", "test-all"}
